@@ -1,0 +1,91 @@
+//! `strata-shim`: PID 1 of one sandbox.
+//!
+//! The daemon starts it with `clone3` in fresh mount, PID, UTS, IPC and
+//! network namespaces, inside the sandbox's cgroup, with a listening
+//! `SOCK_SEQPACKET` socket at fd 3. The shim accepts the daemon's connection,
+//! reads a [`SetupSpec`](strata_shim::proto::SetupSpec), builds the sandbox
+//! (see `setup.rs`), answers `Ready`, then supervises commands until it is
+//! killed (see `supervise.rs`). Exit codes are [`ShimExit`].
+
+#![forbid(unsafe_code)]
+
+mod setup;
+mod supervise;
+
+use std::process::ExitCode;
+
+use strata_shim::proto::{self, ShimEvent, ShimRequest};
+
+/// Why the shim exited (its exit code), so the daemon's log says which step failed.
+#[derive(Debug, Clone, Copy)]
+#[repr(u8)]
+enum ShimExit {
+    /// Not started by the daemon (no listener at fd 3).
+    NoListener = 2,
+    /// The daemon's first message never arrived or was not `Setup`.
+    Handshake = 3,
+    /// Sandbox setup failed; the error chain was sent to the daemon.
+    Setup = 4,
+    /// The supervision loop hit an unrecoverable error.
+    Supervise = 5,
+}
+
+impl From<ShimExit> for ExitCode {
+    fn from(e: ShimExit) -> Self {
+        ExitCode::from(e as u8)
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> Vec<String> {
+    let mut out = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push(s.to_string());
+        cur = s.source();
+    }
+    out
+}
+
+fn main() -> ExitCode {
+    let listener = match strata_shim::sys::inherited_listener() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("strata-shim: no listening socket at fd 3 ({e}); it is started by `strata daemon`");
+            return ShimExit::NoListener.into();
+        }
+    };
+    let conn = match supervise::accept(&listener) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("strata-shim: accept daemon connection: {e}");
+            return ShimExit::Handshake.into();
+        }
+    };
+    let spec = match proto::recv::<ShimRequest>(&conn) {
+        Ok((ShimRequest::Setup(spec), _)) => spec,
+        Ok((other, _)) => {
+            eprintln!("strata-shim: expected Setup, got {other:?}");
+            return ShimExit::Handshake.into();
+        }
+        Err(e) => {
+            eprintln!("strata-shim: read setup: {e}");
+            return ShimExit::Handshake.into();
+        }
+    };
+    if let Err(e) = setup::run(&spec) {
+        let chain = chain(&e);
+        eprintln!("strata-shim: setup failed: {}", chain.join(": "));
+        let _ = proto::send(&conn, &ShimEvent::SetupFailed { chain }, &[]);
+        return ShimExit::Setup.into();
+    }
+    if let Err(e) = proto::send(&conn, &ShimEvent::Ready, &[]) {
+        eprintln!("strata-shim: report ready: {e}");
+    }
+    match supervise::run(listener, conn) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("strata-shim: {}", chain(&e).join(": "));
+            ShimExit::Supervise.into()
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Messages between the daemon and a sandbox's shim.
+//!
+//! Transport: a `SOCK_SEQPACKET` Unix socket, so every `send` is one message and
+//! file descriptors travel with the message they belong to (`SCM_RIGHTS`).
+//! Payloads are JSON. The shim listens on `sandboxes/<id>/shim.sock` (a listener
+//! the daemon bound and handed over as fd 3), so a restarted daemon reconnects
+//! to a live shim instead of killing it.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// The fd number at which the shim finds its listening socket.
+pub const LISTEN_FD: RawFd = 3;
+
+/// Largest message either side accepts. Argv and env of one exec must fit.
+pub const MAX_MESSAGE: usize = 256 * 1024;
+
+/// How to build the sandbox's root filesystem and identity; sent once, first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SetupSpec {
+    /// Host path of the empty directory the overlay is mounted on.
+    pub rootfs: PathBuf,
+    /// Directory the lower paths are relative to (keeps the legacy option string short).
+    pub layers_dir: PathBuf,
+    /// Lower directories, topmost first, relative to `layers_dir`.
+    pub lowers: Vec<PathBuf>,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub hostname: String,
+}
+
+/// One command to start inside the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExecSpec {
+    /// Daemon-chosen id, echoed in every event about this command.
+    pub id: u64,
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Give the command a pseudo-terminal allocated in the sandbox's devpts.
+    /// Then no fds travel with the request and the master comes back with
+    /// [`ShimEvent::Started`]. Otherwise exactly three fds (stdin, stdout,
+    /// stderr) travel with the request.
+    pub tty: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum ShimRequest {
+    Setup(SetupSpec),
+    Exec(ExecSpec),
+    /// Signal a command; with `group`, its whole process group (it leads one).
+    Signal { id: u64, signal: i32, group: bool },
+    /// Sent by a daemon after it (re)connects; answered with [`ShimEvent::Hello`].
+    Hello,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ExitStatus {
+    Code(i32),
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// Shell convention: the code, or 128 + signal number.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            ExitStatus::Code(c) => c,
+            ExitStatus::Signal(s) => 128 + s,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum ShimEvent {
+    /// Setup finished; the sandbox is ready for commands.
+    Ready,
+    /// Setup failed; the error chain, outermost first. The shim exits next.
+    SetupFailed { chain: Vec<String> },
+    /// The command was forked (`pid` in the sandbox's PID namespace). With a
+    /// tty, the pty master travels with this message.
+    Started { id: u64, pid: i32 },
+    /// The command could not be started at all (bad request).
+    StartFailed { id: u64, message: String },
+    Exited { id: u64, status: ExitStatus },
+    Hello { running: Vec<u64> },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("send message")]
+    Send(#[source] nix::Error),
+    #[error("receive message")]
+    Recv(#[source] nix::Error),
+    #[error("peer closed the connection")]
+    Closed,
+    #[error("message truncated (over {MAX_MESSAGE} bytes)")]
+    Truncated,
+    #[error("encode message")]
+    Encode(#[source] serde_json::Error),
+    #[error("decode message")]
+    Decode(#[source] serde_json::Error),
+}
+
+/// Send one message with `fds` attached.
+pub fn send<T: Serialize>(sock: impl AsFd, msg: &T, fds: &[RawFd]) -> Result<(), ProtoError> {
+    let buf = serde_json::to_vec(msg).map_err(ProtoError::Encode)?;
+    let iov = [IoSlice::new(&buf)];
+    let cmsg = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+    loop {
+        match sendmsg::<()>(sock.as_fd().as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+            Ok(_) => return Ok(()),
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(ProtoError::Send(e)),
+        }
+    }
+}
+
+/// Receive one message and the fds that came with it (close-on-exec).
+pub fn recv<T: DeserializeOwned>(sock: impl AsFd) -> Result<(T, Vec<OwnedFd>), ProtoError> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut cmsg_space = nix::cmsg_space!([RawFd; 8]);
+    let (len, fds) = loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        match recvmsg::<()>(
+            sock.as_fd().as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg_space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ) {
+            Ok(msg) => {
+                let mut fds = Vec::new();
+                for c in msg.cmsgs().map_err(ProtoError::Recv)? {
+                    if let ControlMessageOwned::ScmRights(raw) = c {
+                        for fd in raw {
+                            // SAFETY: SCM_RIGHTS just installed `fd` in our table;
+                            // nothing else owns it.
+                            fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                        }
+                    }
+                }
+                if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+                    return Err(ProtoError::Truncated);
+                }
+                break (msg.bytes, fds);
+            }
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(ProtoError::Recv(e)),
+        }
+    };
+    if len == 0 {
+        return Err(ProtoError::Closed);
+    }
+    let msg = serde_json::from_slice(&buf[..len]).map_err(ProtoError::Decode)?;
+    Ok((msg, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    use std::io::{Read, Write};
+
+    #[test]
+    fn message_and_fds_round_trip() {
+        let (a, b) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let (r, w) = nix::unistd::pipe().unwrap();
+        let req = ShimRequest::Signal { id: 7, signal: 9, group: true };
+        send(&a, &req, &[w.as_raw_fd()]).unwrap();
+        drop(w);
+        let (got, mut fds): (ShimRequest, _) = recv(&b).unwrap();
+        assert_eq!(got, req);
+        assert_eq!(fds.len(), 1);
+        let mut w2 = std::fs::File::from(fds.pop().unwrap());
+        w2.write_all(b"hi").unwrap();
+        drop(w2);
+        let mut s = String::new();
+        std::fs::File::from(r).read_to_string(&mut s).unwrap();
+        assert_eq!(s, "hi");
+        drop(a);
+        assert!(matches!(recv::<ShimEvent>(&b), Err(ProtoError::Closed)));
+    }
+
+    #[test]
+    fn exit_status_shell_code() {
+        assert_eq!(ExitStatus::Code(3).shell_code(), 3);
+        assert_eq!(ExitStatus::Signal(9).shell_code(), 137);
+    }
+}

@@ -1,0 +1,155 @@
+//! Sandbox setup, run once by the shim as PID 1 of its new namespaces, read
+//! top to bottom like a recipe (Firecracker's `jailer/src/env.rs`).
+//!
+//! Owns: the sandbox's mount tree, hostname, loopback, capability set and
+//! no_new_privs. Does not own: cgroups (the daemon places the shim in its
+//! cgroup before sending the spec) or the layer store (read-only input).
+//!
+//! Every mount happens in the shim's private mount namespace, after `/` is
+//! made recursively private, so none of it is visible on the host and all of
+//! it disappears with the namespace when the sandbox's last process exits.
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::stat::{mknod, Mode, SFlag};
+use strata_shim::proto::SetupSpec;
+use strata_shim::sys;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("make / recursively private")]
+    PrivateRoot(#[source] Errno),
+    #[error("mount root overlay")]
+    Overlay(#[from] sys::MountError),
+    #[error("create mount point {0}")]
+    MountPoint(PathBuf, #[source] std::io::Error),
+    #[error("mount {what} at {target}")]
+    Mount { what: &'static str, target: PathBuf, #[source] source: Errno },
+    #[error("create device node {0}")]
+    DeviceNode(PathBuf, #[source] Errno),
+    #[error("create symlink {0}")]
+    Symlink(PathBuf, #[source] std::io::Error),
+    #[error("pivot_root into {0}")]
+    PivotRoot(PathBuf, #[source] Errno),
+    #[error("detach the old root")]
+    DetachOldRoot(#[source] Errno),
+    #[error("set hostname {0:?}")]
+    Hostname(String, #[source] Errno),
+    #[error("bring loopback up")]
+    Loopback(#[source] Errno),
+    #[error("restrict capabilities")]
+    Capabilities(#[source] Errno),
+    #[error("set no_new_privs")]
+    NoNewPrivs(#[source] Errno),
+}
+
+/// Device nodes of the minimal /dev: (name, major, minor), all mode 0666.
+const DEVICES: [(&str, u64, u64); 6] = [
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+];
+
+pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
+    // 1. Nothing we mount may propagate back to the host.
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(SetupError::PrivateRoot)?;
+
+    // 2. The root filesystem: image layers (read-only) + private upper.
+    sys::mount_overlay(&sys::OverlayMount {
+        layers_dir: &spec.layers_dir,
+        lowers: &spec.lowers,
+        upper: &spec.upper,
+        work: &spec.work,
+        target: &spec.rootfs,
+    })?;
+    let root = spec.rootfs.as_path();
+
+    // 3. /proc of the new PID namespace (we are its PID 1).
+    let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount_fs(root, "proc", "proc", nosuid_nodev_noexec, None)?;
+
+    // 4. A minimal /dev on tmpfs: a few character devices, devpts, shm.
+    mount_fs(root, "dev", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=65536k"))?;
+    let dev = root.join("dev");
+    let old_umask = nix::sys::stat::umask(Mode::empty());
+    for (name, major, minor) in DEVICES {
+        let p = dev.join(name);
+        mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), nix::sys::stat::makedev(major, minor))
+            .map_err(|e| SetupError::DeviceNode(p.clone(), e))?;
+    }
+    nix::sys::stat::umask(old_umask);
+    mount_fs(
+        root,
+        "dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )?;
+    mount_fs(root, "dev/shm", "tmpfs", nosuid_nodev_noexec, Some("mode=1777,size=65536k"))?;
+    for (link, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let p = dev.join(link);
+        symlink(target, &p).map_err(|e| SetupError::Symlink(p.clone(), e))?;
+    }
+
+    // 5. /sys, read-only (allowed because we own a fresh network namespace).
+    mount_fs(root, "sys", "sysfs", nosuid_nodev_noexec | MsFlags::MS_RDONLY, None)?;
+
+    // 6. Switch root. pivot_root(".", ".") stacks the old root on top of the
+    //    new one; detaching it leaves only the sandbox tree (runc does the same).
+    nix::unistd::chdir(root).map_err(|e| SetupError::PivotRoot(root.into(), e))?;
+    nix::unistd::pivot_root(".", ".").map_err(|e| SetupError::PivotRoot(root.into(), e))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(SetupError::DetachOldRoot)?;
+    nix::unistd::chdir("/").map_err(|e| SetupError::PivotRoot(root.into(), e))?;
+
+    // 7. Identity and network: own hostname, loopback only.
+    nix::unistd::sethostname(&spec.hostname)
+        .map_err(|e| SetupError::Hostname(spec.hostname.clone(), e))?;
+    sys::loopback_up().map_err(SetupError::Loopback)?;
+
+    // 8. Privileges: Docker's default capability set, no_new_privs. The shim
+    //    keeps only what it needs to spawn commands as other users.
+    sys::restrict_capabilities(&sys::DEFAULT_CAPS).map_err(SetupError::Capabilities)?;
+    nix::sys::prctl::set_no_new_privs().map_err(SetupError::NoNewPrivs)?;
+    Ok(())
+}
+
+/// Mount a pseudo filesystem at `root/rel`, creating the mount point if the
+/// image lacks it.
+fn mount_fs(
+    root: &Path,
+    rel: &str,
+    fstype: &'static str,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), SetupError> {
+    let target = root.join(rel);
+    std::fs::create_dir_all(&target).map_err(|e| SetupError::MountPoint(target.clone(), e))?;
+    // An image may ship /proc or /sys as a symlink; mounting through it would
+    // land outside the sandbox root (runc CVE-2019-19921 class). Refuse.
+    match std::fs::symlink_metadata(&target) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a directory (symlink?)");
+            return Err(SetupError::MountPoint(target, e));
+        }
+        Err(e) => return Err(SetupError::MountPoint(target, e)),
+    }
+    mount(Some(fstype), &target, Some(fstype), flags, data).map_err(|source| SetupError::Mount {
+        what: fstype,
+        target,
+        source,
+    })
+}

@@ -1,0 +1,566 @@
+//! The raw syscalls Strata needs that `nix` does not wrap: `clone3` into new
+//! namespaces, the new mount API (`fsopen`/`fsconfig`/`fsmount`/`move_mount`),
+//! pidfds, loopback bring-up, capability sets and tty ioctls.
+//!
+//! This is the one module of the workspace that contains `unsafe`; every block
+//! says which invariants it relies on. Everything else is `forbid(unsafe_code)`.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+
+/// Namespaces every sandbox gets.
+pub const SANDBOX_NAMESPACES: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWNET) as u64;
+
+/// `struct clone_args` from `<linux/sched.h>` (version 2, 88 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// What the child of [`spawn_in_namespaces`] runs. Everything is prepared
+/// before the fork: between `clone3` and `execve` the child of a
+/// multi-threaded parent may only make async-signal-safe calls.
+pub struct SpawnPlan {
+    pub exe: CString,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    /// Becomes fd 3 ([`crate::proto::LISTEN_FD`]) in the child.
+    pub listener: OwnedFd,
+    /// Becomes stdout and stderr in the child (stdin is /dev/null).
+    pub log: OwnedFd,
+    pub devnull: OwnedFd,
+}
+
+/// A started process: its pid in our namespace and a pidfd that stays valid
+/// (and unambiguous) even after the pid is reused.
+pub struct Spawned {
+    pub pid: i32,
+    pub pidfd: OwnedFd,
+}
+
+/// `clone3` with fork semantics into fresh namespaces, then `execve`.
+/// The child calls `setsid` so it is nobody's job-control victim and outlives
+/// the daemon.
+pub fn spawn_in_namespaces(plan: &SpawnPlan, namespaces: u64) -> Result<Spawned, Errno> {
+    // Move the fds the child needs above 2/3 so the dup2 calls below cannot
+    // clobber one another; the copies are close-on-exec in the parent.
+    let high = |fd: &OwnedFd| -> Result<OwnedFd, Errno> {
+        let raw = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))?;
+        // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that we alone own.
+        Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    };
+    let listener = high(&plan.listener)?;
+    let log = high(&plan.log)?;
+    let devnull = high(&plan.devnull)?;
+
+    let mut argv: Vec<*const libc::c_char> = plan.argv.iter().map(|a| a.as_ptr()).collect();
+    argv.push(std::ptr::null());
+    let mut envp: Vec<*const libc::c_char> = plan.envp.iter().map(|a| a.as_ptr()).collect();
+    envp.push(std::ptr::null());
+
+    let mut pidfd: RawFd = -1;
+    let args = CloneArgs {
+        flags: namespaces | libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut RawFd as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..Default::default()
+    };
+    // SAFETY: `args` is a valid clone_args of the size we pass; with no stack
+    // given, clone3 behaves like fork. The child branch below only calls
+    // async-signal-safe functions on memory prepared before the call.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    if ret == 0 {
+        // Child. SAFETY: only async-signal-safe calls (setsid, dup2, execve,
+        // _exit) on fds and C strings that were prepared before clone3.
+        unsafe {
+            libc::setsid();
+            if libc::dup2(devnull.as_raw_fd(), 0) < 0
+                || libc::dup2(log.as_raw_fd(), 1) < 0
+                || libc::dup2(log.as_raw_fd(), 2) < 0
+                || libc::dup2(listener.as_raw_fd(), crate::proto::LISTEN_FD) < 0
+            {
+                libc::_exit(125);
+            }
+            libc::execve(plan.exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            libc::_exit(127);
+        }
+    }
+    // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    Ok(Spawned { pid: ret as i32, pidfd })
+}
+
+/// A pidfd for an existing process (for shims adopted after a restart).
+pub fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the kernel returned a new descriptor that we alone own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Signal the process behind a pidfd; immune to pid reuse.
+pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: i32) -> Result<(), Errno> {
+    // SAFETY: plain syscall; a null siginfo means "as kill(2) would".
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// Overlay options every sandbox uses (DESIGN.md: the upper must always hold
+/// full file data and plain whiteouts, so a captured delta misses nothing).
+pub const OVERLAY_FLAGS: [(&str, &str); 4] = [
+    ("index", "off"),
+    ("metacopy", "off"),
+    ("redirect_dir", "off"),
+    ("xino", "off"),
+];
+
+/// An overlay mount to make: lowers topmost first, relative to `layers_dir`.
+pub struct OverlayMount<'a> {
+    pub layers_dir: &'a Path,
+    pub lowers: &'a [PathBuf],
+    pub upper: &'a Path,
+    pub work: &'a Path,
+    pub target: &'a Path,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("fsopen overlay")]
+    FsOpen(#[source] Errno),
+    #[error("fsconfig {key}={value}: {detail}")]
+    FsConfig { key: String, value: String, detail: String, #[source] source: Errno },
+    #[error("create overlay superblock: {detail}")]
+    Create { detail: String, #[source] source: Errno },
+    #[error("fsmount overlay")]
+    FsMount(#[source] Errno),
+    #[error("move overlay mount to {0}")]
+    Move(PathBuf, #[source] Errno),
+    #[error("overlay option string is {len} bytes for {lowers} lowers; this kernel lacks lowerdir+ (needs >= 6.8) and the legacy limit is one page")]
+    OptionsTooLong { len: usize, lowers: usize },
+    #[error("mount overlay at {0} (legacy options)")]
+    Legacy(PathBuf, #[source] Errno),
+    #[error("path {0:?} contains a NUL byte or a character overlay cannot take (',' or ':')")]
+    BadPath(PathBuf),
+}
+
+fn cstr(p: &Path) -> Result<CString, MountError> {
+    CString::new(p.as_os_str().as_encoded_bytes()).map_err(|_| MountError::BadPath(p.into()))
+}
+
+/// Read the kernel's error messages queued on an fs context fd (`fsopen(2)`).
+fn fs_context_log(fd: &OwnedFd) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 512];
+    loop {
+        match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+            Ok(n) if n > 0 => {
+                if !out.is_empty() {
+                    out.extend_from_slice(b"; ");
+                }
+                out.extend_from_slice(&buf[..n]);
+            }
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&out).trim().to_string()
+}
+
+/// Mount an overlay. Uses the new mount API with `lowerdir+` (one fsconfig
+/// call per lower, no length limit; kernel >= 6.8) and falls back to the
+/// legacy option string with lowers relative to `layers_dir` on older kernels.
+pub fn mount_overlay(m: &OverlayMount<'_>) -> Result<(), MountError> {
+    const FSOPEN_CLOEXEC: libc::c_uint = 1;
+    const FSCONFIG_SET_STRING: libc::c_uint = 1;
+    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+
+    let fstype = c"overlay";
+    // SAFETY: fstype is a valid NUL-terminated string.
+    let fd = unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC) };
+    if fd < 0 {
+        return Err(MountError::FsOpen(Errno::last()));
+    }
+    // SAFETY: fsopen returned a new descriptor that we alone own.
+    let fsfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+
+    let set = |key: &str, value: &CStr| -> Result<(), MountError> {
+        let k = CString::new(key).map_err(|_| MountError::BadPath(key.into()))?;
+        // SAFETY: both strings are NUL-terminated and outlive the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fsfd.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                k.as_ptr(),
+                value.as_ptr(),
+                0,
+            )
+        };
+        if r < 0 {
+            let source = Errno::last();
+            return Err(MountError::FsConfig {
+                key: key.into(),
+                value: value.to_string_lossy().into_owned(),
+                detail: fs_context_log(&fsfd),
+                source,
+            });
+        }
+        Ok(())
+    };
+
+    let mut lowers = m.lowers.iter();
+    if let Some(first) = lowers.next() {
+        match set("lowerdir+", &cstr(&m.layers_dir.join(first))?) {
+            Ok(()) => {}
+            Err(MountError::FsConfig { source: Errno::EINVAL, .. }) => {
+                return mount_overlay_legacy(m);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    for l in lowers {
+        set("lowerdir+", &cstr(&m.layers_dir.join(l))?)?;
+    }
+    set("upperdir", &cstr(m.upper)?)?;
+    set("workdir", &cstr(m.work)?)?;
+    for (k, v) in OVERLAY_FLAGS {
+        set(k, &CString::new(v).map_err(|_| MountError::BadPath(v.into()))?)?;
+    }
+    // SAFETY: plain syscall on our fs context fd; null key/value as documented.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fsfd.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if r < 0 {
+        let source = Errno::last();
+        return Err(MountError::Create { detail: fs_context_log(&fsfd), source });
+    }
+    // SAFETY: plain syscall on our fs context fd.
+    let mfd = unsafe { libc::syscall(libc::SYS_fsmount, fsfd.as_raw_fd(), FSMOUNT_CLOEXEC, 0) };
+    if mfd < 0 {
+        return Err(MountError::FsMount(Errno::last()));
+    }
+    // SAFETY: fsmount returned a new descriptor that we alone own.
+    let mfd = unsafe { OwnedFd::from_raw_fd(mfd as RawFd) };
+    let target = cstr(m.target)?;
+    // SAFETY: strings are NUL-terminated; mfd is a detached mount we own.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mfd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        return Err(MountError::Move(m.target.into(), Errno::last()));
+    }
+    Ok(())
+}
+
+/// The legacy `mount(2)` option string, with lowers relative to the layers
+/// directory (the caller's cwd at mount time) to stay under one page.
+pub fn legacy_overlay_options(m: &OverlayMount<'_>) -> Result<String, MountError> {
+    let check = |p: &Path| -> Result<String, MountError> {
+        let s = p.to_str().ok_or_else(|| MountError::BadPath(p.into()))?;
+        if s.contains([',', ':', '\0']) {
+            return Err(MountError::BadPath(p.into()));
+        }
+        Ok(s.to_string())
+    };
+    let lowers: Vec<String> = m.lowers.iter().map(|l| check(l)).collect::<Result<_, _>>()?;
+    let mut opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lowers.join(":"),
+        check(m.upper)?,
+        check(m.work)?
+    );
+    for (k, v) in OVERLAY_FLAGS {
+        opts.push_str(&format!(",{k}={v}"));
+    }
+    let page = 4096;
+    if opts.len() >= page {
+        return Err(MountError::OptionsTooLong { len: opts.len(), lowers: lowers.len() });
+    }
+    Ok(opts)
+}
+
+fn mount_overlay_legacy(m: &OverlayMount<'_>) -> Result<(), MountError> {
+    use nix::mount::{mount, MsFlags};
+    let opts = legacy_overlay_options(m)?;
+    let old = std::env::current_dir().map_err(|e| {
+        MountError::Legacy(m.target.into(), Errno::from_raw(e.raw_os_error().unwrap_or(0)))
+    })?;
+    nix::unistd::chdir(m.layers_dir).map_err(|e| MountError::Legacy(m.layers_dir.into(), e))?;
+    let r = mount(Some("overlay"), m.target, Some("overlay"), MsFlags::empty(), Some(opts.as_str()));
+    let _ = nix::unistd::chdir(&old);
+    r.map_err(|e| MountError::Legacy(m.target.into(), e))
+}
+
+/// Bring `lo` up in the current network namespace.
+pub fn loopback_up() -> Result<(), Errno> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    let sock = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads into the ifreq we own.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the union member ifru_flags is the one SIOCGIFFLAGS filled.
+    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    // SAFETY: SIOCSIFFLAGS reads the ifreq we own.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// Capabilities a sandbox keeps: Docker's default set.
+/// Numbers from `<linux/capability.h>`.
+pub const DEFAULT_CAPS: [u32; 14] = [
+    0,  // CAP_CHOWN
+    1,  // CAP_DAC_OVERRIDE
+    3,  // CAP_FOWNER
+    4,  // CAP_FSETID
+    5,  // CAP_KILL
+    6,  // CAP_SETGID
+    7,  // CAP_SETUID
+    8,  // CAP_SETPCAP
+    10, // CAP_NET_BIND_SERVICE
+    13, // CAP_NET_RAW
+    18, // CAP_SYS_CHROOT
+    27, // CAP_MKNOD
+    29, // CAP_AUDIT_WRITE
+    31, // CAP_SETFCAP
+];
+
+/// Restrict this process (and so everything it execs) to `keep`: drop every
+/// other capability from the bounding set, then set effective, permitted and
+/// inheritable to `keep`. Ambient stays empty.
+pub fn restrict_capabilities(keep: &[u32]) -> Result<(), Errno> {
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    for cap in 0..=last {
+        if !keep.contains(&cap) {
+            // SAFETY: prctl with integer arguments only.
+            if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } < 0 {
+                let e = Errno::last();
+                if e != Errno::EINVAL {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    let mut mask = [0u32; 2];
+    for &cap in keep {
+        mask[(cap / 32) as usize] |= 1 << (cap % 32);
+    }
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header { version: 0x2008_0522, pid: 0 };
+    let data = [0, 1].map(|i| Data { effective: mask[i], permitted: mask[i], inheritable: mask[i] });
+    // SAFETY: header and data are the v3 layout capset(2) expects (two u32 words).
+    if unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// Make `fd` (a pty slave) the controlling terminal of the calling session leader.
+pub fn set_controlling_tty(fd: RawFd) -> Result<(), Errno> {
+    // SAFETY: TIOCSCTTY takes an int argument; no memory is passed.
+    if unsafe { libc::ioctl(fd, libc::TIOCSCTTY, 0) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// Set a terminal's window size.
+pub fn set_window_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> Result<(), Errno> {
+    let ws = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCSWINSZ reads a winsize we own.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// Close every fd >= `first` (used in a freshly forked child before exec).
+pub fn close_from(first: u32) {
+    // SAFETY: close_range takes integers only; closing fds in a child that
+    // holds no Rust objects referring to them.
+    unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_options_are_relative_and_complete() {
+        let lowers = vec![PathBuf::from("b/fs"), PathBuf::from("a/fs")];
+        let m = OverlayMount {
+            layers_dir: Path::new("/var/lib/strata/layers"),
+            lowers: &lowers,
+            upper: Path::new("/u"),
+            work: Path::new("/w"),
+            target: Path::new("/t"),
+        };
+        assert_eq!(
+            legacy_overlay_options(&m).unwrap(),
+            "lowerdir=b/fs:a/fs,upperdir=/u,workdir=/w,index=off,metacopy=off,redirect_dir=off,xino=off"
+        );
+    }
+
+    #[test]
+    fn legacy_options_refuse_past_one_page() {
+        let lowers: Vec<PathBuf> = (0..80).map(|i| PathBuf::from(format!("{:064x}/fs", i))).collect();
+        let m = OverlayMount {
+            layers_dir: Path::new("/l"),
+            lowers: &lowers,
+            upper: Path::new("/u"),
+            work: Path::new("/w"),
+            target: Path::new("/t"),
+        };
+        assert!(matches!(
+            legacy_overlay_options(&m),
+            Err(MountError::OptionsTooLong { lowers: 80, .. })
+        ));
+    }
+
+    #[test]
+    fn legacy_options_refuse_separators() {
+        let lowers = vec![PathBuf::from("a:b")];
+        let m = OverlayMount {
+            layers_dir: Path::new("/l"),
+            lowers: &lowers,
+            upper: Path::new("/u"),
+            work: Path::new("/w"),
+            target: Path::new("/t"),
+        };
+        assert!(matches!(legacy_overlay_options(&m), Err(MountError::BadPath(_))));
+    }
+}
+
+/// Take ownership of the listening socket the daemon left at fd 3.
+pub fn inherited_listener() -> Result<OwnedFd, Errno> {
+    nix::fcntl::fcntl(crate::proto::LISTEN_FD, nix::fcntl::FcntlArg::F_GETFD)?;
+    // SAFETY: F_GETFD just proved fd 3 is open; it was handed to this process
+    // for exactly this purpose and nothing else in the process refers to it.
+    let fd = unsafe { OwnedFd::from_raw_fd(crate::proto::LISTEN_FD) };
+    nix::fcntl::fcntl(
+        fd.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    Ok(fd)
+}
+
+/// `fork(2)`. Only for the shim, which is single-threaded, so the child may
+/// do anything (allocate, format errors) before it execs.
+pub fn fork_single_threaded() -> Result<nix::unistd::ForkResult, Errno> {
+    // SAFETY: the caller is single-threaded (the shim never spawns threads),
+    // so the child inherits no locks held by other threads.
+    unsafe { nix::unistd::fork() }
+}
+
+/// `accept4(SOCK_CLOEXEC)` returning an owned fd.
+pub fn accept(listener: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    let fd = nix::sys::socket::accept4(listener.as_raw_fd(), nix::sys::socket::SockFlag::SOCK_CLOEXEC)?;
+    // SAFETY: accept4 returned a new descriptor that we alone own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Ignore SIGPIPE (`false`) or restore its default action (`true`).
+pub fn set_sigpipe(default: bool) -> Result<(), Errno> {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    let h = if default { SigHandler::SigDfl } else { SigHandler::SigIgn };
+    // SAFETY: SIG_DFL and SIG_IGN install no Rust handler code.
+    unsafe { signal(Signal::SIGPIPE, h) }.map(|_| ())
+}
+
+/// `_exit(2)` for a forked child that failed before exec: no atexit handlers,
+/// no flushing of buffers that belong to the parent.
+pub fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit is always safe to call; it does not return.
+    unsafe { libc::_exit(code) }
+}
+
+/// Allocate a pseudo-terminal in the current `/dev/pts`; returns the master
+/// and the slave's path.
+pub fn open_pty() -> Result<(OwnedFd, String), Errno> {
+    use nix::fcntl::OFlag;
+    use nix::pty::{grantpt, posix_openpt, ptsname_r, unlockpt};
+    use std::os::fd::IntoRawFd;
+    let m = posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)?;
+    grantpt(&m)?;
+    unlockpt(&m)?;
+    let name = ptsname_r(&m)?;
+    // SAFETY: into_raw_fd hands over sole ownership of the master fd.
+    Ok((unsafe { OwnedFd::from_raw_fd(m.into_raw_fd()) }, name))
+}
