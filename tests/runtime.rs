@@ -1,0 +1,437 @@
+//! Runtime core, end to end on the real kernel (root only): image import,
+//! sandboxes with overlay + namespaces + cgroups, exec, removal, restart,
+//! the API's error cases and hostile layers.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use strata_tests::*;
+
+fn exec(env: &TestEnv, id: &str, body: Value) -> Value {
+    env.client().call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&body)).expect("exec")
+}
+
+fn sh(env: &TestEnv, id: &str, script: &str) -> Value {
+    exec(env, id, json!({"argv": ["sh", "-c", script]}))
+}
+
+fn stdout(v: &Value) -> String {
+    v["stdout"].as_str().unwrap().to_string()
+}
+
+fn create(env: &TestEnv, body: Value) -> String {
+    let v: Value = env.client().call("POST", "/v1/sandboxes", Some(&body)).expect("create");
+    v["id"].as_str().unwrap().to_string()
+}
+
+/// A live (not zombie) process. After a daemon restart the shim is not our
+/// child; a zombie waits for whatever reaper the host has.
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')).unwrap_or(false))
+        .unwrap_or(false)
+}
+
+fn status_of(r: Result<Vec<u8>, ClientError>) -> u16 {
+    match r {
+        Err(e) => e.status().unwrap_or_else(|| panic!("transport error {e}")),
+        Ok(_) => 200,
+    }
+}
+
+/// Read one file of a sandbox's cgroup in the first hierarchy that has it.
+fn cgroup_file(env: &TestEnv, id: &str, file: &str) -> String {
+    for dir in env.cgroup_dirs() {
+        let p = dir.join(id).join(file);
+        if let Ok(s) = std::fs::read_to_string(&p) {
+            return s.trim().to_string();
+        }
+    }
+    panic!("no cgroup file {file} for {id}");
+}
+
+#[test]
+fn sandbox_is_isolated_and_writes_stay_in_its_upper() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = env.cli_ok(&["create", "--image", "busybox", "--hostname", "box-one"]).trim().to_string();
+    assert_eq!(id.len(), 16);
+
+    // PID namespace: only the sandbox's own processes, the shim is PID 1.
+    let ps = stdout(&sh(&env, &id, "ps -o pid,comm"));
+    let lines: Vec<&str> = ps.lines().skip(1).collect();
+    assert!(lines.iter().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["1", "strata-shim"]), "{ps}");
+    assert!(lines.len() <= 3, "only shim, sh and ps expected: {ps}");
+
+    // UTS and network namespaces.
+    assert_eq!(stdout(&sh(&env, &id, "hostname")).trim(), "box-one");
+    assert_eq!(stdout(&sh(&env, &id, "ls /sys/class/net")).trim(), "lo");
+    let lo = stdout(&sh(&env, &id, "ip link show lo"));
+    assert!(lo.contains("UP"), "loopback is up: {lo}");
+
+    // The host's files are not visible.
+    let probe = env.root.display().to_string();
+    let v = sh(&env, &id, &format!("test -e {probe} && echo visible || echo hidden"));
+    assert_eq!(stdout(&v).trim(), "hidden");
+    let v = sh(&env, &id, "cat /etc/passwd");
+    assert!(!stdout(&v).contains("systemd"), "host /etc/passwd leaked in");
+
+    // Writes land in this sandbox's upper only.
+    let other = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "echo secret > /tmp/written && rm /bin/true");
+    let upper = env.root.join("sandboxes").join(&id).join("upper");
+    assert_eq!(std::fs::read_to_string(upper.join("tmp/written")).unwrap(), "secret\n");
+    let meta = std::fs::symlink_metadata(upper.join("bin/true")).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(&meta.file_type()), "deletion is a whiteout");
+    for layer in std::fs::read_dir(env.root.join("layers")).unwrap() {
+        let fs = layer.unwrap().path().join("fs");
+        assert!(!fs.join("tmp/written").exists(), "write reached a lower");
+        assert!(
+            fs.join("bin/true").exists() || std::fs::symlink_metadata(fs.join("bin/true")).is_ok(),
+            "lower lost a file"
+        );
+    }
+    let v = sh(&env, &other, "cat /tmp/written 2>&1; ls /bin/true");
+    assert!(!stdout(&v).contains("secret"), "other sandbox saw the write");
+    assert!(stdout(&v).contains("/bin/true"), "other sandbox lost /bin/true");
+
+    // The overlay is mounted only inside the sandbox's mount namespace.
+    assert!(mounts_under(&env.root).is_empty(), "sandbox mounts leaked to the host: {:?}", mounts_under(&env.root));
+
+    // Removal leaves nothing: no dirs, cgroup, processes.
+    let shim_pid = {
+        let v: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+        v["shim_pid"].as_i64().unwrap() as i32
+    };
+    env.cli_ok(&["rm", &id]);
+    assert!(!env.root.join("sandboxes").join(&id).exists());
+    assert!(env.cgroup_dirs().iter().all(|d| !d.join(&id).exists()));
+    assert!(!alive(shim_pid), "shim still running");
+    env.finish();
+}
+
+#[test]
+fn exec_semantics() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox", "env": ["FROM_CREATE=1"]}));
+
+    assert_eq!(sh(&env, &id, "exit 3")["exit_code"], 3);
+    let v = exec(&env, &id, json!({"argv": ["no-such-command"]}));
+    assert_eq!(v["exit_code"], 127, "{v}");
+    assert!(stdout(&json!({"stdout": v["stderr"]})).contains("not found"), "{v}");
+    let v = sh(&env, &id, "kill -9 $$");
+    assert_eq!((v["exit_code"].as_i64(), v["signal"].as_i64()), (Some(137), Some(9)));
+
+    // stdin, env, cwd, user.
+    let v = exec(&env, &id, json!({"argv": ["cat"], "stdin": "piped\n"}));
+    assert_eq!(stdout(&v), "piped\n");
+    let v = exec(
+        &env,
+        &id,
+        json!({"argv": ["sh", "-c", "echo $FROM_CREATE $X; pwd; id -u; id -g"], "env": ["X=2"], "cwd": "/tmp", "user": "65534:65534"}),
+    );
+    assert_eq!(stdout(&v), "1 2\n/tmp\n65534\n65534\n");
+    let v = sh(&env, &id, "echo out; echo err >&2");
+    assert_eq!((stdout(&v).as_str(), v["stderr"].as_str().unwrap()), ("out\n", "err\n"));
+
+    // A timeout kills the whole process group, background children included.
+    let t = Instant::now();
+    let v = exec(&env, &id, json!({"argv": ["sh", "-c", "sleep 100 & sleep 100"], "timeout": 1}));
+    assert!(v["timed_out"].as_bool().unwrap(), "{v}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    let left = stdout(&sh(&env, &id, "ps -o comm | grep -c sleep || true"));
+    assert_eq!(left.trim(), "0", "timed-out group survived");
+
+    // Several execs at once in one sandbox.
+    let t = Instant::now();
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let sock = env.socket.clone();
+            let id = id.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&sock).unwrap();
+                let v: Value = c
+                    .call(
+                        "POST",
+                        &format!("/v1/sandboxes/{id}/exec"),
+                        Some(&json!({"argv": ["sh", "-c", format!("sleep 1; echo {i}")]})),
+                    )
+                    .unwrap();
+                stdout(&v)
+            })
+        })
+        .collect();
+    let outs: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert_eq!(outs, vec!["0\n", "1\n", "2\n", "3\n"]);
+    assert!(t.elapsed() < Duration::from_secs(3), "execs ran one after another");
+
+    // The CLI streams, forwards stdin with -i, and exits with the command's code.
+    let out = env.cli(&["exec", &id, "--", "sh", "-c", "echo streamed; exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "streamed\n");
+    let mut child = std::process::Command::new(strata_bin())
+        .env("STRATA_SOCKET", &env.socket)
+        .args(["exec", "-i", &id, "--", "tr", "a-z", "A-Z"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "HELLO\n");
+    assert_eq!(out.status.code(), Some(0));
+    env.finish();
+}
+
+#[test]
+fn exec_with_a_tty() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let body = json!({"argv": ["sh", "-c", "tty; stty size"], "tty": true, "rows": 33, "cols": 101});
+    let mut conn = env.client().attach(&format!("/v1/sandboxes/{id}/exec"), &body).unwrap().reader;
+    let mut out = Vec::new();
+    let code = loop {
+        match strata::stream::read_frame(&mut conn).unwrap() {
+            Some((strata::stream::FrameKind::Stdout, d)) => out.extend(d),
+            Some((strata::stream::FrameKind::Exit, d)) => break i32::from_be_bytes([d[0], d[1], d[2], d[3]]),
+            Some(_) => {}
+            None => panic!("no exit frame"),
+        }
+    };
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(code, 0, "{text}");
+    assert!(text.contains("/dev/pts/"), "{text}");
+    assert!(text.contains("33 101"), "{text}");
+    env.finish();
+}
+
+#[test]
+fn limits_are_enforced() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox", "memory": 32 << 20, "pids": 32, "cpus": 0.5}));
+
+    // cpu: quota visible in the cgroup (v1 cfs_quota_us or v2 cpu.max).
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    if v2 {
+        assert_eq!(cgroup_file(&env, &id, "cpu.max"), "50000 100000");
+        assert_eq!(cgroup_file(&env, &id, "memory.max"), (32u64 << 20).to_string());
+    } else {
+        assert_eq!(cgroup_file(&env, &id, "cpu.cfs_quota_us"), "50000");
+        assert_eq!(cgroup_file(&env, &id, "memory.limit_in_bytes"), (32u64 << 20).to_string());
+    }
+    assert_eq!(cgroup_file(&env, &id, "pids.max"), "32");
+
+    // A memory hog is OOM-killed; sandbox and daemon live on.
+    let v = exec(&env, &id, json!({"argv": ["tail", "/dev/zero"], "timeout": 60}));
+    assert_eq!(v["exit_code"], 137, "memory hog not OOM-killed: {v}");
+    assert!(!v["timed_out"].as_bool().unwrap());
+    assert_eq!(stdout(&sh(&env, &id, "echo alive")), "alive\n");
+
+    // A fork bomb stops at the pids limit; the host is unharmed.
+    let v = exec(
+        &env,
+        &id,
+        json!({"argv": ["sh", "-c", "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived"], "timeout": 10}),
+    );
+    let peak: u64 = cgroup_file(&env, &id, "pids.current").parse().unwrap();
+    assert!(peak <= 32, "pids.current {peak} above the limit");
+    let _ = v;
+    let events = if v2 { cgroup_file(&env, &id, "pids.events") } else { cgroup_file(&env, &id, "pids.events") };
+    assert!(events.contains("max") && !events.ends_with(" 0"), "fork bomb never hit the limit: {events}");
+    // Clean up the bomb, then the sandbox still works.
+    env.cli_ok(&["rm", &id]);
+    let id2 = create(&env, json!({"image": "busybox"}));
+    assert_eq!(stdout(&sh(&env, &id2, "echo fine")), "fine\n");
+    env.finish();
+}
+
+#[test]
+fn api_errors() {
+    let env = TestEnv::start_with(&["--max-sandboxes", "1"]);
+    env.import_busybox();
+    let mut c = env.client();
+    let none = None::<&()>;
+    // 404: unknown sandbox, malformed id, unknown image, unknown route.
+    assert_eq!(status_of(c.request("GET", "/v1/sandboxes/0123456789abcdef", none)), 404);
+    assert_eq!(status_of(c.request("DELETE", "/v1/sandboxes/..%2F..%2Fetc", none)), 404);
+    assert_eq!(
+        status_of(c.request("POST", "/v1/sandboxes/0123456789abcdef/exec", Some(&json!({"argv": ["true"]})))),
+        404
+    );
+    assert_eq!(status_of(c.request("POST", "/v1/sandboxes", Some(&json!({"image": "nope"})))), 404);
+    assert_eq!(status_of(c.request("GET", "/v2/nothing", none)), 404);
+    // 400: malformed JSON, unknown field, bad values.
+    let r = c.raw("POST", "/v1/sandboxes", b"{not json", "").unwrap();
+    assert_eq!(r.status, 400);
+    let err: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(err["error"]["code"], "invalid_argument");
+    assert!(err["error"]["message"].as_str().unwrap().contains("JSON"));
+    for bad in [
+        json!({"image": "busybox", "bogus": 1}),
+        json!({"image": "busybox", "memory": 10}),
+        json!({"image": "busybox", "pids": 0}),
+        json!({"image": "busybox", "cpus": -1}),
+        json!({"image": "busybox", "hostname": "bad host!"}),
+        json!({"image": "busybox", "env": ["NOEQUALS"]}),
+        json!({"image": "Not A Name"}),
+        json!({"memory": 1}),
+    ] {
+        assert_eq!(status_of(c.request("POST", "/v1/sandboxes", Some(&bad))), 400, "{bad}");
+    }
+    assert_eq!(status_of(c.request("POST", "/v1/images/import", Some(&json!({"path": "relative", "name": "x"})))), 400);
+    // Nothing was made by any of the refused creates.
+    assert_eq!(std::fs::read_dir(env.root.join("sandboxes")).unwrap().count(), 0);
+
+    // 409: importing a taken name; removing an image in use.
+    let img = image("busybox");
+    let r = c.request("POST", "/v1/images/import", Some(&json!({"path": img, "name": "busybox"})));
+    assert_eq!(status_of(r), 409);
+    let id = create(&env, json!({"image": "busybox"}));
+    assert_eq!(status_of(c.request("DELETE", "/v1/images/busybox:latest", none)), 409);
+    let r = c.request("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&json!({"argv": []})));
+    assert_eq!(status_of(r), 400);
+
+    // 429: past --max-sandboxes, with the cap in the message and nothing half-made.
+    match c.request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox"}))) {
+        Err(ClientError::Api { status: 429, message, .. }) => assert!(message.contains('1'), "{message}"),
+        other => panic!("expected 429, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(std::fs::read_dir(env.root.join("sandboxes")).unwrap().count(), 1);
+    let children: usize = env
+        .cgroup_dirs()
+        .iter()
+        .map(|d| std::fs::read_dir(d).unwrap().flatten().filter(|e| e.path().is_dir()).count())
+        .max()
+        .unwrap_or(0);
+    assert_eq!(children, 1, "a refused create left a cgroup");
+
+    // After rm, the image can go, and its layers with it.
+    env.cli_ok(&["rm", &id]);
+    assert_eq!(status_of(c.request("DELETE", "/v1/images/busybox:latest", none)), 200);
+    assert_eq!(std::fs::read_dir(env.root.join("layers")).unwrap().count(), 0);
+    env.finish();
+}
+
+#[test]
+fn one_daemon_per_root_and_tmp_is_swept() {
+    let mut env = TestEnv::start();
+    let out = std::process::Command::new(strata_bin())
+        .args([
+            "--socket",
+            env.root.join("second.sock").to_str().unwrap(),
+            "daemon",
+            "--root",
+            env.root.to_str().unwrap(),
+        ])
+        .arg("--cgroup-parent")
+        .arg(&env.cgroup_parent)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already running"), "{err}");
+
+    std::fs::write(env.root.join("tmp/leftover"), b"x").unwrap();
+    std::fs::create_dir_all(env.root.join("layers").join("f".repeat(64)).join("fs")).unwrap();
+    env.stop_daemon();
+    assert!(!env.socket.exists(), "socket removed on SIGTERM");
+    env.start_daemon();
+    assert!(!env.root.join("tmp/leftover").exists(), "tmp/ not swept");
+    assert!(!env.root.join("layers").join("f".repeat(64)).exists(), "unknown layer dir not swept");
+    env.finish();
+}
+
+#[test]
+fn sandboxes_survive_a_daemon_kill() {
+    let mut env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "echo kept > /tmp/state; (sleep 1000 >/dev/null 2>&1 &)");
+    let v: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    let shim = v["shim_pid"].as_i64().unwrap();
+
+    env.kill_daemon();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(alive(shim as i32), "shim died with the daemon");
+
+    env.start_daemon();
+    let ps = env.cli_ok(&["ps"]);
+    assert!(ps.contains(&id), "{ps}");
+    assert_eq!(stdout(&sh(&env, &id, "cat /tmp/state")), "kept\n");
+    assert!(stdout(&sh(&env, &id, "ps -o comm")).contains("sleep"), "background process lost");
+    env.cli_ok(&["rm", &id]);
+    assert!(!alive(shim as i32), "shim survived rm");
+    env.reap_orphans();
+    assert!(!Path::new(&format!("/proc/{shim}")).exists(), "orphaned shim not reaped");
+    env.finish();
+}
+
+#[test]
+fn hostile_layers_are_refused_and_leave_nothing() {
+    let env = TestEnv::start();
+    let work = tempfile::Builder::new().prefix("strata-test-corpus-").tempdir().unwrap();
+    let mut cases: Vec<(String, std::path::PathBuf, Option<&str>, String)> = Vec::new();
+    for (name, layers, escape) in corpus::hostile_cases() {
+        let dir = work.path().join(name);
+        corpus::write_layout(&dir, &layers, true);
+        cases.push((name.to_string(), dir, escape, corpus::expected_message(name).to_string()));
+    }
+    for (name, make, expect) in corpus::layout_cases() {
+        let dir = work.path().join(name);
+        make(&dir);
+        cases.push((name.to_string(), dir, None, expect.to_string()));
+    }
+    assert!(cases.len() >= 10, "corpus too small");
+    let mut c = env.client();
+    for (name, dir, escape, expect) in cases {
+        let r = c.request("POST", "/v1/images/import", Some(&json!({"path": dir, "name": "hostile"})));
+        match r {
+            Err(ClientError::Api { status: 400, message, .. }) => {
+                assert!(message.contains(&expect), "{name}: message {message:?} lacks {expect:?}");
+            }
+            Err(e) => panic!("{name}: expected 400, got {e:?}"),
+            Ok(_) => panic!("{name}: hostile layer was accepted"),
+        }
+        assert_eq!(std::fs::read_dir(env.root.join("layers")).unwrap().count(), 0, "{name}: layer left");
+        assert_eq!(std::fs::read_dir(env.root.join("tmp")).unwrap().count(), 0, "{name}: tmp left");
+        if let Some(p) = escape {
+            assert!(!Path::new(p).exists(), "{name}: escaped to {p}");
+        }
+    }
+    let images: Vec<Value> = c.call("GET", "/v1/images", None::<&()>).unwrap();
+    assert!(images.is_empty());
+    env.finish();
+}
+
+/// Runs last (tests run in name order with --test-threads=1): the whole
+/// suite left no mount, cgroup or process behind.
+#[test]
+fn zz_suite_leaves_nothing_behind() {
+    require_root();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let mounts: Vec<&str> = info.lines().filter(|l| l.contains(PREFIX)).collect();
+    assert!(mounts.is_empty(), "leftover mounts: {mounts:?}");
+    let mut cgroups = Vec::new();
+    for e in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        for sub in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+            if sub.file_name().to_string_lossy().starts_with(&format!("{PREFIX}-{}", std::process::id())) {
+                cgroups.push(sub.path());
+            }
+        }
+    }
+    assert!(cgroups.is_empty(), "leftover cgroups: {cgroups:?}");
+    let procs: Vec<_> = processes_matching("strata-shim")
+        .into_iter()
+        .filter(|(pid, _)| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+                .unwrap_or_default()
+                .contains(&format!("{PREFIX}-{}", std::process::id()))
+        })
+        .collect();
+    assert!(procs.is_empty(), "leftover shims: {procs:?}");
+}

@@ -1,0 +1,25 @@
+//! Strata: a sandbox executor for agent platforms. This crate is the daemon
+//! (`strata daemon`) and its CLI client; `strata-shim` is the sandbox's PID 1.
+//!
+//! Modules: `api` (HTTP on the Unix socket), `daemon` (operations and the
+//! execution pool), `sandbox` (create/exec/destroy of live sandboxes),
+//! `image` + `oci` (import and safe layer unpacking), `store` (on-disk
+//! layout), `db` (SQLite metadata), `cgroups` (limits), `shim_client`
+//! (daemon ⇄ shim), `stream` (attached exec frames), `client` (API client).
+
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod cgroups;
+pub mod cli;
+pub mod client;
+pub mod daemon;
+pub mod db;
+pub mod error;
+pub mod ids;
+pub mod image;
+pub mod oci;
+pub mod sandbox;
+pub mod shim_client;
+pub mod store;
+pub mod stream;

@@ -55,7 +55,11 @@ pub enum ShimRequest {
     Setup(SetupSpec),
     Exec(ExecSpec),
     /// Signal a command; with `group`, its whole process group (it leads one).
-    Signal { id: u64, signal: i32, group: bool },
+    Signal {
+        id: u64,
+        signal: i32,
+        group: bool,
+    },
     /// Sent by a daemon after it (re)connects; answered with [`ShimEvent::Hello`].
     Hello,
 }
@@ -81,14 +85,27 @@ pub enum ShimEvent {
     /// Setup finished; the sandbox is ready for commands.
     Ready,
     /// Setup failed; the error chain, outermost first. The shim exits next.
-    SetupFailed { chain: Vec<String> },
+    SetupFailed {
+        chain: Vec<String>,
+    },
     /// The command was forked (`pid` in the sandbox's PID namespace). With a
     /// tty, the pty master travels with this message.
-    Started { id: u64, pid: i32 },
+    Started {
+        id: u64,
+        pid: i32,
+    },
     /// The command could not be started at all (bad request).
-    StartFailed { id: u64, message: String },
-    Exited { id: u64, status: ExitStatus },
-    Hello { running: Vec<u64> },
+    StartFailed {
+        id: u64,
+        message: String,
+    },
+    Exited {
+        id: u64,
+        status: ExitStatus,
+    },
+    Hello {
+        running: Vec<u64>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,12 +145,7 @@ pub fn recv<T: DeserializeOwned>(sock: impl AsFd) -> Result<(T, Vec<OwnedFd>), P
     let mut cmsg_space = nix::cmsg_space!([RawFd; 8]);
     let (len, fds) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
-        match recvmsg::<()>(
-            sock.as_fd().as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg_space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        ) {
+        match recvmsg::<()>(sock.as_fd().as_raw_fd(), &mut iov, Some(&mut cmsg_space), MsgFlags::MSG_CMSG_CLOEXEC) {
             Ok(msg) => {
                 let mut fds = Vec::new();
                 for c in msg.cmsgs().map_err(ProtoError::Recv)? {
@@ -169,13 +181,7 @@ mod tests {
 
     #[test]
     fn message_and_fds_round_trip() {
-        let (a, b) = socketpair(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
-        .unwrap();
+        let (a, b) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
         let (r, w) = nix::unistd::pipe().unwrap();
         let req = ShimRequest::Signal { id: 7, signal: 9, group: true };
         send(&a, &req, &[w.as_raw_fd()]).unwrap();

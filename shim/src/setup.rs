@@ -27,7 +27,12 @@ pub enum SetupError {
     #[error("create mount point {0}")]
     MountPoint(PathBuf, #[source] std::io::Error),
     #[error("mount {what} at {target}")]
-    Mount { what: &'static str, target: PathBuf, #[source] source: Errno },
+    Mount {
+        what: &'static str,
+        target: PathBuf,
+        #[source]
+        source: Errno,
+    },
     #[error("create device node {0}")]
     DeviceNode(PathBuf, #[source] Errno),
     #[error("create symlink {0}")]
@@ -47,14 +52,8 @@ pub enum SetupError {
 }
 
 /// Device nodes of the minimal /dev: (name, major, minor), all mode 0666.
-const DEVICES: [(&str, u64, u64); 6] = [
-    ("null", 1, 3),
-    ("zero", 1, 5),
-    ("full", 1, 7),
-    ("random", 1, 8),
-    ("urandom", 1, 9),
-    ("tty", 5, 0),
-];
+const DEVICES: [(&str, u64, u64); 6] =
+    [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
 
 pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
     // 1. Nothing we mount may propagate back to the host.
@@ -115,8 +114,7 @@ pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
     nix::unistd::chdir("/").map_err(|e| SetupError::PivotRoot(root.into(), e))?;
 
     // 7. Identity and network: own hostname, loopback only.
-    nix::unistd::sethostname(&spec.hostname)
-        .map_err(|e| SetupError::Hostname(spec.hostname.clone(), e))?;
+    nix::unistd::sethostname(&spec.hostname).map_err(|e| SetupError::Hostname(spec.hostname.clone(), e))?;
     sys::loopback_up().map_err(SetupError::Loopback)?;
 
     // 8. Privileges: Docker's default capability set, no_new_privs. The shim

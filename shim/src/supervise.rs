@@ -56,17 +56,15 @@ pub fn run(listener: OwnedFd, first: OwnedFd) -> Result<(), SuperviseError> {
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGCHLD);
     mask.thread_block().map_err(SuperviseError::Signals)?;
-    let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-        .map_err(SuperviseError::Signals)?;
+    let sfd =
+        SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK).map_err(SuperviseError::Signals)?;
     // A daemon that vanished mid-write must not kill PID 1.
     sys::set_sigpipe(false).map_err(SuperviseError::Signals)?;
 
     let mut sup = Supervisor { conns: vec![Conn { token: 0, fd: first }], next_token: 1, running: HashMap::new() };
     loop {
-        let mut fds = vec![
-            PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
-            PollFd::new(listener.as_fd(), PollFlags::POLLIN),
-        ];
+        let mut fds =
+            vec![PollFd::new(sfd.as_fd(), PollFlags::POLLIN), PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
         for c in &sup.conns {
             fds.push(PollFd::new(c.fd.as_fd(), PollFlags::POLLIN));
         }
@@ -88,13 +86,7 @@ pub fn run(listener: OwnedFd, first: OwnedFd) -> Result<(), SuperviseError> {
                 sup.conns.push(Conn { token, fd });
             }
         }
-        let tokens: Vec<u64> = sup
-            .conns
-            .iter()
-            .zip(&ready[2..])
-            .filter(|(_, r)| **r)
-            .map(|(c, _)| c.token)
-            .collect();
+        let tokens: Vec<u64> = sup.conns.iter().zip(&ready[2..]).filter(|(_, r)| **r).map(|(c, _)| c.token).collect();
         for token in tokens {
             sup.serve(token);
         }

@@ -12,11 +12,8 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 
 /// Namespaces every sandbox gets.
-pub const SANDBOX_NAMESPACES: u64 = (libc::CLONE_NEWNS
-    | libc::CLONE_NEWPID
-    | libc::CLONE_NEWUTS
-    | libc::CLONE_NEWIPC
-    | libc::CLONE_NEWNET) as u64;
+pub const SANDBOX_NAMESPACES: u64 =
+    (libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWUTS | libc::CLONE_NEWIPC | libc::CLONE_NEWNET) as u64;
 
 /// `struct clone_args` from `<linux/sched.h>` (version 2, 88 bytes).
 #[repr(C)]
@@ -86,13 +83,7 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan, namespaces: u64) -> Result<Spawned,
     // SAFETY: `args` is a valid clone_args of the size we pass; with no stack
     // given, clone3 behaves like fork. The child branch below only calls
     // async-signal-safe functions on memory prepared before the call.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &args as *const CloneArgs,
-            std::mem::size_of::<CloneArgs>(),
-        )
-    };
+    let ret = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
     if ret < 0 {
         return Err(Errno::last());
     }
@@ -132,13 +123,7 @@ pub fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
 pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: i32) -> Result<(), Errno> {
     // SAFETY: plain syscall; a null siginfo means "as kill(2) would".
     let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            signal,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        )
+        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0)
     };
     if r < 0 {
         return Err(Errno::last());
@@ -148,12 +133,8 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: i32) -> Result<(), Errno
 
 /// Overlay options every sandbox uses (DESIGN.md: the upper must always hold
 /// full file data and plain whiteouts, so a captured delta misses nothing).
-pub const OVERLAY_FLAGS: [(&str, &str); 4] = [
-    ("index", "off"),
-    ("metacopy", "off"),
-    ("redirect_dir", "off"),
-    ("xino", "off"),
-];
+pub const OVERLAY_FLAGS: [(&str, &str); 4] =
+    [("index", "off"), ("metacopy", "off"), ("redirect_dir", "off"), ("xino", "off")];
 
 /// An overlay mount to make: lowers topmost first, relative to `layers_dir`.
 pub struct OverlayMount<'a> {
@@ -169,9 +150,19 @@ pub enum MountError {
     #[error("fsopen overlay")]
     FsOpen(#[source] Errno),
     #[error("fsconfig {key}={value}: {detail}")]
-    FsConfig { key: String, value: String, detail: String, #[source] source: Errno },
+    FsConfig {
+        key: String,
+        value: String,
+        detail: String,
+        #[source]
+        source: Errno,
+    },
     #[error("create overlay superblock: {detail}")]
-    Create { detail: String, #[source] source: Errno },
+    Create {
+        detail: String,
+        #[source]
+        source: Errno,
+    },
     #[error("fsmount overlay")]
     FsMount(#[source] Errno),
     #[error("move overlay mount to {0}")]
@@ -229,14 +220,7 @@ pub fn mount_overlay(m: &OverlayMount<'_>) -> Result<(), MountError> {
         let k = CString::new(key).map_err(|_| MountError::BadPath(key.into()))?;
         // SAFETY: both strings are NUL-terminated and outlive the call.
         let r = unsafe {
-            libc::syscall(
-                libc::SYS_fsconfig,
-                fsfd.as_raw_fd(),
-                FSCONFIG_SET_STRING,
-                k.as_ptr(),
-                value.as_ptr(),
-                0,
-            )
+            libc::syscall(libc::SYS_fsconfig, fsfd.as_raw_fd(), FSCONFIG_SET_STRING, k.as_ptr(), value.as_ptr(), 0)
         };
         if r < 0 {
             let source = Errno::last();
@@ -319,12 +303,7 @@ pub fn legacy_overlay_options(m: &OverlayMount<'_>) -> Result<String, MountError
         Ok(s.to_string())
     };
     let lowers: Vec<String> = m.lowers.iter().map(|l| check(l)).collect::<Result<_, _>>()?;
-    let mut opts = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lowers.join(":"),
-        check(m.upper)?,
-        check(m.work)?
-    );
+    let mut opts = format!("lowerdir={},upperdir={},workdir={}", lowers.join(":"), check(m.upper)?, check(m.work)?);
     for (k, v) in OVERLAY_FLAGS {
         opts.push_str(&format!(",{k}={v}"));
     }
@@ -338,9 +317,8 @@ pub fn legacy_overlay_options(m: &OverlayMount<'_>) -> Result<String, MountError
 fn mount_overlay_legacy(m: &OverlayMount<'_>) -> Result<(), MountError> {
     use nix::mount::{mount, MsFlags};
     let opts = legacy_overlay_options(m)?;
-    let old = std::env::current_dir().map_err(|e| {
-        MountError::Legacy(m.target.into(), Errno::from_raw(e.raw_os_error().unwrap_or(0)))
-    })?;
+    let old = std::env::current_dir()
+        .map_err(|e| MountError::Legacy(m.target.into(), Errno::from_raw(e.raw_os_error().unwrap_or(0))))?;
     nix::unistd::chdir(m.layers_dir).map_err(|e| MountError::Legacy(m.layers_dir.into(), e))?;
     let r = mount(Some("overlay"), m.target, Some("overlay"), MsFlags::empty(), Some(opts.as_str()));
     let _ = nix::unistd::chdir(&old);
@@ -392,10 +370,8 @@ pub const DEFAULT_CAPS: [u32; 14] = [
 /// other capability from the bounding set, then set effective, permitted and
 /// inheritable to `keep`. Ambient stays empty.
 pub fn restrict_capabilities(keep: &[u32]) -> Result<(), Errno> {
-    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40);
+    let last: u32 =
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40);
     for cap in 0..=last {
         if !keep.contains(&cap) {
             // SAFETY: prctl with integer arguments only.
@@ -488,10 +464,7 @@ mod tests {
             work: Path::new("/w"),
             target: Path::new("/t"),
         };
-        assert!(matches!(
-            legacy_overlay_options(&m),
-            Err(MountError::OptionsTooLong { lowers: 80, .. })
-        ));
+        assert!(matches!(legacy_overlay_options(&m), Err(MountError::OptionsTooLong { lowers: 80, .. })));
     }
 
     #[test]
@@ -514,10 +487,7 @@ pub fn inherited_listener() -> Result<OwnedFd, Errno> {
     // SAFETY: F_GETFD just proved fd 3 is open; it was handed to this process
     // for exactly this purpose and nothing else in the process refers to it.
     let fd = unsafe { OwnedFd::from_raw_fd(crate::proto::LISTEN_FD) };
-    nix::fcntl::fcntl(
-        fd.as_raw_fd(),
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    )?;
+    nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
     Ok(fd)
 }
 

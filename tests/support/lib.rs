@@ -1,0 +1,350 @@
+//! Shared harness for the root-only integration tests: a [`TestEnv`] runs a
+//! real `strata daemon` on a temporary root, socket and uniquely named cgroup
+//! parent, and on drop kills what it started, unmounts by mountinfo and
+//! removes its cgroups. [`TestEnv::finish`] additionally asserts that nothing
+//! was left behind.
+
+pub mod corpus;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+pub use strata::client::{Client, ClientError};
+
+/// Root tests must run as root; a skipped root test must never pass.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this integration test needs root (real mounts, namespaces, cgroups): run scripts/test.sh as root"
+    );
+}
+
+/// Directory of the built binaries (target/<profile>), found from the test binary.
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent().and_then(|d| d.parent()).expect("target dir").to_path_buf()
+}
+
+pub fn strata_bin() -> PathBuf {
+    bin_dir().join("strata")
+}
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The test image directory, building the images if they are missing.
+pub fn image(name: &str) -> PathBuf {
+    let base =
+        std::env::var_os("STRATA_TEST_IMAGES").map(PathBuf::from).unwrap_or_else(|| repo_root().join("images/out"));
+    let dir = base.join(name);
+    if !dir.join("index.json").exists() {
+        let script = repo_root().join(format!("images/{name}/build.sh"));
+        let st = Command::new(&script).arg(&dir).status().expect("run image build script");
+        assert!(st.success(), "{} failed", script.display());
+    }
+    dir
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Prefix of everything the suite creates (cgroups, temp dirs).
+pub const PREFIX: &str = "strata-test";
+
+pub struct TestEnv {
+    pub root: PathBuf,
+    pub socket: PathBuf,
+    pub cgroup_parent: String,
+    pub daemon: Option<Child>,
+    pub extra_args: Vec<String>,
+    _tmp: tempfile::TempDir,
+}
+
+impl TestEnv {
+    pub fn start() -> TestEnv {
+        TestEnv::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> TestEnv {
+        require_root();
+        // Shims orphaned by a killed daemon reparent to us instead of the
+        // host's init (which may not reap them), and `reap_orphans` reaps them.
+        nix::sys::prctl::set_child_subreaper(true).expect("PR_SET_CHILD_SUBREAPER");
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let tmp = tempfile::Builder::new().prefix(&format!("{PREFIX}-")).tempdir().expect("tempdir");
+        let root = tmp.path().to_path_buf();
+        let mut env = TestEnv {
+            socket: root.join("api.sock"),
+            root: root.join("root"),
+            cgroup_parent: format!("{PREFIX}-{}-{n}", std::process::id()),
+            daemon: None,
+            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            _tmp: tmp,
+        };
+        env.start_daemon();
+        env
+    }
+
+    /// Start (or restart) the daemon and wait until it answers.
+    pub fn start_daemon(&mut self) {
+        assert!(self.daemon.is_none(), "daemon already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.with_file_name("daemon.log"))
+            .expect("daemon log");
+        let child = Command::new(strata_bin())
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("daemon")
+            .arg("--root")
+            .arg(&self.root)
+            .arg("--cgroup-parent")
+            .arg(&self.cgroup_parent)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("spawn strata daemon");
+        self.daemon = Some(child);
+        let start = Instant::now();
+        loop {
+            if let Ok(mut c) = Client::connect(&self.socket) {
+                if c.request("GET", "/v1/version", None::<&()>).is_ok() {
+                    return;
+                }
+            }
+            if let Some(st) = self.daemon.as_mut().unwrap().try_wait().unwrap() {
+                panic!("daemon exited with {st} at start:\n{}", self.daemon_log());
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "daemon did not start:\n{}", self.daemon_log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(self.root.with_file_name("daemon.log")).unwrap_or_default()
+    }
+
+    /// SIGKILL the daemon (sandboxes must survive).
+    pub fn kill_daemon(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM the daemon and wait for it.
+    pub fn stop_daemon(&mut self) -> std::process::ExitStatus {
+        let mut c = self.daemon.take().expect("daemon running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+        c.wait().unwrap()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket).expect("connect to daemon")
+    }
+
+    /// Run the `strata` CLI against this daemon.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(strata_bin())
+            .env("STRATA_SOCKET", &self.socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run strata")
+    }
+
+    /// Run the CLI and return stdout; panics with stderr on failure.
+    pub fn cli_ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "strata {args:?} failed ({:?}):\nstdout: {}\nstderr: {}\ndaemon log:\n{}",
+            out.status.code().or(out.status.signal()),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.daemon_log()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn import_busybox(&self) {
+        let dir = image("busybox");
+        self.cli_ok(&["image", "import", dir.to_str().unwrap(), "--name", "busybox:latest"]);
+    }
+
+    /// Cgroup directories of this env, in every mounted hierarchy.
+    pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        cgroup_dirs_named(&self.cgroup_parent)
+    }
+
+    /// Kill every process still in this env's cgroups (the daemon may be dead).
+    fn kill_cgroup_procs(&self) {
+        for dir in self.cgroup_dirs() {
+            for_each_cgroup(&dir, &mut |cg| {
+                if let Ok(procs) = std::fs::read_to_string(cg.join("cgroup.procs")) {
+                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                        let _ =
+                            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                    }
+                }
+            });
+        }
+    }
+
+    /// Reap zombie `strata-shim` processes reparented to this test process.
+    pub fn reap_orphans(&self) {
+        // A zombie has an empty cmdline; match on comm and parent instead.
+        let me = std::process::id().to_string();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let is_shim = stat.contains("(strata-shim)");
+            let fields: Vec<&str> = stat.rsplit_once(") ").map(|(_, r)| r.split(' ').collect()).unwrap_or_default();
+            if is_shim && fields.len() > 1 && fields[1] == me {
+                let _ = nix::sys::wait::waitpid(
+                    nix::unistd::Pid::from_raw(pid),
+                    Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+                );
+            }
+        }
+    }
+
+    fn cleanup(&mut self) {
+        // Prefer the daemon's own removal path.
+        if self.daemon.is_some() {
+            if let Ok(mut c) = Client::connect(&self.socket) {
+                if let Ok(list) = c.call::<Vec<serde_json::Value>>("GET", "/v1/sandboxes", None::<&()>) {
+                    for s in list {
+                        if let Some(id) = s["id"].as_str() {
+                            let _ = c.request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>);
+                        }
+                    }
+                }
+            }
+        }
+        self.kill_daemon();
+        self.kill_cgroup_procs();
+        std::thread::sleep(Duration::from_millis(50));
+        self.reap_orphans();
+        for m in mounts_under(&self.root).into_iter().rev() {
+            let _ = nix::mount::umount2(Path::new(&m), nix::mount::MntFlags::MNT_DETACH);
+        }
+        for dir in self.cgroup_dirs() {
+            remove_cgroup_tree(&dir);
+        }
+    }
+
+    /// Tear down and assert nothing is left: no mount under the root, no
+    /// cgroup, no live process of this env.
+    pub fn finish(mut self) {
+        // A clean daemon-side removal must already have removed everything.
+        if self.daemon.is_some() {
+            let list: Vec<serde_json::Value> = self.client().call("GET", "/v1/sandboxes", None::<&()>).unwrap();
+            for s in &list {
+                let id = s["id"].as_str().unwrap();
+                self.client().request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+            }
+        }
+        let procs: Vec<String> = self
+            .cgroup_dirs()
+            .iter()
+            .flat_map(|d| {
+                let mut v = Vec::new();
+                for_each_cgroup(d, &mut |cg| {
+                    if cg != d {
+                        v.push(cg.display().to_string());
+                    }
+                });
+                v
+            })
+            .collect();
+        let mounts = mounts_under(&self.root);
+        self.cleanup();
+        assert!(procs.is_empty(), "sandbox cgroups left after removing every sandbox: {procs:?}");
+        assert!(mounts.is_empty(), "mounts left under {}: {mounts:?}", self.root.display());
+        assert!(self.cgroup_dirs().is_empty(), "cgroup parent left: {:?}", self.cgroup_dirs());
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        self.cleanup();
+    }
+}
+
+/// `<mount>/<name>` for every cgroup hierarchy (v1 controllers and v2).
+pub fn cgroup_dirs_named(name: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let base = Path::new("/sys/fs/cgroup");
+    if base.join(name).is_dir() {
+        out.push(base.join(name));
+    }
+    if let Ok(rd) = std::fs::read_dir(base) {
+        for e in rd.flatten() {
+            let p = e.path().join(name);
+            if p.is_dir() && !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+fn for_each_cgroup(dir: &Path, f: &mut dyn FnMut(&Path)) {
+    f(dir);
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                for_each_cgroup(&e.path(), f);
+            }
+        }
+    }
+}
+
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    for _ in 0..100 {
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Mount points at or under `path` (from /proc/self/mountinfo).
+pub fn mounts_under(path: &Path) -> Vec<String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let p = path.to_string_lossy().into_owned();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| *m == p || m.starts_with(&format!("{p}/")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every process whose command line mentions `needle` (for leak checks).
+pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                out.push((pid, cmd));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,290 @@
+//! The HTTP+JSON API on the daemon's Unix socket. `http` reads and writes
+//! messages, `route` turns a request into a typed call on the [`Daemon`] with
+//! no I/O of its own, and [`ApiError`] is the one mapping from error kinds
+//! to `{"error":{"code","message"}}` with a status.
+
+pub mod http;
+pub mod types;
+
+use std::io::BufReader;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::daemon::Daemon;
+use crate::error::{chain, ErrorKind};
+use crate::sandbox::ExecRequest;
+use types::{CreateRequest, ErrorBody, ErrorDetail, ExecRequestBody, ExecResult, ImportRequest, VersionInfo};
+
+pub const API_VERSION: &str = "v1";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> ApiError {
+        ApiError { kind, message: message.into() }
+    }
+    pub fn invalid(e: &dyn std::error::Error) -> ApiError {
+        ApiError::new(ErrorKind::InvalidArgument, chain(e))
+    }
+    pub fn internal(e: &dyn std::error::Error) -> ApiError {
+        ApiError::new(ErrorKind::Internal, chain(e))
+    }
+    pub fn status(&self) -> u16 {
+        self.kind.status()
+    }
+    pub fn body(&self) -> Vec<u8> {
+        let b = ErrorBody { error: ErrorDetail { code: self.kind.code().into(), message: self.message.clone() } };
+        serde_json::to_vec(&b).unwrap_or_default()
+    }
+}
+
+impl From<crate::image::ImageError> for ApiError {
+    fn from(e: crate::image::ImageError) -> Self {
+        ApiError::new(e.kind(), chain(&e))
+    }
+}
+
+impl From<crate::sandbox::SandboxError> for ApiError {
+    fn from(e: crate::sandbox::SandboxError) -> Self {
+        ApiError::new(e.kind(), chain(&e))
+    }
+}
+
+impl From<crate::db::DbError> for ApiError {
+    fn from(e: crate::db::DbError) -> Self {
+        ApiError::internal(&e)
+    }
+}
+
+/// What a request resolved to.
+pub enum Reply {
+    Json(u16, Vec<u8>),
+    Empty(u16),
+    /// Hand the connection to an attached exec (after a 101 response).
+    Attach {
+        sandbox: Arc<crate::sandbox::Sandbox>,
+        req: ExecRequest,
+        size: (u16, u16),
+    },
+}
+
+fn json<T: Serialize>(status: u16, v: &T) -> Result<Reply, ApiError> {
+    serde_json::to_vec(v).map(|b| Reply::Json(status, b)).map_err(|e| ApiError::internal(&e))
+}
+
+fn body<T: DeserializeOwned>(req: &http::Request) -> Result<T, ApiError> {
+    // serde also accepts a JSON array for a struct; the API takes objects only.
+    if req.body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::new(ErrorKind::InvalidArgument, "request body must be a JSON object"));
+    }
+    serde_json::from_slice(&req.body)
+        .map_err(|e| ApiError::new(ErrorKind::InvalidArgument, format!("invalid JSON body: {e}")))
+}
+
+fn exec_request(b: &ExecRequestBody) -> Result<ExecRequest, ApiError> {
+    let timeout = match b.timeout {
+        None => None,
+        Some(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => Some(Duration::from_secs_f64(t)),
+        Some(t) => {
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("timeout {t} must be between 0 and 86400 seconds"),
+            ))
+        }
+    };
+    Ok(ExecRequest {
+        argv: b.argv.clone(),
+        env: b.env.clone(),
+        cwd: b.cwd.clone(),
+        user: b.user.clone(),
+        timeout,
+        tty: b.tty,
+    })
+}
+
+/// Resolve one request against the daemon.
+pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
+    let path = req.path.trim_end_matches('/');
+    let Some(rest) = path.strip_prefix("/v1").filter(|r| r.is_empty() || r.starts_with('/')) else {
+        return Err(ApiError::new(
+            ErrorKind::NotFound,
+            format!("no route {} {} (the API lives under /v1)", req.method, req.path),
+        ));
+    };
+    let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
+    let m = req.method.as_str();
+    let not_allowed = || ApiError::new(ErrorKind::InvalidArgument, format!("method {m} not allowed on {}", req.path));
+    match segs.as_slice() {
+        ["version"] => match m {
+            "GET" => json(
+                200,
+                &VersionInfo {
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    api: API_VERSION.into(),
+                    cgroup: if crate::cgroups::is_v2() { "v2" } else { "v1" }.into(),
+                },
+            ),
+            _ => Err(not_allowed()),
+        },
+        ["images"] => match m {
+            "GET" => json(200, &d.list_images()?),
+            _ => Err(not_allowed()),
+        },
+        ["images", "import"] => match m {
+            "POST" => {
+                let b: ImportRequest = body(req)?;
+                json(201, &d.import_image(&b.path, &b.name)?)
+            }
+            _ => Err(not_allowed()),
+        },
+        ["images", ..] => {
+            let name = http::percent_decode(rest.strip_prefix("/images/").unwrap_or(""));
+            match m {
+                "GET" => json(200, &d.get_image(&name)?),
+                "DELETE" => d.remove_image(&name).map(|()| Reply::Empty(204)),
+                _ => Err(not_allowed()),
+            }
+        }
+        ["sandboxes"] => match m {
+            "GET" => json(200, &d.list_sandboxes()),
+            "POST" => {
+                let b: CreateRequest = body(req)?;
+                json(201, &d.create_sandbox(b)?)
+            }
+            _ => Err(not_allowed()),
+        },
+        ["sandboxes", id] => match m {
+            "GET" => {
+                let sb = d.sandbox(id)?;
+                json(200, &crate::daemon::sandbox_info(&sb))
+            }
+            "DELETE" => d.remove_sandbox(id).map(|()| Reply::Empty(204)),
+            _ => Err(not_allowed()),
+        },
+        ["sandboxes", id, "exec"] => {
+            if m != "POST" {
+                return Err(not_allowed());
+            }
+            let sb = d.sandbox(id)?;
+            let b: ExecRequestBody = body(req)?;
+            let ereq = exec_request(&b)?;
+            let upgrade = req.header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case(http::UPGRADE_PROTOCOL));
+            if upgrade {
+                if b.stdin.is_some() {
+                    return Err(ApiError::new(
+                        ErrorKind::InvalidArgument,
+                        "stdin is sent as frames on an attached exec",
+                    ));
+                }
+                return Ok(Reply::Attach {
+                    sandbox: sb,
+                    req: ereq,
+                    size: (b.rows.unwrap_or(24), b.cols.unwrap_or(80)),
+                });
+            }
+            let out = sb.exec_buffered(&ereq, b.stdin.unwrap_or_default().into_bytes())?;
+            let signal = match out.status {
+                strata_shim::proto::ExitStatus::Signal(s) => Some(s),
+                _ => None,
+            };
+            json(
+                200,
+                &ExecResult {
+                    exit_code: out.status.shell_code(),
+                    signal,
+                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                    duration_ms: out.duration.as_secs_f64() * 1000.0,
+                    timed_out: out.timed_out,
+                    truncated: out.truncated,
+                },
+            )
+        }
+        _ => Err(ApiError::new(ErrorKind::NotFound, format!("no route {} {}", req.method, req.path))),
+    }
+}
+
+/// Serve one connection until the client closes it.
+pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
+    let Ok(mut writer) = stream.try_clone() else { return };
+    let mut reader = BufReader::new(stream);
+    loop {
+        let req = match http::read_request(&mut reader) {
+            Ok(r) => r,
+            Err(http::HttpError::Bad { status, message }) => {
+                let e = ApiError::new(ErrorKind::InvalidArgument, message);
+                let _ = http::write_response(&mut writer, status, &e.body(), false);
+                return;
+            }
+            Err(_) => return,
+        };
+        let keep = req.keep_alive;
+        let reply = route(&d, &req);
+        let result = match reply {
+            Ok(Reply::Json(status, b)) => http::write_response(&mut writer, status, &b, keep),
+            Ok(Reply::Empty(status)) => http::write_response(&mut writer, status, &[], keep),
+            Ok(Reply::Attach { sandbox, req: ereq, size }) => {
+                // The connection now belongs to the exec; buffered bytes past
+                // the request head would be lost, so refuse pipelined data.
+                if !reader.buffer().is_empty() {
+                    let e = ApiError::new(ErrorKind::InvalidArgument, "data sent before the 101 response");
+                    let _ = http::write_response(&mut writer, 400, &e.body(), false);
+                    return;
+                }
+                let conn = match writer.try_clone() {
+                    Ok(c) => c,
+                    Err(_) => return,
+                };
+                let mut started = false;
+                let r = sandbox.exec_attached(&ereq, conn, size, |c| {
+                    started = true;
+                    http::write_upgrade(c)
+                });
+                if let Err(e) = r {
+                    if !started {
+                        let e = ApiError::from(e);
+                        let _ = http::write_response(&mut writer, e.status(), &e.body(), false);
+                    }
+                }
+                return;
+            }
+            Err(e) => {
+                if e.kind == ErrorKind::Internal {
+                    tracing::error!("{} {}: {}", req.method, req.path, e.message);
+                }
+                http::write_response(&mut writer, e.status(), &e.body(), keep)
+            }
+        };
+        if result.is_err() || !keep {
+            return;
+        }
+    }
+}
+
+/// Accept connections until `stop` is set (then one wake-up connection ends the loop).
+pub fn serve(d: Arc<Daemon>, listener: UnixListener, stop: Arc<std::sync::atomic::AtomicBool>) {
+    for conn in listener.incoming() {
+        if stop.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        match conn {
+            Ok(s) => {
+                let d = d.clone();
+                if let Err(e) =
+                    std::thread::Builder::new().name("api-conn".into()).spawn(move || serve_connection(d, s))
+                {
+                    tracing::error!("spawn connection thread: {e}");
+                }
+            }
+            Err(e) => tracing::warn!("accept: {e}"),
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Request and response bodies of the HTTP API (docs/openapi.yaml). Requests
+//! reject unknown fields so a typo is a 400, not a silently ignored option.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cgroups::Limits;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ImportRequest {
+    /// Path on the daemon's host of an OCI layout directory or archive.
+    pub path: String,
+    /// `NAME[:TAG]`.
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ImageInfo {
+    pub name: String,
+    pub manifest_digest: String,
+    pub config_digest: String,
+    /// diff_ids, bottom layer first.
+    pub layers: Vec<String>,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRequest {
+    pub image: String,
+    #[serde(default)]
+    pub memory: Option<u64>,
+    #[serde(default)]
+    pub pids: Option<u64>,
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub hostname: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub image: String,
+    /// `running`, or `exited` if its init process is gone.
+    pub state: String,
+    pub limits: Limits,
+    pub hostname: String,
+    pub created_at: i64,
+    pub shim_pid: i32,
+    pub cgroup: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequestBody {
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// `UID[:GID]`, numeric.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Seconds; the command's process group is killed when it passes.
+    #[serde(default)]
+    pub timeout: Option<f64>,
+    /// Buffered form only: bytes fed to the command's stdin.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Attached form only: allocate a pseudo-terminal.
+    #[serde(default)]
+    pub tty: bool,
+    /// Attached form with tty: initial window size.
+    #[serde(default)]
+    pub rows: Option<u16>,
+    #[serde(default)]
+    pub cols: Option<u16>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExecResult {
+    /// Shell convention: the exit code, or 128 + signal.
+    pub exit_code: i32,
+    /// The signal that killed the command, if one did.
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub duration_ms: f64,
+    pub timed_out: bool,
+    /// Output past the buffered limit was dropped.
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct VersionInfo {
+    pub version: String,
+    pub api: String,
+    pub cgroup: String,
+}

@@ -1,0 +1,264 @@
+//! Per-sandbox cgroups: creation with limits, membership, removal.
+//!
+//! Built on `cgroups-rs`, which speaks both cgroup v1 (one directory per
+//! controller under `/sys/fs/cgroup/<ctrl>`) and v2 (one unified tree).
+//! Every sandbox gets `<parent>/<sandbox id>`; `<parent>` is named for Strata
+//! (`strata` by default, a unique name per test run) so we never touch a
+//! cgroup we did not create. This module owns the limit arithmetic (pure,
+//! unit-tested) and the cgroup's lifetime; it does not own processes.
+
+use std::time::{Duration, Instant};
+
+use cgroups_rs::cpu::CpuController;
+use cgroups_rs::memory::MemController;
+use cgroups_rs::pid::PidController;
+use cgroups_rs::{Cgroup, CgroupPid, MaxValue};
+use serde::{Deserialize, Serialize};
+
+/// Resource limits of one sandbox; `None` means unlimited.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Limits {
+    /// Memory limit in bytes (memory.limit_in_bytes / memory.max).
+    pub memory: Option<u64>,
+    /// Maximum number of processes (pids.max).
+    pub pids: Option<u64>,
+    /// CPU bandwidth in CPUs, e.g. 0.5 (cpu.cfs_quota_us / cpu.max).
+    pub cpus: Option<f64>,
+}
+
+/// CFS period used for every sandbox (the kernel default).
+pub const CPU_PERIOD_US: u64 = 100_000;
+/// Smallest memory limit accepted: below this even the shim cannot start.
+pub const MIN_MEMORY: u64 = 4 * 1024 * 1024;
+/// Largest memory limit accepted (the cgroup files take a signed 64-bit value).
+pub const MAX_MEMORY: u64 = i64::MAX as u64;
+/// The kernel's PID_MAX_LIMIT on 64-bit.
+pub const MAX_PIDS: u64 = 4 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum LimitsError {
+    #[error("memory limit {0} bytes is below the minimum of {MIN_MEMORY} bytes")]
+    MemoryTooSmall(u64),
+    #[error("pids limit must be at least 1")]
+    PidsZero,
+    #[error("pids limit {0} is above the kernel's maximum of {MAX_PIDS}")]
+    PidsTooLarge(u64),
+    #[error("memory limit {0} bytes is above the maximum of {MAX_MEMORY} bytes")]
+    MemoryTooLarge(u64),
+    #[error("cpus must be a finite number between 0.01 and {max}, got {got}")]
+    Cpus { got: f64, max: f64 },
+}
+
+impl Limits {
+    pub fn validate(&self, host_cpus: usize) -> Result<(), LimitsError> {
+        if let Some(m) = self.memory {
+            if m < MIN_MEMORY {
+                return Err(LimitsError::MemoryTooSmall(m));
+            }
+            if m > MAX_MEMORY {
+                return Err(LimitsError::MemoryTooLarge(m));
+            }
+        }
+        match self.pids {
+            Some(0) => return Err(LimitsError::PidsZero),
+            Some(n) if n > MAX_PIDS => return Err(LimitsError::PidsTooLarge(n)),
+            _ => {}
+        }
+        if let Some(c) = self.cpus {
+            let max = host_cpus as f64;
+            if !c.is_finite() || !(0.01..=max).contains(&c) {
+                return Err(LimitsError::Cpus { got: c, max });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The CFS quota (µs per [`CPU_PERIOD_US`]) for a CPU count.
+pub fn cpu_quota_us(cpus: f64) -> i64 {
+    (cpus * CPU_PERIOD_US as f64).round() as i64
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("create cgroup {path}")]
+    Create {
+        path: String,
+        #[source]
+        source: cgroups_rs::error::Error,
+    },
+    #[error("cgroup {path} was not created in every controller (is {ctrl} mounted and writable?)")]
+    Missing { path: String, ctrl: &'static str },
+    #[error("set {what} on cgroup {path}")]
+    Limit {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: cgroups_rs::error::Error,
+    },
+    #[error("move pid {pid} into cgroup {path}")]
+    AddTask {
+        pid: u64,
+        path: String,
+        #[source]
+        source: cgroups_rs::error::Error,
+    },
+    #[error("remove cgroup {path}: processes {pids:?} are still in it after {waited:?}")]
+    Busy { path: String, pids: Vec<u64>, waited: Duration },
+    #[error("remove cgroup {path}")]
+    Remove {
+        path: String,
+        #[source]
+        source: cgroups_rs::error::Error,
+    },
+}
+
+/// One sandbox's cgroup.
+pub struct SandboxCgroup {
+    cg: Cgroup,
+    path: String,
+}
+
+fn controllers(v2: bool) -> Vec<String> {
+    let list: &[&str] = if v2 { &["cpu", "memory", "pids"] } else { &["cpu", "cpuacct", "memory", "pids", "freezer"] };
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+/// Is this host on the unified (v2-only) hierarchy?
+pub fn is_v2() -> bool {
+    cgroups_rs::hierarchies::is_cgroup2_unified_mode()
+}
+
+impl SandboxCgroup {
+    /// Create `path` (e.g. `strata/0123456789abcdef`) and apply `limits`.
+    /// On error nothing is left behind.
+    pub fn create(path: &str, limits: &Limits) -> Result<SandboxCgroup, CgroupError> {
+        let hier = cgroups_rs::hierarchies::auto();
+        let v2 = hier.v2();
+        let cg = Cgroup::new_with_specified_controllers(hier, path, Some(controllers(v2)))
+            .map_err(|source| CgroupError::Create { path: path.into(), source })?;
+        let this = SandboxCgroup { cg, path: path.to_string() };
+        if let Err(e) = this.apply(limits) {
+            let _ = this.cg.delete();
+            return Err(e);
+        }
+        Ok(this)
+    }
+
+    /// A handle on an existing sandbox cgroup (after a daemon restart).
+    pub fn load(path: &str) -> SandboxCgroup {
+        let hier = cgroups_rs::hierarchies::auto();
+        let v2 = hier.v2();
+        let cg = Cgroup::load_with_specified_controllers(hier, path, controllers(v2));
+        SandboxCgroup { cg, path: path.to_string() }
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn apply(&self, limits: &Limits) -> Result<(), CgroupError> {
+        let path = || self.path.clone();
+        let mem: &MemController =
+            self.cg.controller_of().ok_or(CgroupError::Missing { path: path(), ctrl: "memory" })?;
+        let pids: &PidController =
+            self.cg.controller_of().ok_or(CgroupError::Missing { path: path(), ctrl: "pids" })?;
+        let cpu: &CpuController = self.cg.controller_of().ok_or(CgroupError::Missing { path: path(), ctrl: "cpu" })?;
+        if !self.cg.exists() {
+            return Err(CgroupError::Missing { path: path(), ctrl: "memory/pids/cpu" });
+        }
+        if let Some(m) = limits.memory {
+            mem.set_limit(m as i64).map_err(|source| CgroupError::Limit {
+                what: "memory limit",
+                path: path(),
+                source,
+            })?;
+        }
+        if let Some(n) = limits.pids {
+            pids.set_pid_max(MaxValue::Value(n as i64)).map_err(|source| CgroupError::Limit {
+                what: "pids limit",
+                path: path(),
+                source,
+            })?;
+        }
+        if let Some(c) = limits.cpus {
+            cpu.set_cfs_quota_and_period(Some(cpu_quota_us(c)), Some(CPU_PERIOD_US))
+                .map_err(|source| CgroupError::Limit { what: "cpu quota", path: path(), source })?;
+        }
+        Ok(())
+    }
+
+    pub fn add(&self, pid: u32) -> Result<(), CgroupError> {
+        self.cg.add_task_by_tgid(CgroupPid::from(pid as u64)).map_err(|source| CgroupError::AddTask {
+            pid: pid as u64,
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    pub fn procs(&self) -> Vec<u64> {
+        self.cg.procs().into_iter().map(|p| p.pid).collect()
+    }
+
+    /// Remove the cgroup once its processes are gone. Killed processes take a
+    /// moment to leave (they must be reaped first), so wait up to `budget`.
+    pub fn remove(&self, budget: Duration) -> Result<(), CgroupError> {
+        let start = Instant::now();
+        loop {
+            if !self.cg.exists() {
+                return Ok(());
+            }
+            let pids = self.procs();
+            if pids.is_empty() {
+                match self.cg.delete() {
+                    Ok(()) => return Ok(()),
+                    Err(source) if start.elapsed() > budget => {
+                        return Err(CgroupError::Remove { path: self.path.clone(), source })
+                    }
+                    Err(_) => {}
+                }
+            } else if start.elapsed() > budget {
+                return Err(CgroupError::Busy { path: self.path.clone(), pids, waited: budget });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_quota_is_per_period() {
+        assert_eq!(cpu_quota_us(0.5), 50_000);
+        assert_eq!(cpu_quota_us(1.0), 100_000);
+        assert_eq!(cpu_quota_us(1.5), 150_000);
+        assert_eq!(cpu_quota_us(0.01), 1_000);
+    }
+
+    #[test]
+    fn limits_are_validated() {
+        assert!(Limits::default().validate(2).is_ok());
+        let l = Limits { memory: Some(1024), ..Default::default() };
+        assert_eq!(l.validate(2), Err(LimitsError::MemoryTooSmall(1024)));
+        let l = Limits { pids: Some(0), ..Default::default() };
+        assert_eq!(l.validate(2), Err(LimitsError::PidsZero));
+        for bad in [0.0, -1.0, 3.0, f64::NAN, f64::INFINITY] {
+            let l = Limits { cpus: Some(bad), ..Default::default() };
+            assert!(l.validate(2).is_err(), "{bad}");
+        }
+        let l = Limits { memory: Some(u64::MAX), ..Default::default() };
+        assert_eq!(l.validate(2), Err(LimitsError::MemoryTooLarge(u64::MAX)));
+        let l = Limits { pids: Some(MAX_PIDS + 1), ..Default::default() };
+        assert_eq!(l.validate(2), Err(LimitsError::PidsTooLarge(MAX_PIDS + 1)));
+        let l = Limits { memory: Some(MIN_MEMORY), pids: Some(1), cpus: Some(2.0) };
+        assert!(l.validate(2).is_ok());
+    }
+
+    #[test]
+    fn controller_sets() {
+        assert!(!controllers(true).contains(&"freezer".to_string()), "v2 freezes via cgroup.freeze");
+        assert!(controllers(false).contains(&"freezer".to_string()));
+    }
+}

@@ -1,0 +1,410 @@
+//! The `strata` command line: `strata daemon` and the client subcommands.
+//! Client subcommands are thin: parse, one or two API calls, print.
+
+use std::io::{IsTerminal, Read, Write};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use crate::api::types::{CreateRequest, ExecRequestBody, ImageInfo, ImportRequest, SandboxInfo};
+use crate::client::{Client, ClientError};
+use crate::daemon::{Daemon, DaemonConfig};
+use crate::stream::{self, FrameKind};
+
+pub const DEFAULT_ROOT: &str = "/var/lib/strata";
+pub const DEFAULT_SOCKET: &str = "/run/strata/strata.sock";
+
+#[derive(Parser, Debug)]
+#[command(name = "strata", version, about = "Strata: sandboxes for agents on overlayfs, namespaces and cgroups")]
+pub struct Cli {
+    /// The daemon's API socket.
+    #[arg(long, global = true, env = "STRATA_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the daemon (as root).
+    Daemon(DaemonArgs),
+    /// Manage images.
+    #[command(subcommand)]
+    Image(ImageCmd),
+    /// Create a sandbox and print its id.
+    Create(CreateArgs),
+    /// Run a command in a sandbox; exits with the command's exit code.
+    Exec(ExecArgs),
+    /// List sandboxes.
+    Ps,
+    /// Show one sandbox as JSON.
+    Inspect { id: String },
+    /// Remove sandboxes: kill every process, delete upper, work and cgroup.
+    Rm {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct DaemonArgs {
+    #[arg(long, default_value = DEFAULT_ROOT)]
+    pub root: PathBuf,
+    /// Cap on live sandboxes (default: one per 128 MiB of host memory).
+    #[arg(long)]
+    pub max_sandboxes: Option<usize>,
+    /// Parent cgroup for sandboxes; must start with "strata".
+    #[arg(long, default_value = "strata")]
+    pub cgroup_parent: String,
+    /// Path of strata-shim (default: next to this executable).
+    #[arg(long)]
+    pub shim: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ImageCmd {
+    /// Import an OCI image layout directory or OCI archive tar.
+    Import {
+        path: PathBuf,
+        #[arg(long)]
+        name: String,
+    },
+    /// List images.
+    Ls,
+    /// Remove an image (refused while a sandbox uses it).
+    Rm { name: String },
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    #[arg(long)]
+    pub image: String,
+    /// Memory limit in bytes (suffixes k, m, g accepted).
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory: Option<u64>,
+    /// Maximum number of processes.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// CPU bandwidth in CPUs (e.g. 0.5).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Environment for every exec, KEY=VALUE (repeatable).
+    #[arg(long = "env", short = 'e')]
+    pub env: Vec<String>,
+    #[arg(long)]
+    pub hostname: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    pub id: String,
+    /// Forward stdin.
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
+    /// Allocate a pseudo-terminal.
+    #[arg(short = 't', long)]
+    pub tty: bool,
+    #[arg(long = "env", short = 'e')]
+    pub env: Vec<String>,
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// UID[:GID]
+    #[arg(long, short = 'u')]
+    pub user: Option<String>,
+    /// Kill the command's process group after this many seconds.
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_lowercase() {
+                'k' => 1 << 10,
+                'm' => 1 << 20,
+                'g' => 1 << 30,
+                _ => return Err(format!("unknown size suffix in {s:?} (use k, m or g)")),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size in bytes"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn client(cli: &Cli) -> Result<Client> {
+    Ok(Client::connect(&cli.socket)?)
+}
+
+const NO_BODY: Option<&()> = None;
+
+/// Run a parsed command; returns the process exit code.
+pub fn run(cli: Cli) -> Result<i32> {
+    match &cli.cmd {
+        Command::Daemon(a) => run_daemon(&cli, a),
+        Command::Image(ImageCmd::Import { path, name }) => {
+            let path = std::fs::canonicalize(path).with_context(|| format!("resolve {}", path.display()))?;
+            let req = ImportRequest { path: path.to_string_lossy().into_owned(), name: name.clone() };
+            let info: ImageInfo = client(&cli)?.call("POST", "/v1/images/import", Some(&req))?;
+            println!("{}", info.name);
+            Ok(0)
+        }
+        Command::Image(ImageCmd::Ls) => {
+            let images: Vec<ImageInfo> = client(&cli)?.call("GET", "/v1/images", NO_BODY)?;
+            println!("{:<32} {:<20} LAYERS", "NAME", "MANIFEST");
+            for i in images {
+                let short = i.manifest_digest.trim_start_matches("sha256:").chars().take(12).collect::<String>();
+                println!("{:<32} {:<20} {}", i.name, short, i.layers.len());
+            }
+            Ok(0)
+        }
+        Command::Image(ImageCmd::Rm { name }) => {
+            client(&cli)?.request("DELETE", &format!("/v1/images/{name}"), NO_BODY)?;
+            Ok(0)
+        }
+        Command::Create(a) => {
+            let req = CreateRequest {
+                image: a.image.clone(),
+                memory: a.memory,
+                pids: a.pids,
+                cpus: a.cpus,
+                env: a.env.clone(),
+                hostname: a.hostname.clone(),
+            };
+            let info: SandboxInfo = client(&cli)?.call("POST", "/v1/sandboxes", Some(&req))?;
+            println!("{}", info.id);
+            Ok(0)
+        }
+        Command::Ps => {
+            let list: Vec<SandboxInfo> = client(&cli)?.call("GET", "/v1/sandboxes", NO_BODY)?;
+            println!("{:<18} {:<24} {:<8} {:<12} {:<8} CPUS", "ID", "IMAGE", "STATE", "MEMORY", "PIDS");
+            let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+            for s in list {
+                println!(
+                    "{:<18} {:<24} {:<8} {:<12} {:<8} {}",
+                    s.id,
+                    s.image,
+                    s.state,
+                    opt(s.limits.memory.map(|m| m.to_string())),
+                    opt(s.limits.pids.map(|m| m.to_string())),
+                    opt(s.limits.cpus.map(|m| m.to_string()))
+                );
+            }
+            Ok(0)
+        }
+        Command::Inspect { id } => {
+            let info: SandboxInfo = client(&cli)?.call("GET", &format!("/v1/sandboxes/{id}"), NO_BODY)?;
+            println!("{}", serde_json::to_string_pretty(&info)?);
+            Ok(0)
+        }
+        Command::Rm { ids } => {
+            let mut c = client(&cli)?;
+            let mut failed = 0;
+            for id in ids {
+                match c.request("DELETE", &format!("/v1/sandboxes/{id}"), NO_BODY) {
+                    Ok(_) => println!("{id}"),
+                    Err(e) => {
+                        eprintln!("strata: rm {id}: {e}");
+                        failed += 1;
+                    }
+                }
+            }
+            Ok(if failed > 0 { 1 } else { 0 })
+        }
+        Command::Exec(a) => run_exec(&cli, a),
+    }
+}
+
+fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
+    let cfg = DaemonConfig {
+        root: a.root.clone(),
+        socket: cli.socket.clone(),
+        max_sandboxes: a.max_sandboxes,
+        cgroup_parent: a.cgroup_parent.clone(),
+        shim: a.shim.clone(),
+    };
+    // Block the shutdown signals before any thread exists so only the
+    // signal thread below receives them.
+    let mut sigs = nix::sys::signal::SigSet::empty();
+    sigs.add(nix::sys::signal::Signal::SIGTERM);
+    sigs.add(nix::sys::signal::Signal::SIGINT);
+    sigs.thread_block()?;
+    let daemon = Arc::new(Daemon::open(cfg.clone())?);
+    let listener = bind_socket(&cfg.socket)?;
+    tracing::info!(
+        "strata daemon on {} (root {}, max {} sandboxes)",
+        cfg.socket.display(),
+        cfg.root.display(),
+        daemon.max_sandboxes()
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let (stop, socket) = (stop.clone(), cfg.socket.clone());
+        std::thread::spawn(move || {
+            if let Ok(sig) = sigs.wait() {
+                tracing::info!("{sig:?}: stopping the daemon; sandboxes keep running and are re-adopted at next start");
+            }
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            let _ = std::os::unix::net::UnixStream::connect(&socket);
+        });
+    }
+    crate::api::serve(daemon, listener, stop);
+    let _ = std::fs::remove_file(&cfg.socket);
+    Ok(0)
+}
+
+fn bind_socket(path: &std::path::Path) -> Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    }
+    // We hold the root's lock, so a socket file here is a stale one.
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_socket() {
+            bail!("{} exists and is not a socket; refusing to replace it", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("remove stale socket {}", path.display()))?;
+    }
+    let l = std::os::unix::net::UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(l)
+}
+
+/// Puts the local terminal in raw mode and restores it on drop.
+struct RawTerminal(Option<nix::sys::termios::Termios>);
+
+impl RawTerminal {
+    fn enable() -> RawTerminal {
+        use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
+        let stdin = std::io::stdin();
+        let Ok(orig) = tcgetattr(stdin.as_fd()) else { return RawTerminal(None) };
+        let mut raw = orig.clone();
+        cfmakeraw(&mut raw);
+        let _ = tcsetattr(stdin.as_fd(), SetArg::TCSANOW, &raw);
+        RawTerminal(Some(orig))
+    }
+}
+
+impl Drop for RawTerminal {
+    fn drop(&mut self) {
+        if let Some(orig) = &self.0 {
+            let _ = nix::sys::termios::tcsetattr(std::io::stdin().as_fd(), nix::sys::termios::SetArg::TCSANOW, orig);
+        }
+    }
+}
+
+fn window_size() -> (u16, u16) {
+    nix::ioctl_read_bad!(tiocgwinsz, libc::TIOCGWINSZ, libc::winsize);
+    let _ = tiocgwinsz;
+    // Ask `stty`-free: the size is optional, default to 24x80 if unknown.
+    match terminal_size() {
+        Some(s) => s,
+        None => (24, 80),
+    }
+}
+
+fn terminal_size() -> Option<(u16, u16)> {
+    let out = std::process::Command::new("stty").arg("size").stdin(std::process::Stdio::inherit()).output().ok()?;
+    let s = String::from_utf8_lossy(&out.stdout);
+    let mut it = s.split_whitespace();
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+fn run_exec(cli: &Cli, a: &ExecArgs) -> Result<i32> {
+    let tty = a.tty && std::io::stdin().is_terminal();
+    let (rows, cols) = if tty { window_size() } else { (24, 80) };
+    let body = ExecRequestBody {
+        argv: a.cmd.clone(),
+        env: a.env.clone(),
+        cwd: a.cwd.clone(),
+        user: a.user.clone(),
+        timeout: a.timeout,
+        stdin: None,
+        tty: a.tty,
+        rows: Some(rows),
+        cols: Some(cols),
+    };
+    let att = match client(cli)?.attach(&format!("/v1/sandboxes/{}/exec", a.id), &body) {
+        Ok(a) => a,
+        Err(e @ ClientError::Api { .. }) => {
+            eprintln!("strata: {e}");
+            return Ok(if e.status() == Some(404) { 125 } else { 126 });
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let _raw = if tty { Some(RawTerminal::enable()) } else { None };
+    let mut input = att.writer;
+    if a.interactive {
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            let mut stdin = std::io::stdin();
+            loop {
+                match stdin.read(&mut buf) {
+                    Ok(0) | Err(_) => {
+                        let _ = stream::write_frame(&mut input, FrameKind::Stdin, &[]);
+                        return;
+                    }
+                    Ok(n) => {
+                        if stream::write_frame(&mut input, FrameKind::Stdin, &buf[..n]).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    } else {
+        stream::write_frame(&mut input, FrameKind::Stdin, &[])?;
+    }
+    let mut reader = att.reader;
+    let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
+    loop {
+        match stream::read_frame(&mut reader)? {
+            Some((FrameKind::Stdout, d)) => {
+                out.write_all(&d)?;
+                out.flush()?;
+            }
+            Some((FrameKind::Stderr, d)) => {
+                err.write_all(&d)?;
+                err.flush()?;
+            }
+            Some((FrameKind::Exit, d)) if d.len() == 4 => return Ok(i32::from_be_bytes([d[0], d[1], d[2], d[3]])),
+            Some(_) => {}
+            None => bail!("connection to the daemon closed before the command's exit status arrived"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_bytes("256m"), Ok(256 << 20));
+        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        assert!(parse_bytes("1x").is_err());
+        assert!(parse_bytes("abc").is_err());
+        assert!(parse_bytes("99999999999999g").is_err());
+    }
+
+    #[test]
+    fn cli_parses() {
+        Cli::command_debug();
+    }
+
+    impl Cli {
+        fn command_debug() {
+            use clap::CommandFactory;
+            Cli::command().debug_assert();
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! The daemon: owns the store, the database, the live sandboxes and the
+//! execution pool's bound; every API operation is a method here.
+//!
+//! Start-up order: lock the root (one daemon per root), open the database
+//! (migrations), re-adopt live sandboxes, clean up those that died, then
+//! sweep `tmp/` and directories the database does not know.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::api::types::{CreateRequest, ImageInfo, SandboxInfo};
+use crate::api::ApiError;
+use crate::cgroups::Limits;
+use crate::db::{Db, DbError, ImageRow, SandboxSpec, SandboxState};
+use crate::error::ErrorKind;
+use crate::ids::{ImageName, SandboxId};
+use crate::image;
+use crate::sandbox::{self, ExecDefaults, Runtime, Sandbox};
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub root: PathBuf,
+    pub socket: PathBuf,
+    /// Cap on live sandboxes; `None` sizes it from host memory.
+    pub max_sandboxes: Option<usize>,
+    /// Parent cgroup name; must be named for Strata.
+    pub cgroup_parent: String,
+    /// Path of `strata-shim`; `None` means next to the running executable.
+    pub shim: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("another strata daemon (pid {pid}) is already running on root {root}")]
+    AlreadyRunning { root: PathBuf, pid: String },
+    #[error("lock root {0}")]
+    Lock(PathBuf, #[source] std::io::Error),
+    #[error("cgroup parent {0:?} must start with \"strata\" and be one path component of [A-Za-z0-9._-]")]
+    CgroupParent(String),
+    #[error("strata-shim not found at {0} (build the workspace, or pass --shim)")]
+    NoShim(PathBuf),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// Live sandboxes plus slots reserved by creates in flight, under one lock so
+/// the pool bound is exact.
+#[derive(Default)]
+struct Pool {
+    live: HashMap<SandboxId, Arc<Sandbox>>,
+    reserved: usize,
+}
+
+pub struct Daemon {
+    pub cfg: DaemonConfig,
+    rt: Runtime,
+    db: Mutex<Db>,
+    pool: Mutex<Pool>,
+    max_sandboxes: usize,
+    host_cpus: usize,
+    import_lock: Mutex<()>,
+    _lock: Flock<File>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Default pool size: one sandbox per 128 MiB of host memory, at least 1.
+pub fn default_max_sandboxes() -> usize {
+    let kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(1 << 20);
+    ((kb / (128 * 1024)) as usize).clamp(1, 4096)
+}
+
+fn valid_hostname(h: &str) -> bool {
+    !h.is_empty()
+        && h.len() <= 63
+        && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        && !h.starts_with(['-', '.'])
+}
+
+impl Daemon {
+    pub fn open(cfg: DaemonConfig) -> Result<Daemon, DaemonError> {
+        let p = &cfg.cgroup_parent;
+        if !p.starts_with("strata") || !p.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        {
+            return Err(DaemonError::CgroupParent(p.clone()));
+        }
+        let shim_exe = match &cfg.shim {
+            Some(p) => p.clone(),
+            None => std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(|d| d.join("strata-shim")))
+                .unwrap_or_else(|| PathBuf::from("strata-shim")),
+        };
+        if !shim_exe.is_file() {
+            return Err(DaemonError::NoShim(shim_exe));
+        }
+        std::fs::create_dir_all(&cfg.root).map_err(|e| DaemonError::Lock(cfg.root.clone(), e))?;
+        let lock_path = cfg.root.join("daemon.lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| DaemonError::Lock(lock_path.clone(), e))?;
+        let flock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(f) => f,
+            Err((_, nix::Error::EWOULDBLOCK)) => {
+                let pid = std::fs::read_to_string(&lock_path).unwrap_or_default().trim().to_string();
+                return Err(DaemonError::AlreadyRunning { root: cfg.root.clone(), pid });
+            }
+            Err((_, e)) => return Err(DaemonError::Lock(lock_path, e.into())),
+        };
+        {
+            use std::io::{Seek, Write};
+            let mut f: &File = &flock;
+            let _ = f.set_len(0);
+            let _ = f.seek(std::io::SeekFrom::Start(0));
+            let _ = write!(f, "{}", std::process::id());
+        }
+        let store = Store::open(&cfg.root)?;
+        let db = Db::open(&store.root().join("strata.db"))?;
+        let rt = Runtime { store, shim_exe, cgroup_parent: cfg.cgroup_parent.clone() };
+        let max_sandboxes = cfg.max_sandboxes.unwrap_or_else(default_max_sandboxes);
+        let host_cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let d = Daemon {
+            cfg,
+            rt,
+            db: Mutex::new(db),
+            pool: Mutex::new(Pool::default()),
+            max_sandboxes,
+            host_cpus,
+            import_lock: Mutex::new(()),
+            _lock: flock,
+        };
+        d.recover()?;
+        Ok(d)
+    }
+
+    /// Re-adopt sandboxes whose shim is alive; clean up the rest; sweep.
+    fn recover(&self) -> Result<(), DaemonError> {
+        let rows = lock(&self.db).list_sandboxes()?;
+        for row in rows {
+            let adopted = match row.state {
+                SandboxState::Running => self
+                    .defaults_for(&row.image_id, &row.spec)
+                    .and_then(|d| sandbox::adopt(&self.rt, &row, d).map_err(|e| ApiError::internal(&e))),
+                _ => Err(ApiError::new(ErrorKind::Internal, "sandbox was not running")),
+            };
+            match adopted {
+                Ok(sb) => {
+                    tracing::info!("re-adopted sandbox {} (shim pid {})", row.id, sb.shim_pid);
+                    lock(&self.pool).live.insert(row.id.clone(), Arc::new(sb));
+                }
+                Err(e) => {
+                    tracing::warn!("sandbox {} cannot be re-adopted ({}); removing it", row.id, e.message);
+                    if let Err(e) = sandbox::reap_orphan(&self.rt, &row) {
+                        tracing::error!("clean up sandbox {}: {}", row.id, crate::error::chain(&e));
+                        continue;
+                    }
+                    lock(&self.db).delete_sandbox(&row.id)?;
+                }
+            }
+        }
+        let known_layers: HashSet<String> = lock(&self.db).all_layers()?.into_iter().collect();
+        let known_sandboxes: HashSet<String> =
+            lock(&self.db).list_sandboxes()?.into_iter().map(|r| r.id.to_string()).collect();
+        self.rt.store.sweep(&known_layers, &known_sandboxes)?;
+        Ok(())
+    }
+
+    fn defaults_for(&self, image_id: &i64, spec: &SandboxSpec) -> Result<ExecDefaults, ApiError> {
+        let image = lock(&self.db)
+            .image_by_id(*image_id)?
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "sandbox's image row is missing"))?;
+        self.exec_defaults(&image, spec)
+    }
+
+    fn exec_defaults(&self, image: &ImageRow, spec: &SandboxSpec) -> Result<ExecDefaults, ApiError> {
+        let layers: Vec<PathBuf> = image.layers.iter().rev().map(|h| self.rt.store.layer_dir(h).join("fs")).collect();
+        ExecDefaults::new(&image.config, &spec.env, &layers).map_err(|m| ApiError::new(ErrorKind::InvalidArgument, m))
+    }
+
+    pub fn max_sandboxes(&self) -> usize {
+        self.max_sandboxes
+    }
+
+    // ---- images ----
+
+    pub fn import_image(&self, path: &str, name: &str) -> Result<ImageInfo, ApiError> {
+        let name: ImageName = name.parse().map_err(|e| ApiError::invalid(&e))?;
+        let path = PathBuf::from(path);
+        if !path.is_absolute() {
+            return Err(ApiError::new(ErrorKind::InvalidArgument, "path must be absolute (it is read by the daemon)"));
+        }
+        if !path.exists() {
+            return Err(ApiError::new(ErrorKind::InvalidArgument, format!("{} does not exist", path.display())));
+        }
+        let _serial = lock(&self.import_lock);
+        let row = image::import(&self.rt.store, &self.db, &path, &name)?;
+        Ok(image_info(&row))
+    }
+
+    pub fn list_images(&self) -> Result<Vec<ImageInfo>, ApiError> {
+        Ok(lock(&self.db).list_images()?.iter().map(image_info).collect())
+    }
+
+    pub fn get_image(&self, name: &str) -> Result<ImageInfo, ApiError> {
+        let name: ImageName = name.parse().map_err(|e| ApiError::invalid(&e))?;
+        let row = lock(&self.db).image_by_name(&name)?;
+        row.map(|r| image_info(&r)).ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))
+    }
+
+    pub fn remove_image(&self, name: &str) -> Result<(), ApiError> {
+        let name: ImageName = name.parse().map_err(|e| ApiError::invalid(&e))?;
+        let _serial = lock(&self.import_lock);
+        image::remove(&self.rt.store, &self.db, &name)?;
+        Ok(())
+    }
+
+    // ---- sandboxes ----
+
+    pub fn create_sandbox(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+        // Validate everything before reserving anything.
+        let name: ImageName = req.image.parse().map_err(|e| ApiError::invalid(&e))?;
+        let limits = Limits { memory: req.memory, pids: req.pids, cpus: req.cpus };
+        limits.validate(self.host_cpus).map_err(|e| ApiError::invalid(&e))?;
+        for e in &req.env {
+            if !e.contains('=') || e.starts_with('=') || e.contains('\0') {
+                return Err(ApiError::new(ErrorKind::InvalidArgument, format!("env entry {e:?} is not KEY=VALUE")));
+            }
+        }
+        let id = SandboxId::random();
+        let hostname = req.hostname.clone().unwrap_or_else(|| id.as_str()[..12].to_string());
+        if !valid_hostname(&hostname) {
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("hostname {hostname:?} must be 1-63 chars of [A-Za-z0-9.-]"),
+            ));
+        }
+        let image = lock(&self.db)
+            .image_by_name(&name)?
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
+        let spec =
+            SandboxSpec { image: name.to_string(), limits, env: req.env, hostname, cgroup: self.rt.cgroup_path(&id) };
+        let defaults = self.exec_defaults(&image, &spec)?;
+
+        // Reserve a slot: past the cap nothing is made.
+        {
+            let mut pool = lock(&self.pool);
+            if pool.live.len() + pool.reserved >= self.max_sandboxes {
+                return Err(ApiError::new(
+                    ErrorKind::LimitReached,
+                    format!(
+                        "sandbox limit reached: {} of {} live (daemon --max-sandboxes)",
+                        pool.live.len() + pool.reserved,
+                        self.max_sandboxes
+                    ),
+                ));
+            }
+            pool.reserved += 1;
+        }
+        let result = self.create_reserved(&id, &spec, &image, defaults);
+        let mut pool = lock(&self.pool);
+        pool.reserved -= 1;
+        let sb = result?;
+        let info = sandbox_info(&sb);
+        pool.live.insert(id, sb);
+        Ok(info)
+    }
+
+    fn create_reserved(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+        image: &ImageRow,
+        defaults: ExecDefaults,
+    ) -> Result<Arc<Sandbox>, ApiError> {
+        // Row first (state creating): a crash from here on is cleaned up at start.
+        lock(&self.db).insert_sandbox(id, image.id, spec)?;
+        let sb = match sandbox::create(&self.rt, id, spec, image, defaults) {
+            Ok(sb) => sb,
+            Err(e) => {
+                let _ = lock(&self.db).delete_sandbox(id);
+                return Err(e.into());
+            }
+        };
+        let start = sandbox::process_start_time(sb.shim_pid).unwrap_or(0);
+        if let Err(e) = lock(&self.db).set_sandbox_running(id, sb.shim_pid, start) {
+            let _ = sb.destroy(&self.rt.store);
+            let _ = lock(&self.db).delete_sandbox(id);
+            return Err(e.into());
+        }
+        Ok(Arc::new(sb))
+    }
+
+    pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
+        let id: SandboxId =
+            id.parse().map_err(|_| ApiError::new(ErrorKind::NotFound, format!("sandbox {id:?} not found")))?;
+        lock(&self.pool)
+            .live
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("sandbox {id} not found")))
+    }
+
+    pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
+        let mut v: Vec<SandboxInfo> = lock(&self.pool).live.values().map(|s| sandbox_info(s)).collect();
+        v.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        v
+    }
+
+    pub fn remove_sandbox(&self, id: &str) -> Result<(), ApiError> {
+        let sb = self.sandbox(id)?;
+        if !sb.begin_stop() {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("sandbox {} is already being removed", sb.id)));
+        }
+        lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Stopped)?;
+        if let Err(e) = sb.destroy(&self.rt.store) {
+            // Let a later DELETE retry (every step of destroy is idempotent).
+            sb.end_stop();
+            return Err(e.into());
+        }
+        lock(&self.db).delete_sandbox(&sb.id)?;
+        lock(&self.pool).live.remove(&sb.id);
+        Ok(())
+    }
+}
+
+fn image_info(r: &ImageRow) -> ImageInfo {
+    ImageInfo {
+        name: r.name.clone(),
+        manifest_digest: r.manifest_digest.clone(),
+        config_digest: r.config_digest.clone(),
+        layers: r.layers.iter().map(|h| format!("sha256:{h}")).collect(),
+        created_at: r.created_at,
+    }
+}
+
+pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
+    SandboxInfo {
+        id: s.id.to_string(),
+        image: s.spec.image.clone(),
+        state: if s.is_alive() { "running" } else { "exited" }.to_string(),
+        limits: s.spec.limits,
+        hostname: s.spec.hostname.clone(),
+        created_at: s.created_at,
+        shim_pid: s.shim_pid,
+        cgroup: s.cgroup_path().to_string(),
+    }
+}

@@ -1,0 +1,491 @@
+//! The metadata database: SQLite (WAL) at `ROOT/strata.db`.
+//!
+//! Owns the schema, its versioned migrations (`PRAGMA user_version`) and every
+//! query. Holds no file-system state: callers write metadata first and touch
+//! directories after (a start-up sweep removes directories the database does
+//! not know, containerd's order).
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{ImageName, SandboxId};
+use crate::oci::ImageConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("open database {path}")]
+    Open {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("migrate database to version {version}")]
+    Migrate {
+        version: usize,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("database is at schema version {found}, newer than this strata ({known}); upgrade strata")]
+    TooNew { found: usize, known: usize },
+    #[error("query {what}")]
+    Query {
+        what: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("decode stored {what}")]
+    Decode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+fn q(what: &'static str) -> impl FnOnce(rusqlite::Error) -> DbError {
+    move |source| DbError::Query { what, source }
+}
+
+/// Each entry upgrades the schema by one version; never edit a shipped one.
+const MIGRATIONS: &[&str] = &[
+    // 1: images, layers, sandboxes.
+    r#"
+    CREATE TABLE layers (
+        diff_id     TEXT PRIMARY KEY CHECK (length(diff_id) = 64),
+        size        INTEGER NOT NULL,
+        entries     INTEGER NOT NULL,
+        created_at  INTEGER NOT NULL
+    );
+    CREATE TABLE images (
+        id              INTEGER PRIMARY KEY,
+        name            TEXT NOT NULL UNIQUE,
+        manifest_digest TEXT NOT NULL,
+        config_digest   TEXT NOT NULL,
+        config          TEXT NOT NULL,
+        created_at      INTEGER NOT NULL
+    );
+    CREATE TABLE image_layers (
+        image_id    INTEGER NOT NULL REFERENCES images(id) ON DELETE CASCADE,
+        position    INTEGER NOT NULL,
+        diff_id     TEXT NOT NULL REFERENCES layers(diff_id) ON DELETE RESTRICT,
+        blob_digest TEXT NOT NULL,
+        PRIMARY KEY (image_id, position)
+    );
+    CREATE INDEX image_layers_diff_id ON image_layers(diff_id);
+    CREATE TABLE sandboxes (
+        id          TEXT PRIMARY KEY CHECK (length(id) = 16),
+        image_id    INTEGER NOT NULL REFERENCES images(id) ON DELETE RESTRICT,
+        state       TEXT NOT NULL CHECK (state IN ('creating', 'running', 'stopped')),
+        spec        TEXT NOT NULL,
+        shim_pid    INTEGER,
+        shim_start  INTEGER,
+        created_at  INTEGER NOT NULL
+    );
+    "#,
+];
+
+pub struct Db {
+    conn: Connection,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LayerRow {
+    pub diff_id: String,
+    pub size: u64,
+    pub entries: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ImageRow {
+    pub id: i64,
+    pub name: String,
+    pub manifest_digest: String,
+    pub config_digest: String,
+    pub config: ImageConfig,
+    /// Layer diff_ids, bottom first (OCI order).
+    pub layers: Vec<String>,
+    pub created_at: i64,
+}
+
+/// What a sandbox was created with; stored as JSON so later schema versions
+/// can add fields without a migration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct SandboxSpec {
+    pub image: String,
+    pub limits: crate::cgroups::Limits,
+    pub env: Vec<String>,
+    pub hostname: String,
+    pub cgroup: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    Creating,
+    Running,
+    Stopped,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Stopped => "stopped",
+        }
+    }
+    fn parse(s: &str) -> SandboxState {
+        match s {
+            "creating" => SandboxState::Creating,
+            "running" => SandboxState::Running,
+            _ => SandboxState::Stopped,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRow {
+    pub id: SandboxId,
+    pub image_id: i64,
+    pub state: SandboxState,
+    pub spec: SandboxSpec,
+    pub shim_pid: Option<i32>,
+    pub shim_start: Option<u64>,
+    pub created_at: i64,
+}
+
+pub fn now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+impl Db {
+    pub fn open(path: &Path) -> Result<Db, DbError> {
+        let open_err = |source| DbError::Open { path: path.display().to_string(), source };
+        let conn = Connection::open(path).map_err(open_err)?;
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(open_err)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(open_err)?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(open_err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(open_err)?;
+        let mut db = Db { conn };
+        db.migrate()?;
+        Ok(db)
+    }
+
+    pub fn open_in_memory() -> Result<Db, DbError> {
+        let conn = Connection::open_in_memory().map_err(|source| DbError::Open { path: ":memory:".into(), source })?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(|source| DbError::Open { path: ":memory:".into(), source })?;
+        let mut db = Db { conn };
+        db.migrate()?;
+        Ok(db)
+    }
+
+    fn migrate(&mut self) -> Result<(), DbError> {
+        let current: usize = self
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(|source| DbError::Migrate { version: 0, source })?;
+        if current > MIGRATIONS.len() {
+            return Err(DbError::TooNew { found: current, known: MIGRATIONS.len() });
+        }
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
+            let version = i + 1;
+            let err = |source| DbError::Migrate { version, source };
+            let tx = self.conn.transaction_with_behavior(TransactionBehavior::Exclusive).map_err(err)?;
+            tx.execute_batch(sql).map_err(err)?;
+            tx.pragma_update(None, "user_version", version).map_err(err)?;
+            tx.commit().map_err(err)?;
+        }
+        Ok(())
+    }
+
+    pub fn schema_version(&self) -> Result<usize, DbError> {
+        self.conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(q("schema version"))
+    }
+
+    // ---- layers and images ----
+
+    pub fn layer_exists(&self, diff_id: &str) -> Result<bool, DbError> {
+        self.conn
+            .query_row("SELECT 1 FROM layers WHERE diff_id = ?1", [diff_id], |_| Ok(()))
+            .optional()
+            .map(|o| o.is_some())
+            .map_err(q("layer exists"))
+    }
+
+    pub fn all_layers(&self) -> Result<Vec<String>, DbError> {
+        let mut st = self.conn.prepare("SELECT diff_id FROM layers").map_err(q("list layers"))?;
+        let rows = st.query_map([], |r| r.get(0)).map_err(q("list layers"))?;
+        rows.collect::<Result<_, _>>().map_err(q("list layers"))
+    }
+
+    /// Insert an image and any of its layers not yet known, in one transaction.
+    /// Fails with a constraint error if the name is taken.
+    pub fn insert_image(
+        &mut self,
+        name: &ImageName,
+        manifest_digest: &str,
+        config_digest: &str,
+        config: &ImageConfig,
+        layers: &[(LayerRow, String /* blob digest */)],
+    ) -> Result<i64, DbError> {
+        let config =
+            serde_json::to_string(config).map_err(|source| DbError::Decode { what: "image config", source })?;
+        let tx = self.conn.transaction().map_err(q("begin insert image"))?;
+        tx.execute(
+            "INSERT INTO images (name, manifest_digest, config_digest, config, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![name.as_str(), manifest_digest, config_digest, config, now()],
+        )
+        .map_err(q("insert image"))?;
+        let image_id = tx.last_insert_rowid();
+        for (pos, (layer, blob)) in layers.iter().enumerate() {
+            tx.execute(
+                "INSERT OR IGNORE INTO layers (diff_id, size, entries, created_at) VALUES (?1, ?2, ?3, ?4)",
+                params![layer.diff_id, layer.size as i64, layer.entries as i64, now()],
+            )
+            .map_err(q("insert layer"))?;
+            tx.execute(
+                "INSERT INTO image_layers (image_id, position, diff_id, blob_digest) VALUES (?1, ?2, ?3, ?4)",
+                params![image_id, pos as i64, layer.diff_id, blob],
+            )
+            .map_err(q("insert image layer"))?;
+        }
+        tx.commit().map_err(q("commit insert image"))?;
+        Ok(image_id)
+    }
+
+    fn image_from_row(&self, r: (i64, String, String, String, String, i64)) -> Result<ImageRow, DbError> {
+        let (id, name, manifest_digest, config_digest, config, created_at) = r;
+        let config =
+            serde_json::from_str(&config).map_err(|source| DbError::Decode { what: "image config", source })?;
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT diff_id FROM image_layers WHERE image_id = ?1 ORDER BY position")
+            .map_err(q("image layers"))?;
+        let layers = st
+            .query_map([id], |r| r.get(0))
+            .map_err(q("image layers"))?
+            .collect::<Result<_, _>>()
+            .map_err(q("image layers"))?;
+        Ok(ImageRow { id, name, manifest_digest, config_digest, config, layers, created_at })
+    }
+
+    const IMAGE_COLS: &'static str = "id, name, manifest_digest, config_digest, config, created_at";
+
+    pub fn image_by_name(&self, name: &ImageName) -> Result<Option<ImageRow>, DbError> {
+        self.image_where("name = ?1", name.as_str())
+    }
+
+    pub fn image_by_id(&self, id: i64) -> Result<Option<ImageRow>, DbError> {
+        self.image_where("id = ?1", id)
+    }
+
+    fn image_where(&self, cond: &str, arg: impl rusqlite::ToSql) -> Result<Option<ImageRow>, DbError> {
+        let sql = format!("SELECT {} FROM images WHERE {cond}", Self::IMAGE_COLS);
+        let row = self
+            .conn
+            .query_row(&sql, [arg], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
+            .optional()
+            .map_err(q("get image"))?;
+        row.map(|r| self.image_from_row(r)).transpose()
+    }
+
+    pub fn list_images(&self) -> Result<Vec<ImageRow>, DbError> {
+        let sql = format!("SELECT {} FROM images ORDER BY name", Self::IMAGE_COLS);
+        let mut st = self.conn.prepare(&sql).map_err(q("list images"))?;
+        let rows: Vec<_> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
+            .map_err(q("list images"))?
+            .collect::<Result<_, _>>()
+            .map_err(q("list images"))?;
+        rows.into_iter().map(|r| self.image_from_row(r)).collect()
+    }
+
+    /// Sandboxes (any state) that use an image.
+    pub fn sandboxes_using_image(&self, image_id: i64) -> Result<Vec<String>, DbError> {
+        let mut st = self.conn.prepare("SELECT id FROM sandboxes WHERE image_id = ?1").map_err(q("image users"))?;
+        let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image users"))?;
+        rows.collect::<Result<_, _>>().map_err(q("image users"))
+    }
+
+    /// Delete an image and return the diff_ids of layers no image uses any
+    /// more (their rows are deleted too; the caller removes the directories).
+    /// Refuses (returns `Ok(Err(users))`) while sandboxes use the image.
+    pub fn delete_image(&mut self, image_id: i64) -> Result<Result<Vec<String>, Vec<String>>, DbError> {
+        let tx =
+            self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin delete image"))?;
+        let users: Vec<String> = {
+            let mut st = tx.prepare("SELECT id FROM sandboxes WHERE image_id = ?1").map_err(q("image users"))?;
+            let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image users"))?;
+            rows.collect::<Result<_, _>>().map_err(q("image users"))?
+        };
+        if !users.is_empty() {
+            return Ok(Err(users));
+        }
+        let layers: Vec<String> = {
+            let mut st = tx
+                .prepare("SELECT DISTINCT diff_id FROM image_layers WHERE image_id = ?1")
+                .map_err(q("image layers"))?;
+            let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image layers"))?;
+            rows.collect::<Result<_, _>>().map_err(q("image layers"))?
+        };
+        tx.execute("DELETE FROM images WHERE id = ?1", [image_id]).map_err(q("delete image"))?;
+        let mut orphans = Vec::new();
+        for l in layers {
+            let used: bool = tx
+                .query_row("SELECT 1 FROM image_layers WHERE diff_id = ?1 LIMIT 1", [&l], |_| Ok(()))
+                .optional()
+                .map_err(q("layer users"))?
+                .is_some();
+            if !used {
+                tx.execute("DELETE FROM layers WHERE diff_id = ?1", [&l]).map_err(q("delete layer"))?;
+                orphans.push(l);
+            }
+        }
+        tx.commit().map_err(q("commit delete image"))?;
+        Ok(Ok(orphans))
+    }
+
+    // ---- sandboxes ----
+
+    pub fn insert_sandbox(&self, id: &SandboxId, image_id: i64, spec: &SandboxSpec) -> Result<(), DbError> {
+        let spec = serde_json::to_string(spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
+        self.conn
+            .execute(
+                "INSERT INTO sandboxes (id, image_id, state, spec, created_at) VALUES (?1, ?2, 'creating', ?3, ?4)",
+                params![id.as_str(), image_id, spec, now()],
+            )
+            .map_err(q("insert sandbox"))?;
+        Ok(())
+    }
+
+    pub fn set_sandbox_running(&self, id: &SandboxId, shim_pid: i32, shim_start: u64) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "UPDATE sandboxes SET state = 'running', shim_pid = ?2, shim_start = ?3 WHERE id = ?1",
+                params![id.as_str(), shim_pid, shim_start as i64],
+            )
+            .map_err(q("mark sandbox running"))?;
+        Ok(())
+    }
+
+    pub fn set_sandbox_shim(&self, id: &SandboxId, shim_pid: i32, shim_start: u64) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "UPDATE sandboxes SET shim_pid = ?2, shim_start = ?3 WHERE id = ?1",
+                params![id.as_str(), shim_pid, shim_start as i64],
+            )
+            .map_err(q("record sandbox shim"))?;
+        Ok(())
+    }
+
+    pub fn set_sandbox_state(&self, id: &SandboxId, state: SandboxState) -> Result<(), DbError> {
+        self.conn
+            .execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id.as_str(), state.as_str()])
+            .map_err(q("set sandbox state"))?;
+        Ok(())
+    }
+
+    pub fn delete_sandbox(&self, id: &SandboxId) -> Result<(), DbError> {
+        self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id.as_str()]).map_err(q("delete sandbox"))?;
+        Ok(())
+    }
+
+    pub fn list_sandboxes(&self) -> Result<Vec<SandboxRow>, DbError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT id, image_id, state, spec, shim_pid, shim_start, created_at FROM sandboxes ORDER BY created_at, id")
+            .map_err(q("list sandboxes"))?;
+        let rows: Vec<(String, i64, String, String, Option<i32>, Option<i64>, i64)> = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
+            .map_err(q("list sandboxes"))?
+            .collect::<Result<_, _>>()
+            .map_err(q("list sandboxes"))?;
+        rows.into_iter()
+            .filter_map(|(id, image_id, state, spec, shim_pid, shim_start, created_at)| {
+                // The CHECK constraint guarantees 16 hex chars; skip anything else.
+                let id = id.parse().ok()?;
+                Some((id, image_id, state, spec, shim_pid, shim_start, created_at))
+            })
+            .map(|(id, image_id, state, spec, shim_pid, shim_start, created_at)| {
+                let spec =
+                    serde_json::from_str(&spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
+                Ok(SandboxRow {
+                    id,
+                    image_id,
+                    state: SandboxState::parse(&state),
+                    spec,
+                    shim_pid,
+                    shim_start: shim_start.map(|s| s as u64),
+                    created_at,
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(d: char) -> (LayerRow, String) {
+        (LayerRow { diff_id: d.to_string().repeat(64), size: 1, entries: 1 }, format!("sha256:{}", "f".repeat(64)))
+    }
+
+    #[test]
+    fn migrations_are_idempotent_and_versioned() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("strata.db");
+        let db = Db::open(&p).unwrap();
+        assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len());
+        drop(db);
+        let db = Db::open(&p).unwrap();
+        assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len());
+    }
+
+    #[test]
+    fn images_share_layers_and_rm_returns_orphans() {
+        let mut db = Db::open_in_memory().unwrap();
+        let cfg = ImageConfig::default();
+        let a: ImageName = "a".parse().unwrap();
+        let b: ImageName = "b".parse().unwrap();
+        let ia = db.insert_image(&a, "m", "c", &cfg, &[layer('1'), layer('2')]).unwrap();
+        let ib = db.insert_image(&b, "m", "c", &cfg, &[layer('1')]).unwrap();
+        assert!(db.insert_image(&a, "m", "c", &cfg, &[]).is_err(), "names are unique");
+        assert_eq!(db.image_by_name(&a).unwrap().unwrap().layers, vec!["1".repeat(64), "2".repeat(64)]);
+        assert_eq!(db.delete_image(ia).unwrap().unwrap(), vec!["2".repeat(64)]);
+        assert_eq!(db.delete_image(ib).unwrap().unwrap(), vec!["1".repeat(64)]);
+        assert!(db.all_layers().unwrap().is_empty());
+    }
+
+    #[test]
+    fn image_in_use_is_not_deleted() {
+        let mut db = Db::open_in_memory().unwrap();
+        let name: ImageName = "a".parse().unwrap();
+        let img = db.insert_image(&name, "m", "c", &ImageConfig::default(), &[layer('1')]).unwrap();
+        let id = SandboxId::random();
+        db.insert_sandbox(&id, img, &SandboxSpec::default()).unwrap();
+        assert_eq!(db.delete_image(img).unwrap(), Err(vec![id.to_string()]));
+        db.delete_sandbox(&id).unwrap();
+        assert!(db.delete_image(img).unwrap().is_ok());
+    }
+
+    #[test]
+    fn sandbox_state_is_constrained() {
+        let db = Db::open_in_memory().unwrap();
+        let img = {
+            let mut db2 = db;
+            let id = db2.insert_image(&"a".parse().unwrap(), "m", "c", &ImageConfig::default(), &[]).unwrap();
+            (db2, id)
+        };
+        let (db, img) = img;
+        let id = SandboxId::random();
+        db.insert_sandbox(&id, img, &SandboxSpec::default()).unwrap();
+        assert!(db.conn.execute("UPDATE sandboxes SET state = 'bogus' WHERE id = ?1", [id.as_str()]).is_err());
+        db.set_sandbox_running(&id, 42, 7).unwrap();
+        let rows = db.list_sandboxes().unwrap();
+        assert_eq!(rows[0].state, SandboxState::Running);
+        assert_eq!(rows[0].shim_pid, Some(42));
+    }
+}

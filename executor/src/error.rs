@@ -1,0 +1,54 @@
+//! Error kinds shared by every module, and the one place that maps them to
+//! HTTP status codes (containerd's errdefs).
+
+/// What went wrong, as far as a client is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The named object does not exist (404).
+    NotFound,
+    /// The request or its input (a layer, a field) is malformed (400).
+    InvalidArgument,
+    /// The request conflicts with current state (409).
+    Conflict,
+    /// A configured limit is reached (429).
+    LimitReached,
+    /// A bug or a host failure (500).
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorKind::NotFound => 404,
+            ErrorKind::InvalidArgument => 400,
+            ErrorKind::Conflict => 409,
+            ErrorKind::LimitReached => 429,
+            ErrorKind::Internal => 500,
+        }
+    }
+
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::LimitReached => "limit_reached",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// Render an error and its sources as one line: "outer: inner: root cause".
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.ends_with(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,156 @@
+//! Image import: an OCI layout (directory or archive) becomes an image row
+//! plus hydrated layers, all or nothing.
+//!
+//! Layers are unpacked under `tmp/`, checked (blob digest, diff_id, hostile
+//! entries), synced, and renamed into `layers/` only when every layer of the
+//! image succeeded; then one transaction records the image. A failure leaves
+//! nothing in the store. Imports are serialised by the caller's lock.
+
+use std::path::Path;
+
+use crate::db::{Db, DbError, ImageRow, LayerRow};
+use crate::error::ErrorKind;
+use crate::ids::ImageName;
+use crate::oci;
+use crate::store::{Store, StoreError};
+
+fn lock(db: &std::sync::Mutex<Db>) -> std::sync::MutexGuard<'_, Db> {
+    db.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("image {0} already exists")]
+    Exists(String),
+    #[error("image {0} not found")]
+    NotFound(String),
+    #[error("image {name} is used by sandboxes {users:?}; remove them first")]
+    InUse { name: String, users: Vec<String> },
+    #[error("read OCI image at {path}")]
+    Layout {
+        path: String,
+        #[source]
+        source: oci::LayoutError,
+    },
+    #[error("unpack layer {index} ({digest})")]
+    Unpack {
+        index: usize,
+        digest: String,
+        #[source]
+        source: oci::UnpackError,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+impl ImageError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ImageError::Exists(_) | ImageError::InUse { .. } => ErrorKind::Conflict,
+            ImageError::NotFound(_) => ErrorKind::NotFound,
+            ImageError::Layout { source, .. } if source.is_io() => ErrorKind::Internal,
+            ImageError::Layout { .. } => ErrorKind::InvalidArgument,
+            ImageError::Unpack { source, .. } if source.is_io() => ErrorKind::Internal,
+            ImageError::Unpack { .. } => ErrorKind::InvalidArgument,
+            ImageError::Store(_) | ImageError::Db(_) => ErrorKind::Internal,
+        }
+    }
+}
+
+/// Import the image at `path` as `name`. `db` is locked only for the short
+/// metadata steps, never while unpacking.
+pub fn import(store: &Store, db: &std::sync::Mutex<Db>, path: &Path, name: &ImageName) -> Result<ImageRow, ImageError> {
+    if lock(db).image_by_name(name)?.is_some() {
+        return Err(ImageError::Exists(name.to_string()));
+    }
+    let work = store.new_tmp("import")?;
+    let result = import_into(store, db, path, name, &work);
+    // Whatever happened, tmp/ holds nothing of this import afterwards.
+    crate::store::remove_tree(&work)?;
+    result
+}
+
+fn import_into(
+    store: &Store,
+    db: &std::sync::Mutex<Db>,
+    path: &Path,
+    name: &ImageName,
+    work: &Path,
+) -> Result<ImageRow, ImageError> {
+    let scratch = work.join("src");
+    std::fs::create_dir(&scratch).map_err(|source| StoreError::Io { step: "create", path: scratch.clone(), source })?;
+    let src = oci::open(path, &scratch, None)
+        .map_err(|source| ImageError::Layout { path: path.display().to_string(), source })?;
+
+    // Unpack every layer this host lacks into tmp/ first.
+    let mut rows = Vec::with_capacity(src.layers.len());
+    let mut fresh = Vec::new();
+    for (index, layer) in src.layers.iter().enumerate() {
+        let hex = layer.diff_id.hex().to_string();
+        let have = lock(db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
+        let mut row = LayerRow { diff_id: hex.clone(), size: 0, entries: 0 };
+        if !have && !fresh.iter().any(|(h, _): &(String, _)| *h == hex) {
+            let dir = work.join(format!("layer-{index}"));
+            let fs = dir.join("fs");
+            std::fs::create_dir_all(&fs).map_err(|source| StoreError::Io {
+                step: "create",
+                path: fs.clone(),
+                source,
+            })?;
+            let stats = oci::unpack_layer(layer, &fs).map_err(|source| ImageError::Unpack {
+                index,
+                digest: layer.digest.to_string(),
+                source,
+            })?;
+            row.size = stats.bytes;
+            row.entries = stats.entries;
+            fresh.push((hex, dir));
+        }
+        rows.push((row, layer.digest.to_string()));
+    }
+
+    // All layers are good: move them into place, then record the image.
+    let mut committed = Vec::new();
+    for (hex, dir) in &fresh {
+        if store.commit_layer(dir, hex)? {
+            committed.push(hex.clone());
+        }
+    }
+    let mut db = lock(db);
+    let inserted =
+        db.insert_image(name, &src.manifest_digest.to_string(), &src.config_digest.to_string(), &src.config, &rows);
+    match inserted {
+        Ok(id) => Ok(db.image_by_id(id)?.ok_or_else(|| ImageError::NotFound(name.to_string()))?),
+        Err(e) => {
+            // Roll back layers that this import added and no row refers to.
+            for hex in committed {
+                if !db.layer_exists(&hex)? {
+                    store.remove_layer(&hex)?;
+                }
+            }
+            if db.image_by_name(name)?.is_some() {
+                return Err(ImageError::Exists(name.to_string()));
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// Remove an image; refused while a sandbox uses it. Layers no other image
+/// uses are deleted (rows first, then directories).
+pub fn remove(store: &Store, db: &std::sync::Mutex<Db>, name: &ImageName) -> Result<(), ImageError> {
+    let mut db = db.lock().unwrap_or_else(|p| p.into_inner());
+    let image = db.image_by_name(name)?.ok_or_else(|| ImageError::NotFound(name.to_string()))?;
+    match db.delete_image(image.id)? {
+        Err(users) => Err(ImageError::InUse { name: name.to_string(), users }),
+        Ok(orphans) => {
+            drop(db);
+            for hex in orphans {
+                store.remove_layer(&hex)?;
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,950 @@
+//! Reading an OCI image layout (the `oci-layout` + `index.json` + `blobs/`
+//! directory that skopeo, umoci and buildah write) or an OCI archive (the
+//! same directory as a tar) into an `ImageSource`: the chosen manifest, the
+//! image config and one `LayerSource` per layer.
+//!
+//! Every blob read here (nested indexes, the manifest, the config) is checked
+//! against its descriptor's size and sha256 before it is parsed. Layer blobs
+//! are only checked for presence and size: `unpack` hashes them while it
+//! reads them. Digests are validated before they become paths, so a
+//! descriptor cannot point outside `blobs/sha256/`. Owns nothing on disk
+//! except the caller's scratch directory, which an archive is extracted into.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use serde::de::IgnoredAny;
+use serde::{Deserialize, Serialize};
+
+use super::digest::{Digest, DigestError};
+use super::meter::{Meter, MeterState};
+use super::tarpath::{self, PathError};
+
+/// OCI image index (`index.json` and nested multi-platform indexes).
+pub const MEDIA_OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+/// OCI image manifest.
+pub const MEDIA_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+/// OCI image config.
+pub const MEDIA_OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+/// Docker v2 schema 2 manifest list, the Docker form of an image index.
+pub const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+/// Docker v2 schema 2 manifest.
+pub const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+/// Docker v2 schema 2 image config.
+pub const MEDIA_DOCKER_CONFIG: &str = "application/vnd.docker.container.image.v1+json";
+
+/// Annotation that names a manifest in `index.json` (the tag).
+const REF_NAME: &str = "org.opencontainers.image.ref.name";
+/// Largest index, manifest or config accepted (containerd allows 4 MiB for
+/// manifests; configs with long histories can be bigger).
+const MAX_JSON: u64 = 8 << 20;
+/// How many image indexes may nest below `index.json`.
+const MAX_DEPTH: usize = 4;
+
+/// How a layer blob is compressed, from its media type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+impl Compression {
+    /// The compression of a layer media type, OCI or Docker v2s2; `None` for
+    /// media types that are not layers.
+    pub fn from_media_type(media_type: &str) -> Option<Self> {
+        match media_type {
+            "application/vnd.oci.image.layer.v1.tar"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar"
+            | "application/vnd.docker.image.rootfs.diff.tar" => Some(Compression::None),
+            "application/vnd.oci.image.layer.v1.tar+gzip"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
+            | "application/vnd.docker.image.rootfs.diff.tar.gzip"
+            | "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip" => Some(Compression::Gzip),
+            "application/vnd.oci.image.layer.v1.tar+zstd"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd" => Some(Compression::Zstd),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Compression::None => "uncompressed",
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
+        })
+    }
+}
+
+/// The parts of an OCI image config that start a process, as stored with an
+/// image. Empty strings in the source config become `None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ImageConfig {
+    pub env: Vec<String>,
+    pub working_dir: Option<String>,
+    pub user: Option<String>,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+}
+
+/// One layer of an image: where its blob is and what it must hash to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerSource {
+    /// `blobs/sha256/<hex>` inside the layout.
+    pub blob_path: PathBuf,
+    /// Digest of the blob as stored (compressed).
+    pub digest: Digest,
+    /// Size of the blob in bytes, from the manifest.
+    pub size: u64,
+    pub media_type: String,
+    /// Digest of the uncompressed tar, from the config's `rootfs.diff_ids`.
+    pub diff_id: Digest,
+    pub compression: Compression,
+}
+
+/// An image read from a layout: the verified manifest and config and its
+/// layers, bottom first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageSource {
+    pub manifest_digest: Digest,
+    /// The manifest exactly as stored (its sha256 is `manifest_digest`).
+    pub manifest_json: Vec<u8>,
+    pub config_digest: Digest,
+    pub config: ImageConfig,
+    /// The config exactly as stored (its sha256 is `config_digest`).
+    pub config_json: Vec<u8>,
+    pub layers: Vec<LayerSource>,
+}
+
+/// Why an image layout or archive could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// The image path could not be inspected.
+    #[error("inspect image source {path}")]
+    Inspect {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The image path is a socket, device or similar.
+    #[error("image source {path} is neither a directory nor a file")]
+    NotDirOrFile { path: PathBuf },
+    /// The scratch directory for an archive could not be listed.
+    #[error("inspect scratch directory {path}")]
+    Scratch {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The scratch directory for an archive already has entries.
+    #[error("scratch directory {path} is not empty")]
+    ScratchNotEmpty { path: PathBuf },
+    /// The archive could not be read or is not a well-formed tar.
+    #[error("read oci archive {path}")]
+    ReadArchive {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// PAX or long-name records in the archive are implausibly large.
+    #[error("oci archive {path}: tar headers exceed the size limit")]
+    ArchiveHeaderTooLarge { path: PathBuf },
+    /// An archive entry name is absolute, climbs with `..` or is malformed.
+    #[error("oci archive entry {entry:?} {problem}")]
+    ArchivePath { entry: PathBuf, problem: PathError },
+    /// An archive entry is a symlink, hard link, device or other non-file.
+    #[error("oci archive entry {entry:?} is a {kind}; only regular files and directories are allowed")]
+    ArchiveEntryType { entry: PathBuf, kind: &'static str },
+    /// The archive ends inside an entry's data.
+    #[error("oci archive entry {entry:?} is truncated")]
+    ArchiveTruncated { entry: PathBuf },
+    /// An archive entry could not be written to the scratch directory.
+    #[error("extract oci archive entry {entry:?} to {path}")]
+    ExtractEntry {
+        entry: PathBuf,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// `oci-layout` or `index.json` could not be read.
+    #[error("read {path}")]
+    ReadFile {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// `oci-layout` or `index.json` is larger than any sane one.
+    #[error("{path} is larger than {limit} bytes")]
+    FileTooLarge { path: PathBuf, limit: u64 },
+    /// A JSON document does not parse as what it should be.
+    #[error("parse {what} {path}")]
+    Parse {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// `oci-layout` names a version other than 1.0.0.
+    #[error("unsupported image layout version {found:?}, want \"1.0.0\"")]
+    LayoutVersion { found: String },
+    /// A descriptor or diff_id holds something other than a sha256 digest.
+    #[error("{what} has an invalid digest")]
+    InvalidDigest {
+        what: &'static str,
+        #[source]
+        source: DigestError,
+    },
+    /// A manifest, index or config descriptor declares a huge size.
+    #[error("{what} blob {digest} is {size} bytes, more than the {limit} byte limit")]
+    BlobTooLarge { what: &'static str, digest: Digest, size: u64, limit: u64 },
+    /// A blob is missing or unreadable.
+    #[error("open {what} blob {path}")]
+    OpenBlob {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// A blob path holds a symlink, directory, FIFO or similar.
+    #[error("{what} blob {path} is not a regular file")]
+    BlobNotFile { what: &'static str, path: PathBuf },
+    /// A blob's size differs from its descriptor's.
+    #[error("{what} blob {digest} is {actual} bytes, its descriptor says {expected}")]
+    BlobSize { what: &'static str, digest: Digest, expected: u64, actual: u64 },
+    /// A blob's sha256 differs from its descriptor's.
+    #[error("{what} blob hashes to {actual}, its descriptor says {expected}")]
+    BlobDigest { what: &'static str, expected: Digest, actual: Digest },
+    /// `index.json` lists no manifests.
+    #[error("index.json lists no manifests")]
+    NoManifest,
+    /// No manifest carries the requested tag.
+    #[error("no manifest in index.json is tagged {tag:?} (tags: {available:?})")]
+    TagNotFound { tag: String, available: Vec<String> },
+    /// Several manifests could be meant and nothing picks one.
+    #[error("index lists {count} manifests and none is for {platform}; choose one by tag")]
+    Ambiguous { count: usize, platform: String },
+    /// An image index has no manifest for this host's platform.
+    #[error("image index has no manifest for {platform}")]
+    NoPlatform { platform: String },
+    /// Image indexes nest deeper than `MAX_DEPTH`.
+    #[error("image indexes nest deeper than {MAX_DEPTH} levels")]
+    TooDeep,
+    /// A descriptor or document has a media type this reader does not know.
+    #[error("unsupported {what} media type {media_type:?}")]
+    MediaType { what: &'static str, media_type: String },
+    /// A descriptor and the blob it points to disagree on the media type.
+    #[error("descriptor says media type {descriptor:?} but the blob says {blob:?}")]
+    MediaTypeMismatch { descriptor: String, blob: String },
+    /// A manifest with a schema version other than 2 (Docker schema 1).
+    #[error("unsupported manifest schema version {version}")]
+    SchemaVersion { version: u64 },
+    /// The config has no `rootfs` or its type is not `layers`.
+    #[error("config rootfs type is {found:?}, want \"layers\"")]
+    RootfsType { found: String },
+    /// The manifest and the config disagree on the number of layers.
+    #[error("manifest lists {layers} layers but the config lists {diff_ids} diff_ids")]
+    LayerCount { layers: usize, diff_ids: usize },
+}
+
+impl LayoutError {
+    /// Whether the fault is this host's (a local read or write failed), not
+    /// the image's: the daemon answers 500 for these and 400 for the rest.
+    /// A missing blob, a symlink where a blob should be, or a malformed tar
+    /// is the image's fault.
+    pub fn is_io(&self) -> bool {
+        let host = |e: &io::Error| {
+            e.raw_os_error()
+                .is_some_and(|n| !matches!(n, libc::ENOENT | libc::ELOOP | libc::ENOTDIR | libc::EISDIR | libc::EEXIST))
+        };
+        match self {
+            LayoutError::Scratch { .. } => true,
+            LayoutError::Inspect { source, .. }
+            | LayoutError::ReadArchive { source, .. }
+            | LayoutError::ExtractEntry { source, .. }
+            | LayoutError::ReadFile { source, .. }
+            | LayoutError::OpenBlob { source, .. } => host(source),
+            _ => false,
+        }
+    }
+}
+
+// --- wire formats (only the fields used; unknown fields are ignored) ---
+
+#[derive(Debug, Deserialize)]
+struct OciLayoutFile {
+    #[serde(rename = "imageLayoutVersion")]
+    version: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Descriptor {
+    #[serde(rename = "mediaType")]
+    media_type: Option<String>,
+    digest: String,
+    size: u64,
+    #[serde(default)]
+    annotations: HashMap<String, String>,
+    platform: Option<Platform>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Platform {
+    #[serde(default)]
+    architecture: String,
+    #[serde(default)]
+    os: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Index {
+    #[serde(default)]
+    manifests: Vec<Descriptor>,
+}
+
+/// Just enough of a blob to tell an index from a manifest when the
+/// descriptor has no media type.
+#[derive(Debug, Deserialize)]
+struct Probe {
+    #[serde(rename = "mediaType")]
+    media_type: Option<String>,
+    manifests: Option<IgnoredAny>,
+    layers: Option<IgnoredAny>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Manifest {
+    #[serde(rename = "schemaVersion")]
+    schema_version: u64,
+    config: Descriptor,
+    #[serde(default)]
+    layers: Vec<Descriptor>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ConfigFile {
+    config: Option<ContainerConfig>,
+    rootfs: Option<RootFs>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ContainerConfig {
+    #[serde(rename = "Env")]
+    env: Option<Vec<String>>,
+    #[serde(rename = "WorkingDir")]
+    working_dir: Option<String>,
+    #[serde(rename = "User")]
+    user: Option<String>,
+    #[serde(rename = "Entrypoint")]
+    entrypoint: Option<Vec<String>>,
+    #[serde(rename = "Cmd")]
+    cmd: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RootFs {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    diff_ids: Vec<String>,
+}
+
+// --- entry points ---
+
+/// Opens an image layout directory, or extracts an OCI archive file into the
+/// empty directory `scratch` and opens that. `tag` picks the manifest whose
+/// `org.opencontainers.image.ref.name` annotation equals it; without a tag
+/// `index.json` must hold one manifest (or one for this host's platform).
+pub fn open(path: &Path, scratch: &Path, tag: Option<&str>) -> Result<ImageSource, LayoutError> {
+    let meta = fs::metadata(path).map_err(|source| LayoutError::Inspect { path: path.to_owned(), source })?;
+    if meta.is_dir() {
+        open_dir(path, tag)
+    } else if meta.is_file() {
+        extract_archive(path, scratch)?;
+        open_dir(scratch, tag)
+    } else {
+        Err(LayoutError::NotDirOrFile { path: path.to_owned() })
+    }
+}
+
+/// Reads an image layout directory (see `open`).
+pub fn open_dir(root: &Path, tag: Option<&str>) -> Result<ImageSource, LayoutError> {
+    let layout_path = root.join("oci-layout");
+    let layout: OciLayoutFile = parse("oci-layout", &layout_path, &read_small(&layout_path)?)?;
+    if layout.version != "1.0.0" {
+        return Err(LayoutError::LayoutVersion { found: layout.version });
+    }
+    let index_path = root.join("index.json");
+    let index: Index = parse("index.json", &index_path, &read_small(&index_path)?)?;
+    let chosen = pick_tagged(&index, tag)?;
+    let (manifest_digest, manifest_json, manifest) = resolve(root, chosen, 0)?;
+
+    let config_desc = &manifest.config;
+    if let Some(mt) = &config_desc.media_type {
+        if mt != MEDIA_OCI_CONFIG && mt != MEDIA_DOCKER_CONFIG {
+            return Err(LayoutError::MediaType { what: "config", media_type: mt.clone() });
+        }
+    }
+    let (config_digest, config_json) = read_blob(root, config_desc, "config")?;
+    let file: ConfigFile = parse("config", &blob_path(root, &config_digest), &config_json)?;
+    let diff_ids = match file.rootfs {
+        Some(r) if r.kind == "layers" => r.diff_ids,
+        Some(r) => return Err(LayoutError::RootfsType { found: r.kind }),
+        None => return Err(LayoutError::RootfsType { found: String::new() }),
+    };
+    if diff_ids.len() != manifest.layers.len() {
+        return Err(LayoutError::LayerCount { layers: manifest.layers.len(), diff_ids: diff_ids.len() });
+    }
+    let layers = manifest
+        .layers
+        .iter()
+        .zip(&diff_ids)
+        .map(|(desc, diff_id)| layer_source(root, desc, diff_id))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    Ok(ImageSource {
+        manifest_digest,
+        manifest_json,
+        config_digest,
+        config: image_config(file.config),
+        config_json,
+        layers,
+    })
+}
+
+/// Extracts an OCI archive into the empty directory `scratch`. Only regular
+/// files and directories are written (an image layout needs nothing else),
+/// with names checked lexically; since no symlink is ever created, plain
+/// path-based writes below `scratch` cannot leave it.
+pub fn extract_archive(archive: &Path, scratch: &Path) -> Result<(), LayoutError> {
+    let scratch_err = |source| LayoutError::Scratch { path: scratch.to_owned(), source };
+    if fs::read_dir(scratch).map_err(scratch_err)?.next().is_some() {
+        return Err(LayoutError::ScratchNotEmpty { path: scratch.to_owned() });
+    }
+    let read_err = |source| LayoutError::ReadArchive { path: archive.to_owned(), source };
+    let file = File::open(archive).map_err(read_err)?;
+    let state = MeterState::default();
+    let mut tar = tar::Archive::new(Meter::new(BufReader::new(file), &state));
+    state.limit_headers();
+    for entry in tar.entries().map_err(read_err)? {
+        let mut entry = entry.map_err(|source| {
+            if state.over_budget() {
+                LayoutError::ArchiveHeaderTooLarge { path: archive.to_owned() }
+            } else {
+                read_err(source)
+            }
+        })?;
+        state.unlimited();
+        extract_entry(&mut entry, scratch)?;
+        state.limit_headers();
+    }
+    Ok(())
+}
+
+fn extract_entry<R: Read>(entry: &mut tar::Entry<'_, R>, scratch: &Path) -> Result<(), LayoutError> {
+    let raw = entry.path_bytes().into_owned();
+    let shown = tarpath::shown(&raw);
+    let kind = entry.header().entry_type();
+    if kind.is_pax_global_extensions() {
+        return Ok(());
+    }
+    let comps =
+        tarpath::components(&raw).map_err(|problem| LayoutError::ArchivePath { entry: shown.clone(), problem })?;
+    let rel: PathBuf = comps.iter().map(|c| OsStr::from_bytes(c)).collect();
+    let path = scratch.join(rel);
+    let write_err = |source| LayoutError::ExtractEntry { entry: shown.clone(), path: path.clone(), source };
+    match kind {
+        tar::EntryType::Directory => fs::create_dir_all(&path).map_err(write_err),
+        tar::EntryType::Regular | tar::EntryType::Continuous => {
+            if comps.is_empty() {
+                return Err(LayoutError::ArchivePath { entry: shown, problem: PathError::Empty });
+            }
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent).map_err(write_err)?;
+            }
+            let mut file =
+                OpenOptions::new().write(true).create_new(true).mode(0o644).open(&path).map_err(write_err)?;
+            let n = io::copy(entry, &mut file).map_err(write_err)?;
+            if n != entry.size() {
+                return Err(LayoutError::ArchiveTruncated { entry: shown });
+            }
+            Ok(())
+        }
+        other => Err(LayoutError::ArchiveEntryType { entry: shown, kind: tarpath::kind_name(other) }),
+    }
+}
+
+// --- manifest selection ---
+
+/// The `os/architecture` this host runs, in OCI platform terms.
+fn host_platform() -> (&'static str, &'static str) {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        other => other,
+    };
+    ("linux", arch)
+}
+
+/// Picks the descriptor in `index.json`: by tag if given, then as in `pick`.
+fn pick_tagged<'a>(index: &'a Index, tag: Option<&str>) -> Result<&'a Descriptor, LayoutError> {
+    let Some(tag) = tag else {
+        return pick(index.manifests.iter().collect());
+    };
+    let tagged: Vec<&Descriptor> =
+        index.manifests.iter().filter(|d| d.annotations.get(REF_NAME).map(String::as_str) == Some(tag)).collect();
+    if tagged.is_empty() {
+        return Err(LayoutError::TagNotFound {
+            tag: tag.to_owned(),
+            available: index.manifests.iter().filter_map(|d| d.annotations.get(REF_NAME).cloned()).collect(),
+        });
+    }
+    pick(tagged)
+}
+
+/// Picks one descriptor: the first whose platform is this host's; else the
+/// only one without a platform. A descriptor for another platform (or an
+/// attestation, `unknown/unknown`) is never picked.
+fn pick(candidates: Vec<&Descriptor>) -> Result<&Descriptor, LayoutError> {
+    let (os, arch) = host_platform();
+    if let Some(d) =
+        candidates.iter().find(|d| d.platform.as_ref().is_some_and(|p| p.os == os && p.architecture == arch))
+    {
+        return Ok(d);
+    }
+    let unplatformed: Vec<&Descriptor> = candidates.iter().copied().filter(|d| d.platform.is_none()).collect();
+    match unplatformed.as_slice() {
+        [only] => Ok(only),
+        [] if candidates.is_empty() => Err(LayoutError::NoManifest),
+        [] => Err(LayoutError::NoPlatform { platform: format!("{os}/{arch}") }),
+        many => Err(LayoutError::Ambiguous { count: many.len(), platform: format!("{os}/{arch}") }),
+    }
+}
+
+/// Whether a media type names an index or a manifest.
+enum DocKind {
+    Index,
+    Manifest,
+}
+
+/// Follows `desc` through nested image indexes down to a manifest.
+fn resolve(root: &Path, desc: &Descriptor, depth: usize) -> Result<(Digest, Vec<u8>, Manifest), LayoutError> {
+    if depth > MAX_DEPTH {
+        return Err(LayoutError::TooDeep);
+    }
+    let (digest, bytes) = read_blob(root, desc, "manifest")?;
+    let path = blob_path(root, &digest);
+    let probe: Probe = parse("manifest", &path, &bytes)?;
+    let media_type = match (&desc.media_type, &probe.media_type) {
+        (Some(d), Some(b)) if d != b => {
+            return Err(LayoutError::MediaTypeMismatch { descriptor: d.clone(), blob: b.clone() })
+        }
+        (Some(m), _) | (None, Some(m)) => Some(m.as_str()),
+        (None, None) => None,
+    };
+    let kind = match media_type {
+        Some(MEDIA_OCI_INDEX | MEDIA_DOCKER_LIST) => DocKind::Index,
+        Some(MEDIA_OCI_MANIFEST | MEDIA_DOCKER_MANIFEST) => DocKind::Manifest,
+        None if probe.manifests.is_some() => DocKind::Index,
+        None if probe.layers.is_some() => DocKind::Manifest,
+        other => {
+            return Err(LayoutError::MediaType { what: "manifest", media_type: other.unwrap_or_default().to_owned() })
+        }
+    };
+    match kind {
+        DocKind::Index => {
+            let index: Index = parse("image index", &path, &bytes)?;
+            let child = pick(index.manifests.iter().collect())?;
+            resolve(root, child, depth + 1)
+        }
+        DocKind::Manifest => {
+            let manifest: Manifest = parse("manifest", &path, &bytes)?;
+            if manifest.schema_version != 2 {
+                return Err(LayoutError::SchemaVersion { version: manifest.schema_version });
+            }
+            Ok((digest, bytes, manifest))
+        }
+    }
+}
+
+fn image_config(c: Option<ContainerConfig>) -> ImageConfig {
+    let Some(c) = c else {
+        return ImageConfig::default();
+    };
+    let non_empty = |s: Option<String>| s.filter(|s| !s.is_empty());
+    ImageConfig {
+        env: c.env.unwrap_or_default(),
+        working_dir: non_empty(c.working_dir),
+        user: non_empty(c.user),
+        entrypoint: c.entrypoint.unwrap_or_default(),
+        cmd: c.cmd.unwrap_or_default(),
+    }
+}
+
+fn layer_source(root: &Path, desc: &Descriptor, diff_id: &str) -> Result<LayerSource, LayoutError> {
+    let digest = parse_digest(&desc.digest, "layer descriptor")?;
+    let diff_id = parse_digest(diff_id, "config diff_id")?;
+    let media_type = desc.media_type.clone().unwrap_or_default();
+    let compression = Compression::from_media_type(&media_type)
+        .ok_or_else(|| LayoutError::MediaType { what: "layer", media_type: media_type.clone() })?;
+    let path = blob_path(root, &digest);
+    let meta = fs::symlink_metadata(&path).map_err(|source| LayoutError::OpenBlob {
+        what: "layer",
+        path: path.clone(),
+        source,
+    })?;
+    if !meta.is_file() {
+        return Err(LayoutError::BlobNotFile { what: "layer", path });
+    }
+    if meta.len() != desc.size {
+        return Err(LayoutError::BlobSize { what: "layer", digest, expected: desc.size, actual: meta.len() });
+    }
+    Ok(LayerSource { blob_path: path, digest, size: desc.size, media_type, diff_id, compression })
+}
+
+// --- blobs and small files ---
+
+fn parse_digest(s: &str, what: &'static str) -> Result<Digest, LayoutError> {
+    s.parse().map_err(|source| LayoutError::InvalidDigest { what, source })
+}
+
+/// `blobs/sha256/<hex>`; the hex is validated, so the path stays in `blobs`.
+fn blob_path(root: &Path, digest: &Digest) -> PathBuf {
+    root.join("blobs").join("sha256").join(digest.hex())
+}
+
+/// Reads a small blob and checks it against its descriptor. The blob is
+/// opened without following a final symlink and non-blocking, so a FIFO
+/// planted in a layout cannot hang the reader, and must be a regular file.
+fn read_blob(root: &Path, desc: &Descriptor, what: &'static str) -> Result<(Digest, Vec<u8>), LayoutError> {
+    let digest = parse_digest(&desc.digest, what)?;
+    if desc.size > MAX_JSON {
+        return Err(LayoutError::BlobTooLarge { what, digest, size: desc.size, limit: MAX_JSON });
+    }
+    let path = blob_path(root, &digest);
+    let open_err = |source| LayoutError::OpenBlob { what, path: path.clone(), source };
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+        .map_err(open_err)?;
+    if !file.metadata().map_err(open_err)?.is_file() {
+        return Err(LayoutError::BlobNotFile { what, path });
+    }
+    let mut data = Vec::new();
+    file.take(desc.size + 1).read_to_end(&mut data).map_err(open_err)?;
+    if data.len() as u64 != desc.size {
+        return Err(LayoutError::BlobSize { what, digest, expected: desc.size, actual: data.len() as u64 });
+    }
+    let actual = Digest::sha256(&data);
+    if actual != digest {
+        return Err(LayoutError::BlobDigest { what, expected: digest, actual });
+    }
+    Ok((digest, data))
+}
+
+/// Reads `oci-layout` or `index.json`, refusing anything over `MAX_JSON`.
+/// Like blobs, they are not read through a final symlink: a layout handed
+/// to the daemon must not make it read (or report the size of) other files.
+fn read_small(path: &Path) -> Result<Vec<u8>, LayoutError> {
+    let err = |source| LayoutError::ReadFile { path: path.to_owned(), source };
+    let file =
+        OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(err)?;
+    let mut data = Vec::new();
+    file.take(MAX_JSON + 1).read_to_end(&mut data).map_err(err)?;
+    if data.len() as u64 > MAX_JSON {
+        return Err(LayoutError::FileTooLarge { path: path.to_owned(), limit: MAX_JSON });
+    }
+    Ok(data)
+}
+
+fn parse<'de, T: Deserialize<'de>>(what: &'static str, path: &Path, bytes: &'de [u8]) -> Result<T, LayoutError> {
+    serde_json::from_slice(bytes).map_err(|source| LayoutError::Parse { what, path: path.to_owned(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oci::corpus::{self, TarBuilder};
+    use serde_json::json;
+
+    fn one_layer() -> Vec<Vec<u8>> {
+        vec![TarBuilder::new().file("hello", b"hi").finish()]
+    }
+
+    fn layout(layers: &[Vec<u8>], compress: bool) -> (tempfile::TempDir, corpus::WrittenLayout) {
+        let dir = tempfile::tempdir().unwrap();
+        let written = corpus::write_layout(dir.path(), layers, compress);
+        (dir, written)
+    }
+
+    fn write_index(dir: &Path, manifests: serde_json::Value) {
+        let index = json!({"schemaVersion": 2, "mediaType": MEDIA_OCI_INDEX, "manifests": manifests});
+        fs::write(dir.join("index.json"), index.to_string()).unwrap();
+    }
+
+    fn manifest_desc(dir: &Path, written: &corpus::WrittenLayout) -> serde_json::Value {
+        let size = fs::metadata(blob_path(dir, &written.manifest.parse().unwrap())).unwrap().len();
+        json!({"mediaType": MEDIA_OCI_MANIFEST, "digest": written.manifest, "size": size})
+    }
+
+    #[test]
+    fn reads_a_layout_directory() {
+        let layers = vec![TarBuilder::new().file("a", b"1").finish(), TarBuilder::new().file("b", b"2").finish()];
+        let (dir, written) = layout(&layers, true);
+        let img = open_dir(dir.path(), None).unwrap();
+        assert_eq!(img.manifest_digest.as_str(), written.manifest);
+        assert_eq!(img.config_digest.as_str(), written.config);
+        assert_eq!(Digest::sha256(&img.config_json), img.config_digest);
+        assert_eq!(Digest::sha256(&img.manifest_json), img.manifest_digest);
+        assert_eq!(img.layers.len(), 2);
+        for (i, l) in img.layers.iter().enumerate() {
+            assert_eq!(l.digest.as_str(), written.blobs[i]);
+            assert_eq!(l.diff_id, Digest::sha256(&layers[i]));
+            assert_eq!(l.compression, Compression::Gzip);
+            assert_eq!(l.size, fs::metadata(&l.blob_path).unwrap().len());
+        }
+        assert_eq!(img.config.env, vec!["PATH=/usr/bin:/bin".to_owned()]);
+        assert_eq!(img.config.cmd, vec!["/bin/sh".to_owned()]);
+        assert_eq!(img.config.working_dir.as_deref(), Some("/work"));
+        assert_eq!(img.config.user, None);
+        // The scratch dir is untouched for directory input.
+        let scratch = tempfile::tempdir().unwrap();
+        assert_eq!(open(dir.path(), scratch.path(), Some("latest")).unwrap(), img);
+        assert_eq!(fs::read_dir(scratch.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn image_config_round_trips_through_serde() {
+        let c = ImageConfig {
+            env: vec!["A=1".into()],
+            working_dir: Some("/w".into()),
+            user: Some("1000:1000".into()),
+            entrypoint: vec!["/init".into()],
+            cmd: vec![],
+        };
+        let back: ImageConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(serde_json::from_str::<ImageConfig>("{}").unwrap(), ImageConfig::default());
+    }
+
+    #[test]
+    fn selects_by_tag_and_refuses_ambiguity() {
+        let (dir, written) = layout(&one_layer(), false);
+        let mut a = manifest_desc(dir.path(), &written);
+        let mut b = a.clone();
+        a["annotations"] = json!({REF_NAME: "v1"});
+        b["annotations"] = json!({REF_NAME: "v2"});
+        write_index(dir.path(), json!([a, b]));
+        assert!(open_dir(dir.path(), Some("v2")).is_ok());
+        match open_dir(dir.path(), Some("v3")) {
+            Err(LayoutError::TagNotFound { available, .. }) => assert_eq!(available, ["v1", "v2"]),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::Ambiguous { count: 2, .. })));
+        write_index(dir.path(), json!([]));
+        assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::NoManifest)));
+    }
+
+    #[test]
+    fn follows_a_nested_index_to_the_host_platform() {
+        let (dir, written) = layout(&one_layer(), true);
+        let (os, arch) = host_platform();
+        let mut host = manifest_desc(dir.path(), &written);
+        host["platform"] = json!({"os": os, "architecture": arch});
+        // A decoy for another platform that points at a missing blob: picking
+        // it would fail.
+        let decoy = json!({"mediaType": MEDIA_OCI_MANIFEST, "size": 10,
+            "digest": format!("sha256:{}", "0".repeat(64)),
+            "platform": {"os": "linux", "architecture": "s390x-not-this"}});
+        let nested = json!({"schemaVersion": 2, "mediaType": MEDIA_OCI_INDEX, "manifests": [decoy, host]});
+        let nested = nested.to_string().into_bytes();
+        let nested_digest = corpus::write_blob(dir.path(), &nested);
+        write_index(
+            dir.path(),
+            json!([{"mediaType": MEDIA_OCI_INDEX, "digest": nested_digest, "size": nested.len(),
+                "annotations": {REF_NAME: "latest"}}]),
+        );
+        let img = open_dir(dir.path(), Some("latest")).unwrap();
+        assert_eq!(img.manifest_digest.as_str(), written.manifest);
+
+        // Only another platform on offer: refused, not guessed.
+        let only_decoy = json!({"schemaVersion": 2, "manifests": [{"mediaType": MEDIA_OCI_MANIFEST,
+            "size": 10, "digest": format!("sha256:{}", "0".repeat(64)),
+            "platform": {"os": "linux", "architecture": "s390x-not-this"}}]});
+        let only_decoy = only_decoy.to_string().into_bytes();
+        let d = corpus::write_blob(dir.path(), &only_decoy);
+        write_index(dir.path(), json!([{"digest": d, "size": only_decoy.len()}]));
+        assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::NoPlatform { .. })));
+    }
+
+    #[test]
+    fn accepts_docker_v2s2_media_types() {
+        let dir = tempfile::tempdir().unwrap();
+        let tar = TarBuilder::new().file("x", b"y").finish();
+        let blob = corpus::gzip(&tar);
+        let layer = corpus::write_blob(dir.path(), &blob);
+        let config = json!({"architecture": "amd64", "os": "linux", "config": {"Cmd": null, "User": ""},
+            "rootfs": {"type": "layers", "diff_ids": [corpus::sha256(&tar)]}})
+        .to_string()
+        .into_bytes();
+        let config_digest = corpus::write_blob(dir.path(), &config);
+        let manifest = json!({"schemaVersion": 2, "mediaType": MEDIA_DOCKER_MANIFEST,
+            "config": {"mediaType": MEDIA_DOCKER_CONFIG, "digest": config_digest, "size": config.len()},
+            "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
+                "digest": layer, "size": blob.len()}]})
+        .to_string()
+        .into_bytes();
+        let m = corpus::write_blob(dir.path(), &manifest);
+        fs::write(dir.path().join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+        write_index(dir.path(), json!([{"mediaType": MEDIA_DOCKER_MANIFEST, "digest": m, "size": manifest.len()}]));
+        let img = open_dir(dir.path(), None).unwrap();
+        assert_eq!(img.layers[0].compression, Compression::Gzip);
+        assert_eq!(img.config, ImageConfig::default());
+    }
+
+    #[test]
+    fn refuses_blobs_that_do_not_match_their_descriptor() {
+        let (dir, written) = layout(&one_layer(), false);
+        let mpath = blob_path(dir.path(), &written.manifest.parse().unwrap());
+        let good = fs::read(&mpath).unwrap();
+
+        // Same size, different content.
+        let mut bad = good.clone();
+        let last = bad.len() - 2;
+        bad[last] = b' ';
+        fs::write(&mpath, &bad).unwrap();
+        assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::BlobDigest { .. })));
+
+        // Different size.
+        let mut longer = good.clone();
+        longer.push(b'\n');
+        fs::write(&mpath, &longer).unwrap();
+        assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::BlobSize { .. })));
+
+        // A symlink in place of the blob is not followed.
+        fs::remove_file(&mpath).unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        fs::write(&elsewhere, &good).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &mpath).unwrap();
+        assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::OpenBlob { .. })));
+    }
+
+    #[test]
+    fn refuses_bad_digests_before_touching_the_file_system() {
+        let (dir, written) = layout(&one_layer(), false);
+        for digest in [
+            "sha512:00".to_owned(),
+            format!("sha256:../../../../etc/passwd{}", "0".repeat(38)),
+            written.manifest.to_uppercase(),
+        ] {
+            write_index(dir.path(), json!([{"mediaType": MEDIA_OCI_MANIFEST, "digest": digest, "size": 1}]));
+            assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::InvalidDigest { .. })), "{digest}");
+        }
+    }
+
+    #[test]
+    fn refuses_layer_count_mismatch_and_unknown_layer_types() {
+        let dir = tempfile::tempdir().unwrap();
+        let tar = TarBuilder::new().file("x", b"y").finish();
+        let layer = corpus::write_blob(dir.path(), &tar);
+        let write = |diff_ids: serde_json::Value, layer_type: &str| {
+            let config = json!({"rootfs": {"type": "layers", "diff_ids": diff_ids}}).to_string();
+            let cd = corpus::write_blob(dir.path(), config.as_bytes());
+            let manifest = json!({"schemaVersion": 2, "mediaType": MEDIA_OCI_MANIFEST,
+                "config": {"mediaType": MEDIA_OCI_CONFIG, "digest": cd, "size": config.len()},
+                "layers": [{"mediaType": layer_type, "digest": layer, "size": tar.len()}]})
+            .to_string();
+            let m = corpus::write_blob(dir.path(), manifest.as_bytes());
+            fs::write(dir.path().join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+            write_index(dir.path(), json!([{"mediaType": MEDIA_OCI_MANIFEST, "digest": m, "size": manifest.len()}]));
+        };
+        let tar_type = "application/vnd.oci.image.layer.v1.tar";
+        write(json!([]), tar_type);
+        assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::LayerCount { layers: 1, diff_ids: 0 })));
+        write(json!([corpus::sha256(&tar)]), "application/vnd.example.unknown");
+        assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::MediaType { what: "layer", .. })));
+        write(json!([corpus::sha256(&tar)]), tar_type);
+        let img = open_dir(dir.path(), None).unwrap();
+        assert_eq!(img.layers[0].compression, Compression::None);
+    }
+
+    #[test]
+    fn refuses_other_layout_versions() {
+        let (dir, _) = layout(&one_layer(), false);
+        fs::write(dir.path().join("oci-layout"), r#"{"imageLayoutVersion":"2.0.0"}"#).unwrap();
+        assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::LayoutVersion { .. })));
+    }
+
+    /// Tars a layout directory the way `skopeo copy oci-archive:` does.
+    fn tar_dir(dir: &Path) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        b.append_dir_all(".", dir).unwrap();
+        b.into_inner().unwrap()
+    }
+
+    #[test]
+    fn reads_an_oci_archive() {
+        let (dir, written) = layout(&one_layer(), true);
+        let work = tempfile::tempdir().unwrap();
+        let archive = work.path().join("image.tar");
+        fs::write(&archive, tar_dir(dir.path())).unwrap();
+        let scratch = work.path().join("scratch");
+        fs::create_dir(&scratch).unwrap();
+        let img = open(&archive, &scratch, None).unwrap();
+        assert_eq!(img.manifest_digest.as_str(), written.manifest);
+        assert!(img.layers[0].blob_path.starts_with(&scratch));
+
+        // The scratch dir must be empty.
+        assert!(matches!(open(&archive, &scratch, None), Err(LayoutError::ScratchNotEmpty { .. })));
+    }
+
+    #[test]
+    fn refuses_hostile_archive_entries() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (TarBuilder::new().symlink("blobs", "/etc").finish(), "symlink"),
+            (TarBuilder::new().hardlink("index.json", "/etc/passwd").finish(), "hard link"),
+            (TarBuilder::new().file("../escape", b"x").finish(), "'..'"),
+            (TarBuilder::new().file("/escape", b"x").finish(), "absolute"),
+            (TarBuilder::new().char_dev("dev", 1, 1).finish(), "character device"),
+            (TarBuilder::new().fifo("fifo").finish(), "fifo"),
+        ];
+        for (tar, want) in cases {
+            let work = tempfile::tempdir().unwrap();
+            let archive = work.path().join("a.tar");
+            fs::write(&archive, tar).unwrap();
+            let scratch = work.path().join("scratch");
+            fs::create_dir(&scratch).unwrap();
+            let err = extract_archive(&archive, &scratch).unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+            assert!(!work.path().join("escape").exists());
+        }
+    }
+
+    #[test]
+    fn refuses_a_truncated_archive() {
+        let (dir, _) = layout(&one_layer(), false);
+        let mut tar = tar_dir(dir.path());
+        // Cut inside the data of the last blob entry.
+        let cut = tar.len() - 1024 - 100;
+        tar.truncate(cut);
+        let work = tempfile::tempdir().unwrap();
+        let archive = work.path().join("a.tar");
+        fs::write(&archive, tar).unwrap();
+        let scratch = work.path().join("scratch");
+        fs::create_dir(&scratch).unwrap();
+        let err = extract_archive(&archive, &scratch).unwrap_err();
+        assert!(matches!(err, LayoutError::ArchiveTruncated { .. } | LayoutError::ReadArchive { .. }), "{err:?}");
+    }
+}

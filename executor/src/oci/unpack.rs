@@ -1,0 +1,989 @@
+//! Safe extraction of one OCI layer blob into an empty directory that the
+//! caller made under its `tmp/` (and renames into place on success, deletes
+//! on error). Nothing outside that directory is ever created, changed or
+//! followed into.
+//!
+//! The recipe, in order:
+//! 1. hash the whole blob and check size and digest before parsing a byte;
+//! 2. decompress (gzip, zstd or none) through a `Meter` that hashes the
+//!    uncompressed stream, parse the tar, then read the stream to its end (so
+//!    the gzip CRC and length trailer are checked) and compare the hash with
+//!    the diff_id;
+//! 3. create each entry with `*at()` calls relative to its parent directory's
+//!    fd, found by walking from the destination fd one component at a time
+//!    with `O_NOFOLLOW`: a symlink on the way refuses the layer. New files
+//!    are `O_CREAT|O_EXCL|O_NOFOLLOW`; hard links use `linkat` without
+//!    `AT_SYMLINK_FOLLOW` and must point at a non-directory extracted before;
+//! 4. turn OCI whiteouts into overlay ones: `.wh.<name>` becomes a 0/0
+//!    character device, `.wh..wh..opq` the `trusted.overlay.opaque=y` xattr
+//!    (image-spec `layer.md`, kernel `Documentation/filesystems/overlayfs.rst`);
+//! 5. apply owner (numeric ids only), mode, xattrs and mtimes with calls that
+//!    never follow symlinks; directories get theirs last, deepest first,
+//!    because creating their children changes their mtime and a read-only
+//!    mode would stop the extraction of the children.
+//!
+//! Whiteouts, the opaque xattr and foreign owners need root; everything else
+//! works for a normal user, which is what the unit tests below exercise.
+#![forbid(unsafe_code)]
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use flate2::read::MultiGzDecoder;
+use nix::errno::Errno;
+use nix::fcntl::AtFlags;
+use nix::sys::stat::{self, FchmodatFlags, Mode, SFlag, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+use nix::unistd::{self, Gid, Uid, UnlinkatFlags};
+use sha2::{Digest as _, Sha256};
+
+use super::digest::Digest;
+use super::layout::{Compression, LayerSource};
+use super::meter::{Meter, MeterState, HEADER_BUDGET};
+use super::sys;
+use super::tarpath::{self, PathError, PATH_MAX};
+
+/// Prefix of an OCI whiteout file name.
+const WHITEOUT: &[u8] = b".wh.";
+/// Prefix of AUFS bookkeeping names (`.wh..wh.plnk`, ...), which are skipped.
+const WHITEOUT_META: &[u8] = b".wh..wh.";
+/// The OCI opaque-directory marker.
+const OPAQUE: &[u8] = b".wh..wh..opq";
+/// PAX record prefix carrying one extended attribute.
+const PAX_XATTR: &[u8] = b"SCHILY.xattr.";
+
+/// What an unpack did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnpackStats {
+    /// Tar entries read, including whiteouts and skipped ones.
+    pub entries: u64,
+    /// Bytes of regular-file data written.
+    pub bytes: u64,
+    /// Bytes of the uncompressed tar stream (what the diff_id hashes).
+    pub tar_bytes: u64,
+}
+
+/// Why a layer was refused or could not be unpacked. Every variant but `Io`
+/// is a fault of the layer (bad request); `Io` is a fault of this host.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    /// The destination is not an empty directory.
+    #[error("layer {digest}: destination {path} is not an empty directory")]
+    DestNotEmpty { digest: Digest, path: PathBuf },
+    /// The blob path holds a symlink, FIFO, directory or similar.
+    #[error("layer {digest}: blob {path} is not a regular file")]
+    BlobNotFile { digest: Digest, path: PathBuf },
+    /// The blob's size differs from the descriptor's.
+    #[error("layer {digest}: blob is {actual} bytes, its descriptor says {expected}")]
+    BlobSizeMismatch { digest: Digest, expected: u64, actual: u64 },
+    /// The blob's sha256 differs from the descriptor's.
+    #[error("layer {expected}: blob hashes to {actual}")]
+    BlobDigestMismatch { expected: Digest, actual: Digest },
+    /// The compressed stream is corrupt (or, uncompressed, unreadable).
+    #[error("layer {digest}: corrupt {compression} stream")]
+    Decompress {
+        digest: Digest,
+        compression: Compression,
+        #[source]
+        source: io::Error,
+    },
+    /// The tar framing is malformed (bad checksum, header cut short, ...).
+    #[error("layer {digest}: malformed tar stream")]
+    Tar {
+        digest: Digest,
+        #[source]
+        source: io::Error,
+    },
+    /// PAX or GNU long-name records larger than `HEADER_BUDGET`.
+    #[error("layer {digest}: tar headers of entry {entry} exceed {HEADER_BUDGET} bytes")]
+    HeaderTooLarge { digest: Digest, entry: u64 },
+    /// The stream ends inside an entry's data.
+    #[error("layer {digest}: entry {path:?} is truncated: the stream ends inside its data")]
+    Truncated { digest: Digest, path: PathBuf },
+    /// The uncompressed stream does not hash to the config's diff_id.
+    #[error("layer {digest}: uncompressed stream hashes to {actual}, the diff_id is {expected}")]
+    DiffIdMismatch { digest: Digest, expected: Digest, actual: Digest },
+    /// An entry name is absolute.
+    #[error("layer {digest}: entry {path:?} has an absolute path")]
+    AbsolutePath { digest: Digest, path: PathBuf },
+    /// An entry name has a `..` component.
+    #[error("layer {digest}: entry {path:?} escapes the layer root")]
+    Escape { digest: Digest, path: PathBuf },
+    /// An entry name is empty, has a NUL byte or is too long.
+    #[error("layer {digest}: entry {path:?} {problem}")]
+    InvalidName { digest: Digest, path: PathBuf, problem: PathError },
+    /// A non-directory entry names the layer root (`./`).
+    #[error("layer {digest}: entry {path:?} names the layer root but is not a directory")]
+    RootNotDirectory { digest: Digest, path: PathBuf },
+    /// An entry's path (or a hard link's target) goes through a symlink.
+    #[error("layer {digest}: entry {path:?} passes through symlink {symlink:?}")]
+    ThroughSymlink { digest: Digest, path: PathBuf, symlink: PathBuf },
+    /// A parent of an entry exists but is not a directory.
+    #[error("layer {digest}: entry {path:?} needs {component:?} to be a directory")]
+    NotADirectory { digest: Digest, path: PathBuf, component: PathBuf },
+    /// A relative symlink target climbs above the layer root.
+    #[error("layer {digest}: symlink {path:?} -> {target:?} escapes the layer root")]
+    SymlinkEscape { digest: Digest, path: PathBuf, target: PathBuf },
+    /// A link target is empty, has a NUL byte or is too long.
+    #[error("layer {digest}: link {path:?} has a target that {problem}")]
+    InvalidLinkTarget { digest: Digest, path: PathBuf, problem: PathError },
+    /// A hard link target is absolute or climbs with `..`.
+    #[error("layer {digest}: hardlink {path:?} -> {target:?} escapes the layer root")]
+    HardlinkEscape { digest: Digest, path: PathBuf, target: PathBuf },
+    /// A hard link target was not extracted before the link.
+    #[error("layer {digest}: hardlink {path:?} -> {target:?} points to nothing extracted before it")]
+    HardlinkMissing { digest: Digest, path: PathBuf, target: PathBuf },
+    /// A hard link target is a directory.
+    #[error("layer {digest}: hardlink {path:?} -> {target:?} points to a directory")]
+    HardlinkToDirectory { digest: Digest, path: PathBuf, target: PathBuf },
+    /// A character or block device entry.
+    #[error("layer {digest}: entry {path:?} is a {kind}; layers may not contain device nodes")]
+    DeviceNode { digest: Digest, path: PathBuf, kind: &'static str },
+    /// A GNU sparse file or an unknown entry type.
+    #[error("layer {digest}: entry {path:?} has unsupported type {kind} (type flag {flag:?})")]
+    UnsupportedEntry { digest: Digest, path: PathBuf, kind: &'static str, flag: char },
+    /// A whiteout with no name (`.wh.`), `.`, `..`, or with children.
+    #[error("layer {digest}: entry {path:?} is not a valid whiteout")]
+    InvalidWhiteout { digest: Digest, path: PathBuf },
+    /// A `trusted.*` xattr: overlayfs keeps its own state there.
+    #[error("layer {digest}: entry {path:?} carries xattr {name:?} in the trusted namespace")]
+    TrustedXattr { digest: Digest, path: PathBuf, name: String },
+    /// An xattr name that is empty or has a NUL byte.
+    #[error("layer {digest}: entry {path:?} has an invalid xattr name {name:?}")]
+    InvalidXattr { digest: Digest, path: PathBuf, name: String },
+    /// A header or PAX field that does not parse.
+    #[error("layer {digest}: entry {path:?} has an invalid {field}")]
+    InvalidHeader {
+        digest: Digest,
+        path: PathBuf,
+        field: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// A uid or gid that is not a valid 32-bit id.
+    #[error("layer {digest}: entry {path:?} has owner id {id}, out of range")]
+    OwnerRange { digest: Digest, path: PathBuf, id: u64 },
+    /// A system call failed on this host.
+    #[error("layer {digest}: {step} {path:?}")]
+    Io {
+        digest: Digest,
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl UnpackError {
+    /// Whether the fault is this host's (a failed system call), not the
+    /// layer's: the daemon answers 500 for these and 400 for the rest.
+    pub fn is_io(&self) -> bool {
+        matches!(self, UnpackError::Io { .. })
+    }
+}
+
+/// Unpacks `layer` into `dest`, an existing empty directory. On error `dest`
+/// holds a partial tree (never anything outside it) for the caller to delete.
+pub fn unpack_layer(layer: &LayerSource, dest: &Path) -> Result<UnpackStats, UnpackError> {
+    let digest = &layer.digest;
+    let blob_io =
+        |step| move |source| UnpackError::Io { digest: digest.clone(), step, path: layer.blob_path.clone(), source };
+    // Non-blocking so that a FIFO in place of the blob cannot hang us.
+    let mut blob = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&layer.blob_path)
+        .map_err(blob_io("open blob"))?;
+    verify_blob(layer, &mut blob)?;
+    blob.seek(SeekFrom::Start(0)).map_err(blob_io("rewind blob"))?;
+    let root = open_dest(digest, dest)?;
+
+    let state = MeterState::default();
+    let decompress =
+        |source| UnpackError::Decompress { digest: digest.clone(), compression: layer.compression, source };
+    let blob = BufReader::new(blob);
+    let stream: Box<dyn Read> = match layer.compression {
+        Compression::None => Box::new(blob),
+        // Multi-member: pigz and concatenated gzip files are valid layers.
+        Compression::Gzip => Box::new(MultiGzDecoder::new(blob)),
+        Compression::Zstd => Box::new(zstd::Decoder::with_buffer(blob).map_err(decompress)?),
+    };
+    let mut archive = tar::Archive::new(Meter::new(stream, &state));
+    let mut ex = Extractor {
+        digest,
+        compression: layer.compression,
+        state: &state,
+        root,
+        dirs: BTreeMap::new(),
+        stats: UnpackStats::default(),
+        buf: vec![0; 64 * 1024],
+    };
+    ex.extract(&mut archive)?;
+
+    let mut meter = archive.into_inner();
+    meter.drain().map_err(decompress)?;
+    let (actual, tar_bytes) = meter.finish();
+    if actual != layer.diff_id {
+        return Err(UnpackError::DiffIdMismatch { digest: digest.clone(), expected: layer.diff_id.clone(), actual });
+    }
+    ex.finish_dirs()?;
+    Ok(UnpackStats { tar_bytes, ..ex.stats })
+}
+
+/// Step 1: size and sha256 of the whole blob, before any parsing.
+fn verify_blob(layer: &LayerSource, blob: &mut File) -> Result<(), UnpackError> {
+    let digest = &layer.digest;
+    let io_err =
+        |source| UnpackError::Io { digest: digest.clone(), step: "read blob", path: layer.blob_path.clone(), source };
+    let meta = blob.metadata().map_err(io_err)?;
+    if !meta.is_file() {
+        return Err(UnpackError::BlobNotFile { digest: digest.clone(), path: layer.blob_path.clone() });
+    }
+    let size_err = |actual| UnpackError::BlobSizeMismatch { digest: digest.clone(), expected: layer.size, actual };
+    if meta.len() != layer.size {
+        return Err(size_err(meta.len()));
+    }
+    let mut hasher = Sha256::new();
+    let n = io::copy(&mut blob.take(layer.size), &mut hasher).map_err(io_err)?;
+    if n != layer.size {
+        return Err(size_err(n));
+    }
+    let actual = Digest::from_hasher(hasher);
+    if &actual != digest {
+        return Err(UnpackError::BlobDigestMismatch { expected: digest.clone(), actual });
+    }
+    Ok(())
+}
+
+/// Opens the destination (not through a final symlink) and checks it is empty.
+fn open_dest(digest: &Digest, dest: &Path) -> Result<OwnedFd, UnpackError> {
+    let io_err =
+        |source| UnpackError::Io { digest: digest.clone(), step: "open destination", path: dest.to_owned(), source };
+    let dir =
+        OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(dest).map_err(io_err)?;
+    if fs::read_dir(dest).map_err(io_err)?.next().is_some() {
+        return Err(UnpackError::DestNotEmpty { digest: digest.clone(), path: dest.to_owned() });
+    }
+    Ok(OwnedFd::from(dir))
+}
+
+/// What a tar entry creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    File,
+    Dir,
+    Symlink,
+    Hardlink,
+    Fifo,
+    /// PAX global headers: no file, nothing to apply.
+    Skip,
+}
+
+/// Owner, mode, mtime and xattrs of one entry, validated.
+struct Meta {
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    mtime: TimeSpec,
+    xattrs: Vec<(CString, Vec<u8>)>,
+}
+
+/// What a directory gets once every entry is in place.
+#[derive(Debug, Clone, Copy)]
+struct DirMeta {
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    mtime: TimeSpec,
+}
+
+/// What was at an entry's name before it was created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Existing {
+    Nothing,
+    /// A directory, kept because the new entry is a directory too.
+    Dir,
+    /// A whiteout made earlier in this layer, now removed.
+    Whiteout,
+    /// Anything else, now removed.
+    Other,
+}
+
+/// Why a walk to a directory stopped; the index is of the component.
+enum WalkError {
+    Missing(usize),
+    Symlink(usize),
+    NotDir(usize),
+    Io(&'static str, io::Error),
+}
+
+struct Extractor<'a> {
+    digest: &'a Digest,
+    compression: Compression,
+    state: &'a MeterState,
+    /// The destination directory; every path is resolved from here.
+    root: OwnedFd,
+    /// Directories declared by the layer (key: `a/b`, root is empty), whose
+    /// owner, mode and mtime are applied last.
+    dirs: BTreeMap<Vec<u8>, DirMeta>,
+    stats: UnpackStats,
+    buf: Vec<u8>,
+}
+
+impl Extractor<'_> {
+    fn extract<R: Read>(&mut self, archive: &mut tar::Archive<R>) -> Result<(), UnpackError> {
+        self.state.limit_headers();
+        let entries = archive.entries().map_err(|e| self.stream_error(e))?;
+        for entry in entries {
+            let mut entry = entry.map_err(|e| self.stream_error(e))?;
+            self.state.unlimited();
+            self.entry(&mut entry)?;
+            self.state.limit_headers();
+        }
+        self.state.unlimited();
+        Ok(())
+    }
+
+    /// Sorts a read error from the stream into what caused it.
+    fn stream_error(&self, source: io::Error) -> UnpackError {
+        let digest = self.digest.clone();
+        if self.state.over_budget() {
+            UnpackError::HeaderTooLarge { digest, entry: self.stats.entries + 1 }
+        } else if self.state.source_failed() {
+            UnpackError::Decompress { digest, compression: self.compression, source }
+        } else {
+            UnpackError::Tar { digest, source }
+        }
+    }
+
+    fn io(&self, step: &'static str, raw: &[u8], source: impl Into<io::Error>) -> UnpackError {
+        UnpackError::Io { digest: self.digest.clone(), step, path: tarpath::shown(raw), source: source.into() }
+    }
+
+    /// Validates, creates and reads one entry to its end.
+    fn entry<R: Read>(&mut self, entry: &mut tar::Entry<'_, R>) -> Result<(), UnpackError> {
+        self.stats.entries += 1;
+        let raw = entry.path_bytes().into_owned();
+        let kind = self.kind(entry.header(), &raw)?;
+        let mut consumed = 0;
+        if kind != Kind::Skip {
+            let comps = tarpath::components(&raw).map_err(|p| self.name_error(&raw, p))?;
+            let meta = self.meta(entry, &raw)?;
+            consumed = self.place(entry, &raw, &comps, kind, &meta)?;
+        }
+        // Read what is left so that a stream cut inside this entry's data is
+        // caught here, by name, rather than as a vague error at the next one.
+        let rest = io::copy(entry, &mut io::sink()).map_err(|e| self.stream_error(e))?;
+        if consumed + rest != entry.size() {
+            return Err(UnpackError::Truncated { digest: self.digest.clone(), path: tarpath::shown(&raw) });
+        }
+        Ok(())
+    }
+
+    fn name_error(&self, raw: &[u8], problem: PathError) -> UnpackError {
+        let (digest, path) = (self.digest.clone(), tarpath::shown(raw));
+        match problem {
+            PathError::Absolute => UnpackError::AbsolutePath { digest, path },
+            PathError::DotDot => UnpackError::Escape { digest, path },
+            problem => UnpackError::InvalidName { digest, path, problem },
+        }
+    }
+
+    fn kind(&self, header: &tar::Header, raw: &[u8]) -> Result<Kind, UnpackError> {
+        use tar::EntryType as T;
+        let flag = header.as_bytes()[156];
+        Ok(match header.entry_type() {
+            // Pre-POSIX tars mark a directory by a trailing slash only.
+            T::Regular if flag == 0 && raw.ends_with(b"/") => Kind::Dir,
+            T::Regular | T::Continuous => Kind::File,
+            T::Directory => Kind::Dir,
+            T::Symlink => Kind::Symlink,
+            T::Link => Kind::Hardlink,
+            T::Fifo => Kind::Fifo,
+            T::XGlobalHeader => Kind::Skip,
+            t @ (T::Char | T::Block) => {
+                return Err(UnpackError::DeviceNode {
+                    digest: self.digest.clone(),
+                    path: tarpath::shown(raw),
+                    kind: tarpath::kind_name(t),
+                })
+            }
+            // GNU sparse files are refused: a tiny entry could claim a huge
+            // real size and fill the disk with zeros.
+            t => {
+                return Err(UnpackError::UnsupportedEntry {
+                    digest: self.digest.clone(),
+                    path: tarpath::shown(raw),
+                    kind: tarpath::kind_name(t),
+                    flag: char::from(flag),
+                })
+            }
+        })
+    }
+
+    /// Reads owner, mode, mtime and xattrs. The `tar` crate has already put
+    /// PAX `uid`/`gid` into the header; PAX `mtime` (sub-second) and
+    /// `SCHILY.xattr.*` are read here.
+    fn meta<R: Read>(&self, entry: &mut tar::Entry<'_, R>, raw: &[u8]) -> Result<Meta, UnpackError> {
+        let invalid = |field| {
+            move |source| UnpackError::InvalidHeader {
+                digest: self.digest.clone(),
+                path: tarpath::shown(raw),
+                field,
+                source,
+            }
+        };
+        let h = entry.header();
+        let uid = self.owner_id(raw, h.uid().map_err(invalid("uid"))?)?;
+        let gid = self.owner_id(raw, h.gid().map_err(invalid("gid"))?)?;
+        let mode = h.mode().map_err(invalid("mode"))? & 0o7777;
+        let secs = h.mtime().map_err(invalid("mtime"))?;
+        let mut mtime = TimeSpec::new(i64::try_from(secs).unwrap_or(i64::MAX), 0);
+        let mut xattrs = Vec::new();
+        let Some(records) = entry.pax_extensions().map_err(invalid("pax header"))? else {
+            return Ok(Meta { uid, gid, mode, mtime, xattrs });
+        };
+        for record in records {
+            let record = record.map_err(invalid("pax record"))?;
+            let key = record.key_bytes();
+            if key == b"mtime" {
+                if let Some(t) = parse_pax_time(record.value_bytes()) {
+                    mtime = t;
+                }
+                continue;
+            }
+            let Some(name) = key.strip_prefix(PAX_XATTR) else {
+                continue;
+            };
+            let shown_name = || String::from_utf8_lossy(name).into_owned();
+            if name.starts_with(b"trusted.") {
+                return Err(UnpackError::TrustedXattr {
+                    digest: self.digest.clone(),
+                    path: tarpath::shown(raw),
+                    name: shown_name(),
+                });
+            }
+            let cname = CString::new(name).ok().filter(|n| !n.is_empty()).ok_or_else(|| UnpackError::InvalidXattr {
+                digest: self.digest.clone(),
+                path: tarpath::shown(raw),
+                name: shown_name(),
+            })?;
+            if xattr_allowed(name) {
+                xattrs.push((cname, record.value_bytes().to_vec()));
+            } else {
+                // SELinux labels, IMA/EVM and the like are host policy, not
+                // image content: a layer must not choose them.
+                tracing::warn!(layer = %self.digest, entry = ?tarpath::shown(raw),
+                    xattr = %shown_name(), "skipping xattr outside user.*, security.capability and ACLs");
+            }
+        }
+        Ok(Meta { uid, gid, mode, mtime, xattrs })
+    }
+
+    /// A header id as a `uid_t`/`gid_t`; `u32::MAX` means "unchanged" to
+    /// chown and is refused too.
+    fn owner_id(&self, raw: &[u8], id: u64) -> Result<u32, UnpackError> {
+        u32::try_from(id).ok().filter(|v| *v != u32::MAX).ok_or_else(|| UnpackError::OwnerRange {
+            digest: self.digest.clone(),
+            path: tarpath::shown(raw),
+            id,
+        })
+    }
+
+    /// Creates the entry; returns how many data bytes it read.
+    fn place<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        raw: &[u8],
+        comps: &[&[u8]],
+        kind: Kind,
+        meta: &Meta,
+    ) -> Result<u64, UnpackError> {
+        let Some((last, parents)) = comps.split_last() else {
+            if kind == Kind::Dir {
+                self.dir(raw, comps, meta)?;
+                return Ok(0);
+            }
+            return Err(UnpackError::RootNotDirectory { digest: self.digest.clone(), path: tarpath::shown(raw) });
+        };
+        // AUFS bookkeeping (`.wh..wh.plnk/...`) is skipped, as Docker does.
+        if parents.iter().any(|c| c.starts_with(WHITEOUT_META)) {
+            return Ok(0);
+        }
+        if *last == OPAQUE {
+            let dir = self.walk_entry(raw, parents)?;
+            self.set_opaque(dir.as_fd(), raw)?;
+            return Ok(0);
+        }
+        if last.starts_with(WHITEOUT_META) {
+            return Ok(0);
+        }
+        if parents.iter().any(|c| c.starts_with(WHITEOUT)) {
+            return Err(self.invalid_whiteout(raw));
+        }
+        if let Some(name) = last.strip_prefix(WHITEOUT) {
+            self.whiteout(raw, parents, name)?;
+            return Ok(0);
+        }
+        match kind {
+            Kind::Dir => self.dir(raw, comps, meta).map(|()| 0),
+            Kind::File => self.file(entry, raw, comps, meta),
+            Kind::Symlink => self.symlink(entry, raw, comps, meta).map(|()| 0),
+            Kind::Hardlink => self.hardlink(entry, raw, comps).map(|()| 0),
+            Kind::Fifo => self.fifo(raw, comps, meta).map(|()| 0),
+            Kind::Skip => Ok(0),
+        }
+    }
+
+    fn invalid_whiteout(&self, raw: &[u8]) -> UnpackError {
+        UnpackError::InvalidWhiteout { digest: self.digest.clone(), path: tarpath::shown(raw) }
+    }
+
+    /// `.wh.<name>`: hides `<name>` of the lower layers. A whiteout applies
+    /// to lower layers only (image-spec: "files that are present in the same
+    /// layer as a whiteout file can only be hidden by whiteout files in
+    /// subsequent layers"), so an entry of this layer already at `<name>` is
+    /// kept; a directory there is made opaque, since the lower one is gone.
+    fn whiteout(&mut self, raw: &[u8], parents: &[&[u8]], name: &[u8]) -> Result<(), UnpackError> {
+        if name.is_empty() || name == b"." || name == b".." {
+            return Err(self.invalid_whiteout(raw));
+        }
+        let parent = self.walk_entry(raw, parents)?;
+        match stat::fstatat(Some(parent.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Err(Errno::ENOENT) => {
+                stat::mknodat(Some(parent.as_raw_fd()), name, SFlag::S_IFCHR, Mode::empty(), stat::makedev(0, 0))
+                    .map_err(|e| self.io("create whiteout", raw, e))
+            }
+            Ok(st) if file_type(st.st_mode) == SFlag::S_IFDIR => {
+                let dir = sys::open_dir_at(parent.as_fd(), name).map_err(|e| self.io("open", raw, e))?;
+                self.set_opaque(dir.as_fd(), raw)
+            }
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.io("inspect", raw, e)),
+        }
+    }
+
+    fn set_opaque(&self, dir: BorrowedFd<'_>, raw: &[u8]) -> Result<(), UnpackError> {
+        sys::fsetxattr(dir, c"trusted.overlay.opaque", b"y").map_err(|e| self.io("mark opaque", raw, e))
+    }
+
+    fn dir(&mut self, raw: &[u8], comps: &[&[u8]], meta: &Meta) -> Result<(), UnpackError> {
+        let fd = match comps.split_last() {
+            None => self.root.try_clone().map_err(|e| self.io("open", raw, e))?,
+            Some((name, parents)) => {
+                let parent = self.walk_entry(raw, parents)?;
+                let existing = self.clear(parent.as_fd(), raw, comps, true)?;
+                if existing != Existing::Dir {
+                    // Owner-only until the deferred chmod.
+                    stat::mkdirat(Some(parent.as_raw_fd()), *name, Mode::S_IRWXU)
+                        .map_err(|e| self.io("create directory", raw, e))?;
+                }
+                let fd = sys::open_dir_at(parent.as_fd(), name).map_err(|e| self.io("open", raw, e))?;
+                if existing == Existing::Whiteout {
+                    // Deleted, then re-created in the same layer: the lower
+                    // directory's contents must not show through.
+                    self.set_opaque(fd.as_fd(), raw)?;
+                }
+                fd
+            }
+        };
+        self.set_xattrs(Target::Fd(fd.as_fd()), raw, &meta.xattrs)?;
+        self.dirs
+            .insert(tarpath::join(comps), DirMeta { uid: meta.uid, gid: meta.gid, mode: meta.mode, mtime: meta.mtime });
+        Ok(())
+    }
+
+    fn file<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        raw: &[u8],
+        comps: &[&[u8]],
+        meta: &Meta,
+    ) -> Result<u64, UnpackError> {
+        let (name, parents) = split(comps);
+        let parent = self.walk_entry(raw, parents)?;
+        self.clear(parent.as_fd(), raw, comps, false)?;
+        let mut file = sys::create_file_at(parent.as_fd(), name, 0o600).map_err(|e| self.io("create file", raw, e))?;
+        let mut written = 0u64;
+        loop {
+            let n = match entry.read(&mut self.buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.stream_error(e)),
+            };
+            file.write_all(&self.buf[..n]).map_err(|e| self.io("write file", raw, e))?;
+            written += n as u64;
+        }
+        self.stats.bytes += written;
+        if written != entry.size() {
+            return Err(UnpackError::Truncated { digest: self.digest.clone(), path: tarpath::shown(raw) });
+        }
+        // chown clears setuid/setgid and security.capability, and writing
+        // clears security.capability: so data, owner, mode, xattrs, times.
+        unistd::fchown(file.as_raw_fd(), Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)))
+            .map_err(|e| self.io("change owner of", raw, e))?;
+        stat::fchmod(file.as_raw_fd(), Mode::from_bits_truncate(meta.mode))
+            .map_err(|e| self.io("change mode of", raw, e))?;
+        self.set_xattrs(Target::Fd(file.as_fd()), raw, &meta.xattrs)?;
+        stat::futimens(file.as_raw_fd(), &meta.mtime, &meta.mtime).map_err(|e| self.io("set times of", raw, e))?;
+        Ok(written)
+    }
+
+    fn symlink<R: Read>(
+        &mut self,
+        entry: &tar::Entry<'_, R>,
+        raw: &[u8],
+        comps: &[&[u8]],
+        meta: &Meta,
+    ) -> Result<(), UnpackError> {
+        let target = link_target(entry);
+        self.check_link_target(raw, &target)?;
+        // Absolute targets resolve inside the sandbox root at run time; a
+        // relative one must not climb above the layer root from its directory.
+        if target[0] != b'/' && tarpath::climbs_out(comps.len() - 1, &target) {
+            return Err(UnpackError::SymlinkEscape {
+                digest: self.digest.clone(),
+                path: tarpath::shown(raw),
+                target: tarpath::shown(&target),
+            });
+        }
+        let (name, parents) = split(comps);
+        let parent = self.walk_entry(raw, parents)?;
+        self.clear(parent.as_fd(), raw, comps, false)?;
+        unistd::symlinkat(&target[..], Some(parent.as_raw_fd()), name)
+            .map_err(|e| self.io("create symlink", raw, e))?;
+        self.finish_special(parent.as_fd(), name, raw, meta, false)
+    }
+
+    fn fifo(&mut self, raw: &[u8], comps: &[&[u8]], meta: &Meta) -> Result<(), UnpackError> {
+        let (name, parents) = split(comps);
+        let parent = self.walk_entry(raw, parents)?;
+        self.clear(parent.as_fd(), raw, comps, false)?;
+        stat::mknodat(Some(parent.as_raw_fd()), name, SFlag::S_IFIFO, Mode::S_IRUSR | Mode::S_IWUSR, 0)
+            .map_err(|e| self.io("create fifo", raw, e))?;
+        self.finish_special(parent.as_fd(), name, raw, meta, true)
+    }
+
+    /// Owner, mode (not for symlinks), xattrs and times of a symlink or FIFO,
+    /// by name, never following it.
+    fn finish_special(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &[u8],
+        raw: &[u8],
+        meta: &Meta,
+        chmod: bool,
+    ) -> Result<(), UnpackError> {
+        let dirfd = Some(parent.as_raw_fd());
+        unistd::fchownat(
+            dirfd,
+            name,
+            Some(Uid::from_raw(meta.uid)),
+            Some(Gid::from_raw(meta.gid)),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| self.io("change owner of", raw, e))?;
+        if chmod {
+            // Linux fchmodat cannot refuse to follow; the name was created
+            // just above as a FIFO and nothing else writes in `dest`.
+            stat::fchmodat(dirfd, name, Mode::from_bits_truncate(meta.mode), FchmodatFlags::FollowSymlink)
+                .map_err(|e| self.io("change mode of", raw, e))?;
+        }
+        self.set_xattrs(Target::At(parent, name), raw, &meta.xattrs)?;
+        stat::utimensat(dirfd, name, &meta.mtime, &meta.mtime, UtimensatFlags::NoFollowSymlink)
+            .map_err(|e| self.io("set times of", raw, e))
+    }
+
+    fn hardlink<R: Read>(&mut self, entry: &tar::Entry<'_, R>, raw: &[u8], comps: &[&[u8]]) -> Result<(), UnpackError> {
+        let target = link_target(entry);
+        let (digest, path, shown_target) = (self.digest.clone(), tarpath::shown(raw), tarpath::shown(&target));
+        let tcomps = match tarpath::components(&target) {
+            Ok(c) => c,
+            Err(PathError::Absolute | PathError::DotDot) => {
+                return Err(UnpackError::HardlinkEscape { digest, path, target: shown_target })
+            }
+            Err(problem) => return Err(UnpackError::InvalidLinkTarget { digest, path, problem }),
+        };
+        let Some((tname, tparents)) = tcomps.split_last() else {
+            return Err(UnpackError::HardlinkToDirectory { digest, path, target: shown_target });
+        };
+        let (name, parents) = split(comps);
+        let parent = self.walk_entry(raw, parents)?;
+        // Remove first: a link to its own name then finds nothing.
+        self.clear(parent.as_fd(), raw, comps, false)?;
+        let missing = || UnpackError::HardlinkMissing {
+            digest: digest.clone(),
+            path: path.clone(),
+            target: shown_target.clone(),
+        };
+        let tparent = match self.walk(tparents, false) {
+            Ok(fd) => fd,
+            Err(WalkError::Symlink(i)) => {
+                return Err(UnpackError::ThroughSymlink {
+                    digest: digest.clone(),
+                    path: path.clone(),
+                    symlink: tarpath::shown(&tarpath::join(&tparents[..=i])),
+                })
+            }
+            Err(WalkError::Missing(_) | WalkError::NotDir(_)) => return Err(missing()),
+            Err(WalkError::Io(step, e)) => return Err(self.io(step, raw, e)),
+        };
+        match stat::fstatat(Some(tparent.as_raw_fd()), *tname, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Err(Errno::ENOENT) => return Err(missing()),
+            Err(e) => return Err(self.io("inspect hardlink target of", raw, e)),
+            Ok(st) if file_type(st.st_mode) == SFlag::S_IFDIR => {
+                return Err(UnpackError::HardlinkToDirectory { digest, path, target: shown_target })
+            }
+            // A 0/0 device here is a whiteout: the target was deleted.
+            Ok(st) if file_type(st.st_mode) == SFlag::S_IFCHR => return Err(missing()),
+            Ok(_) => {}
+        }
+        // No AT_SYMLINK_FOLLOW: a symlink target is linked, not followed.
+        unistd::linkat(Some(tparent.as_raw_fd()), *tname, Some(parent.as_raw_fd()), name, AtFlags::empty())
+            .map_err(|e| self.io("create hardlink", raw, e))
+    }
+
+    fn check_link_target(&self, raw: &[u8], target: &[u8]) -> Result<(), UnpackError> {
+        let problem = if target.is_empty() {
+            PathError::Empty
+        } else if target.contains(&0) {
+            PathError::Nul
+        } else if target.len() > PATH_MAX {
+            PathError::PathTooLong
+        } else {
+            return Ok(());
+        };
+        Err(UnpackError::InvalidLinkTarget { digest: self.digest.clone(), path: tarpath::shown(raw), problem })
+    }
+
+    /// Makes room for a new entry at `comps`: nothing there, or a directory
+    /// kept for a new directory, or the old entry removed (recursively for a
+    /// directory, whose deferred metadata is then forgotten).
+    fn clear(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        raw: &[u8],
+        comps: &[&[u8]],
+        keep_dir: bool,
+    ) -> Result<Existing, UnpackError> {
+        let (name, _) = split(comps);
+        let st = match stat::fstatat(Some(parent.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Err(Errno::ENOENT) => return Ok(Existing::Nothing),
+            Err(e) => return Err(self.io("inspect", raw, e)),
+            Ok(st) => st,
+        };
+        match file_type(st.st_mode) {
+            SFlag::S_IFDIR if keep_dir => Ok(Existing::Dir),
+            SFlag::S_IFDIR => {
+                remove_all_at(parent, name).map_err(|e| self.io("remove replaced directory", raw, e))?;
+                self.forget_dirs(&tarpath::join(comps));
+                Ok(Existing::Other)
+            }
+            t => {
+                unistd::unlinkat(Some(parent.as_raw_fd()), name, UnlinkatFlags::NoRemoveDir)
+                    .map_err(|e| self.io("remove replaced entry", raw, e))?;
+                Ok(if t == SFlag::S_IFCHR { Existing::Whiteout } else { Existing::Other })
+            }
+        }
+    }
+
+    /// Drops deferred metadata of `key` and everything below it.
+    fn forget_dirs(&mut self, key: &[u8]) {
+        let doomed: Vec<Vec<u8>> = self
+            .dirs
+            .range(key.to_vec()..)
+            .map(|(k, _)| k)
+            .take_while(|k| k.starts_with(key))
+            .filter(|k| k.len() == key.len() || k[key.len()] == b'/')
+            .cloned()
+            .collect();
+        for k in doomed {
+            self.dirs.remove(&k);
+        }
+    }
+
+    /// The parent directory of an entry, creating missing directories
+    /// (mode 0755, as Docker and containerd do for implied parents).
+    fn walk_entry(&self, raw: &[u8], parents: &[&[u8]]) -> Result<OwnedFd, UnpackError> {
+        let prefix = |i: usize| tarpath::shown(&tarpath::join(&parents[..=i]));
+        self.walk(parents, true).map_err(|e| match e {
+            WalkError::Symlink(i) => UnpackError::ThroughSymlink {
+                digest: self.digest.clone(),
+                path: tarpath::shown(raw),
+                symlink: prefix(i),
+            },
+            WalkError::NotDir(i) | WalkError::Missing(i) => UnpackError::NotADirectory {
+                digest: self.digest.clone(),
+                path: tarpath::shown(raw),
+                component: prefix(i),
+            },
+            WalkError::Io(step, e) => self.io(step, raw, e),
+        })
+    }
+
+    /// Opens the directory at `comps` below the root, one component at a
+    /// time with `O_NOFOLLOW`, so no symlink is ever followed. With `create`,
+    /// missing directories are made, and a whiteout in the way (deleted and
+    /// re-created in this layer) becomes an opaque directory.
+    fn walk(&self, comps: &[&[u8]], create: bool) -> Result<OwnedFd, WalkError> {
+        let mut cur = self.root.try_clone().map_err(|e| WalkError::Io("open layer root for", e))?;
+        for (i, comp) in comps.iter().enumerate() {
+            let dirfd = Some(cur.as_raw_fd());
+            cur = match sys::open_dir_at(cur.as_fd(), comp) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) if create => {
+                    stat::mkdirat(dirfd, *comp, Mode::from_bits_truncate(0o755))
+                        .map_err(|e| WalkError::Io("create parent directory of", e.into()))?;
+                    sys::open_dir_at(cur.as_fd(), comp)
+                        .map_err(|e| WalkError::Io("open parent directory of", e.into()))?
+                }
+                Err(Errno::ENOENT) => return Err(WalkError::Missing(i)),
+                Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                    let st = stat::fstatat(dirfd, *comp, AtFlags::AT_SYMLINK_NOFOLLOW)
+                        .map_err(|e| WalkError::Io("inspect parent directory of", e.into()))?;
+                    match file_type(st.st_mode) {
+                        SFlag::S_IFLNK => return Err(WalkError::Symlink(i)),
+                        SFlag::S_IFCHR if create => {
+                            let io = |e: Errno| WalkError::Io("replace whiteout on the way to", e.into());
+                            unistd::unlinkat(dirfd, *comp, UnlinkatFlags::NoRemoveDir).map_err(io)?;
+                            stat::mkdirat(dirfd, *comp, Mode::from_bits_truncate(0o755)).map_err(io)?;
+                            let fd = sys::open_dir_at(cur.as_fd(), comp).map_err(io)?;
+                            sys::fsetxattr(fd.as_fd(), c"trusted.overlay.opaque", b"y").map_err(io)?;
+                            fd
+                        }
+                        _ => return Err(WalkError::NotDir(i)),
+                    }
+                }
+                Err(e) => return Err(WalkError::Io("open parent directory of", e.into())),
+            };
+        }
+        Ok(cur)
+    }
+
+    fn set_xattrs(&self, target: Target<'_>, raw: &[u8], xattrs: &[(CString, Vec<u8>)]) -> Result<(), UnpackError> {
+        for (name, value) in xattrs {
+            let result = match target {
+                Target::Fd(fd) => sys::fsetxattr(fd, name, value),
+                Target::At(dir, entry) => sys::lsetxattr_at(dir, entry, name, value),
+            };
+            match result {
+                Ok(()) => {}
+                // Not supported by this file system (or, for user.*, on this
+                // file type): skipped, as containerd does.
+                Err(Errno::EOPNOTSUPP) => {
+                    tracing::warn!(layer = %self.digest, entry = ?tarpath::shown(raw),
+                        xattr = ?name, "xattr not supported here; skipped");
+                }
+                Err(e) => return Err(self.io("set xattr on", raw, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the deferred owner, mode and mtime of every directory the
+    /// layer declared, deepest first (a key sorts before its descendants).
+    fn finish_dirs(&mut self) -> Result<(), UnpackError> {
+        let dirs = std::mem::take(&mut self.dirs);
+        for (key, m) in dirs.iter().rev() {
+            let comps: Vec<&[u8]> = if key.is_empty() { Vec::new() } else { key.split(|b| *b == b'/').collect() };
+            let fd = self.walk(&comps, false).map_err(|e| match e {
+                WalkError::Io(step, e) => self.io(step, key, e),
+                _ => self.io("reopen directory", key, Errno::ENOENT),
+            })?;
+            unistd::fchown(fd.as_raw_fd(), Some(Uid::from_raw(m.uid)), Some(Gid::from_raw(m.gid)))
+                .map_err(|e| self.io("change owner of", key, e))?;
+            stat::fchmod(fd.as_raw_fd(), Mode::from_bits_truncate(m.mode))
+                .map_err(|e| self.io("change mode of", key, e))?;
+            stat::futimens(fd.as_raw_fd(), &m.mtime, &m.mtime).map_err(|e| self.io("set times of", key, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Where xattrs go: an open fd, or a name in a directory (symlinks, FIFOs).
+#[derive(Clone, Copy)]
+enum Target<'f> {
+    Fd(BorrowedFd<'f>),
+    At(BorrowedFd<'f>, &'f [u8]),
+}
+
+/// Only these xattrs are restored: user data, file capabilities, ACLs.
+fn xattr_allowed(name: &[u8]) -> bool {
+    name.starts_with(b"user.")
+        || name == b"security.capability"
+        || name == b"system.posix_acl_access"
+        || name == b"system.posix_acl_default"
+}
+
+/// The last component and its parents; callers have checked `comps` is not
+/// empty (the root is handled before).
+fn split<'c>(comps: &'c [&'c [u8]]) -> (&'c [u8], &'c [&'c [u8]]) {
+    match comps.split_last() {
+        Some((last, parents)) => (last, parents),
+        None => (b".", &[]),
+    }
+}
+
+fn link_target<R: Read>(entry: &tar::Entry<'_, R>) -> Vec<u8> {
+    entry.link_name_bytes().map(Cow::into_owned).unwrap_or_default()
+}
+
+fn file_type(mode: libc::mode_t) -> SFlag {
+    SFlag::from_bits_truncate(mode & SFlag::S_IFMT.bits())
+}
+
+/// Removes `name` in `parent` and everything below it, without following
+/// symlinks (each level is opened with `O_NOFOLLOW` and entries are unlinked
+/// by name relative to it).
+fn remove_all_at(parent: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let fd = sys::open_dir_at(parent, name)?;
+    let mut names = Vec::new();
+    // `Dir` takes ownership of the fd it reads; give it a duplicate.
+    let mut dir = nix::dir::Dir::from(fd.try_clone()?)?;
+    for child in dir.iter() {
+        let child = child?;
+        let n = child.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            names.push(n.to_vec());
+        }
+    }
+    drop(dir);
+    for n in names {
+        let st = stat::fstatat(Some(fd.as_raw_fd()), &n[..], AtFlags::AT_SYMLINK_NOFOLLOW)?;
+        if file_type(st.st_mode) == SFlag::S_IFDIR {
+            remove_all_at(fd.as_fd(), &n)?;
+        } else {
+            unistd::unlinkat(Some(fd.as_raw_fd()), &n[..], UnlinkatFlags::NoRemoveDir)?;
+        }
+    }
+    unistd::unlinkat(Some(parent.as_raw_fd()), name, UnlinkatFlags::RemoveDir)?;
+    Ok(())
+}
+
+/// A PAX time (`1700000000.25`, possibly negative) as a `TimeSpec`.
+fn parse_pax_time(value: &[u8]) -> Option<TimeSpec> {
+    let s = std::str::from_utf8(value).ok()?;
+    let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+    let negative = int.starts_with('-');
+    let secs: i64 = int.parse().ok()?;
+    if !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits: String = frac.chars().chain(std::iter::repeat('0')).take(9).collect();
+    let nanos: i64 = digits.parse().ok()?;
+    Some(if negative && nanos > 0 {
+        TimeSpec::new(secs - 1, 1_000_000_000 - nanos)
+    } else {
+        TimeSpec::new(secs, nanos)
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,219 @@
+//! Creating a sandbox, and re-adopting one after a daemon restart.
+//!
+//! Order (each step undone on failure, in reverse):
+//! 1. private dirs `sandboxes/<id>/{upper,work,rootfs}`;
+//! 2. the cgroup with its limits;
+//! 3. a listening socket at `shim.sock`, then `clone3` of `strata-shim` into
+//!    new mount/PID/UTS/IPC/net namespaces with the listener at fd 3;
+//! 4. the shim's pid into the cgroup — before it gets its spec, so every
+//!    process it ever forks is accounted there;
+//! 5. connect, send the [`SetupSpec`], wait for `Ready`.
+
+use std::ffi::CString;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::time::Duration;
+
+use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
+use strata_shim::proto::SetupSpec;
+use strata_shim::sys;
+
+use super::{destroy, process_start_time, ExecDefaults, Sandbox, SandboxError};
+use crate::cgroups::SandboxCgroup;
+use crate::db::{ImageRow, SandboxRow, SandboxSpec};
+use crate::ids::SandboxId;
+use crate::shim_client::{self, ShimClient};
+use crate::store::{Store, StoreError};
+
+/// How long a shim may take to set a sandbox up or answer after a restart.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What creating sandboxes needs from the daemon.
+pub struct Runtime {
+    pub store: Store,
+    pub shim_exe: PathBuf,
+    /// Parent cgroup, named for Strata (e.g. `strata`).
+    pub cgroup_parent: String,
+}
+
+impl Runtime {
+    pub fn cgroup_path(&self, id: &SandboxId) -> String {
+        format!("{}/{}", self.cgroup_parent, id)
+    }
+
+    /// Layer `fs` dirs of an image, topmost first (overlay's lowerdir order).
+    pub fn lowers(&self, image: &ImageRow) -> Vec<PathBuf> {
+        image.layers.iter().rev().map(|hex| Store::lower_rel(hex)).collect()
+    }
+}
+
+fn io(step: &'static str) -> impl FnOnce(std::io::Error) -> SandboxError {
+    move |source| SandboxError::Io { step, source }
+}
+
+fn nix_io(step: &'static str) -> impl FnOnce(nix::Error) -> SandboxError {
+    move |e| SandboxError::Io { step, source: e.into() }
+}
+
+/// Everything made so far, torn down on drop unless disarmed.
+struct Undo<'a> {
+    rt: &'a Runtime,
+    id: &'a SandboxId,
+    cgroup: Option<SandboxCgroup>,
+    shim: Option<(i32, OwnedFd)>,
+    armed: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some((pid, pidfd)) = self.shim.take() {
+            if let Err(e) = destroy::kill_and_reap(pid, pidfd.as_fd()) {
+                tracing::error!("undo create {}: {}", self.id, crate::error::chain(&e));
+            }
+        }
+        if let Some(cg) = self.cgroup.take() {
+            if let Err(e) = cg.remove(Duration::from_secs(5)) {
+                tracing::error!("undo create {}: {}", self.id, crate::error::chain(&e));
+            }
+        }
+        if let Err(e) = self.rt.store.remove_sandbox(self.id) {
+            tracing::error!("undo create {}: {}", self.id, crate::error::chain(&e));
+        }
+    }
+}
+
+pub fn create(
+    rt: &Runtime,
+    id: &SandboxId,
+    spec: &SandboxSpec,
+    image: &ImageRow,
+    defaults: ExecDefaults,
+) -> Result<Sandbox, SandboxError> {
+    let dirs = rt.store.prepare_sandbox(id).map_err(SandboxError::Dirs)?;
+    let mut undo = Undo { rt, id, cgroup: None, shim: None, armed: true };
+
+    undo.cgroup = Some(SandboxCgroup::create(&spec.cgroup, &spec.limits).map_err(SandboxError::Cgroup)?);
+
+    let listener = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)
+        .map_err(nix_io("create shim socket"))?;
+    let addr = UnixAddr::new(&dirs.socket).map_err(nix_io("shim socket path"))?;
+    bind(listener.as_raw_fd(), &addr).map_err(nix_io("bind shim socket"))?;
+    listen(&listener, Backlog::new(8).map_err(nix_io("listen"))?).map_err(nix_io("listen on shim socket"))?;
+
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(&dirs.log).map_err(io("open shim log"))?;
+    let devnull = std::fs::File::open("/dev/null").map_err(io("open /dev/null"))?;
+    let exe = CString::new(rt.shim_exe.as_os_str().as_encoded_bytes())
+        .map_err(|_| SandboxError::BadExec("shim path contains NUL".into()))?;
+    let plan = sys::SpawnPlan {
+        argv: vec![CString::new("strata-shim").unwrap_or_default(), CString::new(id.as_str()).unwrap_or_default()],
+        envp: vec![CString::new("PATH=/usr/sbin:/usr/bin:/sbin:/bin").unwrap_or_default()],
+        exe,
+        listener,
+        log: log.into(),
+        devnull: devnull.into(),
+    };
+    let spawned = sys::spawn_in_namespaces(&plan, sys::SANDBOX_NAMESPACES)
+        .map_err(|source| SandboxError::Spawn { exe: rt.shim_exe.clone(), source })?;
+    drop(plan);
+    let pid = spawned.pid;
+    undo.shim = Some((pid, spawned.pidfd));
+
+    if let Some(cg) = &undo.cgroup {
+        cg.add(pid as u32).map_err(SandboxError::Cgroup)?;
+    }
+
+    let conn = shim_client::connect_path(&dirs.socket)
+        .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;
+    let setup = SetupSpec {
+        rootfs: dirs.rootfs.clone(),
+        layers_dir: rt.store.layers_dir(),
+        lowers: rt.lowers(image),
+        upper: dirs.upper.clone(),
+        work: dirs.work.clone(),
+        hostname: spec.hostname.clone(),
+    };
+    shim_client::setup(&conn, &setup, SETUP_TIMEOUT)
+        .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;
+
+    let (Some((pid, pidfd)), Some(cgroup)) = (undo.shim.take(), undo.cgroup.take()) else {
+        return Err(SandboxError::Dead(id.clone()));
+    };
+    undo.armed = false;
+    drop(undo);
+    Ok(Sandbox {
+        id: id.clone(),
+        spec: spec.clone(),
+        defaults,
+        created_at: crate::db::now(),
+        shim_pid: pid,
+        shim: ShimClient::start(conn),
+        pidfd,
+        cgroup,
+        stopping: AtomicBool::new(false),
+        next_exec: AtomicU64::new(1),
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    #[error("shim pid {0:?} is gone or was replaced by another process")]
+    ShimGone(Option<i32>),
+    #[error("open pidfd of shim {pid}")]
+    Pidfd {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("reconnect to shim")]
+    Reconnect(#[source] crate::shim_client::ShimError),
+}
+
+/// Take a running sandbox back after a daemon restart. The shim was never
+/// told anything: it kept running its commands and listening on its socket.
+pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<Sandbox, AdoptError> {
+    let pid = row.shim_pid.ok_or(AdoptError::ShimGone(None))?;
+    // pid + start time identify the process; a reused pid has another start time.
+    if row.shim_start.is_none() || process_start_time(pid) != row.shim_start {
+        return Err(AdoptError::ShimGone(Some(pid)));
+    }
+    let pidfd = sys::pidfd_open(pid).map_err(|source| AdoptError::Pidfd { pid, source })?;
+    let dirs = rt.store.sandbox_dirs(&row.id);
+    let (shim, _running) = ShimClient::reconnect(&dirs.socket, SETUP_TIMEOUT).map_err(AdoptError::Reconnect)?;
+    Ok(Sandbox {
+        id: row.id.clone(),
+        spec: row.spec.clone(),
+        defaults,
+        created_at: row.created_at,
+        shim_pid: pid,
+        shim,
+        pidfd,
+        cgroup: SandboxCgroup::load(&row.spec.cgroup),
+        stopping: AtomicBool::new(false),
+        next_exec: AtomicU64::new(1 << 32),
+    })
+}
+
+/// Clean up what a sandbox that cannot be adopted left behind: kill its shim
+/// if it is still the same process, remove its cgroup and directories.
+pub fn reap_orphan(rt: &Runtime, row: &SandboxRow) -> Result<(), SandboxError> {
+    if let (Some(pid), Some(start)) = (row.shim_pid, row.shim_start) {
+        if process_start_time(pid) == Some(start) {
+            if let Ok(pidfd) = sys::pidfd_open(pid) {
+                destroy::kill_and_reap(pid, pidfd.as_fd())?;
+            }
+        }
+    }
+    SandboxCgroup::load(&row.spec.cgroup).remove(Duration::from_secs(5)).map_err(SandboxError::Cgroup)?;
+    rt.store.remove_sandbox(&row.id).map_err(SandboxError::Remove)?;
+    Ok(())
+}
+
+impl From<StoreError> for SandboxError {
+    fn from(e: StoreError) -> Self {
+        SandboxError::Remove(e)
+    }
+}

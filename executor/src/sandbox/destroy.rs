@@ -1,0 +1,70 @@
+//! Removing a sandbox: stop every process, then remove cgroup and files.
+//!
+//! SIGKILL to the shim (PID 1 of the sandbox's PID namespace) makes the
+//! kernel kill every other process in the namespace. The overlay and every
+//! other sandbox mount live only in the shim's mount namespace, so they go
+//! away with its last process; nothing is unmounted on the host. The cgroup
+//! is removed once the killed processes have left it.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+use strata_shim::sys;
+
+use super::{Sandbox, SandboxError};
+use crate::store::Store;
+
+const KILL_TIMEOUT_SECS: u64 = 10;
+
+/// SIGKILL a shim through its pidfd, wait until it has exited, and reap it if
+/// it is our child (after a daemon restart it is not: init reaps it).
+pub fn kill_and_reap(pid: i32, pidfd: BorrowedFd<'_>) -> Result<(), SandboxError> {
+    match sys::pidfd_send_signal(pidfd, libc::SIGKILL) {
+        Ok(()) | Err(nix::Error::ESRCH) => {}
+        Err(source) => return Err(SandboxError::Kill { pid, source }),
+    }
+    // A pidfd polls readable once the process has exited.
+    let mut fds = [PollFd::new(pidfd, PollFlags::POLLIN)];
+    let deadline = std::time::Instant::now() + Duration::from_secs(KILL_TIMEOUT_SECS);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(SandboxError::KillTimeout { pid, secs: KILL_TIMEOUT_SECS });
+        }
+        let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(n) if n > 0 => break,
+            Ok(_) | Err(nix::Error::EINTR) => continue,
+            Err(source) => return Err(SandboxError::Kill { pid, source }),
+        }
+    }
+    match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
+        Ok(_) | Err(nix::Error::ECHILD) => Ok(()),
+        Err(source) => Err(SandboxError::Kill { pid, source }),
+    }
+}
+
+impl Sandbox {
+    /// Mark the sandbox as going away; new execs are refused from now on.
+    /// Returns false if another caller already started removing it.
+    pub fn begin_stop(&self) -> bool {
+        !self.stopping.swap(true, Ordering::AcqRel)
+    }
+
+    /// Undo [`Sandbox::begin_stop`] after a failed removal so it can be retried.
+    pub fn end_stop(&self) {
+        self.stopping.store(false, Ordering::Release);
+    }
+
+    /// Kill every process, remove the cgroup and the sandbox's directories.
+    pub fn destroy(&self, store: &Store) -> Result<(), SandboxError> {
+        self.stopping.store(true, Ordering::Release);
+        kill_and_reap(self.shim_pid, self.pidfd.as_fd())?;
+        self.cgroup.remove(Duration::from_secs(KILL_TIMEOUT_SECS)).map_err(SandboxError::Cgroup)?;
+        store.remove_sandbox(&self.id).map_err(SandboxError::Remove)
+    }
+}

@@ -1,0 +1,340 @@
+//! Running a command in a sandbox, buffered (API returns exit code and
+//! output) or attached (output streamed as frames, stdin and window size
+//! forwarded, see `stream.rs`).
+//!
+//! The daemon makes the pipes and hands the child's ends to the shim with
+//! the request; with a tty the shim allocates the pty inside the sandbox's
+//! own devpts and hands the master back. Every command leads its own process
+//! group, so a timeout or a vanished client kills everything it started.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use strata_shim::proto::{ExecSpec, ExitStatus, ShimEvent};
+
+use super::{merge_env, parse_user, Sandbox, SandboxError};
+use crate::shim_client::Delivery;
+use crate::stream::{self, FrameKind};
+
+/// Largest stdout (and stderr) kept by a buffered exec; the rest is dropped
+/// and `truncated` is set.
+pub const MAX_BUFFERED_OUTPUT: usize = 16 << 20;
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+    pub timeout: Option<Duration>,
+    pub tty: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecOutput {
+    pub status: ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub duration: Duration,
+    pub timed_out: bool,
+    pub truncated: bool,
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| SandboxError::Io { step: "create pipe", source: e.into() })
+}
+
+/// How the pump loop ended.
+struct Finished {
+    status: ExitStatus,
+    timed_out: bool,
+}
+
+impl Sandbox {
+    fn exec_spec(&self, req: &ExecRequest) -> Result<ExecSpec, SandboxError> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(SandboxError::Stopping(self.id.clone()));
+        }
+        if !self.shim.is_alive() {
+            return Err(SandboxError::Dead(self.id.clone()));
+        }
+        if req.argv.is_empty() || req.argv[0].is_empty() {
+            return Err(SandboxError::BadExec("argv must name a command".into()));
+        }
+        for e in &req.env {
+            if !e.contains('=') || e.starts_with('=') {
+                return Err(SandboxError::BadExec(format!("env entry {e:?} is not KEY=VALUE")));
+            }
+        }
+        if req.argv.iter().chain(&req.env).any(|s| s.contains('\0')) {
+            return Err(SandboxError::BadExec("argv and env must not contain NUL bytes".into()));
+        }
+        let cwd = req.cwd.clone().unwrap_or_else(|| self.defaults.cwd.clone());
+        if !cwd.starts_with('/') {
+            return Err(SandboxError::BadExec(format!("cwd {cwd:?} must be absolute")));
+        }
+        let (uid, gid) = match &req.user {
+            None => (self.defaults.uid, self.defaults.gid),
+            Some(u) => parse_user(u, |_| None).map_err(SandboxError::BadExec)?,
+        };
+        Ok(ExecSpec {
+            id: self.next_exec.fetch_add(1, Ordering::Relaxed),
+            argv: req.argv.clone(),
+            env: merge_env(&self.defaults.env, &req.env),
+            cwd,
+            uid,
+            gid,
+            tty: req.tty,
+        })
+    }
+
+    /// Wait for the shim to confirm the fork; returns the pty master if any.
+    fn wait_started(&self, rx: &Receiver<Delivery>) -> Result<Option<OwnedFd>, SandboxError> {
+        loop {
+            match rx.recv() {
+                Ok(Delivery { event: ShimEvent::Started { .. }, mut fds }) => return Ok(fds.pop()),
+                Ok(Delivery { event: ShimEvent::StartFailed { message, .. }, .. }) => {
+                    return Err(SandboxError::BadExec(message))
+                }
+                Ok(_) => continue,
+                Err(_) => return Err(SandboxError::Dead(self.id.clone())),
+            }
+        }
+    }
+
+    /// Run a command to completion and return its output.
+    pub fn exec_buffered(&self, req: &ExecRequest, stdin: Vec<u8>) -> Result<ExecOutput, SandboxError> {
+        if req.tty {
+            return Err(SandboxError::BadExec("a tty needs an attached exec".into()));
+        }
+        let spec = self.exec_spec(req)?;
+        let id = spec.id;
+        let start = Instant::now();
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let rx = self
+            .shim
+            .exec(spec, &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()])
+            .map_err(SandboxError::Exec)?;
+        drop((in_r, out_w, err_w));
+        self.wait_started(&rx)?;
+        if !stdin.is_empty() {
+            let mut w = std::fs::File::from(in_w);
+            std::thread::spawn(move || {
+                let _ = w.write_all(&stdin);
+            });
+        } else {
+            drop(in_w);
+        }
+        let (mut stdout, mut stderr, mut truncated) = (Vec::new(), Vec::new(), false);
+        let fin = self.pump(
+            id,
+            &rx,
+            vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)],
+            req.timeout,
+            &mut |kind, data| {
+                let buf = if kind == FrameKind::Stdout { &mut stdout } else { &mut stderr };
+                let room = MAX_BUFFERED_OUTPUT.saturating_sub(buf.len());
+                truncated |= data.len() > room;
+                buf.extend_from_slice(&data[..data.len().min(room)]);
+                true
+            },
+        )?;
+        Ok(ExecOutput {
+            status: fin.status,
+            stdout,
+            stderr,
+            duration: start.elapsed(),
+            timed_out: fin.timed_out,
+            truncated,
+        })
+    }
+
+    /// Run a command attached to an upgraded client connection: frames out,
+    /// stdin and resizes in, an exit frame last. If the client goes away, the
+    /// command's process group is killed.
+    pub fn exec_attached(
+        self: &Arc<Self>,
+        req: &ExecRequest,
+        mut conn: UnixStream,
+        size: (u16, u16),
+        upgrade: impl FnOnce(&mut UnixStream) -> std::io::Result<()>,
+    ) -> Result<(), SandboxError> {
+        let spec = self.exec_spec(req)?;
+        let id = spec.id;
+        if req.tty {
+            let rx = self.shim.exec(spec, &[]).map_err(SandboxError::Exec)?;
+            let master = self.wait_started(&rx)?.ok_or_else(|| SandboxError::BadExec("shim sent no pty".into()))?;
+            let _ = strata_shim::sys::set_window_size(master.as_fd(), size.0.max(1), size.1.max(1));
+            let dup = |m: &OwnedFd| m.try_clone().map_err(|source| SandboxError::Io { step: "dup pty master", source });
+            let (input, resize) = (dup(&master)?, dup(&master)?);
+            upgrade(&mut conn).map_err(|source| SandboxError::Io { step: "upgrade connection", source })?;
+            return self.attached_loop(id, rx, vec![(master, FrameKind::Stdout)], input, Some(resize), req, conn);
+        }
+        let (in_r, in_w) = pipe()?;
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        let rx = self
+            .shim
+            .exec(spec, &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()])
+            .map_err(SandboxError::Exec)?;
+        drop((in_r, out_w, err_w));
+        self.wait_started(&rx)?;
+        upgrade(&mut conn).map_err(|source| SandboxError::Io { step: "upgrade connection", source })?;
+        self.attached_loop(id, rx, vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)], in_w, None, req, conn)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attached_loop(
+        self: &Arc<Self>,
+        id: u64,
+        rx: Receiver<Delivery>,
+        outputs: Vec<(OwnedFd, FrameKind)>,
+        stdin_w: OwnedFd,
+        master: Option<OwnedFd>,
+        req: &ExecRequest,
+        conn: UnixStream,
+    ) -> Result<(), SandboxError> {
+        let mut writer = conn.try_clone().map_err(|source| SandboxError::Io { step: "clone connection", source })?;
+        let mut reader = conn;
+        let tty = req.tty;
+        let this = self.clone();
+        // Client → command: stdin bytes, stdin EOF, window size. A vanished
+        // client kills the command's process group.
+        std::thread::spawn(move || {
+            let mut stdin = Some(std::fs::File::from(stdin_w));
+            loop {
+                match stream::read_frame(&mut reader) {
+                    Ok(Some((FrameKind::Stdin, data))) if data.is_empty() => {
+                        if !tty {
+                            stdin = None;
+                        }
+                    }
+                    Ok(Some((FrameKind::Stdin, data))) => {
+                        if stdin.as_mut().is_some_and(|w| w.write_all(&data).is_err()) {
+                            stdin = None;
+                        }
+                    }
+                    Ok(Some((FrameKind::Resize, p))) => {
+                        if let (Some(m), Some((r, c))) = (master.as_ref(), stream::parse_resize(&p)) {
+                            let _ = strata_shim::sys::set_window_size(m.as_fd(), r, c);
+                        }
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => {
+                        let _ = this.shim.signal(id, libc::SIGKILL, true);
+                        return;
+                    }
+                }
+            }
+        });
+        let fin = self.pump(id, &rx, outputs, req.timeout, &mut |kind, data| {
+            stream::write_frame(&mut writer, kind, data).is_ok()
+        })?;
+        let _ = stream::write_frame(&mut writer, FrameKind::Exit, &fin.status.shell_code().to_be_bytes());
+        let _ = writer.shutdown(std::net::Shutdown::Both);
+        Ok(())
+    }
+
+    /// Copy output to `sink` until the command has exited and its output is
+    /// drained (or only a background process still holds it open). Enforces
+    /// the timeout; `sink` returning false means the consumer is gone, and
+    /// the command's process group is killed.
+    fn pump(
+        &self,
+        id: u64,
+        rx: &Receiver<Delivery>,
+        outputs: Vec<(OwnedFd, FrameKind)>,
+        timeout: Option<Duration>,
+        sink: &mut dyn FnMut(FrameKind, &[u8]) -> bool,
+    ) -> Result<Finished, SandboxError> {
+        let mut open: Vec<(std::fs::File, FrameKind)> =
+            outputs.into_iter().map(|(fd, k)| (std::fs::File::from(fd), k)).collect();
+        let mut deadline = timeout.map(|t| Instant::now() + t);
+        let mut timed_out = false;
+        let mut status: Option<ExitStatus> = None;
+        let mut killed = false;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // Collect exit events without blocking.
+            match rx.try_recv() {
+                Ok(Delivery { event: ShimEvent::Exited { status: s, .. }, .. }) => status = Some(s),
+                Ok(_) => {}
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) if status.is_none() => return Err(SandboxError::Dead(self.id.clone())),
+                Err(TryRecvError::Disconnected) => {}
+            }
+            if let Some(d) = deadline {
+                if Instant::now() >= d {
+                    timed_out = true;
+                    deadline = None;
+                    let _ = self.shim.signal(id, libc::SIGKILL, true);
+                }
+            }
+            if open.is_empty() {
+                if let Some(s) = status {
+                    return Ok(Finished { status: s, timed_out });
+                }
+                let wait =
+                    deadline.map(|d| d.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(3600));
+                match rx.recv_timeout(wait) {
+                    Ok(Delivery { event: ShimEvent::Exited { status: s, .. }, .. }) => status = Some(s),
+                    Ok(_) | Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return Err(SandboxError::Dead(self.id.clone())),
+                }
+                continue;
+            }
+            let wait_ms: u16 = if status.is_some() {
+                20
+            } else {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(100);
+                left.clamp(1, 100) as u16
+            };
+            let ready: Vec<bool> = {
+                let mut pfds: Vec<PollFd> =
+                    open.iter().map(|(f, _)| PollFd::new(f.as_fd(), PollFlags::POLLIN)).collect();
+                match poll(&mut pfds, PollTimeout::from(wait_ms)) {
+                    Ok(0) => {
+                        if let Some(s) = status {
+                            // Exited, and nothing more is coming right now: a
+                            // background process holds the pipe. Stop here.
+                            return Ok(Finished { status: s, timed_out });
+                        }
+                        continue;
+                    }
+                    Ok(_) => {}
+                    Err(nix::Error::EINTR) => continue,
+                    Err(e) => return Err(SandboxError::Io { step: "poll command output", source: e.into() }),
+                }
+                pfds.iter().map(|p| p.revents().is_some_and(|r| !r.is_empty())).collect()
+            };
+            let mut closed = Vec::new();
+            for (i, is_ready) in ready.into_iter().enumerate() {
+                if !is_ready {
+                    continue;
+                }
+                let (f, kind) = &mut open[i];
+                match f.read(&mut buf) {
+                    Ok(0) | Err(_) => closed.push(i), // EOF, or EIO once a pty's slave side is gone
+                    Ok(n) => {
+                        if !sink(*kind, &buf[..n]) && !killed {
+                            killed = true;
+                            let _ = self.shim.signal(id, libc::SIGKILL, true);
+                        }
+                    }
+                }
+            }
+            for i in closed.into_iter().rev() {
+                open.remove(i);
+            }
+        }
+    }
+}

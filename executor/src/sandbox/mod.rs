@@ -1,0 +1,230 @@
+//! A live sandbox: its shim, pidfd and cgroup, and the verbs on it, one per
+//! file: `create`, `exec`, `destroy` (and `adopt` after a daemon restart).
+//!
+//! Owns the process side of a sandbox. Does not own metadata (the daemon
+//! writes rows) or layer contents (the store).
+
+mod create;
+mod destroy;
+mod exec;
+
+pub use create::{adopt, create, reap_orphan, AdoptError, Runtime};
+pub use exec::{ExecOutput, ExecRequest};
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+
+use crate::cgroups::{CgroupError, SandboxCgroup};
+use crate::db::SandboxSpec;
+use crate::error::ErrorKind;
+use crate::ids::SandboxId;
+use crate::oci::ImageConfig;
+use crate::shim_client::{ShimClient, ShimError};
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("prepare sandbox directories")]
+    Dirs(#[source] StoreError),
+    #[error("create cgroup")]
+    Cgroup(#[source] CgroupError),
+    #[error("{step}")]
+    Io {
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("start strata-shim {exe}")]
+    Spawn {
+        exe: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("set up the sandbox (shim log: {log})")]
+    Setup {
+        log: PathBuf,
+        #[source]
+        source: ShimError,
+    },
+    #[error("sandbox {0} is being removed")]
+    Stopping(SandboxId),
+    #[error("sandbox {0} has no running init process (its shim exited); remove it")]
+    Dead(SandboxId),
+    #[error("invalid exec request: {0}")]
+    BadExec(String),
+    #[error("start command")]
+    Exec(#[source] ShimError),
+    #[error("stop shim pid {pid}")]
+    Kill {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("shim pid {pid} did not exit within {secs}s of SIGKILL")]
+    KillTimeout { pid: i32, secs: u64 },
+    #[error("remove sandbox files")]
+    Remove(#[source] StoreError),
+}
+
+impl SandboxError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SandboxError::Stopping(_) | SandboxError::Dead(_) => ErrorKind::Conflict,
+            SandboxError::BadExec(_) => ErrorKind::InvalidArgument,
+            _ => ErrorKind::Internal,
+        }
+    }
+}
+
+/// What every exec in a sandbox starts from, derived from the image config
+/// and the create request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecDefaults {
+    pub env: Vec<String>,
+    pub cwd: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+pub const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Overlay `over` onto `base` by variable name (`K=V`; later wins).
+pub fn merge_env(base: &[String], over: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = base.to_vec();
+    for kv in over {
+        let key = kv.split('=').next().unwrap_or(kv);
+        out.retain(|e| e.split('=').next() != Some(key));
+        out.push(kv.clone());
+    }
+    out
+}
+
+/// Parse `UID[:GID]` (numeric), or a name looked up with `lookup`.
+pub fn parse_user(user: &str, lookup: impl Fn(&str) -> Option<(u32, u32)>) -> Result<(u32, u32), String> {
+    if user.is_empty() {
+        return Ok((0, 0));
+    }
+    let (u, g) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let (uid, default_gid) = match u.parse::<u32>() {
+        Ok(uid) => (uid, lookup(u).map(|(_, g)| g).unwrap_or(uid)),
+        Err(_) => lookup(u).ok_or_else(|| format!("user {u:?} not found in the image's /etc/passwd"))?,
+    };
+    let gid = match g {
+        None => default_gid,
+        Some(g) => g.parse::<u32>().map_err(|_| format!("group {g:?} must be numeric"))?,
+    };
+    Ok((uid, gid))
+}
+
+/// Find `name` (or a numeric uid) in the topmost layer that has an
+/// `etc/passwd`. `layers` are layer `fs` dirs, topmost first.
+pub fn passwd_lookup(layers: &[PathBuf], name: &str) -> Option<(u32, u32)> {
+    let text = layers.iter().find_map(|l| std::fs::read_to_string(l.join("etc/passwd")).ok())?;
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() >= 4 && (f[0] == name || f[2] == name) {
+            Some((f[2].parse().ok()?, f[3].parse().ok()?))
+        } else {
+            None
+        }
+    })
+}
+
+impl ExecDefaults {
+    pub fn new(config: &ImageConfig, create_env: &[String], layers: &[PathBuf]) -> Result<ExecDefaults, String> {
+        let base = if config.env.iter().any(|e| e.starts_with("PATH=")) {
+            config.env.clone()
+        } else {
+            merge_env(&[DEFAULT_PATH.to_string()], &config.env)
+        };
+        let env = merge_env(&base, create_env);
+        let cwd = config.working_dir.clone().filter(|w| !w.is_empty()).unwrap_or_else(|| "/".into());
+        let (uid, gid) = parse_user(config.user.as_deref().unwrap_or(""), |n| passwd_lookup(layers, n))?;
+        Ok(ExecDefaults { env, cwd, uid, gid })
+    }
+}
+
+/// A live sandbox.
+pub struct Sandbox {
+    pub id: SandboxId,
+    pub spec: SandboxSpec,
+    pub defaults: ExecDefaults,
+    pub created_at: i64,
+    pub shim_pid: i32,
+    shim: ShimClient,
+    pidfd: OwnedFd,
+    cgroup: SandboxCgroup,
+    stopping: AtomicBool,
+    next_exec: AtomicU64,
+}
+
+impl Sandbox {
+    pub fn cgroup_path(&self) -> &str {
+        self.cgroup.path()
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.shim.is_alive()
+    }
+}
+
+/// Start time of a process in clock ticks since boot (field 22 of
+/// /proc/PID/stat): with the pid, an identity that survives pid reuse.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and ')'; skip past the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_merge_overrides_by_key() {
+        let base = vec!["PATH=/bin".to_string(), "A=1".to_string()];
+        let got = merge_env(&base, &["A=2".into(), "B=3".into()]);
+        assert_eq!(got, vec!["PATH=/bin", "A=2", "B=3"]);
+    }
+
+    #[test]
+    fn users_parse() {
+        let lookup = |n: &str| (n == "nobody" || n == "65534").then_some((65534, 65533));
+        assert_eq!(parse_user("", lookup), Ok((0, 0)));
+        assert_eq!(parse_user("1000", lookup), Ok((1000, 1000)));
+        assert_eq!(parse_user("1000:5", lookup), Ok((1000, 5)));
+        assert_eq!(parse_user("nobody", lookup), Ok((65534, 65533)));
+        assert_eq!(parse_user("65534", lookup), Ok((65534, 65533)));
+        assert!(parse_user("ghost", lookup).is_err());
+        assert!(parse_user("1:x", lookup).is_err());
+    }
+
+    #[test]
+    fn passwd_from_topmost_layer() {
+        let t = tempfile::tempdir().unwrap();
+        let (top, bottom) = (t.path().join("top"), t.path().join("bottom"));
+        std::fs::create_dir_all(bottom.join("etc")).unwrap();
+        std::fs::create_dir_all(&top).unwrap();
+        std::fs::write(bottom.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\napp:x:100:101::/:/bin/sh\n").unwrap();
+        assert_eq!(passwd_lookup(&[top, bottom], "app"), Some((100, 101)));
+    }
+
+    #[test]
+    fn defaults_from_image_config() {
+        let cfg = ImageConfig { env: vec!["A=1".into()], working_dir: Some("/w".into()), ..Default::default() };
+        let d = ExecDefaults::new(&cfg, &["B=2".into()], &[]).unwrap();
+        assert_eq!(d.env, vec![DEFAULT_PATH.to_string(), "A=1".into(), "B=2".into()]);
+        assert_eq!((d.cwd.as_str(), d.uid, d.gid), ("/w", 0, 0));
+    }
+
+    #[test]
+    fn start_time_of_self() {
+        assert!(process_start_time(std::process::id() as i32).is_some());
+        assert!(process_start_time(-5).is_none());
+    }
+}

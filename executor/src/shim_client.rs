@@ -1,0 +1,182 @@
+//! The daemon's end of one shim connection.
+//!
+//! One reader thread per connection delivers each [`ShimEvent`] to the exec
+//! that is waiting for it (by exec id, over an mpsc channel). Sending needs no
+//! lock: on a `SOCK_SEQPACKET` socket each `sendmsg` is one whole message.
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{connect, shutdown, socket, AddressFamily, Shutdown, SockFlag, SockType, UnixAddr};
+use strata_shim::proto::{self, ExecSpec, ProtoError, SetupSpec, ShimEvent, ShimRequest};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error("connect to shim socket {path}")]
+    Connect {
+        path: String,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("talk to shim")]
+    Proto(#[from] ProtoError),
+    #[error("shim did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("sandbox setup failed: {}", .0.join(": "))]
+    SetupFailed(Vec<String>),
+    #[error("unexpected shim message {0:?}")]
+    Unexpected(Box<ShimEvent>),
+    #[error("the shim connection is closed (the sandbox's init process is gone)")]
+    Gone,
+}
+
+/// An event and the fds that came with it.
+pub struct Delivery {
+    pub event: ShimEvent,
+    pub fds: Vec<OwnedFd>,
+}
+
+type Pending = Arc<Mutex<HashMap<u64, Sender<Delivery>>>>;
+
+/// Exec id 0 is reserved for connection-level replies (`Hello`).
+const CONTROL_ID: u64 = 0;
+
+pub struct ShimClient {
+    sock: Arc<OwnedFd>,
+    pending: Pending,
+    alive: Arc<AtomicBool>,
+}
+
+fn event_id(ev: &ShimEvent) -> u64 {
+    match ev {
+        ShimEvent::Started { id, .. } | ShimEvent::StartFailed { id, .. } | ShimEvent::Exited { id, .. } => *id,
+        ShimEvent::Ready | ShimEvent::SetupFailed { .. } | ShimEvent::Hello { .. } => CONTROL_ID,
+    }
+}
+
+/// Connect to a shim's listening socket.
+pub fn connect_path(path: &Path) -> Result<OwnedFd, ShimError> {
+    let err = |source| ShimError::Connect { path: path.display().to_string(), source };
+    let fd = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None).map_err(err)?;
+    let addr = UnixAddr::new(path).map_err(err)?;
+    connect(fd.as_raw_fd(), &addr).map_err(err)?;
+    Ok(fd)
+}
+
+/// Wait up to `timeout` for one message.
+fn recv_timeout(sock: &OwnedFd, timeout: Duration) -> Result<Delivery, ShimError> {
+    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+    let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+    loop {
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) => return Err(ShimError::Timeout(timeout)),
+            Ok(_) => break,
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(ShimError::Proto(ProtoError::Recv(e))),
+        }
+    }
+    let (event, fds) = proto::recv::<ShimEvent>(sock)?;
+    Ok(Delivery { event, fds })
+}
+
+/// Send the setup spec and wait for the shim to report the sandbox ready.
+pub fn setup(sock: &OwnedFd, spec: &SetupSpec, timeout: Duration) -> Result<(), ShimError> {
+    proto::send(sock, &ShimRequest::Setup(spec.clone()), &[])?;
+    match recv_timeout(sock, timeout)?.event {
+        ShimEvent::Ready => Ok(()),
+        ShimEvent::SetupFailed { chain } => Err(ShimError::SetupFailed(chain)),
+        other => Err(ShimError::Unexpected(Box::new(other))),
+    }
+}
+
+impl ShimClient {
+    /// Start dispatching events from an established connection.
+    pub fn start(sock: OwnedFd) -> ShimClient {
+        let sock = Arc::new(sock);
+        let pending: Pending = Arc::default();
+        let alive = Arc::new(AtomicBool::new(true));
+        let (s, p, a) = (sock.clone(), pending.clone(), alive.clone());
+        std::thread::Builder::new()
+            .name("shim-reader".into())
+            .spawn(move || reader(s, p, a))
+            .map_err(|e| tracing::error!("spawn shim reader thread: {e}"))
+            .ok();
+        ShimClient { sock, pending, alive }
+    }
+
+    /// Re-attach to a live shim after a daemon restart; returns the exec ids it
+    /// still runs.
+    pub fn reconnect(path: &Path, timeout: Duration) -> Result<(ShimClient, Vec<u64>), ShimError> {
+        let sock = connect_path(path)?;
+        proto::send(&sock, &ShimRequest::Hello, &[])?;
+        let running = match recv_timeout(&sock, timeout)?.event {
+            ShimEvent::Hello { running } => running,
+            other => return Err(ShimError::Unexpected(Box::new(other))),
+        };
+        Ok((ShimClient::start(sock), running))
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Ask the shim to start a command. Events about it arrive on the returned
+    /// channel; it disconnects if the shim goes away.
+    pub fn exec(&self, spec: ExecSpec, fds: &[RawFd]) -> Result<Receiver<Delivery>, ShimError> {
+        if !self.is_alive() {
+            return Err(ShimError::Gone);
+        }
+        let (tx, rx) = channel();
+        let id = spec.id;
+        lock(&self.pending).insert(id, tx);
+        if let Err(e) = proto::send(&*self.sock, &ShimRequest::Exec(spec), fds) {
+            lock(&self.pending).remove(&id);
+            return Err(e.into());
+        }
+        Ok(rx)
+    }
+
+    pub fn signal(&self, id: u64, signal: i32, group: bool) -> Result<(), ShimError> {
+        proto::send(&*self.sock, &ShimRequest::Signal { id, signal, group }, &[])?;
+        Ok(())
+    }
+}
+
+impl Drop for ShimClient {
+    fn drop(&mut self) {
+        // Wakes the reader thread, which then exits.
+        let _ = shutdown(self.sock.as_raw_fd(), Shutdown::Both);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn reader(sock: Arc<OwnedFd>, pending: Pending, alive: Arc<AtomicBool>) {
+    loop {
+        match proto::recv::<ShimEvent>(&*sock) {
+            Ok((event, fds)) => {
+                let id = event_id(&event);
+                let done = matches!(event, ShimEvent::Exited { .. } | ShimEvent::StartFailed { .. });
+                let mut map = lock(&pending);
+                let tx = if done { map.remove(&id) } else { map.get(&id).cloned() };
+                drop(map);
+                if let Some(tx) = tx {
+                    let _ = tx.send(Delivery { event, fds });
+                }
+            }
+            Err(ProtoError::Decode(e)) => tracing::warn!("undecodable shim message: {e}"),
+            Err(_) => break,
+        }
+    }
+    alive.store(false, Ordering::Release);
+    // Dropping the senders tells every waiting exec that the shim is gone.
+    lock(&pending).clear();
+}

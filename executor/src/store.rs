@@ -1,0 +1,228 @@
+//! The on-disk store under the root directory (DESIGN.md "On disk"):
+//!
+//! ```text
+//! layers/<diff_id hex>/fs    hydrated immutable lowers
+//! sandboxes/<id>/{upper,work,rootfs,shim.sock,shim.log}
+//! tmp/                       in-flight imports; swept at start
+//! ```
+//!
+//! A path is either finished and immutable or under `tmp/`: layers are
+//! unpacked into `tmp/` and renamed into place. The store never mounts (the
+//! shim does); it hands out paths. Directories are named by digest or
+//! sandbox id, never by user text.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use crate::ids::SandboxId;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{step} {path}")]
+    Io {
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("refusing to remove {path}: something is still mounted under it ({mount})")]
+    StillMounted { path: PathBuf, mount: String },
+}
+
+fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io { step, path: path.to_path_buf(), source }
+}
+
+/// Paths of one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxDirs {
+    pub dir: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub rootfs: PathBuf,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Store {
+    /// Open (creating if needed) the store at `root`.
+    pub fn open(root: &Path) -> Result<Store, StoreError> {
+        for sub in ["layers", "sandboxes", "tmp"] {
+            let p = root.join(sub);
+            std::fs::create_dir_all(&p).map_err(io("create", &p))?;
+        }
+        let root = std::fs::canonicalize(root).map_err(io("resolve", root))?;
+        Ok(Store { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn layers_dir(&self) -> PathBuf {
+        self.root.join("layers")
+    }
+
+    /// `layers/<hex>` (the layer's directory; its tree is in `fs/`).
+    pub fn layer_dir(&self, diff_hex: &str) -> PathBuf {
+        self.layers_dir().join(diff_hex)
+    }
+
+    /// A lower as the shim mounts it: relative to [`Store::layers_dir`], so the
+    /// legacy overlay option string stays short.
+    pub fn lower_rel(diff_hex: &str) -> PathBuf {
+        PathBuf::from(diff_hex).join("fs")
+    }
+
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    /// A fresh, empty directory under `tmp/`.
+    pub fn new_tmp(&self, prefix: &str) -> Result<PathBuf, StoreError> {
+        let p = self.tmp_dir().join(format!("{prefix}-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir(&p).map_err(io("create", &p))?;
+        Ok(p)
+    }
+
+    pub fn sandbox_dirs(&self, id: &SandboxId) -> SandboxDirs {
+        let dir = self.root.join("sandboxes").join(id.as_str());
+        SandboxDirs {
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            rootfs: dir.join("rootfs"),
+            socket: dir.join("shim.sock"),
+            log: dir.join("shim.log"),
+            dir,
+        }
+    }
+
+    /// Create a sandbox's private directories.
+    pub fn prepare_sandbox(&self, id: &SandboxId) -> Result<SandboxDirs, StoreError> {
+        let d = self.sandbox_dirs(id);
+        std::fs::create_dir(&d.dir).map_err(io("create", &d.dir))?;
+        for p in [&d.upper, &d.work, &d.rootfs] {
+            std::fs::create_dir(p).map_err(io("create", p))?;
+        }
+        Ok(d)
+    }
+
+    /// Remove a sandbox's directories. Refuses while anything is mounted below
+    /// them: `remove_dir_all` through a live overlay would write whiteouts,
+    /// through a bind mount it would delete someone else's files.
+    pub fn remove_sandbox(&self, id: &SandboxId) -> Result<(), StoreError> {
+        let d = self.sandbox_dirs(id);
+        remove_tree(&d.dir)
+    }
+
+    /// Move a finished layer from `tmp/` into place. Returns false (and
+    /// deletes `tmp_layer`) if the layer already existed.
+    pub fn commit_layer(&self, tmp_layer: &Path, diff_hex: &str) -> Result<bool, StoreError> {
+        let dst = self.layer_dir(diff_hex);
+        if dst.exists() {
+            remove_tree(tmp_layer)?;
+            return Ok(false);
+        }
+        let f = std::fs::File::open(tmp_layer).map_err(io("open", tmp_layer))?;
+        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)).map_err(|e| StoreError::Io {
+            step: "sync",
+            path: tmp_layer.into(),
+            source: e.into(),
+        })?;
+        std::fs::rename(tmp_layer, &dst).map_err(io("rename into place", &dst))?;
+        Ok(true)
+    }
+
+    pub fn remove_layer(&self, diff_hex: &str) -> Result<(), StoreError> {
+        remove_tree(&self.layer_dir(diff_hex))
+    }
+
+    /// Start-up sweep: empty `tmp/`, and delete layer and sandbox directories
+    /// the database does not know (left by a crash between dir and row).
+    pub fn sweep(&self, known_layers: &HashSet<String>, known_sandboxes: &HashSet<String>) -> Result<(), StoreError> {
+        for (sub, keep) in [("tmp", None), ("layers", Some(known_layers)), ("sandboxes", Some(known_sandboxes))] {
+            let dir = self.root.join(sub);
+            for entry in std::fs::read_dir(&dir).map_err(io("read", &dir))? {
+                let entry = entry.map_err(io("read", &dir))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if keep.is_some_and(|k| k.contains(&name)) {
+                    continue;
+                }
+                tracing::info!("sweep: removing {}", entry.path().display());
+                remove_tree(&entry.path())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Mount points at or below `path`, from /proc/self/mountinfo.
+pub fn mounts_under(path: &Path) -> Vec<String> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return vec![] };
+    let prefix = path.to_string_lossy().into_owned();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|mp| *mp == prefix || mp.starts_with(&format!("{prefix}/")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `remove_dir_all`, but never through a mount.
+pub fn remove_tree(path: &Path) -> Result<(), StoreError> {
+    if let Some(mount) = mounts_under(path).into_iter().next() {
+        return Err(StoreError::StillMounted { path: path.into(), mount });
+    }
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Ok(m) if !m.is_dir() => std::fs::remove_file(path).map_err(io("remove", path)),
+        _ => std::fs::remove_dir_all(path).map_err(io("remove", path)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_keeps_known_and_removes_unknown() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Store::open(t.path()).unwrap();
+        let tmp = s.new_tmp("import").unwrap();
+        std::fs::write(tmp.join("f"), b"x").unwrap();
+        std::fs::create_dir_all(s.layer_dir("aa").join("fs")).unwrap();
+        std::fs::create_dir_all(s.layer_dir("bb").join("fs")).unwrap();
+        let id = SandboxId::random();
+        s.prepare_sandbox(&id).unwrap();
+        let known: HashSet<String> = ["aa".to_string()].into();
+        s.sweep(&known, &HashSet::new()).unwrap();
+        assert!(!tmp.exists());
+        assert!(s.layer_dir("aa").exists());
+        assert!(!s.layer_dir("bb").exists());
+        assert!(!s.sandbox_dirs(&id).dir.exists());
+    }
+
+    #[test]
+    fn commit_layer_is_idempotent() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Store::open(t.path()).unwrap();
+        for expect_new in [true, false] {
+            let tmp = s.new_tmp("layer").unwrap();
+            std::fs::create_dir(tmp.join("fs")).unwrap();
+            assert_eq!(s.commit_layer(&tmp, "cc").unwrap(), expect_new);
+            assert!(!tmp.exists());
+        }
+        assert!(s.layer_dir("cc").join("fs").is_dir());
+    }
+
+    #[test]
+    fn mounts_under_matches_whole_components() {
+        // "/" is always mounted; "/pro" must not match "/proc".
+        assert!(!mounts_under(Path::new("/")).is_empty());
+        assert!(mounts_under(Path::new("/pro")).is_empty());
+    }
+}

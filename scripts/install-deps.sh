@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Install what building, testing and benchmarking Strata needs on a fresh
+# Debian 12 (or Ubuntu) host. Run as root. Idempotent: a second run installs
+# nothing and does not touch the network unless something is missing.
+#
+# usage: sudo scripts/install-deps.sh
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO_ROOT"
+
+log() { printf '\n==> %s\n' "$*"; }
+die() {
+	echo "scripts/install-deps.sh: error: $*" >&2
+	exit 1
+}
+
+[[ $(id -u) -eq 0 ]] || die "must run as root (try: sudo $0)"
+command -v apt-get >/dev/null 2>&1 || die "apt-get not found; only Debian 12 and Ubuntu are supported"
+
+if [[ -r /etc/os-release ]]; then
+	# shellcheck disable=SC1091
+	. /etc/os-release
+	case "${ID:-}" in
+	debian | ubuntu) ;;
+	*) echo "warning: untested distribution '${ID:-unknown}'; trying anyway" >&2 ;;
+	esac
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+
+PACKAGES=(
+	build-essential pkg-config git curl ca-certificates
+	busybox-static umoci skopeo runc crun bubblewrap
+	hyperfine iproute2 python3 jq tar gzip shellcheck
+)
+
+installed() {
+	[[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" == "install ok installed" ]]
+}
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+	installed "$pkg" && continue
+	# GitHub's Ubuntu runners ship moby-runc, which conflicts with the distro
+	# runc package; any runc binary on the host is good enough.
+	if [[ $pkg == runc ]] && command -v runc >/dev/null 2>&1; then
+		continue
+	fi
+	missing+=("$pkg")
+done
+
+if [[ ${#missing[@]} -gt 0 ]]; then
+	log "apt-get install ${missing[*]}"
+	apt-get update
+	apt-get install -y --no-install-recommends "${missing[@]}"
+else
+	log "system packages already installed"
+fi
+
+# Rust: the workspace needs a newer toolchain than Debian 12 packages, so use
+# rustup, but only when no cargo is available at all.
+if ! command -v cargo >/dev/null 2>&1 && [[ -x ${CARGO_HOME:-$HOME/.cargo}/bin/cargo ]]; then
+	export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+fi
+if command -v cargo >/dev/null 2>&1; then
+	log "cargo found: $(command -v cargo) ($(cargo --version))"
+else
+	log "installing Rust with rustup (https://sh.rustup.rs)"
+	curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+		sh -s -- -y --no-modify-path --profile minimal --component rustfmt,clippy
+	export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+	cargo --version
+fi
+# scripts/test.sh needs rustfmt and clippy.
+if command -v rustup >/dev/null 2>&1; then
+	have=$(rustup component list --installed 2>/dev/null || true)
+	for component in rustfmt clippy; do
+		if ! grep -q "^$component" <<<"$have"; then
+			log "rustup component add $component"
+			rustup component add "$component"
+		fi
+	done
+fi
+
+log "dependencies ready"

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The test command: build, build images, lint, unit tests, root integration
+# tests, then prove that nothing was left behind: no mount or cgroup named
+# strata-test*, no process running a binary from this tree's target/.
+#
+# usage: sudo scripts/test.sh
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO_ROOT"
+
+# Integration tests name their temporary roots, mounts and cgroups with this.
+MARKER=strata-test
+
+STEP=0
+step() {
+	STEP=$((STEP + 1))
+	printf '\n\033[1m==> [%d] %s\033[0m\n' "$STEP" "$*"
+}
+die() {
+	printf '\n\033[1;31mFAIL: %s\033[0m\n' "$*" >&2
+	exit 1
+}
+
+if [[ $(id -u) -ne 0 ]]; then
+	die "scripts/test.sh must run as root: the integration tests use real mounts, namespaces and cgroups (try: sudo scripts/test.sh)"
+fi
+
+# rustup installs into ~/.cargo/bin, which `sudo` drops from PATH.
+if ! command -v cargo >/dev/null 2>&1; then
+	for dir in "${CARGO_HOME:-$HOME/.cargo}/bin" /root/.cargo/bin; do
+		if [[ -x $dir/cargo ]]; then
+			PATH="$dir:$PATH"
+			break
+		fi
+	done
+fi
+command -v cargo >/dev/null 2>&1 || die "cargo not found; run scripts/install-deps.sh first"
+
+# Print anything a test run left on the host; return 1 if there is any.
+# Only shell builtins read the marker, so no helper process carries it.
+leftovers() {
+	local found=0 line dir pid exe
+
+	while IFS= read -r line; do
+		if [[ $line == *"$MARKER"* ]]; then
+			echo "leftover mount: $line" >&2
+			found=1
+		fi
+	done </proc/self/mountinfo
+
+	# cgroup v1: /sys/fs/cgroup/<controller>/strata-test*; v2: /sys/fs/cgroup/strata-test*;
+	# one more level catches a parent nested in a v1 hierarchy such as unified/.
+	for dir in /sys/fs/cgroup/"$MARKER"* /sys/fs/cgroup/*/"$MARKER"* /sys/fs/cgroup/*/*/"$MARKER"*; do
+		[[ -d $dir ]] || continue
+		echo "leftover cgroup: $dir" >&2
+		found=1
+	done
+
+	# Any live strata or strata-shim built in this tree was started by a test
+	# (cargo and the test binaries have exited by the time this runs).
+	for pid in /proc/[0-9]*; do
+		exe=$(readlink "$pid/exe" 2>/dev/null) || continue
+		if [[ $exe == "$REPO_ROOT/target/"* ]]; then
+			echo "leftover process: ${pid#/proc/} $exe: $(tr '\0' ' ' 2>/dev/null <"$pid/cmdline")" >&2
+			found=1
+		fi
+	done
+
+	return "$found"
+}
+
+step "check the host is clean before testing"
+if ! leftovers; then
+	die "the host has leftovers from an earlier run (listed above); clean them up first"
+fi
+echo "clean"
+
+step "cargo build --workspace"
+cargo build --workspace
+
+step "images/build-all.sh images/out"
+images/build-all.sh "$REPO_ROOT/images/out"
+
+step "cargo fmt --all -- --check"
+cargo fmt --all -- --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "unit tests: cargo test --workspace --exclude strata-tests"
+cargo test --workspace --exclude strata-tests
+
+step "integration tests (root): cargo test -p strata-tests -- --test-threads=1"
+export STRATA_TEST_IMAGES="$REPO_ROOT/images/out"
+echo "STRATA_TEST_IMAGES=$STRATA_TEST_IMAGES"
+integration=0
+RUST_BACKTRACE=${RUST_BACKTRACE:-1} cargo test -p strata-tests -- --test-threads=1 || integration=$?
+
+# Check for leftovers even when the tests failed: a failing test must not leak either.
+step "check for leftover mounts, cgroups and processes"
+clean=0
+leftovers || clean=1
+
+if [[ $integration -ne 0 ]]; then
+	die "integration tests failed (exit $integration)"
+fi
+if [[ $clean -ne 0 ]]; then
+	die "tests left mounts, cgroups or processes behind (listed above)"
+fi
+echo "clean"
+
+printf '\n\033[1;32mPASS: all checks passed\033[0m\n'
