@@ -302,20 +302,7 @@ impl Drop for RawTerminal {
 }
 
 fn window_size() -> (u16, u16) {
-    nix::ioctl_read_bad!(tiocgwinsz, libc::TIOCGWINSZ, libc::winsize);
-    let _ = tiocgwinsz;
-    // Ask `stty`-free: the size is optional, default to 24x80 if unknown.
-    match terminal_size() {
-        Some(s) => s,
-        None => (24, 80),
-    }
-}
-
-fn terminal_size() -> Option<(u16, u16)> {
-    let out = std::process::Command::new("stty").arg("size").stdin(std::process::Stdio::inherit()).output().ok()?;
-    let s = String::from_utf8_lossy(&out.stdout);
-    let mut it = s.split_whitespace();
-    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+    strata_shim::sys::window_size(std::io::stdout().as_fd()).unwrap_or((24, 80))
 }
 
 fn run_exec(cli: &Cli, a: &ExecArgs) -> Result<i32> {

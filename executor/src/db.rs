@@ -397,7 +397,8 @@ impl Db {
             .conn
             .prepare("SELECT id, image_id, state, spec, shim_pid, shim_start, created_at FROM sandboxes ORDER BY created_at, id")
             .map_err(q("list sandboxes"))?;
-        let rows: Vec<(String, i64, String, String, Option<i32>, Option<i64>, i64)> = st
+        type Raw = (String, i64, String, String, Option<i32>, Option<i64>, i64);
+        let rows: Vec<Raw> = st
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
             .map_err(q("list sandboxes"))?
             .collect::<Result<_, _>>()

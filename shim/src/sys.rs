@@ -434,53 +434,6 @@ pub fn close_from(first: u32) {
     unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn legacy_options_are_relative_and_complete() {
-        let lowers = vec![PathBuf::from("b/fs"), PathBuf::from("a/fs")];
-        let m = OverlayMount {
-            layers_dir: Path::new("/var/lib/strata/layers"),
-            lowers: &lowers,
-            upper: Path::new("/u"),
-            work: Path::new("/w"),
-            target: Path::new("/t"),
-        };
-        assert_eq!(
-            legacy_overlay_options(&m).unwrap(),
-            "lowerdir=b/fs:a/fs,upperdir=/u,workdir=/w,index=off,metacopy=off,redirect_dir=off,xino=off"
-        );
-    }
-
-    #[test]
-    fn legacy_options_refuse_past_one_page() {
-        let lowers: Vec<PathBuf> = (0..80).map(|i| PathBuf::from(format!("{:064x}/fs", i))).collect();
-        let m = OverlayMount {
-            layers_dir: Path::new("/l"),
-            lowers: &lowers,
-            upper: Path::new("/u"),
-            work: Path::new("/w"),
-            target: Path::new("/t"),
-        };
-        assert!(matches!(legacy_overlay_options(&m), Err(MountError::OptionsTooLong { lowers: 80, .. })));
-    }
-
-    #[test]
-    fn legacy_options_refuse_separators() {
-        let lowers = vec![PathBuf::from("a:b")];
-        let m = OverlayMount {
-            layers_dir: Path::new("/l"),
-            lowers: &lowers,
-            upper: Path::new("/u"),
-            work: Path::new("/w"),
-            target: Path::new("/t"),
-        };
-        assert!(matches!(legacy_overlay_options(&m), Err(MountError::BadPath(_))));
-    }
-}
-
 /// Take ownership of the listening socket the daemon left at fd 3.
 pub fn inherited_listener() -> Result<OwnedFd, Errno> {
     nix::fcntl::fcntl(crate::proto::LISTEN_FD, nix::fcntl::FcntlArg::F_GETFD)?;
@@ -533,4 +486,61 @@ pub fn open_pty() -> Result<(OwnedFd, String), Errno> {
     let name = ptsname_r(&m)?;
     // SAFETY: into_raw_fd hands over sole ownership of the master fd.
     Ok((unsafe { OwnedFd::from_raw_fd(m.into_raw_fd()) }, name))
+}
+
+/// A terminal's window size as (rows, cols).
+pub fn window_size(fd: BorrowedFd<'_>) -> Result<(u16, u16), Errno> {
+    let mut ws = libc::winsize { ws_row: 0, ws_col: 0, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: TIOCGWINSZ writes a winsize into memory we own.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok((ws.ws_row, ws.ws_col))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn legacy_options_are_relative_and_complete() {
+        let lowers = vec![PathBuf::from("b/fs"), PathBuf::from("a/fs")];
+        let m = OverlayMount {
+            layers_dir: Path::new("/var/lib/strata/layers"),
+            lowers: &lowers,
+            upper: Path::new("/u"),
+            work: Path::new("/w"),
+            target: Path::new("/t"),
+        };
+        assert_eq!(
+            legacy_overlay_options(&m).unwrap(),
+            "lowerdir=b/fs:a/fs,upperdir=/u,workdir=/w,index=off,metacopy=off,redirect_dir=off,xino=off"
+        );
+    }
+
+    #[test]
+    fn legacy_options_refuse_past_one_page() {
+        let lowers: Vec<PathBuf> = (0..80).map(|i| PathBuf::from(format!("{:064x}/fs", i))).collect();
+        let m = OverlayMount {
+            layers_dir: Path::new("/l"),
+            lowers: &lowers,
+            upper: Path::new("/u"),
+            work: Path::new("/w"),
+            target: Path::new("/t"),
+        };
+        assert!(matches!(legacy_overlay_options(&m), Err(MountError::OptionsTooLong { lowers: 80, .. })));
+    }
+
+    #[test]
+    fn legacy_options_refuse_separators() {
+        let lowers = vec![PathBuf::from("a:b")];
+        let m = OverlayMount {
+            layers_dir: Path::new("/l"),
+            lowers: &lowers,
+            upper: Path::new("/u"),
+            work: Path::new("/w"),
+            target: Path::new("/t"),
+        };
+        assert!(matches!(legacy_overlay_options(&m), Err(MountError::BadPath(_))));
+    }
 }
