@@ -89,7 +89,8 @@ step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
 step "unit tests: cargo test --workspace --exclude strata-tests"
-cargo test --workspace --exclude strata-tests
+# As root, the unit tests marked `needs root` run too (never silently skipped).
+cargo test --workspace --exclude strata-tests -- --include-ignored
 
 step "integration tests (root): cargo test -p strata-tests -- --test-threads=1"
 export STRATA_TEST_IMAGES="$REPO_ROOT/images/out"

@@ -411,6 +411,61 @@ fn hostile_layers_are_refused_and_leave_nothing() {
     env.finish();
 }
 
+#[test]
+fn import_converts_whiteouts_and_shares_layers() {
+    let env = TestEnv::start();
+    let work = tempfile::Builder::new().prefix("strata-test-img-").tempdir().unwrap();
+    // Lower layer: files, a hardlink, a symlink, a setuid file, an owned file.
+    let mut base = corpus::TarBuilder::new();
+    base.dir("a").file("a/x", b"gone").file("a/keep", b"kept").dir("b").file("b/y", b"hidden");
+    base.hardlink("a/link", "a/keep").symlink("a/sym", "/a/keep").file_mode("a/suid", b"s", 0o4755);
+    let base = base.finish();
+    // Upper layer: delete a/x, make b opaque with a new file.
+    let top = corpus::TarBuilder::new().file("a/.wh.x", b"").file("b/.wh..wh..opq", b"").file("b/z", b"new").finish();
+    let busybox = image("busybox");
+    // Put busybox underneath so the sandbox has a shell.
+    let bb_layer = {
+        let index: Value = serde_json::from_slice(&std::fs::read(busybox.join("index.json")).unwrap()).unwrap();
+        let m = index["manifests"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+        let manifest: Value =
+            serde_json::from_slice(&std::fs::read(busybox.join("blobs/sha256").join(m)).unwrap()).unwrap();
+        let l = manifest["layers"][0]["digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+        let gz = std::fs::read(busybox.join("blobs/sha256").join(l)).unwrap();
+        let mut tar = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut tar).unwrap();
+        tar
+    };
+    let dir = work.path().join("layered");
+    corpus::write_layout(&dir, &[bb_layer, base, top], true);
+    env.cli_ok(&["image", "import", dir.to_str().unwrap(), "--name", "layered"]);
+    let id = create(&env, json!({"image": "layered"}));
+    let v = sh(&env, &id, "ls /a /b; cat /a/link; readlink /a/sym; stat -c %a /a/suid");
+    // a/x deleted by a whiteout, b/y hidden by the opaque marker, the link kept.
+    assert_eq!(stdout(&v), "/a:\nkeep\nlink\nsuid\nsym\n\n/b:\nz\nkept/a/keep\n4755\n", "{v}");
+    let v = sh(&env, &id, "stat -c %h /a/keep");
+    assert_eq!(stdout(&v).trim(), "2", "hardlink kept");
+
+    // The same image as an OCI archive (written by skopeo) under a second name
+    // shares every layer: nothing new is hydrated.
+    let before = std::fs::read_dir(env.root.join("layers")).unwrap().count();
+    let archive = work.path().join("busybox.tar");
+    let st = std::process::Command::new("skopeo")
+        .args([
+            "copy",
+            &format!("oci:{}:latest", busybox.display()),
+            &format!("oci-archive:{}:latest", archive.display()),
+        ])
+        .status()
+        .expect("skopeo");
+    assert!(st.success());
+    env.cli_ok(&["image", "import", archive.to_str().unwrap(), "--name", "bb-archive"]);
+    assert_eq!(std::fs::read_dir(env.root.join("layers")).unwrap().count(), before, "shared layer was hydrated twice");
+    let id2 = create(&env, json!({"image": "bb-archive"}));
+    assert_eq!(stdout(&sh(&env, &id2, "echo ok")), "ok\n");
+    assert_eq!(std::fs::read_dir(env.root.join("tmp")).unwrap().count(), 0);
+    env.finish();
+}
+
 /// Runs last (tests run in name order with --test-threads=1): the whole
 /// suite left no mount, cgroup or process behind.
 #[test]

@@ -31,6 +31,8 @@ pub struct SetupSpec {
     pub upper: PathBuf,
     pub work: PathBuf,
     pub hostname: String,
+    /// The image's working directory, created (like Docker does) if missing.
+    pub workdir: String,
 }
 
 /// One command to start inside the sandbox.

@@ -113,6 +113,10 @@ pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
     umount2(".", MntFlags::MNT_DETACH).map_err(SetupError::DetachOldRoot)?;
     nix::unistd::chdir("/").map_err(|e| SetupError::PivotRoot(root.into(), e))?;
 
+    // The image's working directory must exist for execs to start there.
+    // Created after pivot_root, so no symlink in the image can lead outside.
+    std::fs::create_dir_all(&spec.workdir).map_err(|e| SetupError::MountPoint(spec.workdir.clone().into(), e))?;
+
     // 7. Identity and network: own hostname, loopback only.
     nix::unistd::sethostname(&spec.hostname).map_err(|e| SetupError::Hostname(spec.hostname.clone(), e))?;
     sys::loopback_up().map_err(SetupError::Loopback)?;

@@ -498,6 +498,47 @@ pub fn window_size(fd: BorrowedFd<'_>) -> Result<(u16, u16), Errno> {
     Ok((ws.ws_row, ws.ws_col))
 }
 
+/// `openat(dir, name, flags | O_CLOEXEC, mode)` returning an owned fd.
+pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: libc::c_int, mode: libc::mode_t) -> Result<OwnedFd, Errno> {
+    // SAFETY: `name` is NUL-terminated and outlives the call; `dir` is open
+    // for the borrow's lifetime.
+    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: openat returned a new descriptor that we alone own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// `fsetxattr(fd, name, value, 0)`: create or replace one attribute.
+pub fn fsetxattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Errno> {
+    // SAFETY: `name` is NUL-terminated, `value` a live slice of its length;
+    // the kernel only reads them during the call.
+    let rc = unsafe { libc::fsetxattr(fd.as_raw_fd(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    Errno::result(rc).map(drop)
+}
+
+/// `lsetxattr(path, name, value, 0)`: never follows a final symlink.
+pub fn lsetxattr(path: &CStr, name: &CStr, value: &[u8]) -> Result<(), Errno> {
+    // SAFETY: both strings are NUL-terminated, `value` a live slice of its
+    // length; the kernel only reads them during the call.
+    let rc = unsafe { libc::lsetxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    Errno::result(rc).map(drop)
+}
+
+/// `lgetxattr(path, name)`: the attribute's value.
+pub fn lgetxattr(path: &CStr, name: &CStr) -> Result<Vec<u8>, Errno> {
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: strings are NUL-terminated; the kernel writes at most
+    // `buf.len()` bytes into `buf`, which we own.
+    let n = unsafe { libc::lgetxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(Errno::last());
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,11 +7,8 @@
 //!   resolves the fd's magic link to the directory object itself (not to its
 //!   path) and then looks `name` up with the given flags, exactly as
 //!   `openat(dirfd, name, flags)` would. Needs `/proc`, which the daemon has.
-//! - Extended attributes: neither nix 0.29 nor `std` can set them, and a raw
-//!   `libc` call needs `unsafe`. They fail with `ENOSYS` until the workspace's
-//!   one unsafe module (`strata_shim::sys`) gains `fsetxattr`/`lsetxattr`, or
-//!   a safe crate (rustix, xattr: both already in `Cargo.lock`) is added; the
-//!   two bodies below are the only lines to change.
+//! - Extended attributes: neither nix 0.29 nor `std` can set them; the raw
+//!   calls live in the workspace's one unsafe module, `strata_shim::sys`.
 
 use std::ffi::{CStr, OsString};
 use std::fs::{File, OpenOptions};
@@ -56,24 +53,24 @@ pub fn create_file_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> Result<Fil
         .map_err(errno)
 }
 
-/// `fsetxattr(fd, name, value, 0)`. Pending: see the module comment.
+/// `fsetxattr(fd, name, value, 0)`.
 pub fn fsetxattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Errno> {
-    let _ = (fd, name, value);
-    Err(Errno::ENOSYS)
+    strata_shim::sys::fsetxattr(fd, name, value)
 }
 
 /// `lsetxattr(/proc/self/fd/<dir>/<entry>, name, value, 0)`: the attribute
 /// of `entry` itself, never of what a symlink there points to. Pending: see
 /// the module comment.
 pub fn lsetxattr_at(dir: BorrowedFd<'_>, entry: &[u8], name: &CStr, value: &[u8]) -> Result<(), Errno> {
-    let _ = (anchored(dir, entry), name, value);
-    Err(Errno::ENOSYS)
+    let path = std::ffi::CString::new(anchored(dir, entry).into_os_string().into_vec()).map_err(|_| Errno::EINVAL)?;
+    strata_shim::sys::lsetxattr(&path, name, value)
 }
 
 /// `lgetxattr(path, name)`, for tests that check what was set. Pending: see
 /// the module comment.
 #[cfg(test)]
 pub fn lgetxattr(path: &std::path::Path, name: &CStr) -> Result<Vec<u8>, Errno> {
-    let _ = (path, name);
-    Err(Errno::ENOSYS)
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    strata_shim::sys::lgetxattr(&path, name)
 }

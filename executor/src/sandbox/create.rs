@@ -135,6 +135,7 @@ pub fn create(
         upper: dirs.upper.clone(),
         work: dirs.work.clone(),
         hostname: spec.hostname.clone(),
+        workdir: defaults.cwd.clone(),
     };
     shim_client::setup(&conn, &setup, SETUP_TIMEOUT)
         .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;

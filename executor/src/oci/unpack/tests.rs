@@ -164,7 +164,6 @@ fn unpacks_files_dirs_links_and_metadata() {
 }
 
 #[test]
-#[ignore = "needs the xattr wrappers that oci::sys is waiting for"]
 fn user_xattrs_are_restored() {
     let mut f = Entry::new(b'0', "f");
     f.pax = vec![("SCHILY.xattr.user.test".into(), b"hello".to_vec())];
