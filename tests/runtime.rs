@@ -255,7 +255,8 @@ fn limits_are_enforced() {
 
 #[test]
 fn api_errors() {
-    let env = TestEnv::start_with(&["--max-sandboxes", "1"]);
+    // No warm pool here: the test counts cgroups to prove nothing half-made.
+    let env = TestEnv::start_with(&["--max-sandboxes", "1", "--warm-pool", "0"]);
     env.import_busybox();
     let mut c = env.client();
     let none = None::<&()>;
@@ -358,11 +359,24 @@ fn sandboxes_survive_a_daemon_kill() {
     let v: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
     let shim = v["shim_pid"].as_i64().unwrap();
 
+    // The daemon's warm shims (started ahead of creates) at the time of the kill.
+    std::thread::sleep(Duration::from_millis(300));
+    let warm: Vec<i32> = processes_matching("strata-shim")
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .filter(|pid| *pid != shim as i32)
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default().contains(&env.cgroup_parent))
+        .collect();
+    assert!(!warm.is_empty(), "expected warm shims");
     env.kill_daemon();
     std::thread::sleep(Duration::from_millis(200));
     assert!(alive(shim as i32), "shim died with the daemon");
 
     env.start_daemon();
+    env.reap_orphans();
+    for pid in &warm {
+        assert!(!alive(*pid), "warm shim {pid} of the killed daemon survived its restart");
+    }
     let ps = env.cli_ok(&["ps"]);
     assert!(ps.contains(&id), "{ps}");
     assert_eq!(stdout(&sh(&env, &id, "cat /tmp/state")), "kept\n");

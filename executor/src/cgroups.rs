@@ -157,7 +157,8 @@ impl SandboxCgroup {
         &self.path
     }
 
-    fn apply(&self, limits: &Limits) -> Result<(), CgroupError> {
+    /// Write the limits (only those that are set).
+    pub fn apply(&self, limits: &Limits) -> Result<(), CgroupError> {
         let path = || self.path.clone();
         let mem: &MemController =
             self.cg.controller_of().ok_or(CgroupError::Missing { path: path(), ctrl: "memory" })?;

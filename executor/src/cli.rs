@@ -63,6 +63,10 @@ pub struct DaemonArgs {
     /// Path of strata-shim (default: next to this executable).
     #[arg(long)]
     pub shim: Option<PathBuf>,
+    /// Shims kept started ahead of `create` (namespaces, cgroup, connection),
+    /// so a create pays only for its mounts. 0 disables the pool.
+    #[arg(long, default_value_t = 2)]
+    pub warm_pool: usize,
 }
 
 #[derive(Subcommand, Debug)]
@@ -230,6 +234,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         max_sandboxes: a.max_sandboxes,
         cgroup_parent: a.cgroup_parent.clone(),
         shim: a.shim.clone(),
+        warm_pool: a.warm_pool,
     };
     // Block the shutdown signals before any thread exists so only the
     // signal thread below receives them.
@@ -256,8 +261,10 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
             let _ = std::os::unix::net::UnixStream::connect(&socket);
         });
     }
-    crate::api::serve(daemon, listener, stop);
+    daemon.start_warm_pool();
+    crate::api::serve(daemon.clone(), listener, stop);
     let _ = std::fs::remove_file(&cfg.socket);
+    daemon.shutdown();
     Ok(0)
 }
 
@@ -348,7 +355,9 @@ fn run_exec(cli: &Cli, a: &ExecArgs) -> Result<i32> {
             }
         });
     } else {
-        stream::write_frame(&mut input, FrameKind::Stdin, &[])?;
+        // The command may already have finished and the daemon closed the
+        // connection: a failed write here is not an error, the exit frame is.
+        let _ = stream::write_frame(&mut input, FrameKind::Stdin, &[]);
     }
     let mut reader = att.reader;
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());

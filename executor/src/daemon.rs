@@ -32,6 +32,8 @@ pub struct DaemonConfig {
     pub cgroup_parent: String,
     /// Path of `strata-shim`; `None` means next to the running executable.
     pub shim: Option<PathBuf>,
+    /// Shims kept started (namespaces, cgroup, connection) ahead of `create`.
+    pub warm_pool: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,8 +60,17 @@ struct Pool {
     reserved: usize,
 }
 
+/// Prepared shims waiting for a `create` (see `sandbox::Prepared`).
+#[derive(Default)]
+struct WarmPool {
+    ready: Mutex<Vec<sandbox::Prepared>>,
+    wake: std::sync::Condvar,
+    stop: std::sync::atomic::AtomicBool,
+}
+
 pub struct Daemon {
     pub cfg: DaemonConfig,
+    warm: WarmPool,
     rt: Runtime,
     db: Mutex<Db>,
     pool: Mutex<Pool>,
@@ -139,6 +150,7 @@ impl Daemon {
         let host_cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let d = Daemon {
             cfg,
+            warm: WarmPool::default(),
             rt,
             db: Mutex::new(db),
             pool: Mutex::new(Pool::default()),
@@ -179,6 +191,24 @@ impl Daemon {
         let known_layers: HashSet<String> = lock(&self.db).all_layers()?.into_iter().collect();
         let known_sandboxes: HashSet<String> =
             lock(&self.db).list_sandboxes()?.into_iter().map(|r| r.id.to_string()).collect();
+        // Sandbox dirs without a row belong to warm shims (or a create cut
+        // short) of a daemon that was killed: end their processes (they are
+        // in our own cgroup) and remove their cgroups before the file sweep.
+        let dir = self.rt.store.root().join("sandboxes");
+        for entry in std::fs::read_dir(&dir).map_err(|source| StoreError::Io { step: "read", path: dir.clone(), source })? {
+            let Ok(entry) = entry else { continue };
+            let Ok(id) = entry.file_name().to_string_lossy().parse::<SandboxId>() else { continue };
+            if known_sandboxes.contains(id.as_str()) {
+                continue;
+            }
+            let cg = crate::cgroups::SandboxCgroup::load(&self.rt.cgroup_path(&id));
+            for pid in cg.procs() {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+            }
+            if let Err(e) = cg.remove(std::time::Duration::from_secs(5)) {
+                tracing::warn!("sweep cgroup of {id}: {}", crate::error::chain(&e));
+            }
+        }
         self.rt.store.sweep(&known_layers, &known_sandboxes)?;
         Ok(())
     }
@@ -244,20 +274,17 @@ impl Daemon {
                 return Err(ApiError::new(ErrorKind::InvalidArgument, format!("env entry {e:?} is not KEY=VALUE")));
             }
         }
-        let id = SandboxId::random();
-        let hostname = req.hostname.clone().unwrap_or_else(|| id.as_str()[..12].to_string());
-        if !valid_hostname(&hostname) {
-            return Err(ApiError::new(
-                ErrorKind::InvalidArgument,
-                format!("hostname {hostname:?} must be 1-63 chars of [A-Za-z0-9.-]"),
-            ));
+        if let Some(h) = &req.hostname {
+            if !valid_hostname(h) {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("hostname {h:?} must be 1-63 chars of [A-Za-z0-9.-]"),
+                ));
+            }
         }
         let image = lock(&self.db)
             .image_by_name(&name)?
             .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
-        let spec =
-            SandboxSpec { image: name.to_string(), limits, env: req.env, hostname, cgroup: self.rt.cgroup_path(&id) };
-        let defaults = self.exec_defaults(&image, &spec)?;
 
         // Reserve a slot: past the cap nothing is made.
         {
@@ -274,38 +301,96 @@ impl Daemon {
             }
             pool.reserved += 1;
         }
-        let result = self.create_reserved(&id, &spec, &image, defaults);
+        let result = self.create_reserved(name, limits, req.env, req.hostname, &image);
         let mut pool = lock(&self.pool);
         pool.reserved -= 1;
         let sb = result?;
         let info = sandbox_info(&sb);
-        pool.live.insert(id, sb);
+        pool.live.insert(sb.id.clone(), sb);
         Ok(info)
     }
 
     fn create_reserved(
         &self,
-        id: &SandboxId,
-        spec: &SandboxSpec,
+        name: ImageName,
+        limits: Limits,
+        env: Vec<String>,
+        hostname: Option<String>,
         image: &ImageRow,
-        defaults: ExecDefaults,
     ) -> Result<Arc<Sandbox>, ApiError> {
+        let warm = self.take_warm();
+        let id = warm.as_ref().map(|w| w.id.clone()).unwrap_or_else(SandboxId::random);
+        let hostname = hostname.unwrap_or_else(|| id.as_str()[..12].to_string());
+        let spec = SandboxSpec { image: name.to_string(), limits, env, hostname, cgroup: self.rt.cgroup_path(&id) };
+        let defaults = self.exec_defaults(image, &spec)?;
         // Row first (state creating): a crash from here on is cleaned up at start.
-        lock(&self.db).insert_sandbox(id, image.id, spec)?;
-        let sb = match sandbox::create(&self.rt, id, spec, image, defaults) {
+        lock(&self.db).insert_sandbox(&id, image.id, &spec)?;
+        let made = match warm {
+            Some(prep) => sandbox::start(&self.rt, prep, &spec, image, defaults),
+            None => sandbox::create(&self.rt, &id, &spec, image, defaults),
+        };
+        let sb = match made {
             Ok(sb) => sb,
             Err(e) => {
-                let _ = lock(&self.db).delete_sandbox(id);
+                let _ = lock(&self.db).delete_sandbox(&id);
                 return Err(e.into());
             }
         };
         let start = sandbox::process_start_time(sb.shim_pid).unwrap_or(0);
-        if let Err(e) = lock(&self.db).set_sandbox_running(id, sb.shim_pid, start) {
+        if let Err(e) = lock(&self.db).set_sandbox_running(&id, sb.shim_pid, start) {
             let _ = sb.destroy(&self.rt.store);
-            let _ = lock(&self.db).delete_sandbox(id);
+            let _ = lock(&self.db).delete_sandbox(&id);
             return Err(e.into());
         }
         Ok(Arc::new(sb))
+    }
+
+    fn take_warm(&self) -> Option<sandbox::Prepared> {
+        let w = lock(&self.warm.ready).pop();
+        self.warm.wake.notify_one();
+        w
+    }
+
+    /// Keep `cfg.warm_pool` prepared shims ready, on a background thread.
+    pub fn start_warm_pool(self: &Arc<Self>) {
+        if self.cfg.warm_pool == 0 {
+            return;
+        }
+        let d = self.clone();
+        let spawned = std::thread::Builder::new().name("warm-pool".into()).spawn(move || {
+            use std::sync::atomic::Ordering;
+            loop {
+                {
+                    let mut ready = lock(&d.warm.ready);
+                    while ready.len() >= d.cfg.warm_pool && !d.warm.stop.load(Ordering::Acquire) {
+                        ready = d.warm.wake.wait(ready).unwrap_or_else(|p| p.into_inner());
+                    }
+                }
+                if d.warm.stop.load(Ordering::Acquire) {
+                    return;
+                }
+                match sandbox::prepare(&d.rt, &SandboxId::random()) {
+                    Ok(p) if !d.warm.stop.load(Ordering::Acquire) => lock(&d.warm.ready).push(p),
+                    Ok(_) => return, // dropped: torn down
+                    Err(e) => {
+                        tracing::warn!("warm pool: {}", crate::error::chain(&e));
+                        std::thread::sleep(std::time::Duration::from_secs(1));
+                    }
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::error!("start warm pool thread: {e}");
+        }
+    }
+
+    /// Stop refilling and tear down every warm shim. Live sandboxes keep
+    /// running; the next daemon re-adopts them.
+    pub fn shutdown(&self) {
+        self.warm.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.warm.wake.notify_all();
+        let drained: Vec<_> = lock(&self.warm.ready).drain(..).collect();
+        drop(drained);
     }
 
     pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {

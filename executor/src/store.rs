@@ -120,6 +120,27 @@ impl Store {
         remove_tree(&d.dir)
     }
 
+    /// Remove a sandbox's directories off the caller's path: check for
+    /// mounts, rename the directory into `tmp/` (atomic; `tmp/` is swept at
+    /// start, so a crash cannot leak it) and delete it on a background thread.
+    pub fn discard_sandbox(&self, id: &SandboxId) -> Result<(), StoreError> {
+        let d = self.sandbox_dirs(id);
+        if let Some(mount) = mounts_under(&d.dir).into_iter().next() {
+            return Err(StoreError::StillMounted { path: d.dir, mount });
+        }
+        let doomed = self.tmp_dir().join(format!("rm-{id}-{:08x}", rand::random::<u32>()));
+        match std::fs::rename(&d.dir, &doomed) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            r => r.map_err(io("move to tmp", &d.dir))?,
+        }
+        std::thread::spawn(move || {
+            if let Err(e) = remove_tree(&doomed) {
+                tracing::warn!("remove {}: {e}", doomed.display());
+            }
+        });
+        Ok(())
+    }
+
     /// Move a finished layer from `tmp/` into place. Returns false (and
     /// deletes `tmp_layer`) if the layer already existed.
     pub fn commit_layer(&self, tmp_layer: &Path, diff_hex: &str) -> Result<bool, StoreError> {

@@ -243,32 +243,38 @@ impl TestEnv {
     /// Tear down and assert nothing is left: no mount under the root, no
     /// cgroup, no live process of this env.
     pub fn finish(mut self) {
-        // A clean daemon-side removal must already have removed everything.
+        // A clean daemon-side removal must leave nothing: remove every
+        // sandbox, stop the daemon (it tears its warm shims down), then look.
         if self.daemon.is_some() {
             let list: Vec<serde_json::Value> = self.client().call("GET", "/v1/sandboxes", None::<&()>).unwrap();
             for s in &list {
                 let id = s["id"].as_str().unwrap();
                 self.client().request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
             }
+            let st = self.stop_daemon();
+            assert!(st.success(), "daemon exited with {st} on SIGTERM:\n{}", self.daemon_log());
         }
-        let procs: Vec<String> = self
-            .cgroup_dirs()
-            .iter()
-            .flat_map(|d| {
-                let mut v = Vec::new();
-                for_each_cgroup(d, &mut |cg| {
-                    if cg != d {
-                        v.push(cg.display().to_string());
-                    }
-                });
-                v
+        self.reap_orphans();
+        let mut cgroups = Vec::new();
+        for d in self.cgroup_dirs() {
+            for_each_cgroup(&d, &mut |cg| {
+                if cg != d {
+                    cgroups.push(cg.display().to_string());
+                }
+            });
+        }
+        let mounts = mounts_under(&self.root);
+        let shims: Vec<_> = processes_matching("strata-shim")
+            .into_iter()
+            .filter(|(pid, _)| {
+                std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default().contains(&self.cgroup_parent)
             })
             .collect();
-        let mounts = mounts_under(&self.root);
         self.cleanup();
-        assert!(procs.is_empty(), "sandbox cgroups left after removing every sandbox: {procs:?}");
+        assert!(cgroups.is_empty(), "sandbox cgroups left after removing every sandbox: {cgroups:?}");
         assert!(mounts.is_empty(), "mounts left under {}: {mounts:?}", self.root.display());
-        assert!(self.cgroup_dirs().is_empty(), "cgroup parent left: {:?}", self.cgroup_dirs());
+        assert!(shims.is_empty(), "shims left running: {shims:?}");
+        assert!(self.cgroup_dirs().iter().all(|d| std::fs::remove_dir(d).is_ok() || !d.exists()), "cgroup parent left");
     }
 }
 

@@ -223,6 +223,7 @@ pub fn unpack_layer(layer: &LayerSource, dest: &Path) -> Result<UnpackStats, Unp
         dirs: BTreeMap::new(),
         stats: UnpackStats::default(),
         buf: vec![0; 64 * 1024],
+        last_parent: None,
     };
     ex.extract(&mut archive)?;
 
@@ -334,6 +335,10 @@ struct Extractor<'a> {
     dirs: BTreeMap<Vec<u8>, DirMeta>,
     stats: UnpackStats,
     buf: Vec<u8>,
+    /// The parent directory of the previous entry (tars list a directory's
+    /// entries together), so most entries skip the walk. Only removing a
+    /// directory can make it stale, and `clear` drops it when it does.
+    last_parent: Option<(Vec<u8>, OwnedFd)>,
 }
 
 impl Extractor<'_> {
@@ -782,6 +787,8 @@ impl Extractor<'_> {
         match file_type(st.st_mode) {
             SFlag::S_IFDIR if keep_dir => Ok(Existing::Dir),
             SFlag::S_IFDIR => {
+                // The cached parent may be this directory or below it.
+                self.last_parent = None;
                 remove_all_at(parent, name).map_err(|e| self.io("remove replaced directory", raw, e))?;
                 self.forget_dirs(&tarpath::join(comps));
                 Ok(Existing::Other)
@@ -811,9 +818,15 @@ impl Extractor<'_> {
 
     /// The parent directory of an entry, creating missing directories
     /// (mode 0755, as Docker and containerd do for implied parents).
-    fn walk_entry(&self, raw: &[u8], parents: &[&[u8]]) -> Result<OwnedFd, UnpackError> {
+    fn walk_entry(&mut self, raw: &[u8], parents: &[&[u8]]) -> Result<OwnedFd, UnpackError> {
+        let key = tarpath::join(parents);
+        if let Some((cached, fd)) = &self.last_parent {
+            if *cached == key {
+                return fd.try_clone().map_err(|e| self.io("reuse parent directory of", raw, e));
+            }
+        }
         let prefix = |i: usize| tarpath::shown(&tarpath::join(&parents[..=i]));
-        self.walk(parents, true).map_err(|e| match e {
+        let fd = self.walk(parents, true).map_err(|e| match e {
             WalkError::Symlink(i) => UnpackError::ThroughSymlink {
                 digest: self.digest.clone(),
                 path: tarpath::shown(raw),
@@ -825,7 +838,10 @@ impl Extractor<'_> {
                 component: prefix(i),
             },
             WalkError::Io(step, e) => self.io(step, raw, e),
-        })
+        })?;
+        let copy = fd.try_clone().map_err(|e| self.io("reuse parent directory of", raw, e))?;
+        self.last_parent = Some((key, copy));
+        Ok(fd)
     }
 
     /// Opens the directory at `comps` below the root, one component at a

@@ -56,47 +56,59 @@ fn nix_io(step: &'static str) -> impl FnOnce(nix::Error) -> SandboxError {
     move |e| SandboxError::Io { step, source: e.into() }
 }
 
-/// Everything made so far, torn down on drop unless disarmed.
-struct Undo<'a> {
-    rt: &'a Runtime,
-    id: &'a SandboxId,
-    cgroup: Option<SandboxCgroup>,
-    shim: Option<(i32, OwnedFd)>,
-    armed: bool,
+/// A shim started in fresh namespaces inside its own (not yet limited)
+/// cgroup, connected and waiting for its [`SetupSpec`]. The daemon keeps a
+/// few of these warm so that `create` pays only for the sandbox's mounts.
+/// Dropping one that was never started tears it down.
+pub struct Prepared {
+    pub id: SandboxId,
+    parts: Option<PreparedParts>,
+    store: Store,
 }
 
-impl Drop for Undo<'_> {
+struct PreparedParts {
+    dirs: crate::store::SandboxDirs,
+    cgroup: Option<SandboxCgroup>,
+    shim: Option<(i32, OwnedFd)>,
+    conn: Option<OwnedFd>,
+}
+
+impl Drop for Prepared {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        if let Some((pid, pidfd)) = self.shim.take() {
+        let Some(mut p) = self.parts.take() else { return };
+        let id = &self.id;
+        if let Some((pid, pidfd)) = p.shim.take() {
             if let Err(e) = destroy::kill_and_reap(pid, pidfd.as_fd()) {
-                tracing::error!("undo create {}: {}", self.id, crate::error::chain(&e));
+                tracing::error!("discard prepared sandbox {id}: {}", crate::error::chain(&e));
             }
         }
-        if let Some(cg) = self.cgroup.take() {
+        if let Some(cg) = p.cgroup.take() {
             if let Err(e) = cg.remove(Duration::from_secs(5)) {
-                tracing::error!("undo create {}: {}", self.id, crate::error::chain(&e));
+                tracing::error!("discard prepared sandbox {id}: {}", crate::error::chain(&e));
             }
         }
-        if let Err(e) = self.rt.store.remove_sandbox(self.id) {
-            tracing::error!("undo create {}: {}", self.id, crate::error::chain(&e));
+        if let Err(e) = self.store.discard_sandbox(id) {
+            tracing::error!("discard prepared sandbox {id}: {}", crate::error::chain(&e));
         }
     }
 }
 
-pub fn create(
-    rt: &Runtime,
-    id: &SandboxId,
-    spec: &SandboxSpec,
-    image: &ImageRow,
-    defaults: ExecDefaults,
-) -> Result<Sandbox, SandboxError> {
+/// Steps 1-4 (and the connection of step 5): everything that does not
+/// depend on the image or the limits.
+pub fn prepare(rt: &Runtime, id: &SandboxId) -> Result<Prepared, SandboxError> {
+    let mut t = super::Phases::start("prepare");
     let dirs = rt.store.prepare_sandbox(id).map_err(SandboxError::Dirs)?;
-    let mut undo = Undo { rt, id, cgroup: None, shim: None, armed: true };
+    let mut prep = Prepared {
+        id: id.clone(),
+        parts: Some(PreparedParts { dirs: dirs.clone(), cgroup: None, shim: None, conn: None }),
+        store: rt.store.clone(),
+    };
+    let parts = prep.parts.as_mut().ok_or(SandboxError::Dead(id.clone()))?;
+    t.mark("dirs");
 
-    undo.cgroup = Some(SandboxCgroup::create(&spec.cgroup, &spec.limits).map_err(SandboxError::Cgroup)?);
+    parts.cgroup =
+        Some(SandboxCgroup::create(&rt.cgroup_path(id), &Default::default()).map_err(SandboxError::Cgroup)?);
+    t.mark("cgroup");
 
     let listener = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)
         .map_err(nix_io("create shim socket"))?;
@@ -120,14 +132,40 @@ pub fn create(
         .map_err(|source| SandboxError::Spawn { exe: rt.shim_exe.clone(), source })?;
     drop(plan);
     let pid = spawned.pid;
-    undo.shim = Some((pid, spawned.pidfd));
+    parts.shim = Some((pid, spawned.pidfd));
+    t.mark("spawn");
 
-    if let Some(cg) = &undo.cgroup {
+    if let Some(cg) = &parts.cgroup {
         cg.add(pid as u32).map_err(SandboxError::Cgroup)?;
     }
+    t.mark("cgroup_add");
 
-    let conn = shim_client::connect_path(&dirs.socket)
-        .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;
+    parts.conn = Some(
+        shim_client::connect_path(&dirs.socket)
+            .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?,
+    );
+    t.mark("connect");
+    t.log(id);
+    Ok(prep)
+}
+
+/// Steps 4b-5: apply the limits and hand the shim its spec.
+pub fn start(
+    rt: &Runtime,
+    mut prep: Prepared,
+    spec: &SandboxSpec,
+    image: &ImageRow,
+    defaults: ExecDefaults,
+) -> Result<Sandbox, SandboxError> {
+    let mut t = super::Phases::start("start");
+    let id = prep.id.clone();
+    let parts = prep.parts.as_mut().ok_or(SandboxError::Dead(id.clone()))?;
+    let (Some(cgroup), Some(conn)) = (parts.cgroup.as_ref(), parts.conn.as_ref()) else {
+        return Err(SandboxError::Dead(id));
+    };
+    cgroup.apply(&spec.limits).map_err(SandboxError::Cgroup)?;
+    t.mark("limits");
+    let dirs = &parts.dirs;
     let setup = SetupSpec {
         rootfs: dirs.rootfs.clone(),
         layers_dir: rt.store.layers_dir(),
@@ -137,16 +175,18 @@ pub fn create(
         hostname: spec.hostname.clone(),
         workdir: defaults.cwd.clone(),
     };
-    shim_client::setup(&conn, &setup, SETUP_TIMEOUT)
+    shim_client::setup(conn, &setup, SETUP_TIMEOUT)
         .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;
+    t.mark("shim_setup");
+    t.log(&id);
 
-    let (Some((pid, pidfd)), Some(cgroup)) = (undo.shim.take(), undo.cgroup.take()) else {
-        return Err(SandboxError::Dead(id.clone()));
+    let mut parts = prep.parts.take().ok_or(SandboxError::Dead(id.clone()))?;
+    let (Some((pid, pidfd)), Some(cgroup), Some(conn)) = (parts.shim.take(), parts.cgroup.take(), parts.conn.take())
+    else {
+        return Err(SandboxError::Dead(id));
     };
-    undo.armed = false;
-    drop(undo);
     Ok(Sandbox {
-        id: id.clone(),
+        id,
         spec: spec.clone(),
         defaults,
         created_at: crate::db::now(),
@@ -157,6 +197,17 @@ pub fn create(
         stopping: AtomicBool::new(false),
         next_exec: AtomicU64::new(1),
     })
+}
+
+/// Create a sandbox from scratch (no warm shim available).
+pub fn create(
+    rt: &Runtime,
+    id: &SandboxId,
+    spec: &SandboxSpec,
+    image: &ImageRow,
+    defaults: ExecDefaults,
+) -> Result<Sandbox, SandboxError> {
+    start(rt, prepare(rt, id)?, spec, image, defaults)
 }
 
 #[derive(Debug, thiserror::Error)]

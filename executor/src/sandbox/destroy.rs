@@ -63,8 +63,14 @@ impl Sandbox {
     /// Kill every process, remove the cgroup and the sandbox's directories.
     pub fn destroy(&self, store: &Store) -> Result<(), SandboxError> {
         self.stopping.store(true, Ordering::Release);
+        let mut t = super::Phases::start("destroy");
         kill_and_reap(self.shim_pid, self.pidfd.as_fd())?;
+        t.mark("kill");
         self.cgroup.remove(Duration::from_secs(KILL_TIMEOUT_SECS)).map_err(SandboxError::Cgroup)?;
-        store.remove_sandbox(&self.id).map_err(SandboxError::Remove)
+        t.mark("cgroup");
+        store.discard_sandbox(&self.id).map_err(SandboxError::Remove)?;
+        t.mark("files");
+        t.log(&self.id);
+        Ok(())
     }
 }

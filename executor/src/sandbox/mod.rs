@@ -8,7 +8,7 @@ mod create;
 mod destroy;
 mod exec;
 
-pub use create::{adopt, create, reap_orphan, AdoptError, Runtime};
+pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest};
 
 use std::os::fd::OwnedFd;
@@ -169,6 +169,34 @@ impl Sandbox {
 
     pub fn is_alive(&self) -> bool {
         self.shim.is_alive()
+    }
+}
+
+/// Per-phase timings of one operation, logged at debug level
+/// (`STRATA_LOG=strata=debug`) so benchmarks can say where time goes.
+pub(crate) struct Phases {
+    what: &'static str,
+    last: std::time::Instant,
+    marks: Vec<(&'static str, std::time::Duration)>,
+}
+
+impl Phases {
+    pub(crate) fn start(what: &'static str) -> Phases {
+        Phases { what, last: std::time::Instant::now(), marks: Vec::new() }
+    }
+
+    pub(crate) fn mark(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        self.marks.push((phase, now - self.last));
+        self.last = now;
+    }
+
+    pub(crate) fn log(&self, id: &SandboxId) {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let parts: Vec<String> =
+                self.marks.iter().map(|(p, d)| format!("{p}={:.3}ms", d.as_secs_f64() * 1000.0)).collect();
+            tracing::debug!("{} {id}: {}", self.what, parts.join(" "));
+        }
     }
 }
 

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Benchmarks Strata against runc, crun and bubblewrap on the same busybox
+# rootfs, in one run, and prints a Markdown table of medians.
+#
+# usage: sudo scripts/bench.sh [RUNS]        (RUNS >= 30, default 50)
+#
+# Measured (median / p90 over RUNS, after warm-up):
+#   - Strata create -> exec `true` -> rm through the API on one kept-alive
+#     connection (strata-bench; no CLI start-up in the loop), with phases;
+#   - the same through the CLI (three `strata` processes per run);
+#   - `runc run`, `crun run` and `bwrap --unshare-all` of /bin/true;
+#   - exec of `true` in an already running sandbox, and fork+exec+wait of
+#     busybox `true` on the host (the floor).
+# crun 1.8 refuses this host's hybrid cgroup layout (hugetlb on v2), so it runs
+# in a private mount namespace with a tmpfs over /sys/fs/cgroup/unified.
+# runc and crun get cgroups under /strata-bench/, removed at the end.
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO_ROOT"
+RUNS=${1:-50}
+[[ $RUNS -ge 30 ]] || { echo "RUNS must be >= 30" >&2; exit 2; }
+[[ $(id -u) -eq 0 ]] || { echo "run as root: sudo scripts/bench.sh" >&2; exit 1; }
+for tool in runc crun bwrap hyperfine umoci python3; do
+	command -v "$tool" >/dev/null || { echo "$tool missing: run scripts/install-deps.sh" >&2; exit 1; }
+done
+if ! command -v cargo >/dev/null; then PATH="$HOME/.cargo/bin:$PATH"; fi
+
+echo "==> building (release) and images" >&2
+cargo build --release --workspace >&2
+images/build-all.sh images/out >&2
+BIN=$REPO_ROOT/target/release
+
+WORK=$(mktemp -d /tmp/strata-bench.XXXXXX)
+DAEMON_PID=
+cleanup() {
+	# Remove every sandbox before stopping the daemon (shims outlive it).
+	if [[ -n $DAEMON_PID ]]; then
+		for id in $("$BIN/strata" --socket "$WORK/strata.sock" ps 2>/dev/null | awk 'NR > 1 {print $1}'); do
+			"$BIN/strata" --socket "$WORK/strata.sock" rm "$id" >/dev/null || true
+		done
+	fi
+	[[ -n $DAEMON_PID ]] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true
+	runc delete -f strata-bench-runc >/dev/null 2>&1 || true
+	crun delete -f strata-bench-crun >/dev/null 2>&1 || true
+	# Children first, then the parents; only cgroups named strata-bench.
+	for d in /sys/fs/cgroup/*/strata-bench /sys/fs/cgroup/strata-bench; do
+		[[ -d $d ]] || continue
+		find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+	done
+	cat "$WORK/cli.err" 2>/dev/null >&2 || true
+	rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# One busybox rootfs for every runtime.
+umoci unpack --image images/out/busybox:latest "$WORK/bundle" >/dev/null
+ROOTFS=$WORK/bundle/rootfs
+make_bundle() { # name
+	local b=$WORK/$1
+	mkdir -p "$b"
+	(cd "$b" && runc spec)
+	python3 - "$b/config.json" "$1" "$ROOTFS" <<'PY'
+import json, sys
+path, name = sys.argv[1], sys.argv[2]
+c = json.load(open(path))
+c["process"]["terminal"] = False
+c["process"]["args"] = ["/bin/true"]
+c["root"] = {"path": sys.argv[3], "readonly": True}
+c["linux"]["cgroupsPath"] = f"/strata-bench/{name}"
+json.dump(c, open(path, "w"), indent=1)
+PY
+}
+make_bundle runc
+make_bundle crun
+
+echo "==> strata daemon" >&2
+SOCK=$WORK/strata.sock
+"$BIN/strata" daemon --root "$WORK/root" --socket "$SOCK" --cgroup-parent strata-bench >"$WORK/daemon.log" 2>&1 &
+DAEMON_PID=$!
+for _ in $(seq 200); do [[ -S $SOCK ]] && break; sleep 0.05; done
+export STRATA_SOCKET=$SOCK
+"$BIN/strata" image import images/out/busybox --name busybox >/dev/null
+
+RESULTS=$WORK/results.txt
+: >"$RESULTS"
+echo "==> strata API ($RUNS runs)" >&2
+"$BIN/strata-bench" "$SOCK" busybox "$RUNS" "$ROOTFS/bin/busybox" | tee -a "$RESULTS" >&2
+
+hf() { # name, hyperfine args...
+	local name=$1
+	shift
+	echo "==> $name ($RUNS runs)" >&2
+	hyperfine --runs "$RUNS" --warmup 3 --export-json "$WORK/$name.json" --style basic "$@" >&2
+	python3 - "$WORK/$name.json" "$name" >>"$RESULTS" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["results"][0]["times"]
+r.sort()
+pct = lambda p: r[round((len(r) - 1) * p)] * 1000
+print(f"{sys.argv[2]} {pct(0.5):.3f} {pct(0.9):.3f} {r[0]*1000:.3f}")
+PY
+}
+
+hf cli_create_exec_rm "sh -c 'id=\$($BIN/strata create --image busybox) && $BIN/strata exec \$id -- true && $BIN/strata rm \$id >/dev/null' 2>>$WORK/cli.err"
+hf runc_run -N --prepare "runc delete -f strata-bench-runc" "runc run -b $WORK/runc strata-bench-runc"
+hf bwrap_unshare_all -N "bwrap --unshare-all --ro-bind $ROOTFS / --proc /proc --dev /dev /bin/true"
+# crun in a private mount namespace where cgroup2 at .../unified is hidden.
+export -f hf
+export RUNS WORK RESULTS
+unshare -m bash -c "mount -t tmpfs none /sys/fs/cgroup/unified && hf crun_run -N --prepare 'crun delete -f strata-bench-crun' 'crun run -b $WORK/crun strata-bench-crun'"
+
+# Markdown table.
+python3 - "$RESULTS" "$RUNS" <<'PY'
+import sys
+rows = {l.split()[0]: list(map(float, l.split()[1:])) for l in open(sys.argv[1]) if l.strip()}
+runs = sys.argv[2]
+labels = [
+    ("api_create_exec_rm", "Strata API: create -> exec true -> rm (one connection)"),
+    ("api_create", "  of which create"),
+    ("api_exec_first", "  of which first exec"),
+    ("api_rm", "  of which rm"),
+    ("cli_create_exec_rm", "Strata CLI: create; exec true; rm (3 processes + sh)"),
+    ("bwrap_unshare_all", "bwrap --unshare-all /bin/true"),
+    ("crun_run", "crun run /bin/true"),
+    ("runc_run", "runc run /bin/true"),
+    ("api_warm_exec", "Strata API: exec true in a running sandbox"),
+    ("host_fork_exec", "host fork+exec+wait of busybox true (floor)"),
+]
+print(f"| measurement ({runs} runs) | median ms | p90 ms | min ms |")
+print("|---|---:|---:|---:|")
+for k, label in labels:
+    if k in rows:
+        m, p, lo = rows[k]
+        print(f"| {label} | {m:.2f} | {p:.2f} | {lo:.2f} |")
+r = lambda a, b: rows[a][0] / rows[b][0]
+print()
+print(f"Ratios: API create->exec->rm / bwrap = {r('api_create_exec_rm', 'bwrap_unshare_all'):.2f} (target <= 1); "
+      f"warm exec / host floor = {r('api_warm_exec', 'host_fork_exec'):.2f} (target <= 1.5); "
+      f"crun / bwrap = {r('crun_run', 'bwrap_unshare_all'):.2f}; runc / bwrap = {r('runc_run', 'bwrap_unshare_all'):.2f}")
+PY

@@ -1,0 +1,87 @@
+//! `strata-bench`: API-level timings against a running daemon, one kept-alive
+//! connection, no CLI start-up in the loop. Driven by `scripts/bench.sh`,
+//! which also times runc, crun and bubblewrap in the same run.
+//!
+//! usage: strata-bench SOCKET IMAGE RUNS BUSYBOX_PATH
+//! Prints one line per measurement: `name median_ms p90_ms min_ms`.
+
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use strata::client::Client;
+
+fn stats(name: &str, mut v: Vec<f64>) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    println!("{name} {:.3} {:.3} {:.3}", pct(0.5), pct(0.9), v[0]);
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() != 5 {
+        eprintln!("usage: strata-bench SOCKET IMAGE RUNS BUSYBOX_PATH");
+        std::process::exit(2);
+    }
+    let (socket, image, busybox) = (&args[1], &args[2], &args[4]);
+    let runs: usize = args[3].parse().expect("RUNS");
+    let mut c = Client::connect(socket.as_ref()).expect("connect");
+    let exec_true = json!({"argv": ["true"]});
+
+    // Warm-up: page cache, first cgroup creation.
+    for _ in 0..3 {
+        let v: Value = c.call("POST", "/v1/sandboxes", Some(&json!({"image": image}))).unwrap();
+        let id = v["id"].as_str().unwrap().to_string();
+        c.request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    }
+
+    let (mut total, mut create, mut exec, mut rm) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..runs {
+        let t0 = Instant::now();
+        let v: Value = c.call("POST", "/v1/sandboxes", Some(&json!({"image": image}))).unwrap();
+        let id = v["id"].as_str().unwrap().to_string();
+        create.push(ms(t0));
+        let t1 = Instant::now();
+        let r: Value = c.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&exec_true)).unwrap();
+        assert_eq!(r["exit_code"], 0);
+        exec.push(ms(t1));
+        let t2 = Instant::now();
+        c.request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+        rm.push(ms(t2));
+        total.push(ms(t0));
+    }
+    stats("api_create_exec_rm", total);
+    stats("api_create", create);
+    stats("api_exec_first", exec);
+    stats("api_rm", rm);
+
+    // Warm exec in one running sandbox.
+    let v: Value = c.call("POST", "/v1/sandboxes", Some(&json!({"image": image}))).unwrap();
+    let id = v["id"].as_str().unwrap().to_string();
+    let mut warm = vec![];
+    for i in 0..runs.max(100) + 5 {
+        let t = Instant::now();
+        let r: Value = c.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&exec_true)).unwrap();
+        assert_eq!(r["exit_code"], 0);
+        if i >= 5 {
+            warm.push(ms(t));
+        }
+    }
+    c.request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    stats("api_warm_exec", warm);
+
+    // The floor: fork+exec of busybox true on the host, waited for.
+    let mut floor = vec![];
+    for i in 0..runs.max(100) + 5 {
+        let t = Instant::now();
+        let st = std::process::Command::new(busybox).arg("true").status().unwrap();
+        assert!(st.success());
+        if i >= 5 {
+            floor.push(ms(t));
+        }
+    }
+    stats("host_fork_exec", floor);
+}
