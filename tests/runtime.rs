@@ -365,7 +365,9 @@ fn sandboxes_survive_a_daemon_kill() {
         .into_iter()
         .map(|(pid, _)| pid)
         .filter(|pid| *pid != shim as i32)
-        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default().contains(&env.cgroup_parent))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default().contains(&env.cgroup_parent)
+        })
         .collect();
     assert!(!warm.is_empty(), "expected warm shims");
     env.kill_daemon();

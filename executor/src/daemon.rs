@@ -195,7 +195,9 @@ impl Daemon {
         // short) of a daemon that was killed: end their processes (they are
         // in our own cgroup) and remove their cgroups before the file sweep.
         let dir = self.rt.store.root().join("sandboxes");
-        for entry in std::fs::read_dir(&dir).map_err(|source| StoreError::Io { step: "read", path: dir.clone(), source })? {
+        for entry in
+            std::fs::read_dir(&dir).map_err(|source| StoreError::Io { step: "read", path: dir.clone(), source })?
+        {
             let Ok(entry) = entry else { continue };
             let Ok(id) = entry.file_name().to_string_lossy().parse::<SandboxId>() else { continue };
             if known_sandboxes.contains(id.as_str()) {
@@ -203,7 +205,8 @@ impl Daemon {
             }
             let cg = crate::cgroups::SandboxCgroup::load(&self.rt.cgroup_path(&id));
             for pid in cg.procs() {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
             }
             if let Err(e) = cg.remove(std::time::Duration::from_secs(5)) {
                 tracing::warn!("sweep cgroup of {id}: {}", crate::error::chain(&e));

@@ -52,9 +52,13 @@ pub struct Store {
 impl Store {
     /// Open (creating if needed) the store at `root`.
     pub fn open(root: &Path) -> Result<Store, StoreError> {
+        // Layers hold setuid files and files of any owner; sandboxes hold
+        // uppers the sandbox wrote. Only root may look inside (mode 0700).
         for sub in ["layers", "sandboxes", "tmp"] {
             let p = root.join(sub);
             std::fs::create_dir_all(&p).map_err(io("create", &p))?;
+            std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                .map_err(io("chmod 0700", &p))?;
         }
         let root = std::fs::canonicalize(root).map_err(io("resolve", root))?;
         Ok(Store { root })

@@ -106,8 +106,7 @@ pub fn prepare(rt: &Runtime, id: &SandboxId) -> Result<Prepared, SandboxError> {
     let parts = prep.parts.as_mut().ok_or(SandboxError::Dead(id.clone()))?;
     t.mark("dirs");
 
-    parts.cgroup =
-        Some(SandboxCgroup::create(&rt.cgroup_path(id), &Default::default()).map_err(SandboxError::Cgroup)?);
+    parts.cgroup = Some(SandboxCgroup::create(&rt.cgroup_path(id), &Default::default()).map_err(SandboxError::Cgroup)?);
     t.mark("cgroup");
 
     let listener = socket(AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC, None)

@@ -125,7 +125,7 @@ impl Sandbox {
             .exec(spec, &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()])
             .map_err(SandboxError::Exec)?;
         drop((in_r, out_w, err_w));
-        self.wait_started(&rx)?;
+        // No wait for `Started`: the pump sees output, exit or StartFailed.
         if !stdin.is_empty() {
             let mut w = std::fs::File::from(in_w);
             std::thread::spawn(move || {
@@ -267,6 +267,9 @@ impl Sandbox {
             // Collect exit events without blocking.
             match rx.try_recv() {
                 Ok(Delivery { event: ShimEvent::Exited { status: s, .. }, .. }) => status = Some(s),
+                Ok(Delivery { event: ShimEvent::StartFailed { message, .. }, .. }) => {
+                    return Err(SandboxError::BadExec(message))
+                }
                 Ok(_) => {}
                 Err(TryRecvError::Empty) => {}
                 Err(TryRecvError::Disconnected) if status.is_none() => return Err(SandboxError::Dead(self.id.clone())),
@@ -287,6 +290,9 @@ impl Sandbox {
                     deadline.map(|d| d.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(3600));
                 match rx.recv_timeout(wait) {
                     Ok(Delivery { event: ShimEvent::Exited { status: s, .. }, .. }) => status = Some(s),
+                    Ok(Delivery { event: ShimEvent::StartFailed { message, .. }, .. }) => {
+                        return Err(SandboxError::BadExec(message))
+                    }
                     Ok(_) | Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => return Err(SandboxError::Dead(self.id.clone())),
                 }
