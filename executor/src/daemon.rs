@@ -322,27 +322,21 @@ impl Daemon {
         image: &ImageRow,
     ) -> Result<Arc<Sandbox>, ApiError> {
         let warm = self.take_warm();
+        tracing::debug!("create: {} shim", if warm.is_some() { "warm" } else { "cold" });
         let id = warm.as_ref().map(|w| w.id.clone()).unwrap_or_else(SandboxId::random);
         let hostname = hostname.unwrap_or_else(|| id.as_str()[..12].to_string());
         let spec = SandboxSpec { image: name.to_string(), limits, env, hostname, cgroup: self.rt.cgroup_path(&id) };
         let defaults = self.exec_defaults(image, &spec)?;
-        // Row first (state creating): a crash from here on is cleaned up at start.
-        lock(&self.db).insert_sandbox(&id, image.id, &spec)?;
-        let made = match warm {
+        let sb = match warm {
             Some(prep) => sandbox::start(&self.rt, prep, &spec, image, defaults),
             None => sandbox::create(&self.rt, &id, &spec, image, defaults),
-        };
-        let sb = match made {
-            Ok(sb) => sb,
-            Err(e) => {
-                let _ = lock(&self.db).delete_sandbox(&id);
-                return Err(e.into());
-            }
-        };
+        }?;
+        // One row, written once the sandbox is up. A crash before this leaves
+        // a sandbox dir and cgroup without a row: the start-up sweep ends its
+        // processes and removes both.
         let start = sandbox::process_start_time(sb.shim_pid).unwrap_or(0);
-        if let Err(e) = lock(&self.db).set_sandbox_running(&id, sb.shim_pid, start) {
+        if let Err(e) = lock(&self.db).insert_running_sandbox(&id, image.id, &spec, sb.shim_pid, start) {
             let _ = sb.destroy(&self.rt.store);
-            let _ = lock(&self.db).delete_sandbox(&id);
             return Err(e.into());
         }
         Ok(Arc::new(sb))
@@ -362,6 +356,9 @@ impl Daemon {
         let d = self.clone();
         let spawned = std::thread::Builder::new().name("warm-pool".into()).spawn(move || {
             use std::sync::atomic::Ordering;
+            // Refilling is background work: it must not compete with the
+            // creates and execs it exists to speed up (2-core hosts).
+            let _ = strata_shim::sys::set_thread_nice(19);
             loop {
                 {
                     let mut ready = lock(&d.warm.ready);

@@ -302,13 +302,6 @@ impl Db {
         rows.into_iter().map(|r| self.image_from_row(r)).collect()
     }
 
-    /// Sandboxes (any state) that use an image.
-    pub fn sandboxes_using_image(&self, image_id: i64) -> Result<Vec<String>, DbError> {
-        let mut st = self.conn.prepare("SELECT id FROM sandboxes WHERE image_id = ?1").map_err(q("image users"))?;
-        let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image users"))?;
-        rows.collect::<Result<_, _>>().map_err(q("image users"))
-    }
-
     /// Delete an image and return the diff_ids of layers no image uses any
     /// more (their rows are deleted too; the caller removes the directories).
     /// Refuses (returns `Ok(Err(users))`) while sandboxes use the image.
@@ -349,34 +342,23 @@ impl Db {
 
     // ---- sandboxes ----
 
-    pub fn insert_sandbox(&self, id: &SandboxId, image_id: i64, spec: &SandboxSpec) -> Result<(), DbError> {
+    /// Record a sandbox that is up (one write on the create path).
+    pub fn insert_running_sandbox(
+        &self,
+        id: &SandboxId,
+        image_id: i64,
+        spec: &SandboxSpec,
+        shim_pid: i32,
+        shim_start: u64,
+    ) -> Result<(), DbError> {
         let spec = serde_json::to_string(spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
         self.conn
-            .execute(
-                "INSERT INTO sandboxes (id, image_id, state, spec, created_at) VALUES (?1, ?2, 'creating', ?3, ?4)",
-                params![id.as_str(), image_id, spec, now()],
+            .prepare_cached(
+                "INSERT INTO sandboxes (id, image_id, state, spec, shim_pid, shim_start, created_at) \
+                 VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6)",
             )
+            .and_then(|mut st| st.execute(params![id.as_str(), image_id, spec, shim_pid, shim_start as i64, now()]))
             .map_err(q("insert sandbox"))?;
-        Ok(())
-    }
-
-    pub fn set_sandbox_running(&self, id: &SandboxId, shim_pid: i32, shim_start: u64) -> Result<(), DbError> {
-        self.conn
-            .execute(
-                "UPDATE sandboxes SET state = 'running', shim_pid = ?2, shim_start = ?3 WHERE id = ?1",
-                params![id.as_str(), shim_pid, shim_start as i64],
-            )
-            .map_err(q("mark sandbox running"))?;
-        Ok(())
-    }
-
-    pub fn set_sandbox_shim(&self, id: &SandboxId, shim_pid: i32, shim_start: u64) -> Result<(), DbError> {
-        self.conn
-            .execute(
-                "UPDATE sandboxes SET shim_pid = ?2, shim_start = ?3 WHERE id = ?1",
-                params![id.as_str(), shim_pid, shim_start as i64],
-            )
-            .map_err(q("record sandbox shim"))?;
         Ok(())
     }
 
@@ -466,7 +448,7 @@ mod tests {
         let name: ImageName = "a".parse().unwrap();
         let img = db.insert_image(&name, "m", "c", &ImageConfig::default(), &[layer('1')]).unwrap();
         let id = SandboxId::random();
-        db.insert_sandbox(&id, img, &SandboxSpec::default()).unwrap();
+        db.insert_running_sandbox(&id, img, &SandboxSpec::default(), 42, 7).unwrap();
         assert_eq!(db.delete_image(img).unwrap(), Err(vec![id.to_string()]));
         db.delete_sandbox(&id).unwrap();
         assert!(db.delete_image(img).unwrap().is_ok());
@@ -474,17 +456,11 @@ mod tests {
 
     #[test]
     fn sandbox_state_is_constrained() {
-        let db = Db::open_in_memory().unwrap();
-        let img = {
-            let mut db2 = db;
-            let id = db2.insert_image(&"a".parse().unwrap(), "m", "c", &ImageConfig::default(), &[]).unwrap();
-            (db2, id)
-        };
-        let (db, img) = img;
+        let mut db = Db::open_in_memory().unwrap();
+        let img = db.insert_image(&"a".parse().unwrap(), "m", "c", &ImageConfig::default(), &[]).unwrap();
         let id = SandboxId::random();
-        db.insert_sandbox(&id, img, &SandboxSpec::default()).unwrap();
+        db.insert_running_sandbox(&id, img, &SandboxSpec::default(), 42, 7).unwrap();
         assert!(db.conn.execute("UPDATE sandboxes SET state = 'bogus' WHERE id = ?1", [id.as_str()]).is_err());
-        db.set_sandbox_running(&id, 42, 7).unwrap();
         let rows = db.list_sandboxes().unwrap();
         assert_eq!(rows[0].state, SandboxState::Running);
         assert_eq!(rows[0].shim_pid, Some(42));

@@ -72,6 +72,9 @@ fn main() -> ExitCode {
             return ShimExit::Handshake.into();
         }
     };
+    // A warm shim was started by the daemon's low-priority pool thread and
+    // inherited its nice value; a sandbox in use runs at normal priority.
+    let _ = strata_shim::sys::set_thread_nice(0);
     if let Err(e) = setup::run(&spec) {
         let chain = chain(&e);
         eprintln!("strata-shim: setup failed: {}", chain.join(": "));

@@ -539,6 +539,15 @@ pub fn lgetxattr(path: &CStr, name: &CStr) -> Result<Vec<u8>, Errno> {
     Ok(buf)
 }
 
+/// Set the nice value of the calling thread (Linux: `PRIO_PROCESS` with 0
+/// is the calling thread). Lowering it below the current value needs
+/// CAP_SYS_NICE.
+pub fn set_thread_nice(nice: i32) -> Result<(), Errno> {
+    // SAFETY: setpriority takes integers only.
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    Errno::result(r).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
