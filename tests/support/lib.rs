@@ -329,16 +329,7 @@ fn remove_cgroup_tree(dir: &Path) {
     }
 }
 
-/// Mount points at or under `path` (from /proc/self/mountinfo).
-pub fn mounts_under(path: &Path) -> Vec<String> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let p = path.to_string_lossy().into_owned();
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| *m == p || m.starts_with(&format!("{p}/")))
-        .map(str::to_string)
-        .collect()
-}
+pub use strata::store::mounts_under;
 
 /// Every process whose command line mentions `needle` (for leak checks).
 pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {

@@ -51,6 +51,14 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
         .map_err(|e| SandboxError::Io { step: "create pipe", source: e.into() })
 }
 
+/// Our ends of a started command's stdio, and its event channel.
+struct Piped {
+    rx: Receiver<Delivery>,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
 /// How the pump loop ended.
 struct Finished {
     status: ExitStatus,
@@ -95,6 +103,19 @@ impl Sandbox {
         })
     }
 
+    /// Ask the shim to start `spec` with three fresh pipes as its stdio; we
+    /// keep the other ends.
+    fn start_piped(&self, spec: ExecSpec) -> Result<Piped, SandboxError> {
+        let (in_r, stdin) = pipe()?;
+        let (stdout, out_w) = pipe()?;
+        let (stderr, err_w) = pipe()?;
+        let rx = self
+            .shim
+            .exec(spec, &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()])
+            .map_err(SandboxError::Exec)?;
+        Ok(Piped { rx, stdin, stdout, stderr })
+    }
+
     /// Wait for the shim to confirm the fork; returns the pty master if any.
     fn wait_started(&self, rx: &Receiver<Delivery>) -> Result<Option<OwnedFd>, SandboxError> {
         loop {
@@ -117,14 +138,7 @@ impl Sandbox {
         let spec = self.exec_spec(req)?;
         let id = spec.id;
         let start = Instant::now();
-        let (in_r, in_w) = pipe()?;
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
-        let rx = self
-            .shim
-            .exec(spec, &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()])
-            .map_err(SandboxError::Exec)?;
-        drop((in_r, out_w, err_w));
+        let Piped { rx, stdin: in_w, stdout: out_r, stderr: err_r } = self.start_piped(spec)?;
         // No wait for `Started`: the pump sees output, exit or StartFailed.
         if !stdin.is_empty() {
             let mut w = std::fs::File::from(in_w);
@@ -179,14 +193,7 @@ impl Sandbox {
             upgrade(&mut conn).map_err(|source| SandboxError::Io { step: "upgrade connection", source })?;
             return self.attached_loop(id, rx, vec![(master, FrameKind::Stdout)], input, Some(resize), req, conn);
         }
-        let (in_r, in_w) = pipe()?;
-        let (out_r, out_w) = pipe()?;
-        let (err_r, err_w) = pipe()?;
-        let rx = self
-            .shim
-            .exec(spec, &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()])
-            .map_err(SandboxError::Exec)?;
-        drop((in_r, out_w, err_w));
+        let Piped { rx, stdin: in_w, stdout: out_r, stderr: err_r } = self.start_piped(spec)?;
         self.wait_started(&rx)?;
         upgrade(&mut conn).map_err(|source| SandboxError::Io { step: "upgrade connection", source })?;
         self.attached_loop(id, rx, vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)], in_w, None, req, conn)
