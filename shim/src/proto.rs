@@ -50,6 +50,11 @@ pub struct ExecSpec {
     /// [`ShimEvent::Started`]. Otherwise exactly three fds (stdin, stdout,
     /// stderr) travel with the request.
     pub tty: bool,
+    /// With `tty`: the initial window size, set before the command starts.
+    #[serde(default)]
+    pub rows: u16,
+    #[serde(default)]
+    pub cols: u16,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -190,6 +190,10 @@ fn start(spec: &ExecSpec, fds: Vec<OwnedFd>) -> Result<(i32, Option<OwnedFd>), S
             return Err("a tty exec takes no fds".into());
         }
         let (m, p) = sys::open_pty().map_err(|e| format!("allocate pty: {e}"))?;
+        // Before the fork, so the command's first TIOCGWINSZ sees it.
+        if spec.rows > 0 && spec.cols > 0 {
+            sys::set_window_size(m.as_fd(), spec.rows, spec.cols).map_err(|e| format!("set window size: {e}"))?;
+        }
         (Some(m), Some(p))
     } else {
         if fds.len() != 3 {

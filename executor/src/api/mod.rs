@@ -72,7 +72,6 @@ pub enum Reply {
     Attach {
         sandbox: Arc<crate::sandbox::Sandbox>,
         req: ExecRequest,
-        size: (u16, u16),
     },
 }
 
@@ -107,6 +106,7 @@ fn exec_request(b: &ExecRequestBody) -> Result<ExecRequest, ApiError> {
         user: b.user.clone(),
         timeout,
         tty: b.tty,
+        size: (b.rows.unwrap_or(24).max(1), b.cols.unwrap_or(80).max(1)),
     })
 }
 
@@ -184,11 +184,7 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                         "stdin is sent as frames on an attached exec",
                     ));
                 }
-                return Ok(Reply::Attach {
-                    sandbox: sb,
-                    req: ereq,
-                    size: (b.rows.unwrap_or(24), b.cols.unwrap_or(80)),
-                });
+                return Ok(Reply::Attach { sandbox: sb, req: ereq });
             }
             let out = sb.exec_buffered(&ereq, b.stdin.unwrap_or_default().into_bytes())?;
             let signal = match out.status {
@@ -231,7 +227,7 @@ pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
         let result = match reply {
             Ok(Reply::Json(status, b)) => http::write_response(&mut writer, status, &b, keep),
             Ok(Reply::Empty(status)) => http::write_response(&mut writer, status, &[], keep),
-            Ok(Reply::Attach { sandbox, req: ereq, size }) => {
+            Ok(Reply::Attach { sandbox, req: ereq }) => {
                 // The connection now belongs to the exec; buffered bytes past
                 // the request head would be lost, so refuse pipelined data.
                 if !reader.buffer().is_empty() {
@@ -244,7 +240,7 @@ pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
                     Err(_) => return,
                 };
                 let mut started = false;
-                let r = sandbox.exec_attached(&ereq, conn, size, |c| {
+                let r = sandbox.exec_attached(&ereq, conn, |c| {
                     started = true;
                     http::write_upgrade(c)
                 });

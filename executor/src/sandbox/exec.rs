@@ -34,6 +34,8 @@ pub struct ExecRequest {
     pub user: Option<String>,
     pub timeout: Option<Duration>,
     pub tty: bool,
+    /// With `tty`: initial (rows, cols).
+    pub size: (u16, u16),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -100,6 +102,8 @@ impl Sandbox {
             uid,
             gid,
             tty: req.tty,
+            rows: req.size.0,
+            cols: req.size.1,
         })
     }
 
@@ -179,7 +183,6 @@ impl Sandbox {
         self: &Arc<Self>,
         req: &ExecRequest,
         mut conn: UnixStream,
-        size: (u16, u16),
         upgrade: impl FnOnce(&mut UnixStream) -> std::io::Result<()>,
     ) -> Result<(), SandboxError> {
         let spec = self.exec_spec(req)?;
@@ -187,7 +190,6 @@ impl Sandbox {
         if req.tty {
             let rx = self.shim.exec(spec, &[]).map_err(SandboxError::Exec)?;
             let master = self.wait_started(&rx)?.ok_or_else(|| SandboxError::BadExec("shim sent no pty".into()))?;
-            let _ = strata_shim::sys::set_window_size(master.as_fd(), size.0.max(1), size.1.max(1));
             let dup = |m: &OwnedFd| m.try_clone().map_err(|source| SandboxError::Io { step: "dup pty master", source });
             let (input, resize) = (dup(&master)?, dup(&master)?);
             upgrade(&mut conn).map_err(|source| SandboxError::Io { step: "upgrade connection", source })?;
