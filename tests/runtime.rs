@@ -70,6 +70,22 @@ fn sandbox_is_isolated_and_writes_stay_in_its_upper() {
     let lo = stdout(&sh(&env, &id, "ip link show lo"));
     assert!(lo.contains("UP"), "loopback is up: {lo}");
 
+    // Minimal /dev, read-only /sys, Docker's capability set, no_new_privs.
+    let dev = stdout(&sh(&env, &id, "ls /dev | tr '\\n' ' '"));
+    assert_eq!(dev.trim(), "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero", "{dev}");
+    let v = sh(&env, &id, "echo 1 > /sys/kernel/profiling 2>/dev/null && echo wrote || echo refused");
+    assert_eq!(stdout(&v).trim(), "refused", "/sys is writable");
+    let status = stdout(&sh(&env, &id, "grep -E '^(CapBnd|CapEff|NoNewPrivs)' /proc/self/status"));
+    assert!(status.contains("CapBnd:\t00000000a80425fb"), "bounding set is not Docker's default: {status}");
+    assert!(status.contains("CapEff:\t00000000a80425fb"), "{status}");
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+
+    // PID 1 reaps orphans: a background child whose parent already exited.
+    sh(&env, &id, "(sleep 0.2 &) ; true");
+    std::thread::sleep(Duration::from_millis(600));
+    let stats = stdout(&sh(&env, &id, "ps -o stat | grep -c Z || true"));
+    assert_eq!(stats.trim(), "0", "zombies left in the sandbox");
+
     // The host's files are not visible.
     let probe = env.root.display().to_string();
     let v = sh(&env, &id, &format!("test -e {probe} && echo visible || echo hidden"));
