@@ -285,6 +285,9 @@ fn api_errors() {
     );
     assert_eq!(status_of(c.request("POST", "/v1/sandboxes", Some(&json!({"image": "nope"})))), 404);
     assert_eq!(status_of(c.request("GET", "/v2/nothing", none)), 404);
+    assert_eq!(status_of(c.request("GET", "/v1images", none)), 404);
+    // 405: a known path with the wrong method.
+    assert_eq!(status_of(c.request("PUT", "/v1/sandboxes", none)), 405);
     // 400: malformed JSON, unknown field, bad values.
     let r = c.raw("POST", "/v1/sandboxes", b"{not json", "").unwrap();
     assert_eq!(r.status, 400);

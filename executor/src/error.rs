@@ -12,6 +12,8 @@ pub enum ErrorKind {
     Conflict,
     /// A configured limit is reached (429).
     LimitReached,
+    /// The path exists but not with this method (405).
+    MethodNotAllowed,
     /// A bug or a host failure (500).
     Internal,
 }
@@ -23,6 +25,7 @@ impl ErrorKind {
             ErrorKind::InvalidArgument => 400,
             ErrorKind::Conflict => 409,
             ErrorKind::LimitReached => 429,
+            ErrorKind::MethodNotAllowed => 405,
             ErrorKind::Internal => 500,
         }
     }
@@ -33,6 +36,7 @@ impl ErrorKind {
             ErrorKind::InvalidArgument => "invalid_argument",
             ErrorKind::Conflict => "conflict",
             ErrorKind::LimitReached => "limit_reached",
+            ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::Internal => "internal",
         }
     }

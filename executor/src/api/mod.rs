@@ -121,7 +121,7 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
     };
     let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let m = req.method.as_str();
-    let not_allowed = || ApiError::new(ErrorKind::InvalidArgument, format!("method {m} not allowed on {}", req.path));
+    let not_allowed = || ApiError::new(ErrorKind::MethodNotAllowed, format!("method {m} not allowed on {}", req.path));
     match segs.as_slice() {
         ["version"] => match m {
             "GET" => json(
