@@ -90,8 +90,11 @@ impl Sandbox {
         if !cwd.starts_with('/') {
             return Err(SandboxError::BadExec(format!("cwd {cwd:?} must be absolute")));
         }
-        let (uid, gid) = match &req.user {
-            None => (self.defaults.uid, self.defaults.gid),
+        if cwd.contains('\0') {
+            return Err(SandboxError::BadExec("cwd must not contain NUL bytes".into()));
+        }
+        let (uid, gid) = match req.user.as_deref() {
+            None | Some("") => (self.defaults.uid, self.defaults.gid),
             Some(u) => parse_user(u, |_| None).map_err(SandboxError::BadExec)?,
         };
         Ok(ExecSpec {
