@@ -105,6 +105,15 @@ pub enum CgroupError {
     },
     #[error("remove cgroup {path}: processes {pids:?} are still in it after {waited:?}")]
     Busy { path: String, pids: Vec<u64>, waited: Duration },
+    #[error("{what} cgroup {path}")]
+    Freezer {
+        what: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cgroup {path} did not reach the frozen state within {waited:?} (still {state})")]
+    FreezeTimeout { path: String, waited: Duration, state: String },
     #[error("remove cgroup {path}")]
     Remove {
         path: String,
@@ -187,6 +196,64 @@ impl SandboxCgroup {
                 .map_err(|source| CgroupError::Limit { what: "cpu quota", path: path(), source })?;
         }
         Ok(())
+    }
+
+    /// Freeze every process of the cgroup and wait until the kernel reports
+    /// it frozen (v1 `freezer.state` FROZEN, v2 `cgroup.events` frozen 1).
+    pub fn freeze(&self, budget: Duration) -> Result<(), CgroupError> {
+        self.set_frozen(true)?;
+        let start = Instant::now();
+        loop {
+            let state = self.frozen_state()?;
+            if state == "frozen" {
+                return Ok(());
+            }
+            if start.elapsed() > budget {
+                let _ = self.set_frozen(false);
+                return Err(CgroupError::FreezeTimeout { path: self.path.clone(), waited: budget, state });
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        self.set_frozen(false)
+    }
+
+    /// The v2 directory of this cgroup (v2 has one hierarchy).
+    fn v2_dir(&self) -> std::path::PathBuf {
+        std::path::Path::new(cgroups_rs::hierarchies::UNIFIED_MOUNTPOINT).join(&self.path)
+    }
+
+    fn set_frozen(&self, frozen: bool) -> Result<(), CgroupError> {
+        let what = if frozen { "freeze" } else { "thaw" };
+        let err = |source| CgroupError::Freezer { what, path: self.path.clone(), source };
+        if self.cg.v2() {
+            return std::fs::write(self.v2_dir().join("cgroup.freeze"), if frozen { "1" } else { "0" }).map_err(err);
+        }
+        let f: &cgroups_rs::freezer::FreezerController =
+            self.cg.controller_of().ok_or(CgroupError::Missing { path: self.path.clone(), ctrl: "freezer" })?;
+        let r = if frozen { f.freeze() } else { f.thaw() };
+        r.map_err(|e| err(std::io::Error::other(e.to_string())))
+    }
+
+    /// "frozen", "freezing" or "thawed".
+    fn frozen_state(&self) -> Result<String, CgroupError> {
+        let err = |source| CgroupError::Freezer { what: "read state of", path: self.path.clone(), source };
+        if self.cg.v2() {
+            let events = std::fs::read_to_string(self.v2_dir().join("cgroup.events")).map_err(err)?;
+            let frozen = events.lines().any(|l| l.trim() == "frozen 1");
+            return Ok(if frozen { "frozen" } else { "freezing" }.into());
+        }
+        let f: &cgroups_rs::freezer::FreezerController =
+            self.cg.controller_of().ok_or(CgroupError::Missing { path: self.path.clone(), ctrl: "freezer" })?;
+        Ok(match f.state() {
+            Ok(cgroups_rs::freezer::FreezerState::Frozen) => "frozen",
+            Ok(cgroups_rs::freezer::FreezerState::Freezing) => "freezing",
+            Ok(cgroups_rs::freezer::FreezerState::Thawed) => "thawed",
+            Err(e) => return Err(err(std::io::Error::other(e.to_string()))),
+        }
+        .into())
     }
 
     pub fn add(&self, pid: u32) -> Result<(), CgroupError> {

@@ -43,6 +43,10 @@ pub enum Command {
     Ps,
     /// Show one sandbox as JSON.
     Inspect { id: String },
+    /// Freeze every process of a sandbox in place (nothing is written).
+    Pause { id: String },
+    /// Thaw a paused sandbox.
+    Unpause { id: String },
     /// Remove sandboxes: kill every process, delete upper, work and cgroup.
     Rm {
         #[arg(required = true)]
@@ -222,6 +226,14 @@ pub fn run(cli: Cli) -> Result<i32> {
                 }
             }
             Ok(if failed > 0 { 1 } else { 0 })
+        }
+        Command::Pause { id } => {
+            client(&cli)?.request("POST", &format!("/v1/sandboxes/{id}/pause"), NO_BODY)?;
+            Ok(0)
+        }
+        Command::Unpause { id } => {
+            client(&cli)?.request("POST", &format!("/v1/sandboxes/{id}/unpause"), NO_BODY)?;
+            Ok(0)
         }
         Command::Exec(a) => run_exec(&cli, a),
     }

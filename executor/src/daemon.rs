@@ -168,7 +168,7 @@ impl Daemon {
         let rows = lock(&self.db).list_sandboxes()?;
         for row in rows {
             let adopted = match row.state {
-                SandboxState::Running => self
+                SandboxState::Running | SandboxState::Paused => self
                     .defaults_for(&row.image_id, &row.spec)
                     .and_then(|d| sandbox::adopt(&self.rt, &row, d).map_err(|e| ApiError::internal(&e))),
                 _ => Err(ApiError::new(ErrorKind::Internal, "sandbox was not running")),
@@ -409,6 +409,21 @@ impl Daemon {
         v
     }
 
+    /// Freeze every process of a sandbox in place (temporal snapshot).
+    pub fn pause_sandbox(&self, id: &str) -> Result<(), ApiError> {
+        let sb = self.sandbox(id)?;
+        sb.pause()?;
+        lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Paused)?;
+        Ok(())
+    }
+
+    pub fn unpause_sandbox(&self, id: &str) -> Result<(), ApiError> {
+        let sb = self.sandbox(id)?;
+        sb.unpause()?;
+        lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Running)?;
+        Ok(())
+    }
+
     pub fn remove_sandbox(&self, id: &str) -> Result<(), ApiError> {
         let sb = self.sandbox(id)?;
         if !sb.begin_stop() {
@@ -440,7 +455,7 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
     SandboxInfo {
         id: s.id.to_string(),
         image: s.spec.image.clone(),
-        state: if s.is_alive() { "running" } else { "exited" }.to_string(),
+        state: if s.is_alive() { s.run_state().to_string() } else { "exited".to_string() },
         limits: s.spec.limits,
         hostname: s.spec.hostname.clone(),
         created_at: s.created_at,

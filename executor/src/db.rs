@@ -83,6 +83,21 @@ const MIGRATIONS: &[&str] = &[
         created_at  INTEGER NOT NULL
     );
     "#,
+    // 2: sandboxes may be paused. SQLite cannot alter a CHECK: rebuild.
+    r#"
+    CREATE TABLE sandboxes_v2 (
+        id          TEXT PRIMARY KEY CHECK (length(id) = 16),
+        image_id    INTEGER NOT NULL REFERENCES images(id) ON DELETE RESTRICT,
+        state       TEXT NOT NULL CHECK (state IN ('creating', 'running', 'paused', 'stopped')),
+        spec        TEXT NOT NULL,
+        shim_pid    INTEGER,
+        shim_start  INTEGER,
+        created_at  INTEGER NOT NULL
+    );
+    INSERT INTO sandboxes_v2 SELECT id, image_id, state, spec, shim_pid, shim_start, created_at FROM sandboxes;
+    DROP TABLE sandboxes;
+    ALTER TABLE sandboxes_v2 RENAME TO sandboxes;
+    "#,
 ];
 
 pub struct Db {
@@ -124,6 +139,7 @@ pub struct SandboxSpec {
 pub enum SandboxState {
     Creating,
     Running,
+    Paused,
     Stopped,
 }
 
@@ -132,6 +148,7 @@ impl SandboxState {
         match self {
             SandboxState::Creating => "creating",
             SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
             SandboxState::Stopped => "stopped",
         }
     }
@@ -139,6 +156,7 @@ impl SandboxState {
         match s {
             "creating" => SandboxState::Creating,
             "running" => SandboxState::Running,
+            "paused" => SandboxState::Paused,
             _ => SandboxState::Stopped,
         }
     }

@@ -111,10 +111,15 @@ impl ShimClient {
     }
 
     /// Re-attach to a live shim after a daemon restart; returns the exec ids it
-    /// still runs.
-    pub fn reconnect(path: &Path, timeout: Duration) -> Result<(ShimClient, Vec<u64>), ShimError> {
+    /// still runs. A frozen shim (its sandbox is paused, and the shim lives in
+    /// the sandbox's cgroup) cannot answer until it is thawed: with
+    /// `frozen`, the connection is queued and the `Hello` answered later.
+    pub fn reconnect(path: &Path, timeout: Duration, frozen: bool) -> Result<(ShimClient, Vec<u64>), ShimError> {
         let sock = connect_path(path)?;
         proto::send(&sock, &ShimRequest::Hello, &[])?;
+        if frozen {
+            return Ok((ShimClient::start(sock), Vec::new()));
+        }
         let running = match recv_timeout(&sock, timeout)?.event {
             ShimEvent::Hello { running } => running,
             other => return Err(ShimError::Unexpected(Box::new(other))),

@@ -169,6 +169,14 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             "DELETE" => d.remove_sandbox(id).map(|()| Reply::Empty(204)),
             _ => Err(not_allowed()),
         },
+        ["sandboxes", id, "pause"] => match m {
+            "POST" => d.pause_sandbox(id).map(|()| Reply::Empty(204)),
+            _ => Err(not_allowed()),
+        },
+        ["sandboxes", id, "unpause"] => match m {
+            "POST" => d.unpause_sandbox(id).map(|()| Reply::Empty(204)),
+            _ => Err(not_allowed()),
+        },
         ["sandboxes", id, "exec"] => {
             if m != "POST" {
                 return Err(not_allowed());

@@ -44,7 +44,7 @@ pub struct CreateRequest {
 pub struct SandboxInfo {
     pub id: String,
     pub image: String,
-    /// `running`, or `exited` if its init process is gone.
+    /// `running`, `paused`, `stopping`, or `exited` if its init process is gone.
     pub state: String,
     pub limits: Limits,
     pub hostname: String,

@@ -12,7 +12,7 @@
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
@@ -193,7 +193,7 @@ pub fn start(
         shim: ShimClient::start(conn),
         pidfd,
         cgroup,
-        stopping: AtomicBool::new(false),
+        state: std::sync::Mutex::new(super::RunState::Running),
         next_exec: AtomicU64::new(1),
     })
 }
@@ -233,7 +233,8 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
     }
     let pidfd = sys::pidfd_open(pid).map_err(|source| AdoptError::Pidfd { pid, source })?;
     let dirs = rt.store.sandbox_dirs(&row.id);
-    let (shim, _running) = ShimClient::reconnect(&dirs.socket, SETUP_TIMEOUT).map_err(AdoptError::Reconnect)?;
+    let paused = row.state == crate::db::SandboxState::Paused;
+    let (shim, _running) = ShimClient::reconnect(&dirs.socket, SETUP_TIMEOUT, paused).map_err(AdoptError::Reconnect)?;
     Ok(Sandbox {
         id: row.id.clone(),
         spec: row.spec.clone(),
@@ -243,7 +244,7 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
         shim,
         pidfd,
         cgroup: SandboxCgroup::load(&row.spec.cgroup),
-        stopping: AtomicBool::new(false),
+        state: std::sync::Mutex::new(if paused { super::RunState::Paused } else { super::RunState::Running }),
         next_exec: AtomicU64::new(1 << 32),
     })
 }

@@ -7,7 +7,6 @@
 //! is removed once the killed processes have left it.
 
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -15,7 +14,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 use strata_shim::sys;
 
-use super::{Sandbox, SandboxError};
+use super::{RunEvent, Sandbox, SandboxError};
 use crate::store::Store;
 
 const KILL_TIMEOUT_SECS: u64 = 10;
@@ -50,20 +49,25 @@ pub fn kill_and_reap(pid: i32, pidfd: BorrowedFd<'_>) -> Result<(), SandboxError
 
 impl Sandbox {
     /// Mark the sandbox as going away; new execs are refused from now on.
-    /// Returns false if another caller already started removing it.
+    /// Returns false if it is already being removed.
     pub fn begin_stop(&self) -> bool {
-        !self.stopping.swap(true, Ordering::AcqRel)
+        self.transition(RunEvent::Stop, "remove", || Ok(())).is_ok()
     }
 
     /// Undo [`Sandbox::begin_stop`] after a failed removal so it can be retried.
     pub fn end_stop(&self) {
-        self.stopping.store(false, Ordering::Release);
+        let _ = self.cgroup.thaw();
+        let _ = self.transition(RunEvent::StopFailed, "recover", || Ok(()));
     }
 
     /// Kill every process, remove the cgroup and the sandbox's directories.
+    /// Call after [`Sandbox::begin_stop`].
     pub fn destroy(&self, store: &Store) -> Result<(), SandboxError> {
-        self.stopping.store(true, Ordering::Release);
         let mut t = super::Phases::start("destroy");
+        // Frozen tasks act on SIGKILL only once thawed (v1 freezer): queue
+        // the kill first so nothing runs in between, then thaw.
+        let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
+        let _ = self.cgroup.thaw();
         kill_and_reap(self.shim_pid, self.pidfd.as_fd())?;
         t.mark("kill");
         self.cgroup.remove(Duration::from_secs(KILL_TIMEOUT_SECS)).map_err(SandboxError::Cgroup)?;

@@ -69,8 +69,10 @@ struct Finished {
 
 impl Sandbox {
     fn exec_spec(&self, req: &ExecRequest) -> Result<ExecSpec, SandboxError> {
-        if self.stopping.load(Ordering::Acquire) {
-            return Err(SandboxError::Stopping(self.id.clone()));
+        match self.run_state() {
+            super::RunState::Running => {}
+            super::RunState::Stopping => return Err(SandboxError::Stopping(self.id.clone())),
+            state => return Err(SandboxError::State { id: self.id.clone(), state, action: "exec" }),
         }
         if !self.shim.is_alive() {
             return Err(SandboxError::Dead(self.id.clone()));

@@ -7,13 +7,14 @@
 mod create;
 mod destroy;
 mod exec;
+mod freeze;
 
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest};
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 
 use crate::cgroups::{CgroupError, SandboxCgroup};
 use crate::db::SandboxSpec;
@@ -49,6 +50,10 @@ pub enum SandboxError {
     },
     #[error("sandbox {0} is being removed")]
     Stopping(SandboxId),
+    #[error("sandbox {id} is {state}: {action} refused")]
+    State { id: SandboxId, state: RunState, action: &'static str },
+    #[error("freeze or thaw sandbox")]
+    Freezer(#[source] CgroupError),
     #[error("sandbox {0} has no running init process (its shim exited); remove it")]
     Dead(SandboxId),
     #[error("invalid exec request: {0}")]
@@ -70,7 +75,7 @@ pub enum SandboxError {
 impl SandboxError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            SandboxError::Stopping(_) | SandboxError::Dead(_) => ErrorKind::Conflict,
+            SandboxError::Stopping(_) | SandboxError::Dead(_) | SandboxError::State { .. } => ErrorKind::Conflict,
             SandboxError::BadExec(_) => ErrorKind::InvalidArgument,
             _ => ErrorKind::Internal,
         }
@@ -148,6 +153,52 @@ impl ExecDefaults {
     }
 }
 
+/// The in-memory lifecycle of a live sandbox; every change goes through
+/// [`RunState::next`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Running,
+    /// Frozen in place (cgroup freezer): a temporal snapshot, nothing written.
+    Paused,
+    /// Being removed; nothing new may start.
+    Stopping,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunEvent {
+    Pause,
+    Unpause,
+    Stop,
+    /// Removal failed; the sandbox is usable again (and thawed).
+    StopFailed,
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RunState::Running => "running",
+            RunState::Paused => "paused",
+            RunState::Stopping => "stopping",
+        })
+    }
+}
+
+impl RunState {
+    /// The state after `ev`, or `None` if `ev` is not allowed now.
+    pub fn next(self, ev: RunEvent) -> Option<RunState> {
+        use RunEvent::*;
+        use RunState::*;
+        match (self, ev) {
+            (Running, Pause) => Some(Paused),
+            (Paused, Unpause) => Some(Running),
+            (Running | Paused, Stop) => Some(Stopping),
+            (Stopping, StopFailed) => Some(Running),
+            _ => None,
+        }
+    }
+}
+
 /// A live sandbox.
 pub struct Sandbox {
     pub id: SandboxId,
@@ -158,7 +209,7 @@ pub struct Sandbox {
     shim: ShimClient,
     pidfd: OwnedFd,
     cgroup: SandboxCgroup,
-    stopping: AtomicBool,
+    state: std::sync::Mutex<RunState>,
     next_exec: AtomicU64,
 }
 
@@ -169,6 +220,25 @@ impl Sandbox {
 
     pub fn is_alive(&self) -> bool {
         self.shim.is_alive()
+    }
+
+    pub fn run_state(&self) -> RunState {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Apply `ev` under the state lock; `during` runs with the lock held and
+    /// must succeed for the transition to happen.
+    fn transition(
+        &self,
+        ev: RunEvent,
+        action: &'static str,
+        during: impl FnOnce() -> Result<(), SandboxError>,
+    ) -> Result<RunState, SandboxError> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let next = st.next(ev).ok_or_else(|| SandboxError::State { id: self.id.clone(), state: *st, action })?;
+        during()?;
+        *st = next;
+        Ok(next)
     }
 }
 
@@ -212,6 +282,20 @@ pub fn process_start_time(pid: i32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_state_transitions() {
+        use RunEvent::*;
+        use RunState::*;
+        assert_eq!(Running.next(Pause), Some(Paused));
+        assert_eq!(Paused.next(Pause), None, "pausing twice is refused");
+        assert_eq!(Running.next(Unpause), None);
+        assert_eq!(Paused.next(Unpause), Some(Running));
+        assert_eq!(Paused.next(Stop), Some(Stopping));
+        assert_eq!(Stopping.next(Stop), None, "one removal at a time");
+        assert_eq!(Stopping.next(Pause), None);
+        assert_eq!(Stopping.next(StopFailed), Some(Running));
+    }
 
     #[test]
     fn env_merge_overrides_by_key() {
