@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what building, testing and benchmarking Strata needs on a fresh
-# Debian 12 (or Ubuntu) host. Run as root. Idempotent: a second run installs
-# nothing and does not touch the network unless something is missing.
+# Debian 12 (or Ubuntu) host, qemu for the VM lane (scripts/vm-test)
+# included. Run as root. Idempotent: a second run installs nothing and does
+# not touch the network unless something is missing.
 #
 # usage: sudo scripts/install-deps.sh
 set -euo pipefail
@@ -33,6 +34,7 @@ PACKAGES=(
 	build-essential pkg-config git curl ca-certificates
 	busybox-static umoci skopeo runc crun bubblewrap
 	hyperfine iproute2 python3 jq tar gzip shellcheck
+	qemu-system-x86 xz-utils
 )
 
 installed() {
