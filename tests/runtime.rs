@@ -508,7 +508,16 @@ fn pause_freezes_in_place_and_writes_nothing() {
     let id = create(&env, json!({"image": "busybox"}));
     sh(&env, &id, "(i=0; while true; do i=$((i+1)); echo $i > /tmp/c; sleep 0.02; done) >/dev/null 2>&1 &");
     let counter = env.root.join("sandboxes").join(&id).join("upper/tmp/c");
-    let read = || std::fs::read_to_string(&counter).unwrap_or_default().trim().parse::<u64>().unwrap_or(0);
+    // `echo > file` truncates before it writes: retry a read that lands in between.
+    let read = || {
+        for _ in 0..200 {
+            if let Ok(n) = std::fs::read_to_string(&counter).unwrap_or_default().trim().parse::<u64>() {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        0
+    };
     std::thread::sleep(Duration::from_millis(200));
     assert!(read() > 0, "counter never ran");
 
@@ -517,9 +526,12 @@ fn pause_freezes_in_place_and_writes_nothing() {
     c.request("POST", &format!("/v1/sandboxes/{id}/pause"), none).unwrap();
     let v: Value = c.call("GET", &format!("/v1/sandboxes/{id}"), none).unwrap();
     assert_eq!(v["state"], "paused");
-    let frozen_at = read();
+    // Frozen between truncate and write, the file stays empty: compare raw bytes.
+    let raw = || std::fs::read(&counter).unwrap_or_default();
+    let frozen_raw = raw();
     std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(read(), frozen_at, "a paused sandbox kept running");
+    assert_eq!(raw(), frozen_raw, "a paused sandbox kept running");
+    let frozen_at = String::from_utf8_lossy(&frozen_raw).trim().parse::<u64>().unwrap_or(0);
     // Exec into a paused sandbox is refused with a clear error; so is a second pause.
     match c.request("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&json!({"argv": ["true"]}))) {
         Err(ClientError::Api { status: 409, message, .. }) => assert!(message.contains("paused"), "{message}"),

@@ -66,6 +66,9 @@ struct WarmPool {
     ready: Mutex<Vec<sandbox::Prepared>>,
     wake: std::sync::Condvar,
     stop: std::sync::atomic::AtomicBool,
+    /// The refill thread; joined at shutdown so a shim it is preparing is
+    /// torn down before the daemon exits.
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 pub struct Daemon {
@@ -379,16 +382,25 @@ impl Daemon {
                 }
             }
         });
-        if let Err(e) = spawned {
-            tracing::error!("start warm pool thread: {e}");
+        match spawned {
+            Ok(h) => *lock(&self.warm.thread) = Some(h),
+            Err(e) => tracing::error!("start warm pool thread: {e}"),
         }
     }
 
     /// Stop refilling and tear down every warm shim. Live sandboxes keep
     /// running; the next daemon re-adopts them.
     pub fn shutdown(&self) {
-        self.warm.stop.store(true, std::sync::atomic::Ordering::Release);
+        {
+            // Under the lock: the refill thread checks `stop` and starts
+            // waiting atomically with respect to this, so no wake-up is lost.
+            let _ready = lock(&self.warm.ready);
+            self.warm.stop.store(true, std::sync::atomic::Ordering::Release);
+        }
         self.warm.wake.notify_all();
+        if let Some(h) = lock(&self.warm.thread).take() {
+            let _ = h.join();
+        }
         let drained: Vec<_> = lock(&self.warm.ready).drain(..).collect();
         drop(drained);
     }
