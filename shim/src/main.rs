@@ -75,6 +75,10 @@ fn main() -> ExitCode {
     // A warm shim was started by the daemon's low-priority pool thread and
     // inherited its nice value; a sandbox in use runs at normal priority.
     let _ = strata_shim::sys::set_thread_nice(0);
+    // From here on the sandbox outlives its daemon (see sys::spawn_in_namespaces).
+    if let Err(e) = strata_shim::sys::clear_parent_death_signal() {
+        eprintln!("strata-shim: clear parent death signal: {e}");
+    }
     if let Err(e) = setup::run(&spec) {
         let chain = chain(&e);
         eprintln!("strata-shim: setup failed: {}", chain.join(": "));

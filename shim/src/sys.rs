@@ -91,6 +91,13 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan, namespaces: u64) -> Result<Spawned,
         // Child. SAFETY: only async-signal-safe calls (setsid, dup2, execve,
         // _exit) on fds and C strings that were prepared before clone3.
         unsafe {
+            // Until it has its spec, a shim dies with the daemon thread that
+            // made it (a warm shim must not outlive a killed daemon; it is in
+            // no sandbox cgroup a restart could find). The shim clears this
+            // once set up: a live sandbox survives its daemon.
+            // (getppid() cannot close the race with a parent that died
+            // before this line: in a new PID namespace it returns 0.)
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
             libc::setsid();
             if libc::dup2(devnull.as_raw_fd(), 0) < 0
                 || libc::dup2(log.as_raw_fd(), 1) < 0
@@ -545,6 +552,13 @@ pub fn lgetxattr(path: &CStr, name: &CStr) -> Result<Vec<u8>, Errno> {
 pub fn set_thread_nice(nice: i32) -> Result<(), Errno> {
     // SAFETY: setpriority takes integers only.
     let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    Errno::result(r).map(drop)
+}
+
+/// Stop being killed when the parent thread exits (see `spawn_in_namespaces`).
+pub fn clear_parent_death_signal() -> Result<(), Errno> {
+    // SAFETY: prctl with integer arguments only.
+    let r = unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0 as libc::c_ulong, 0, 0, 0) };
     Errno::result(r).map(drop)
 }
 

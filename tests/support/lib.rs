@@ -183,8 +183,15 @@ impl TestEnv {
         cgroup_dirs_named(&self.cgroup_parent)
     }
 
-    /// Kill every process still in this env's cgroups (the daemon may be dead).
+    /// Kill every process still in this env's cgroups (the daemon may be
+    /// dead), thawing frozen ones so the kill takes effect.
     fn kill_cgroup_procs(&self) {
+        for dir in self.cgroup_dirs() {
+            for_each_cgroup(&dir, &mut |cg| {
+                let _ = std::fs::write(cg.join("freezer.state"), "THAWED");
+                let _ = std::fs::write(cg.join("cgroup.freeze"), "0");
+            });
+        }
         for dir in self.cgroup_dirs() {
             for_each_cgroup(&dir, &mut |cg| {
                 if let Ok(procs) = std::fs::read_to_string(cg.join("cgroup.procs")) {

@@ -255,6 +255,9 @@ pub fn reap_orphan(rt: &Runtime, row: &SandboxRow) -> Result<(), SandboxError> {
     if let (Some(pid), Some(start)) = (row.shim_pid, row.shim_start) {
         if process_start_time(pid) == Some(start) {
             if let Ok(pidfd) = sys::pidfd_open(pid) {
+                // A paused sandbox's tasks act on SIGKILL only once thawed.
+                let _ = sys::pidfd_send_signal(pidfd.as_fd(), libc::SIGKILL);
+                let _ = SandboxCgroup::load(&row.spec.cgroup).thaw();
                 destroy::kill_and_reap(pid, pidfd.as_fd())?;
             }
         }
