@@ -403,6 +403,11 @@ impl Daemon {
         }
         let drained: Vec<_> = lock(&self.warm.ready).drain(..).collect();
         drop(drained);
+        // Leave no empty parent cgroup behind; with live sandboxes it is
+        // not empty and stays (they are re-adopted at the next start).
+        if lock(&self.pool).live.is_empty() {
+            let _ = crate::cgroups::SandboxCgroup::load(&self.cfg.cgroup_parent).remove(std::time::Duration::ZERO);
+        }
     }
 
     pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
