@@ -15,6 +15,7 @@ pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod db;
+pub mod diff;
 pub mod error;
 pub mod ids;
 pub mod image;

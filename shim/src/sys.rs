@@ -562,6 +562,19 @@ pub fn clear_parent_death_signal() -> Result<(), Errno> {
     Errno::result(r).map(drop)
 }
 
+/// `llistxattr(path)`: the attribute names, never following a final symlink.
+pub fn llistxattr(path: &CStr) -> Result<Vec<Vec<u8>>, Errno> {
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: `path` is NUL-terminated; the kernel writes at most
+    // `buf.len()` bytes into `buf`, which we own.
+    let n = unsafe { libc::llistxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(Errno::last());
+    }
+    buf.truncate(n as usize);
+    Ok(buf.split(|&b| b == 0).filter(|n| !n.is_empty()).map(<[u8]>::to_vec).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

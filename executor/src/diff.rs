@@ -1,0 +1,451 @@
+//! Upper dir → OCI layer tar: the delta a checkpoint seals.
+//!
+//! Owns the conversion from overlayfs' representation of a change set to the
+//! OCI image-spec one (`layer.md`): a whiteout (0/0 character device) becomes
+//! an empty `.wh.<name>` file, a directory with `trusted.overlay.opaque=y`
+//! gets a `.wh..wh..opq` entry right after its own, a second name of an inode
+//! becomes a hardlink entry. Symlinks, modes (setuid included), numeric
+//! owners, mtimes (seconds) and extended attributes (PAX `SCHILY.xattr.*`)
+//! are kept; overlay's private `trusted.overlay.*` bookkeeping never is.
+//!
+//! Entries are written depth-first in byte order of their names, with fixed
+//! header fields otherwise (no user/group names, no atime/ctime), so the same
+//! tree always gives the same bytes, hence the same diff_id.
+//!
+//! The reverse direction (tar → directory, whiteouts → overlay form) is
+//! `oci::unpack`. This module does not freeze or lock anything: the caller
+//! keeps the tree still while it is read.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr};
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
+
+/// Which extended attributes a delta carries. `trusted.overlay.*` is
+/// overlay's own bookkeeping (origin, impure, opaque...) and must never reach
+/// a layer; `security.capability` and `user.*` are what files carry in images.
+pub fn keep_xattr(name: &[u8]) -> bool {
+    name.starts_with(b"user.") || name == b"security.capability"
+}
+
+const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiffError {
+    #[error("read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("write the layer tar (at {path})")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is a device node ({kind}); device nodes are not captured in a snapshot")]
+    DeviceNode { path: PathBuf, kind: &'static str },
+}
+
+/// What a delta contains.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeltaStats {
+    pub entries: u64,
+    pub whiteouts: u64,
+    pub opaque_dirs: u64,
+    pub hardlinks: u64,
+    /// Bytes of file data.
+    pub bytes: u64,
+    /// Size of the uncompressed tar.
+    pub tar_bytes: u64,
+}
+
+/// Counts and hashes what passes through (the diff_id is the sha256 of the
+/// uncompressed tar).
+struct Hashing<W> {
+    inner: W,
+    hash: Sha256,
+    written: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Write the delta in `upper` as an uncompressed OCI layer tar to `out`.
+/// Returns its statistics and its diff_id (lowercase sha256 hex).
+pub fn write_delta(upper: &Path, out: impl Write) -> Result<(DeltaStats, String), DiffError> {
+    let mut w = Writer {
+        tar: tar::Builder::new(Hashing { inner: out, hash: Sha256::new(), written: 0 }),
+        links: HashMap::new(),
+        stats: DeltaStats::default(),
+    };
+    w.tar.mode(tar::HeaderMode::Complete);
+    w.tar.follow_symlinks(false);
+    w.dir_children(upper, Path::new(""))?;
+    let werr = |source| DiffError::Write { path: upper.into(), source };
+    let hashing = w.tar.into_inner().map_err(werr)?;
+    let mut stats = w.stats;
+    stats.tar_bytes = hashing.written;
+    Ok((stats, hex::encode(hashing.hash.finalize())))
+}
+
+struct Writer<W: Write> {
+    tar: tar::Builder<Hashing<W>>,
+    /// (dev, ino) of multiply-linked files → the name written first.
+    links: HashMap<(u64, u64), PathBuf>,
+    stats: DeltaStats,
+}
+
+fn read_err(path: &Path) -> impl FnOnce(io::Error) -> DiffError + '_ {
+    move |source| DiffError::Read { path: path.into(), source }
+}
+
+/// Extended attributes of `path` (not following symlinks), name-sorted.
+fn xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>, DiffError> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| DiffError::Read { path: path.into(), source: io::ErrorKind::InvalidInput.into() })?;
+    let names = match strata_shim::sys::llistxattr(&c) {
+        Ok(n) => n,
+        // Filesystems without xattr support have none to capture.
+        Err(nix::errno::Errno::ENOTSUP) => return Ok(Vec::new()),
+        Err(e) => return Err(DiffError::Read { path: path.into(), source: e.into() }),
+    };
+    let mut out = Vec::new();
+    for name in names {
+        let cname = CString::new(name.clone()).unwrap_or_default();
+        match strata_shim::sys::lgetxattr(&c, &cname) {
+            Ok(v) => out.push((name, v)),
+            // Removed between list and get: nothing to capture.
+            Err(nix::errno::Errno::ENODATA) => {}
+            Err(e) => return Err(DiffError::Read { path: path.into(), source: e.into() }),
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Header of an empty marker entry (whiteout, opaque marker, PAX header):
+/// every numeric field set, fixed values, so digests are stable.
+fn marker_header() -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_size(0);
+    let _ = h.set_device_major(0);
+    let _ = h.set_device_minor(0);
+    h
+}
+
+/// One PAX record: "<len> <key>=<value>\n", len counting itself.
+fn pax_record(key: &[u8], value: &[u8]) -> Vec<u8> {
+    let body = key.len() + value.len() + 3; // ' ', '=', '\n'
+    let mut len = body + 1;
+    while len != body + len.to_string().len() {
+        len = body + len.to_string().len();
+    }
+    let mut r = format!("{len} ").into_bytes();
+    r.extend_from_slice(key);
+    r.push(b'=');
+    r.extend_from_slice(value);
+    r.push(b'\n');
+    r
+}
+
+impl<W: Write> Writer<W> {
+    fn werr(&self, rel: &Path) -> impl FnOnce(io::Error) -> DiffError {
+        let path = rel.to_path_buf();
+        move |source| DiffError::Write { path, source }
+    }
+
+    /// Children of `dir` (host path) whose archive path is `rel`, sorted by name bytes.
+    fn dir_children(&mut self, dir: &Path, rel: &Path) -> Result<(), DiffError> {
+        let mut names: Vec<_> = fs::read_dir(dir)
+            .map_err(read_err(dir))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .map_err(read_err(dir))?;
+        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        for name in names {
+            self.entry(&dir.join(&name), &rel.join(&name), &name)?;
+        }
+        Ok(())
+    }
+
+    fn header(&self, meta: &fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Header {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(meta.mode() & 0o7777);
+        h.set_uid(u64::from(meta.uid()));
+        h.set_gid(u64::from(meta.gid()));
+        h.set_mtime(meta.mtime().max(0) as u64);
+        h.set_size(size);
+        let _ = h.set_device_major(0);
+        let _ = h.set_device_minor(0);
+        h
+    }
+
+    /// PAX header carrying the entry's xattrs, if it has any worth keeping.
+    fn pax(&mut self, host: &Path, rel: &Path) -> Result<(), DiffError> {
+        let mut records = Vec::new();
+        for (name, value) in xattrs(host)? {
+            if keep_xattr(&name) {
+                let mut key = b"SCHILY.xattr.".to_vec();
+                key.extend_from_slice(&name);
+                records.extend(pax_record(&key, &value));
+            }
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        let mut h = marker_header();
+        h.set_entry_type(tar::EntryType::XHeader);
+        h.set_size(records.len() as u64);
+        // The name of a PAX header is informational; keep it short and fixed.
+        let e = self.werr(rel);
+        h.set_path("PaxHeader").map_err(e)?;
+        h.set_cksum();
+        let e = self.werr(rel);
+        self.tar.append(&h, &records[..]).map_err(e)
+    }
+
+    fn entry(&mut self, host: &Path, rel: &Path, name: &OsStr) -> Result<(), DiffError> {
+        let meta = fs::symlink_metadata(host).map_err(read_err(host))?;
+        let ft = meta.file_type();
+        self.stats.entries += 1;
+        if ft.is_char_device() && meta.rdev() == 0 {
+            // Overlay whiteout → OCI whiteout.
+            let mut wh = name.as_bytes().to_vec();
+            wh.splice(0..0, b".wh.".iter().copied());
+            let path = rel.with_file_name(OsStr::from_bytes(&wh));
+            let mut h = marker_header();
+            self.stats.whiteouts += 1;
+            let e = self.werr(rel);
+            return self.tar.append_data(&mut h, &path, io::empty()).map_err(e);
+        }
+        if ft.is_char_device() || ft.is_block_device() {
+            let kind = if ft.is_char_device() { "character device" } else { "block device" };
+            return Err(DiffError::DeviceNode { path: rel.into(), kind });
+        }
+        if ft.is_socket() {
+            // A socket has no content to capture (tar skips them too).
+            self.stats.entries -= 1;
+            return Ok(());
+        }
+        if ft.is_dir() {
+            self.pax(host, rel)?;
+            let mut h = self.header(&meta, tar::EntryType::Directory, 0);
+            let e = self.werr(rel);
+            self.tar.append_data(&mut h, rel, io::empty()).map_err(e)?;
+            let opaque = xattrs(host)?.into_iter().any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y");
+            if opaque {
+                let mut h = marker_header();
+                self.stats.opaque_dirs += 1;
+                let e = self.werr(rel);
+                self.tar.append_data(&mut h, rel.join(".wh..wh..opq"), io::empty()).map_err(e)?;
+            }
+            return self.dir_children(host, rel);
+        }
+        if ft.is_symlink() {
+            let target = fs::read_link(host).map_err(read_err(host))?;
+            self.pax(host, rel)?;
+            let mut h = self.header(&meta, tar::EntryType::Symlink, 0);
+            let e = self.werr(rel);
+            return self.tar.append_link(&mut h, rel, target).map_err(e);
+        }
+        if meta.nlink() > 1 && !ft.is_dir() {
+            let key = (meta.dev(), meta.ino());
+            if let Some(first) = self.links.get(&key).cloned() {
+                let mut h = self.header(&meta, tar::EntryType::Link, 0);
+                self.stats.hardlinks += 1;
+                let e = self.werr(rel);
+                return self.tar.append_link(&mut h, rel, first).map_err(e);
+            }
+            self.links.insert(key, rel.to_path_buf());
+        }
+        if ft.is_fifo() {
+            self.pax(host, rel)?;
+            let mut h = self.header(&meta, tar::EntryType::Fifo, 0);
+            let e = self.werr(rel);
+            return self.tar.append_data(&mut h, rel, io::empty()).map_err(e);
+        }
+        // Regular file.
+        self.pax(host, rel)?;
+        let file = File::open(host).map_err(read_err(host))?;
+        let mut h = self.header(&meta, tar::EntryType::Regular, meta.len());
+        self.stats.bytes += meta.len();
+        let e = self.werr(rel);
+        // A file that shrinks or grows while read would corrupt the archive;
+        // the caller keeps the tree frozen, and `take` bounds what is read.
+        self.tar.append_data(&mut h, rel, io::Read::take(file, meta.len())).map_err(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+
+    fn entries(tar_bytes: &[u8]) -> Vec<(String, tar::EntryType, Vec<u8>)> {
+        let mut a = tar::Archive::new(tar_bytes);
+        a.entries()
+            .unwrap()
+            .map(|e| {
+                let mut e = e.unwrap();
+                let path = e.path().unwrap().display().to_string();
+                let kind = e.header().entry_type();
+                let mut data = Vec::new();
+                if kind == tar::EntryType::Link || kind == tar::EntryType::Symlink {
+                    data = e.link_name_bytes().unwrap().to_vec();
+                } else {
+                    io::Read::read_to_end(&mut e, &mut data).unwrap();
+                }
+                (path, kind, data)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pax_records_count_their_own_length() {
+        assert_eq!(pax_record(b"a", b"b"), b"6 a=b\n");
+        let r = pax_record(b"SCHILY.xattr.user.x", &[b'v'; 90]);
+        let len: usize =
+            std::str::from_utf8(&r[..r.iter().position(|&c| c == b' ').unwrap()]).unwrap().parse().unwrap();
+        assert_eq!(len, r.len());
+    }
+
+    #[test]
+    fn delta_is_sorted_complete_and_deterministic() {
+        let t = tempfile::tempdir().unwrap();
+        let u = t.path();
+        fs::create_dir_all(u.join("b/deep")).unwrap();
+        fs::write(u.join("b/deep/f"), b"data").unwrap();
+        fs::write(u.join("a"), b"").unwrap();
+        fs::hard_link(u.join("b/deep/f"), u.join("c-link")).unwrap();
+        symlink("/b/deep/f", u.join("s")).unwrap();
+        fs::write(u.join("x"), b"exec").unwrap();
+        fs::set_permissions(u.join("x"), fs::Permissions::from_mode(0o4755)).unwrap();
+        let long = "n".repeat(150);
+        fs::write(u.join(&long), b"long").unwrap();
+        nix::unistd::mkfifo(&u.join("p"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+
+        let mut one = Vec::new();
+        let (stats, diff_id) = write_delta(u, &mut one).unwrap();
+        let mut two = Vec::new();
+        let (_, diff_id2) = write_delta(u, &mut two).unwrap();
+        assert_eq!(one, two, "same tree, same bytes");
+        assert_eq!(diff_id, diff_id2);
+        assert_eq!(diff_id, hex::encode(Sha256::digest(&one)));
+        assert_eq!(stats.tar_bytes, one.len() as u64);
+        assert_eq!(stats.hardlinks, 1);
+
+        let got = entries(&one);
+        let names: Vec<&str> = got.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(names, vec!["a", "b", "b/deep", "b/deep/f", "c-link", long.as_str(), "p", "s", "x"]);
+        let by = |n: &str| got.iter().find(|e| e.0 == n).unwrap().clone();
+        assert_eq!(by("b/deep/f").2, b"data");
+        assert_eq!((by("c-link").1, by("c-link").2), (tar::EntryType::Link, b"b/deep/f".to_vec()));
+        assert_eq!((by("s").1, by("s").2), (tar::EntryType::Symlink, b"/b/deep/f".to_vec()));
+        assert_eq!(by("p").1, tar::EntryType::Fifo);
+        assert_eq!(by(&long).2, b"long");
+        let mut a = tar::Archive::new(&one[..]);
+        let x = a.entries().unwrap().map(|e| e.unwrap()).find(|e| e.path().unwrap().ends_with("x")).unwrap();
+        assert_eq!(x.header().mode().unwrap(), 0o4755);
+    }
+
+    #[test]
+    fn user_xattrs_are_kept_in_pax_headers() {
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("f"), b"x").unwrap();
+        let c = CString::new(t.path().join("f").as_os_str().as_bytes()).unwrap();
+        strata_shim::sys::lsetxattr(&c, c"user.note", b"hello").unwrap();
+        let mut out = Vec::new();
+        write_delta(t.path(), &mut out).unwrap();
+        let mut a = tar::Archive::new(&out[..]);
+        let mut e = a.entries().unwrap().next().unwrap().unwrap();
+        let pax: Vec<(String, Vec<u8>)> = e
+            .pax_extensions()
+            .unwrap()
+            .unwrap()
+            .map(|r| {
+                let r = r.unwrap();
+                (r.key().unwrap().to_string(), r.value_bytes().to_vec())
+            })
+            .collect();
+        assert_eq!(pax, vec![("SCHILY.xattr.user.note".to_string(), b"hello".to_vec())]);
+    }
+
+    /// Whiteouts and opaque dirs need root (mknod 0/0, trusted.* xattrs).
+    /// Round trip: overlay form → OCI tar → `oci::unpack` → overlay form.
+    #[test]
+    #[ignore = "needs root"]
+    fn whiteouts_and_opaque_dirs_round_trip_through_unpack() {
+        assert!(nix::unistd::geteuid().is_root(), "run as root (scripts/test.sh does)");
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        let t = tempfile::tempdir().unwrap();
+        let upper = t.path().join("upper");
+        fs::create_dir_all(upper.join("d/sub")).unwrap();
+        fs::write(upper.join("d/sub/new"), b"n").unwrap();
+        fs::hard_link(upper.join("d/sub/new"), upper.join("d/link")).unwrap();
+        symlink("sub/new", upper.join("d/sym")).unwrap();
+        nix::unistd::mkfifo(&upper.join("d/fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        mknod(&upper.join("gone"), SFlag::S_IFCHR, Mode::empty(), makedev(0, 0)).unwrap();
+        let c = CString::new(upper.join("d").as_os_str().as_bytes()).unwrap();
+        strata_shim::sys::lsetxattr(&c, c"trusted.overlay.opaque", b"y").unwrap();
+        strata_shim::sys::lsetxattr(&c, c"trusted.overlay.origin", b"junk").unwrap();
+
+        let tar_path = t.path().join("layer.tar");
+        let (stats, diff_id) = write_delta(&upper, File::create(&tar_path).unwrap()).unwrap();
+        assert_eq!((stats.whiteouts, stats.opaque_dirs), (1, 1));
+        let names: Vec<String> = entries(&fs::read(&tar_path).unwrap()).into_iter().map(|e| e.0).collect();
+        assert_eq!(names, vec!["d", "d/.wh..wh..opq", "d/fifo", "d/link", "d/sub", "d/sub/new", "d/sym", ".wh.gone"]);
+
+        let digest: crate::oci::Digest = format!("sha256:{diff_id}").parse().unwrap();
+        let layer = crate::oci::LayerSource {
+            blob_path: tar_path.clone(),
+            digest: digest.clone(),
+            size: stats.tar_bytes,
+            media_type: "application/vnd.oci.image.layer.v1.tar".into(),
+            diff_id: digest,
+            compression: crate::oci::Compression::None,
+        };
+        let out = t.path().join("out");
+        fs::create_dir(&out).unwrap();
+        crate::oci::unpack_layer(&layer, &out).unwrap();
+        let gone = fs::symlink_metadata(out.join("gone")).unwrap();
+        assert!(gone.file_type().is_char_device() && gone.rdev() == 0, "whiteout restored");
+        let dc = CString::new(out.join("d").as_os_str().as_bytes()).unwrap();
+        assert_eq!(strata_shim::sys::lgetxattr(&dc, c"trusted.overlay.opaque").unwrap(), b"y");
+        assert!(strata_shim::sys::lgetxattr(&dc, c"trusted.overlay.origin").is_err(), "bookkeeping leaked");
+        assert_eq!(fs::read(out.join("d/sub/new")).unwrap(), b"n");
+        assert_eq!(fs::metadata(out.join("d/sub/new")).unwrap().ino(), fs::metadata(out.join("d/link")).unwrap().ino());
+        assert_eq!(fs::read_link(out.join("d/sym")).unwrap(), Path::new("sub/new"));
+        assert!(fs::symlink_metadata(out.join("d/fifo")).unwrap().file_type().is_fifo());
+    }
+
+    #[test]
+    fn overlay_bookkeeping_is_never_kept() {
+        assert!(!keep_xattr(b"trusted.overlay.origin"));
+        assert!(!keep_xattr(b"trusted.overlay.opaque"));
+        assert!(keep_xattr(b"security.capability"));
+        assert!(keep_xattr(b"user.x"));
+    }
+}
