@@ -116,8 +116,11 @@ fn read_err(path: &Path) -> impl FnOnce(io::Error) -> DiffError + '_ {
     move |source| DiffError::Read { path: path.into(), source }
 }
 
+/// (name, value) of one extended attribute.
+type Xattr = (Vec<u8>, Vec<u8>);
+
 /// Extended attributes of `path` (not following symlinks), name-sorted.
-fn xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>, DiffError> {
+fn xattrs(path: &Path) -> Result<Vec<Xattr>, DiffError> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| DiffError::Read { path: path.into(), source: io::ErrorKind::InvalidInput.into() })?;
     let names = match strata_shim::sys::llistxattr(&c) {
