@@ -241,6 +241,13 @@ pub fn mount_overlay(m: &OverlayMount<'_>) -> Result<(), MountError> {
         Ok(())
     };
 
+    // Before 6.5 overlayfs had no fs_context parameters of its own: the
+    // kernel's legacy wrapper accepts any key (even `lowerdir+`) and only
+    // FSCONFIG_CMD_CREATE fails. A key no kernel knows tells the two apart:
+    // if it is accepted, use the legacy option string. (Found by the 6.1 VM lane.)
+    if set("strata-probe-unknown-key", c"x").is_ok() {
+        return mount_overlay_legacy(m);
+    }
     let mut lowers = m.lowers.iter();
     if let Some(first) = lowers.next() {
         match set("lowerdir+", &cstr(&m.layers_dir.join(first))?) {
