@@ -576,10 +576,15 @@ fn zz_suite_leaves_nothing_behind() {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let mounts: Vec<&str> = info.lines().filter(|l| l.contains(PREFIX)).collect();
     assert!(mounts.is_empty(), "leftover mounts: {mounts:?}");
+    // v2: /sys/fs/cgroup/<parent>; v1: /sys/fs/cgroup/<controller>/<parent>.
+    let ours = |name: &std::ffi::OsStr| name.to_string_lossy().starts_with(&format!("{PREFIX}-{}", std::process::id()));
     let mut cgroups = Vec::new();
     for e in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        if ours(&e.file_name()) {
+            cgroups.push(e.path());
+        }
         for sub in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
-            if sub.file_name().to_string_lossy().starts_with(&format!("{PREFIX}-{}", std::process::id())) {
+            if ours(&sub.file_name()) {
                 cgroups.push(sub.path());
             }
         }
