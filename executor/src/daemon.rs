@@ -52,6 +52,21 @@ pub enum DaemonError {
     Db(#[from] DbError),
 }
 
+/// What a sandbox starts from: an image and a layer chain (the image's
+/// layers, plus a snapshot chain when resuming or forking).
+pub struct Base {
+    pub image: ImageRow,
+    pub layers: Vec<String>,
+    pub snapshot: Option<String>,
+}
+
+/// Validated per-sandbox settings of a create, resume or fork.
+pub struct LaunchSpec {
+    pub limits: Limits,
+    pub env: Vec<String>,
+    pub hostname: Option<String>,
+}
+
 /// Live sandboxes plus slots reserved by creates in flight, under one lock so
 /// the pool bound is exact.
 #[derive(Default)]
@@ -273,14 +288,31 @@ impl Daemon {
     pub fn create_sandbox(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         // Validate everything before reserving anything.
         let name: ImageName = req.image.parse().map_err(|e| ApiError::invalid(&e))?;
-        let limits = Limits { memory: req.memory, pids: req.pids, cpus: req.cpus };
+        let launch = self.launch_spec(req.memory, req.pids, req.cpus, req.env, req.hostname)?;
+        let image = lock(&self.db)
+            .image_by_name(&name)?
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
+        let base = Base { layers: image.layers.clone(), image, snapshot: None };
+        Ok(sandbox_info(&*self.launch(&base, launch)?))
+    }
+
+    /// Validate what every way of starting a sandbox takes.
+    pub fn launch_spec(
+        &self,
+        memory: Option<u64>,
+        pids: Option<u64>,
+        cpus: Option<f64>,
+        env: Vec<String>,
+        hostname: Option<String>,
+    ) -> Result<LaunchSpec, ApiError> {
+        let limits = Limits { memory, pids, cpus };
         limits.validate(self.host_cpus).map_err(|e| ApiError::invalid(&e))?;
-        for e in &req.env {
+        for e in &env {
             if !e.contains('=') || e.starts_with('=') || e.contains('\0') {
                 return Err(ApiError::new(ErrorKind::InvalidArgument, format!("env entry {e:?} is not KEY=VALUE")));
             }
         }
-        if let Some(h) = &req.hostname {
+        if let Some(h) = &hostname {
             if !valid_hostname(h) {
                 return Err(ApiError::new(
                     ErrorKind::InvalidArgument,
@@ -288,10 +320,11 @@ impl Daemon {
                 ));
             }
         }
-        let image = lock(&self.db)
-            .image_by_name(&name)?
-            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
+        Ok(LaunchSpec { limits, env, hostname })
+    }
 
+    /// Start one sandbox on `base`, within the pool's bound.
+    fn launch(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, ApiError> {
         // Reserve a slot: past the cap nothing is made.
         {
             let mut pool = lock(&self.pool);
@@ -307,38 +340,38 @@ impl Daemon {
             }
             pool.reserved += 1;
         }
-        let result = self.create_reserved(name, limits, req.env, req.hostname, &image);
+        let result = self.launch_reserved(base, launch);
         let mut pool = lock(&self.pool);
         pool.reserved -= 1;
         let sb = result?;
-        let info = sandbox_info(&sb);
-        pool.live.insert(sb.id.clone(), sb);
-        Ok(info)
+        pool.live.insert(sb.id.clone(), sb.clone());
+        Ok(sb)
     }
 
-    fn create_reserved(
-        &self,
-        name: ImageName,
-        limits: Limits,
-        env: Vec<String>,
-        hostname: Option<String>,
-        image: &ImageRow,
-    ) -> Result<Arc<Sandbox>, ApiError> {
+    fn launch_reserved(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, ApiError> {
         let warm = self.take_warm();
         tracing::debug!("create: {} shim", if warm.is_some() { "warm" } else { "cold" });
         let id = warm.as_ref().map(|w| w.id.clone()).unwrap_or_else(SandboxId::random);
-        let hostname = hostname.unwrap_or_else(|| id.as_str()[..12].to_string());
-        let spec = SandboxSpec { image: name.to_string(), limits, env, hostname, cgroup: self.rt.cgroup_path(&id) };
-        let defaults = self.exec_defaults(image, &spec)?;
+        let hostname = launch.hostname.unwrap_or_else(|| id.as_str()[..12].to_string());
+        let spec = SandboxSpec {
+            image: base.image.name.clone(),
+            layers: base.layers.clone(),
+            snapshot: base.snapshot.clone(),
+            limits: launch.limits,
+            env: launch.env,
+            hostname,
+            cgroup: self.rt.cgroup_path(&id),
+        };
+        let defaults = self.exec_defaults(&base.image, &spec)?;
         let sb = match warm {
-            Some(prep) => sandbox::start(&self.rt, prep, &spec, image, defaults),
-            None => sandbox::create(&self.rt, &id, &spec, image, defaults),
+            Some(prep) => sandbox::start(&self.rt, prep, &spec, defaults),
+            None => sandbox::create(&self.rt, &id, &spec, defaults),
         }?;
         // One row, written once the sandbox is up. A crash before this leaves
         // a sandbox dir and cgroup without a row: the start-up sweep ends its
         // processes and removes both.
         let start = sandbox::process_start_time(sb.shim_pid).unwrap_or(0);
-        if let Err(e) = lock(&self.db).insert_running_sandbox(&id, image.id, &spec, sb.shim_pid, start) {
+        if let Err(e) = lock(&self.db).insert_running_sandbox(&id, base.image.id, &spec, sb.shim_pid, start) {
             let _ = sb.destroy(&self.rt.store);
             return Err(e.into());
         }

@@ -98,6 +98,24 @@ const MIGRATIONS: &[&str] = &[
     DROP TABLE sandboxes;
     ALTER TABLE sandboxes_v2 RENAME TO sandboxes;
     "#,
+    // 3: snapshots (sealed deltas on top of an image and a parent chain).
+    r#"
+    CREATE TABLE snapshots (
+        id             TEXT PRIMARY KEY CHECK (length(id) = 16),
+        image_id       INTEGER NOT NULL REFERENCES images(id) ON DELETE RESTRICT,
+        parent_id      TEXT REFERENCES snapshots(id) ON DELETE RESTRICT,
+        diff_id        TEXT NOT NULL REFERENCES layers(diff_id) ON DELETE RESTRICT,
+        blob_digest    TEXT NOT NULL,
+        blob_size      INTEGER NOT NULL,
+        compression    TEXT NOT NULL CHECK (compression IN ('zstd', 'gzip')),
+        state          TEXT NOT NULL CHECK (state IN ('ready')),
+        source_sandbox TEXT NOT NULL,
+        info           TEXT NOT NULL,
+        created_at     INTEGER NOT NULL
+    );
+    CREATE INDEX snapshots_parent ON snapshots(parent_id);
+    CREATE INDEX snapshots_diff_id ON snapshots(diff_id);
+    "#,
 ];
 
 pub struct Db {
@@ -128,10 +146,35 @@ pub struct ImageRow {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct SandboxSpec {
     pub image: String,
+    /// The layer chain it runs on (diff_id hex), bottom first: the image's
+    /// layers, then those of the snapshot chain it was resumed from.
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// The snapshot it was resumed or forked from.
+    #[serde(default)]
+    pub snapshot: Option<String>,
     pub limits: crate::cgroups::Limits,
     pub env: Vec<String>,
     pub hostname: String,
     pub cgroup: String,
+}
+
+/// A sealed snapshot: one delta layer on top of its parent (or its image).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub image_id: i64,
+    pub parent_id: Option<String>,
+    /// diff_id hex of its own delta layer.
+    pub diff_id: String,
+    /// `sha256:<hex>` of the compressed blob in `blobs/sha256/`.
+    pub blob_digest: String,
+    pub blob_size: u64,
+    pub compression: String,
+    pub source_sandbox: String,
+    /// Capture statistics and timings (JSON).
+    pub info: serde_json::Value,
+    pub created_at: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -345,7 +388,11 @@ impl Db {
         let mut orphans = Vec::new();
         for l in layers {
             let used: bool = tx
-                .query_row("SELECT 1 FROM image_layers WHERE diff_id = ?1 LIMIT 1", [&l], |_| Ok(()))
+                .query_row(
+                    "SELECT 1 FROM image_layers WHERE diff_id = ?1 UNION ALL SELECT 1 FROM snapshots WHERE diff_id = ?1 LIMIT 1",
+                    [&l],
+                    |_| Ok(()),
+                )
                 .optional()
                 .map_err(q("layer users"))?
                 .is_some();
@@ -356,6 +403,139 @@ impl Db {
         }
         tx.commit().map_err(q("commit delete image"))?;
         Ok(Ok(orphans))
+    }
+
+    // ---- snapshots ----
+
+    /// Record a sealed snapshot and its layer (if new) in one transaction.
+    pub fn insert_snapshot(&mut self, snap: &SnapshotRow, layer: &LayerRow) -> Result<(), DbError> {
+        let info =
+            serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
+        let tx = self.conn.transaction().map_err(q("begin insert snapshot"))?;
+        tx.execute(
+            "INSERT OR IGNORE INTO layers (diff_id, size, entries, created_at) VALUES (?1, ?2, ?3, ?4)",
+            params![layer.diff_id, layer.size as i64, layer.entries as i64, now()],
+        )
+        .map_err(q("insert snapshot layer"))?;
+        tx.execute(
+            "INSERT INTO snapshots (id, image_id, parent_id, diff_id, blob_digest, blob_size, compression, state, \
+             source_sandbox, info, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'ready', ?8, ?9, ?10)",
+            params![
+                snap.id,
+                snap.image_id,
+                snap.parent_id,
+                snap.diff_id,
+                snap.blob_digest,
+                snap.blob_size as i64,
+                snap.compression,
+                snap.source_sandbox,
+                info,
+                snap.created_at
+            ],
+        )
+        .map_err(q("insert snapshot"))?;
+        tx.commit().map_err(q("commit insert snapshot"))
+    }
+
+    const SNAP_COLS: &'static str =
+        "id, image_id, parent_id, diff_id, blob_digest, blob_size, compression, source_sandbox, info, created_at";
+
+    fn snapshot_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SnapshotRow, String)> {
+        Ok((
+            SnapshotRow {
+                id: r.get(0)?,
+                image_id: r.get(1)?,
+                parent_id: r.get(2)?,
+                diff_id: r.get(3)?,
+                blob_digest: r.get(4)?,
+                blob_size: r.get::<_, i64>(5)? as u64,
+                compression: r.get(6)?,
+                source_sandbox: r.get(7)?,
+                info: serde_json::Value::Null,
+                created_at: r.get(9)?,
+            },
+            r.get(8)?,
+        ))
+    }
+
+    fn decode_snapshot((mut row, info): (SnapshotRow, String)) -> Result<SnapshotRow, DbError> {
+        row.info = serde_json::from_str(&info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
+        Ok(row)
+    }
+
+    pub fn snapshot(&self, id: &str) -> Result<Option<SnapshotRow>, DbError> {
+        let sql = format!("SELECT {} FROM snapshots WHERE id = ?1", Self::SNAP_COLS);
+        let row = self.conn.query_row(&sql, [id], Self::snapshot_from).optional().map_err(q("get snapshot"))?;
+        row.map(Self::decode_snapshot).transpose()
+    }
+
+    pub fn list_snapshots(&self) -> Result<Vec<SnapshotRow>, DbError> {
+        let sql = format!("SELECT {} FROM snapshots ORDER BY created_at, id", Self::SNAP_COLS);
+        let mut st = self.conn.prepare(&sql).map_err(q("list snapshots"))?;
+        let rows: Vec<_> = st
+            .query_map([], Self::snapshot_from)
+            .map_err(q("list snapshots"))?
+            .collect::<Result<_, _>>()
+            .map_err(q("list snapshots"))?;
+        rows.into_iter().map(Self::decode_snapshot).collect()
+    }
+
+    /// The snapshot's chain, root first.
+    pub fn snapshot_chain(&self, id: &str) -> Result<Vec<SnapshotRow>, DbError> {
+        let mut chain = Vec::new();
+        let mut cur = Some(id.to_string());
+        while let Some(c) = cur {
+            let Some(row) = self.snapshot(&c)? else { break };
+            cur = row.parent_id.clone();
+            chain.push(row);
+        }
+        chain.reverse();
+        Ok(chain)
+    }
+
+    /// Delete a snapshot if nothing uses it. `Ok(Err(users))` names what
+    /// still does (child snapshots); sandboxes are checked by the caller,
+    /// which knows the live ones. Returns the diff_id if its layer became
+    /// unused (row deleted; the caller removes the directory).
+    pub fn delete_snapshot(&mut self, id: &str) -> Result<Result<Option<String>, Vec<String>>, DbError> {
+        let tx =
+            self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin delete snapshot"))?;
+        let children: Vec<String> = {
+            let mut st = tx.prepare("SELECT id FROM snapshots WHERE parent_id = ?1").map_err(q("snapshot children"))?;
+            let rows = st.query_map([id], |r| r.get(0)).map_err(q("snapshot children"))?;
+            rows.collect::<Result<_, _>>().map_err(q("snapshot children"))?
+        };
+        if !children.is_empty() {
+            return Ok(Err(children));
+        }
+        let diff_id: String = tx
+            .query_row("SELECT diff_id FROM snapshots WHERE id = ?1", [id], |r| r.get(0))
+            .map_err(q("get snapshot"))?;
+        tx.execute("DELETE FROM snapshots WHERE id = ?1", [id]).map_err(q("delete snapshot"))?;
+        let used = tx
+            .query_row(
+                "SELECT 1 FROM image_layers WHERE diff_id = ?1 UNION ALL SELECT 1 FROM snapshots WHERE diff_id = ?1 LIMIT 1",
+                [&diff_id],
+                |_| Ok(()),
+            )
+            .optional()
+            .map_err(q("layer users"))?
+            .is_some();
+        let orphan = if used {
+            None
+        } else {
+            tx.execute("DELETE FROM layers WHERE diff_id = ?1", [&diff_id]).map_err(q("delete layer"))?;
+            Some(diff_id)
+        };
+        tx.commit().map_err(q("commit delete snapshot"))?;
+        Ok(Ok(orphan))
+    }
+
+    /// Images still referenced by snapshots (image rm is refused for them).
+    pub fn snapshots_of_image(&self, image_id: i64) -> Result<Vec<String>, DbError> {
+        let mut st = self.conn.prepare("SELECT id FROM snapshots WHERE image_id = ?1").map_err(q("image snapshots"))?;
+        let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image snapshots"))?;
+        rows.collect::<Result<_, _>>().map_err(q("image snapshots"))
     }
 
     // ---- sandboxes ----

@@ -21,7 +21,7 @@ use strata_shim::sys;
 
 use super::{destroy, process_start_time, ExecDefaults, Sandbox, SandboxError};
 use crate::cgroups::SandboxCgroup;
-use crate::db::{ImageRow, SandboxRow, SandboxSpec};
+use crate::db::{SandboxRow, SandboxSpec};
 use crate::ids::SandboxId;
 use crate::shim_client::{self, ShimClient};
 use crate::store::{Store, StoreError};
@@ -42,9 +42,10 @@ impl Runtime {
         format!("{}/{}", self.cgroup_parent, id)
     }
 
-    /// Layer `fs` dirs of an image, topmost first (overlay's lowerdir order).
-    pub fn lowers(&self, image: &ImageRow) -> Vec<PathBuf> {
-        image.layers.iter().rev().map(|hex| Store::lower_rel(hex)).collect()
+    /// Layer `fs` dirs of a chain (bottom first), topmost first as
+    /// overlay's lowerdir wants them.
+    pub fn lowers(&self, layers: &[String]) -> Vec<PathBuf> {
+        layers.iter().rev().map(|hex| Store::lower_rel(hex)).collect()
     }
 }
 
@@ -153,7 +154,6 @@ pub fn start(
     rt: &Runtime,
     mut prep: Prepared,
     spec: &SandboxSpec,
-    image: &ImageRow,
     defaults: ExecDefaults,
 ) -> Result<Sandbox, SandboxError> {
     let mut t = super::Phases::start("start");
@@ -168,7 +168,7 @@ pub fn start(
     let setup = SetupSpec {
         rootfs: dirs.rootfs.clone(),
         layers_dir: rt.store.layers_dir(),
-        lowers: rt.lowers(image),
+        lowers: rt.lowers(&spec.layers),
         upper: dirs.upper.clone(),
         work: dirs.work.clone(),
         hostname: spec.hostname.clone(),
@@ -203,10 +203,9 @@ pub fn create(
     rt: &Runtime,
     id: &SandboxId,
     spec: &SandboxSpec,
-    image: &ImageRow,
     defaults: ExecDefaults,
 ) -> Result<Sandbox, SandboxError> {
-    start(rt, prepare(rt, id)?, spec, image, defaults)
+    start(rt, prepare(rt, id)?, spec, defaults)
 }
 
 #[derive(Debug, thiserror::Error)]
