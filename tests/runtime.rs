@@ -568,6 +568,114 @@ fn pause_freezes_in_place_and_writes_nothing() {
     env.finish();
 }
 
+/// A listing of the files a sandbox sees outside /proc, /sys, /dev: path,
+/// type and mode, owner, size, mtime, link count, link target, content hash.
+fn tree(env: &TestEnv, id: &str) -> String {
+    let script = "cd / && find . -xdev \\( -path ./proc -o -path ./sys -o -path ./dev \\) -prune -o -print | sort | \
+                  while IFS= read -r p; do printf '%s|%s|' \"$p\" \"$(stat -c '%f %u %g %s %Y %h' \"$p\")\"; \
+                  if [ -L \"$p\" ]; then readlink \"$p\"; elif [ -f \"$p\" ]; then md5sum < \"$p\"; else echo; fi; done";
+    let v = sh(env, id, script);
+    assert_eq!(v["exit_code"], 0, "{v}");
+    stdout(&v)
+}
+
+#[test]
+fn checkpoint_resume_fork_and_remove_snapshots() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    // New, modified, deleted, empty, special names, a hardlink, a symlink,
+    // a deleted-and-recreated directory (opaque), a renamed directory.
+    let v = sh(
+        &env,
+        &id,
+        "set -e; echo new > /tmp/new; echo extra >> /etc/group; rm /bin/true; : > /tmp/empty; \
+         echo s > '/tmp/with space'; echo n > \"$(printf '/tmp/new\\nline')\"; ln /tmp/new /tmp/hard; \
+         ln -s ../tmp/new /home/sym; rm -rf /root; mkdir /root; echo r > /root/only; \
+         mkdir -p /srv/a/b && echo deep > /srv/a/b/f && mv /srv/a /srv/renamed",
+    );
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let before = tree(&env, &id);
+    for expect in
+        ["./tmp/new|", "./tmp/with space|", "./root/only|", "./srv/renamed/b/f|", "./home/sym|", "./tmp/empty|"]
+    {
+        assert!(before.contains(expect), "listing lacks {expect}:\n{before}");
+    }
+    assert!(!before.contains("./bin/true|"), "deleted file listed");
+    assert!(
+        before.lines().count() > 250,
+        "listing too short to mean anything: {} lines\n{before}",
+        before.lines().count()
+    );
+
+    // Checkpoint: the sandbox keeps running.
+    let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    assert_eq!(snap.len(), 16, "{snap}");
+    assert_eq!(stdout(&sh(&env, &id, "echo still running")), "still running\n");
+    let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+    assert_eq!(info["layers"].as_array().unwrap().len(), 2, "{info}");
+    assert!(info["info"]["frozen_ms"].as_f64().unwrap() > 0.0);
+    assert!(info["blob_digest"].as_str().unwrap().starts_with("sha256:"));
+    let blob = env.root.join("blobs/sha256").join(info["blob_digest"].as_str().unwrap().trim_start_matches("sha256:"));
+    assert_eq!(std::fs::metadata(&blob).unwrap().len(), info["blob_size"].as_u64().unwrap());
+
+    // Resume: exactly the files at checkpoint time.
+    let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+    assert_eq!(tree(&env, &resumed), before, "resumed tree differs from the checkpointed one");
+    let v = sh(&env, &id, "ls /bin/true 2>&1 || true");
+    assert!(stdout(&v).contains("No such file"), "{v}");
+
+    // Fork: independent sandboxes sharing the snapshot's layers.
+    let forks: Vec<String> = env.cli_ok(&["fork", &snap, "--count", "3"]).lines().map(str::to_string).collect();
+    assert_eq!(forks.len(), 3);
+    for (i, f) in forks.iter().enumerate() {
+        sh(&env, f, &format!("echo {i} > /tmp/mine"));
+    }
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(stdout(&sh(&env, f, "cat /tmp/mine; cat /tmp/new")), format!("{i}\nnew\n"));
+    }
+
+    // A checkpoint of a resumed sandbox stacks on its snapshot.
+    sh(&env, &resumed, "echo second > /tmp/second");
+    let child = env.cli_ok(&["checkpoint", &resumed]).trim().to_string();
+    let info: Value = env.client().call("GET", &format!("/v1/snapshots/{child}"), None::<&()>).unwrap();
+    assert_eq!(info["parent"], snap.as_str());
+    assert_eq!(info["layers"].as_array().unwrap().len(), 3);
+    let grand = env.cli_ok(&["resume", &child]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &grand, "cat /tmp/new /tmp/second")), "new\nsecond\n");
+
+    // A paused sandbox can be checkpointed and stays paused.
+    env.cli_ok(&["pause", &grand]);
+    env.cli_ok(&["checkpoint", &grand, "--compression", "gzip"]);
+    let v: Value = env.client().call("GET", &format!("/v1/sandboxes/{grand}"), None::<&()>).unwrap();
+    assert_eq!(v["state"], "paused");
+
+    // Removal rules: snapshots in use, images with snapshots.
+    let mut c = env.client();
+    let none = None::<&()>;
+    assert_eq!(status_of(c.request("DELETE", &format!("/v1/snapshots/{snap}"), none)), 409);
+    assert_eq!(status_of(c.request("DELETE", "/v1/images/busybox:latest", none)), 409);
+    assert_eq!(status_of(c.request("DELETE", "/v1/snapshots/0123456789abcdef", none)), 404);
+    let list: Vec<Value> = c.call("GET", "/v1/sandboxes", none).unwrap();
+    for s in list {
+        env.cli_ok(&["rm", s["id"].as_str().unwrap()]);
+    }
+    assert_eq!(status_of(c.request("DELETE", &format!("/v1/snapshots/{snap}"), none)), 409, "child snapshot exists");
+    let snaps: Vec<Value> = c.call("GET", "/v1/snapshots", none).unwrap();
+    assert_eq!(snaps.len(), 3);
+    // Children first.
+    let mut ids: Vec<(usize, String)> =
+        snaps.iter().map(|s| (s["layers"].as_array().unwrap().len(), s["id"].as_str().unwrap().to_string())).collect();
+    ids.sort();
+    for (_, sid) in ids.iter().rev() {
+        env.cli_ok(&["snapshot", "rm", sid]);
+    }
+    assert_eq!(std::fs::read_dir(env.root.join("layers")).unwrap().count(), 1, "snapshot layers left");
+    assert_eq!(std::fs::read_dir(env.root.join("blobs/sha256")).unwrap().count(), 0, "blobs left");
+    assert_eq!(status_of(c.request("DELETE", "/v1/images/busybox:latest", none)), 200);
+    env.finish();
+}
+
 /// Runs last (tests run in name order with --test-threads=1): the whole
 /// suite left no mount, cgroup or process behind.
 #[test]

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use crate::api::types::{CreateRequest, ExecRequestBody, ImageInfo, ImportRequest, SandboxInfo};
+use crate::api::types::{
+    CheckpointRequest, CreateRequest, ExecRequestBody, ImageInfo, ImportRequest, LaunchRequest, SandboxInfo,
+    SnapshotInfo,
+};
 use crate::client::{Client, ClientError};
 use crate::daemon::{Daemon, DaemonConfig};
 use crate::stream::{self, FrameKind};
@@ -43,6 +46,30 @@ pub enum Command {
     Ps,
     /// Show one sandbox as JSON.
     Inspect { id: String },
+    /// Seal a sandbox's changes as a snapshot (it keeps running); prints its id.
+    Checkpoint {
+        id: String,
+        /// Blob compression: zstd (default) or gzip.
+        #[arg(long, value_parser = ["zstd", "gzip"])]
+        compression: Option<String>,
+    },
+    /// Start a sandbox whose files are exactly a snapshot's; prints its id.
+    Resume {
+        snapshot: String,
+        #[command(flatten)]
+        launch: LaunchArgs,
+    },
+    /// Start N independent sandboxes from one snapshot; prints their ids.
+    Fork {
+        snapshot: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        #[command(flatten)]
+        launch: LaunchArgs,
+    },
+    /// Manage snapshots.
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
     /// Freeze every process of a sandbox in place (nothing is written).
     Pause { id: String },
     /// Thaw a paused sandbox.
@@ -105,6 +132,44 @@ pub struct CreateArgs {
     pub env: Vec<String>,
     #[arg(long)]
     pub hostname: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SnapshotCmd {
+    /// List snapshots.
+    Ls,
+    /// Show one snapshot as JSON.
+    Inspect { id: String },
+    /// Remove a snapshot (refused while a sandbox or a child snapshot uses it).
+    Rm { id: String },
+}
+
+/// Limits and settings of a resumed or forked sandbox.
+#[derive(Args, Debug)]
+pub struct LaunchArgs {
+    #[arg(long, value_parser = parse_bytes)]
+    pub memory: Option<u64>,
+    #[arg(long)]
+    pub pids: Option<u64>,
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    #[arg(long = "env", short = 'e')]
+    pub env: Vec<String>,
+    #[arg(long)]
+    pub hostname: Option<String>,
+}
+
+impl LaunchArgs {
+    fn request(&self, count: Option<u32>) -> LaunchRequest {
+        LaunchRequest {
+            memory: self.memory,
+            pids: self.pids,
+            cpus: self.cpus,
+            env: self.env.clone(),
+            hostname: self.hostname.clone(),
+            count,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -226,6 +291,62 @@ pub fn run(cli: Cli) -> Result<i32> {
                 }
             }
             Ok(if failed > 0 { 1 } else { 0 })
+        }
+        Command::Checkpoint { id, compression } => {
+            let compression = match compression.as_deref() {
+                Some("gzip") => Some(crate::store::BlobCompression::Gzip),
+                Some(_) => Some(crate::store::BlobCompression::Zstd),
+                None => None,
+            };
+            let snap: SnapshotInfo = client(&cli)?.call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/checkpoint"),
+                Some(&CheckpointRequest { compression }),
+            )?;
+            println!("{}", snap.id);
+            Ok(0)
+        }
+        Command::Resume { snapshot, launch } => {
+            let info: SandboxInfo =
+                client(&cli)?.call("POST", &format!("/v1/snapshots/{snapshot}/resume"), Some(&launch.request(None)))?;
+            println!("{}", info.id);
+            Ok(0)
+        }
+        Command::Fork { snapshot, count, launch } => {
+            let list: Vec<SandboxInfo> = client(&cli)?.call(
+                "POST",
+                &format!("/v1/snapshots/{snapshot}/fork"),
+                Some(&launch.request(Some(*count))),
+            )?;
+            for s in list {
+                println!("{}", s.id);
+            }
+            Ok(0)
+        }
+        Command::Snapshot(SnapshotCmd::Ls) => {
+            let list: Vec<SnapshotInfo> = client(&cli)?.call("GET", "/v1/snapshots", NO_BODY)?;
+            println!("{:<18} {:<18} {:<24} {:<8} {:>12} FROZEN_MS", "ID", "PARENT", "IMAGE", "LAYERS", "BLOB_BYTES");
+            for s in list {
+                println!(
+                    "{:<18} {:<18} {:<24} {:<8} {:>12} {:.1}",
+                    s.id,
+                    s.parent.as_deref().unwrap_or("-"),
+                    s.image,
+                    s.layers.len(),
+                    s.blob_size,
+                    s.info["frozen_ms"].as_f64().unwrap_or(0.0)
+                );
+            }
+            Ok(0)
+        }
+        Command::Snapshot(SnapshotCmd::Inspect { id }) => {
+            let s: SnapshotInfo = client(&cli)?.call("GET", &format!("/v1/snapshots/{id}"), NO_BODY)?;
+            println!("{}", serde_json::to_string_pretty(&s)?);
+            Ok(0)
+        }
+        Command::Snapshot(SnapshotCmd::Rm { id }) => {
+            client(&cli)?.request("DELETE", &format!("/v1/snapshots/{id}"), NO_BODY)?;
+            Ok(0)
         }
         Command::Pause { id } => {
             client(&cli)?.request("POST", &format!("/v1/sandboxes/{id}/pause"), NO_BODY)?;

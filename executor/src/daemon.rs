@@ -70,9 +70,9 @@ pub struct LaunchSpec {
 /// Live sandboxes plus slots reserved by creates in flight, under one lock so
 /// the pool bound is exact.
 #[derive(Default)]
-struct Pool {
-    live: HashMap<SandboxId, Arc<Sandbox>>,
-    reserved: usize,
+pub(crate) struct Pool {
+    pub(crate) live: HashMap<SandboxId, Arc<Sandbox>>,
+    pub(crate) reserved: usize,
 }
 
 /// Prepared shims waiting for a `create` (see `sandbox::Prepared`).
@@ -89,16 +89,16 @@ struct WarmPool {
 pub struct Daemon {
     pub cfg: DaemonConfig,
     warm: WarmPool,
-    rt: Runtime,
-    db: Mutex<Db>,
-    pool: Mutex<Pool>,
+    pub(crate) rt: Runtime,
+    pub(crate) db: Mutex<Db>,
+    pub(crate) pool: Mutex<Pool>,
     max_sandboxes: usize,
     host_cpus: usize,
     import_lock: Mutex<()>,
     _lock: Flock<File>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -231,6 +231,13 @@ impl Daemon {
             }
         }
         self.rt.store.sweep(&known_layers, &known_sandboxes)?;
+        // Blobs the database does not list (a checkpoint cut short).
+        let known_blobs: HashSet<String> = lock(&self.db)
+            .list_snapshots()?
+            .into_iter()
+            .map(|s| s.blob_digest.trim_start_matches("sha256:").to_string())
+            .collect();
+        self.rt.store.sweep_blobs(&known_blobs)?;
         Ok(())
     }
 
@@ -324,7 +331,7 @@ impl Daemon {
     }
 
     /// Start one sandbox on `base`, within the pool's bound.
-    fn launch(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, ApiError> {
+    pub(crate) fn launch(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, ApiError> {
         // Reserve a slot: past the cap nothing is made.
         {
             let mut pool = lock(&self.pool);

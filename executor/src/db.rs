@@ -370,7 +370,9 @@ impl Db {
         let tx =
             self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin delete image"))?;
         let users: Vec<String> = {
-            let mut st = tx.prepare("SELECT id FROM sandboxes WHERE image_id = ?1").map_err(q("image users"))?;
+            let mut st = tx
+                .prepare("SELECT id FROM sandboxes WHERE image_id = ?1 UNION ALL SELECT 'snapshot ' || id FROM snapshots WHERE image_id = ?1")
+                .map_err(q("image users"))?;
             let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image users"))?;
             rows.collect::<Result<_, _>>().map_err(q("image users"))?
         };

@@ -24,7 +24,7 @@ pub enum ImageError {
     Exists(String),
     #[error("image {0} not found")]
     NotFound(String),
-    #[error("image {name} is used by sandboxes {users:?}; remove them first")]
+    #[error("image {name} is used by {users:?}; remove them first")]
     InUse { name: String, users: Vec<String> },
     #[error("read OCI image at {path}")]
     Layout {

@@ -22,5 +22,6 @@ pub mod image;
 pub mod oci;
 pub mod sandbox;
 pub mod shim_client;
+pub mod snapshots;
 pub mod store;
 pub mod stream;

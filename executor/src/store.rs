@@ -33,6 +33,26 @@ fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     move |source| StoreError::Io { step, path: path.to_path_buf(), source }
 }
 
+/// How a snapshot's blob is compressed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BlobCompression {
+    /// zstd level 1: the default, for speed.
+    #[default]
+    Zstd,
+    /// gzip level 1, for tools that predate zstd layers.
+    Gzip,
+}
+
+impl BlobCompression {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlobCompression::Zstd => "zstd",
+            BlobCompression::Gzip => "gzip",
+        }
+    }
+}
+
 /// Paths of one sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxDirs {
@@ -54,7 +74,7 @@ impl Store {
     pub fn open(root: &Path) -> Result<Store, StoreError> {
         // Layers hold setuid files and files of any owner; sandboxes hold
         // uppers the sandbox wrote. Only root may look inside (mode 0700).
-        for sub in ["layers", "sandboxes", "tmp"] {
+        for sub in ["layers", "sandboxes", "tmp", "blobs", "blobs/sha256"] {
             let p = root.join(sub);
             std::fs::create_dir_all(&p).map_err(io("create", &p))?;
             std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o700))
@@ -165,6 +185,90 @@ impl Store {
 
     pub fn remove_layer(&self, diff_hex: &str) -> Result<(), StoreError> {
         remove_tree(&self.layer_dir(diff_hex))
+    }
+
+    /// `blobs/sha256/<hex>`.
+    pub fn blob_path(&self, digest_hex: &str) -> PathBuf {
+        self.root.join("blobs/sha256").join(digest_hex)
+    }
+
+    /// Compress `tar` into the blob store (zstd or gzip at their fastest
+    /// levels), hashing as it goes: write under `tmp/`, fsync, rename.
+    /// Returns the blob's digest hex and size.
+    pub fn write_blob(&self, tar: &Path, compression: BlobCompression) -> Result<(String, u64), StoreError> {
+        use sha2::Digest as _;
+        use std::io::Write;
+        struct Hashing<W> {
+            inner: W,
+            hash: sha2::Sha256,
+            n: u64,
+        }
+        impl<W: Write> Write for Hashing<W> {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                let n = self.inner.write(buf)?;
+                self.hash.update(&buf[..n]);
+                self.n += n as u64;
+                Ok(n)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                self.inner.flush()
+            }
+        }
+        let tmp = self.tmp_dir().join(format!("blob-{:016x}", rand::random::<u64>()));
+        let result = (|| -> std::io::Result<(String, u64)> {
+            let mut src = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(tar)?);
+            let out = std::fs::File::create(&tmp)?;
+            let mut h =
+                Hashing { inner: std::io::BufWriter::with_capacity(1 << 20, out), hash: sha2::Sha256::new(), n: 0 };
+            match compression {
+                BlobCompression::Zstd => {
+                    let mut enc = zstd::Encoder::new(&mut h, 1)?;
+                    std::io::copy(&mut src, &mut enc)?;
+                    enc.finish()?;
+                }
+                BlobCompression::Gzip => {
+                    let mut enc = flate2::write::GzEncoder::new(&mut h, flate2::Compression::fast());
+                    std::io::copy(&mut src, &mut enc)?;
+                    enc.finish()?;
+                }
+            }
+            let Hashing { inner, hash, n } = h;
+            inner.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            Ok((hex::encode(hash.finalize()), n))
+        })();
+        let (hex, size) = match result {
+            Ok(r) => r,
+            Err(source) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(StoreError::Io { step: "write blob", path: tmp, source });
+            }
+        };
+        let dst = self.blob_path(&hex);
+        std::fs::rename(&tmp, &dst).map_err(io("rename blob into place", &dst))?;
+        Ok((hex, size))
+    }
+
+    /// Remove blobs no snapshot row lists.
+    pub fn sweep_blobs(&self, known: &HashSet<String>) -> Result<(), StoreError> {
+        let dir = self.root.join("blobs/sha256");
+        for entry in std::fs::read_dir(&dir).map_err(io("read", &dir))? {
+            let entry = entry.map_err(io("read", &dir))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !known.contains(&name) {
+                tracing::info!("sweep: removing blob {name}");
+                remove_tree(&entry.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn remove_blob(&self, digest_hex: &str) -> Result<(), StoreError> {
+        match std::fs::remove_file(self.blob_path(digest_hex)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(StoreError::Io { step: "remove blob", path: self.blob_path(digest_hex), source: e })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Start-up sweep: empty `tmp/`, and delete layer and sandbox directories

@@ -88,6 +88,14 @@ fn body<T: DeserializeOwned>(req: &http::Request) -> Result<T, ApiError> {
         .map_err(|e| ApiError::new(ErrorKind::InvalidArgument, format!("invalid JSON body: {e}")))
 }
 
+/// A body that may be omitted entirely (all fields optional).
+fn body_or_default<T: DeserializeOwned + Default>(req: &http::Request) -> Result<T, ApiError> {
+    if req.body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    body(req)
+}
+
 fn exec_request(b: &ExecRequestBody) -> Result<ExecRequest, ApiError> {
     let timeout = match b.timeout {
         None => None,
@@ -167,6 +175,30 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                 json(200, &crate::daemon::sandbox_info(&sb))
             }
             "DELETE" => d.remove_sandbox(id).map(|()| Reply::Empty(204)),
+            _ => Err(not_allowed()),
+        },
+        ["sandboxes", id, "checkpoint"] => match m {
+            "POST" => {
+                let b: types::CheckpointRequest = body_or_default(req)?;
+                json(201, &d.checkpoint(id, b.compression.unwrap_or_default())?)
+            }
+            _ => Err(not_allowed()),
+        },
+        ["snapshots"] => match m {
+            "GET" => json(200, &d.list_snapshots()?),
+            _ => Err(not_allowed()),
+        },
+        ["snapshots", id] => match m {
+            "GET" => json(200, &d.get_snapshot(id)?),
+            "DELETE" => d.remove_snapshot(id).map(|()| Reply::Empty(204)),
+            _ => Err(not_allowed()),
+        },
+        ["snapshots", id, "resume"] => match m {
+            "POST" => json(201, &d.resume(id, body_or_default(req)?)?),
+            _ => Err(not_allowed()),
+        },
+        ["snapshots", id, "fork"] => match m {
+            "POST" => json(201, &d.fork(id, body_or_default(req)?)?),
             _ => Err(not_allowed()),
         },
         ["sandboxes", id, "pause"] => match m {

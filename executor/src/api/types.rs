@@ -111,3 +111,49 @@ pub struct VersionInfo {
     pub api: String,
     pub cgroup: String,
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRequest {
+    /// `zstd` (default) or `gzip`.
+    #[serde(default)]
+    pub compression: Option<crate::store::BlobCompression>,
+}
+
+/// Per-sandbox settings of a resume or a fork.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchRequest {
+    #[serde(default)]
+    pub memory: Option<u64>,
+    #[serde(default)]
+    pub pids: Option<u64>,
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub hostname: Option<String>,
+    /// Fork only: how many sandboxes (1-64).
+    #[serde(default)]
+    pub count: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SnapshotInfo {
+    pub id: String,
+    pub image: String,
+    pub parent: Option<String>,
+    /// The whole chain a resume mounts, bottom first (`sha256:<hex>` diff_ids).
+    pub layers: Vec<String>,
+    /// This snapshot's own delta layer.
+    pub diff_id: String,
+    pub blob_digest: String,
+    pub blob_size: u64,
+    pub compression: String,
+    pub source_sandbox: String,
+    pub created_at: i64,
+    /// Capture statistics: entries, bytes, whiteouts, opaque_dirs,
+    /// hardlinks, tar_bytes, frozen_ms, total_ms.
+    pub info: serde_json::Value,
+}

@@ -4,11 +4,13 @@
 //! Owns the process side of a sandbox. Does not own metadata (the daemon
 //! writes rows) or layer contents (the store).
 
+mod checkpoint;
 mod create;
 mod destroy;
 mod exec;
 mod freeze;
 
+pub use checkpoint::Capture;
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest};
 
@@ -54,6 +56,8 @@ pub enum SandboxError {
     State { id: SandboxId, state: RunState, action: &'static str },
     #[error("freeze or thaw sandbox")]
     Freezer(#[source] CgroupError),
+    #[error("capture the sandbox's changes")]
+    Capture(#[source] crate::diff::DiffError),
     #[error("sandbox {0} has no running init process (its shim exited); remove it")]
     Dead(SandboxId),
     #[error("invalid exec request: {0}")]
@@ -163,6 +167,11 @@ pub enum RunState {
     Paused,
     /// Being removed; nothing new may start.
     Stopping,
+    /// Its upper is being captured: frozen, execs refused. `was_paused`
+    /// says which state it returns to.
+    Capturing {
+        was_paused: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,6 +181,8 @@ pub enum RunEvent {
     Stop,
     /// Removal failed; the sandbox is usable again (and thawed).
     StopFailed,
+    Capture,
+    Captured,
 }
 
 impl std::fmt::Display for RunState {
@@ -180,6 +191,7 @@ impl std::fmt::Display for RunState {
             RunState::Running => "running",
             RunState::Paused => "paused",
             RunState::Stopping => "stopping",
+            RunState::Capturing { .. } => "checkpointing",
         })
     }
 }
@@ -194,6 +206,10 @@ impl RunState {
             (Paused, Unpause) => Some(Running),
             (Running | Paused, Stop) => Some(Stopping),
             (Stopping, StopFailed) => Some(Running),
+            (Running, Capture) => Some(Capturing { was_paused: false }),
+            (Paused, Capture) => Some(Capturing { was_paused: true }),
+            (Capturing { was_paused: false }, Captured) => Some(Running),
+            (Capturing { was_paused: true }, Captured) => Some(Paused),
             _ => None,
         }
     }
@@ -295,6 +311,11 @@ mod tests {
         assert_eq!(Stopping.next(Stop), None, "one removal at a time");
         assert_eq!(Stopping.next(Pause), None);
         assert_eq!(Stopping.next(StopFailed), Some(Running));
+        assert_eq!(Running.next(Capture), Some(Capturing { was_paused: false }));
+        assert_eq!(Capturing { was_paused: false }.next(Captured), Some(Running));
+        assert_eq!(Paused.next(Capture).and_then(|s| s.next(Captured)), Some(Paused), "a paused sandbox stays paused");
+        assert_eq!(Capturing { was_paused: false }.next(Stop), None, "no removal mid-capture");
+        assert_eq!(Capturing { was_paused: false }.next(Capture), None);
     }
 
     #[test]

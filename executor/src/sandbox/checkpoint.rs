@@ -1,0 +1,64 @@
+//! Checkpoint capture: quiesce the sandbox, write its upper dir as an
+//! uncompressed OCI layer tar, resume it. Only this part runs frozen; turning
+//! the tar into a hydrated lower and a compressed blob happens after the
+//! thaw (see `snapshot.rs`), so compression never lengthens the pause.
+//!
+//! A plain copy of the upper is the floor for the frozen time (the delta must
+//! be read once while nothing writes it); writing it straight into a tar is
+//! that copy, with the OCI conversion done on the way.
+
+use std::io::BufWriter;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::{RunEvent, Sandbox, SandboxError};
+use crate::diff::{self, DeltaStats};
+
+/// How long the kernel may take to freeze every task.
+const FREEZE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A captured delta, still under `tmp/`.
+#[derive(Debug, Clone)]
+pub struct Capture {
+    pub tar: PathBuf,
+    /// sha256 hex of the tar.
+    pub diff_id: String,
+    pub stats: DeltaStats,
+    /// How long the sandbox was frozen (zero if it was paused already).
+    pub frozen: Duration,
+}
+
+impl Sandbox {
+    /// Freeze (unless paused), write `upper` as a layer tar to `tar`, thaw.
+    /// New execs are refused meanwhile.
+    pub fn capture(&self, upper: &Path, tar: &Path) -> Result<Capture, SandboxError> {
+        let started = Instant::now();
+        let state = self.transition(RunEvent::Capture, "checkpoint", || Ok(()))?;
+        let froze = matches!(state, super::RunState::Capturing { was_paused: false });
+        let mut result = if froze { self.cgroup.freeze(FREEZE_TIMEOUT).map_err(SandboxError::Freezer) } else { Ok(()) };
+        let written = result.as_ref().ok().map(|_| {
+            std::fs::File::create(tar)
+                .map_err(|source| SandboxError::Io { step: "create checkpoint tar", source })
+                .and_then(|f| {
+                    let mut w = BufWriter::with_capacity(1 << 20, f);
+                    let r = diff::write_delta(upper, &mut w).map_err(SandboxError::Capture)?;
+                    let f = w
+                        .into_inner()
+                        .map_err(|e| SandboxError::Io { step: "flush checkpoint tar", source: e.into_error() })?;
+                    f.sync_all().map_err(|source| SandboxError::Io { step: "sync checkpoint tar", source })?;
+                    Ok(r)
+                })
+        });
+        // Always resume, whatever happened above.
+        if froze {
+            if let Err(e) = self.cgroup.thaw() {
+                result = Err(SandboxError::Freezer(e));
+            }
+        }
+        let frozen = if froze { started.elapsed() } else { Duration::ZERO };
+        let _ = self.transition(RunEvent::Captured, "finish checkpoint", || Ok(()));
+        result?;
+        let (stats, diff_id) = written.unwrap_or(Err(SandboxError::Dead(self.id.clone())))?;
+        Ok(Capture { tar: tar.to_path_buf(), diff_id, stats, frozen })
+    }
+}

@@ -1,0 +1,275 @@
+//! Snapshot operations of the daemon: checkpoint (seal a running sandbox's
+//! delta), resume and fork (start sandboxes on a snapshot's chain), and
+//! list/inspect/remove.
+//!
+//! A checkpoint is, in order: capture (frozen: upper → tar, see
+//! `sandbox/checkpoint.rs`), then, with the sandbox running again, hydrate
+//! the tar into `tmp/` with the same safe unpacker imports use and rename it
+//! to `layers/<diff_id>`, compress the tar into `blobs/sha256/<digest>`, and
+//! record layer + snapshot in one transaction. Any failure removes what this
+//! checkpoint made; `tmp/` is swept at start for a daemon killed mid-way, and
+//! layer and blob files the database does not list are swept too.
+//!
+//! A sandbox's upper holds everything it changed since it started, so every
+//! checkpoint of it is one layer on top of the snapshot it started from (or
+//! its image): the parent of a checkpoint is the sandbox's own base.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::api::types::{LaunchRequest, SandboxInfo, SnapshotInfo};
+use crate::api::ApiError;
+use crate::daemon::{lock, sandbox_info, Base, Daemon};
+use crate::db::{LayerRow, SnapshotRow};
+use crate::error::ErrorKind;
+use crate::ids::SandboxId;
+use crate::oci;
+use crate::store::{remove_tree, BlobCompression, StoreError};
+
+/// Most sandboxes one fork may start.
+pub const MAX_FORK: u32 = 64;
+
+fn store_err(e: StoreError) -> ApiError {
+    ApiError::internal(&e)
+}
+
+impl Daemon {
+    /// Seal the sandbox's current changes as a snapshot; it keeps running.
+    pub fn checkpoint(&self, id: &str, compression: BlobCompression) -> Result<SnapshotInfo, ApiError> {
+        let sb = self.sandbox(id)?;
+        let started = Instant::now();
+        let work = self.rt.store.new_tmp("checkpoint").map_err(store_err)?;
+        let result = self.checkpoint_in(&sb, &work, compression, started);
+        let _ = remove_tree(&work);
+        result
+    }
+
+    fn checkpoint_in(
+        &self,
+        sb: &crate::sandbox::Sandbox,
+        work: &Path,
+        compression: BlobCompression,
+        started: Instant,
+    ) -> Result<SnapshotInfo, ApiError> {
+        let store = &self.rt.store;
+        let dirs = store.sandbox_dirs(&sb.id);
+        let cap = sb.capture(&dirs.upper, &work.join("layer.tar"))?;
+
+        // Hydrate: the same checked unpacker as imports, into tmp/, then
+        // rename into place (or reuse an identical layer).
+        let digest: oci::Digest = format!("sha256:{}", cap.diff_id).parse().map_err(|e| ApiError::internal(&e))?;
+        let source = oci::LayerSource {
+            blob_path: cap.tar.clone(),
+            digest: digest.clone(),
+            size: cap.stats.tar_bytes,
+            media_type: "application/vnd.oci.image.layer.v1.tar".into(),
+            diff_id: digest,
+            compression: oci::Compression::None,
+        };
+        let layer_dir = work.join("layer");
+        let fs_dir = layer_dir.join("fs");
+        std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
+        let unpacked = oci::unpack_layer(&source, &fs_dir).map_err(|e| ApiError::internal(&e))?;
+        let new_layer = store.commit_layer(&layer_dir, &cap.diff_id).map_err(store_err)?;
+
+        let undo_layer = |db_knows: bool| {
+            if new_layer && !db_knows {
+                let _ = store.remove_layer(&cap.diff_id);
+            }
+        };
+        let (blob_hex, blob_size) = match store.write_blob(&cap.tar, compression) {
+            Ok(b) => b,
+            Err(e) => {
+                undo_layer(lock(&self.db).layer_exists(&cap.diff_id).unwrap_or(true));
+                return Err(store_err(e));
+            }
+        };
+
+        let image = lock(&self.db)
+            .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+        let info = serde_json::json!({
+            "entries": cap.stats.entries,
+            "bytes": cap.stats.bytes,
+            "whiteouts": cap.stats.whiteouts,
+            "opaque_dirs": cap.stats.opaque_dirs,
+            "hardlinks": cap.stats.hardlinks,
+            "tar_bytes": cap.stats.tar_bytes,
+            "frozen_ms": cap.frozen.as_secs_f64() * 1000.0,
+            "total_ms": started.elapsed().as_secs_f64() * 1000.0,
+        });
+        let row = SnapshotRow {
+            id: SandboxId::random().to_string(),
+            image_id: image.id,
+            parent_id: sb.spec.snapshot.clone(),
+            diff_id: cap.diff_id.clone(),
+            blob_digest: format!("sha256:{blob_hex}"),
+            blob_size,
+            compression: compression.as_str().into(),
+            source_sandbox: sb.id.to_string(),
+            info,
+            created_at: crate::db::now(),
+        };
+        let layer = LayerRow { diff_id: cap.diff_id.clone(), size: unpacked.bytes, entries: unpacked.entries };
+        let mut db = lock(&self.db);
+        if let Err(e) = db.insert_snapshot(&row, &layer) {
+            let knows = db.layer_exists(&cap.diff_id).unwrap_or(true);
+            let blob_used =
+                db.list_snapshots().map(|l| l.iter().any(|s| s.blob_digest == row.blob_digest)).unwrap_or(true);
+            drop(db);
+            undo_layer(knows);
+            if !blob_used {
+                let _ = store.remove_blob(&blob_hex);
+            }
+            return Err(e.into());
+        }
+        let info = self.snapshot_info_locked(&db, &row)?;
+        tracing::info!(
+            "checkpoint {} of sandbox {}: {} entries, frozen {:.1} ms",
+            row.id,
+            sb.id,
+            cap.stats.entries,
+            cap.frozen.as_secs_f64() * 1000.0
+        );
+        Ok(info)
+    }
+
+    fn snapshot_info_locked(&self, db: &crate::db::Db, row: &SnapshotRow) -> Result<SnapshotInfo, ApiError> {
+        let image = db
+            .image_by_id(row.image_id)?
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+        let chain = db.snapshot_chain(&row.id)?;
+        let layers =
+            image.layers.iter().chain(chain.iter().map(|s| &s.diff_id)).map(|h| format!("sha256:{h}")).collect();
+        Ok(SnapshotInfo {
+            id: row.id.clone(),
+            image: image.name,
+            parent: row.parent_id.clone(),
+            layers,
+            diff_id: format!("sha256:{}", row.diff_id),
+            blob_digest: row.blob_digest.clone(),
+            blob_size: row.blob_size,
+            compression: row.compression.clone(),
+            source_sandbox: row.source_sandbox.clone(),
+            created_at: row.created_at,
+            info: row.info.clone(),
+        })
+    }
+
+    fn snapshot_row(&self, id: &str) -> Result<SnapshotRow, ApiError> {
+        let not_found = || ApiError::new(ErrorKind::NotFound, format!("snapshot {id:?} not found"));
+        let id: SandboxId = id.parse().map_err(|_| not_found())?;
+        lock(&self.db).snapshot(id.as_str())?.ok_or_else(not_found)
+    }
+
+    pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, ApiError> {
+        let db = lock(&self.db);
+        db.list_snapshots()?.iter().map(|r| self.snapshot_info_locked(&db, r)).collect()
+    }
+
+    pub fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, ApiError> {
+        let row = self.snapshot_row(id)?;
+        self.snapshot_info_locked(&lock(&self.db), &row)
+    }
+
+    /// What a resume or fork of `row` starts from: its image and whole chain.
+    fn snapshot_base(&self, row: &SnapshotRow) -> Result<Base, ApiError> {
+        let db = lock(&self.db);
+        let image = db
+            .image_by_id(row.image_id)?
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+        let mut layers = image.layers.clone();
+        layers.extend(db.snapshot_chain(&row.id)?.into_iter().map(|s| s.diff_id));
+        Ok(Base { image, layers, snapshot: Some(row.id.clone()) })
+    }
+
+    /// Start a sandbox whose files are exactly the snapshot's.
+    pub fn resume(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, ApiError> {
+        if req.count.is_some() {
+            return Err(ApiError::new(ErrorKind::InvalidArgument, "count is for fork"));
+        }
+        let row = self.snapshot_row(id)?;
+        let launch = self.launch_spec(req.memory, req.pids, req.cpus, req.env, req.hostname)?;
+        let base = self.snapshot_base(&row)?;
+        Ok(sandbox_info(&*self.launch(&base, launch)?))
+    }
+
+    /// Start `count` independent sandboxes on one snapshot. No file data is
+    /// copied: they share its layers and each gets its own empty upper. All
+    /// or nothing: if one cannot start, the others are removed.
+    pub fn fork(&self, id: &str, req: LaunchRequest) -> Result<Vec<SandboxInfo>, ApiError> {
+        let count = req.count.unwrap_or(1);
+        if !(1..=MAX_FORK).contains(&count) {
+            return Err(ApiError::new(ErrorKind::InvalidArgument, format!("count must be 1-{MAX_FORK}, got {count}")));
+        }
+        if req.hostname.is_some() && count > 1 {
+            return Err(ApiError::new(ErrorKind::InvalidArgument, "a hostname can only be given to a fork of count 1"));
+        }
+        let row = self.snapshot_row(id)?;
+        let base = self.snapshot_base(&row)?;
+        {
+            let pool = lock(&self.pool);
+            let free = self.max_sandboxes().saturating_sub(pool.live.len() + pool.reserved);
+            if (count as usize) > free {
+                return Err(ApiError::new(
+                    ErrorKind::LimitReached,
+                    format!(
+                        "fork of {count} refused: {free} of {} sandbox slots free (--max-sandboxes)",
+                        self.max_sandboxes()
+                    ),
+                ));
+            }
+        }
+        let mut made: Vec<Arc<crate::sandbox::Sandbox>> = Vec::new();
+        for _ in 0..count {
+            let launch = self.launch_spec(req.memory, req.pids, req.cpus, req.env.clone(), req.hostname.clone())?;
+            match self.launch(&base, launch) {
+                Ok(sb) => made.push(sb),
+                Err(e) => {
+                    for sb in made {
+                        let _ = self.remove_sandbox(sb.id.as_str());
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(made.iter().map(|s| sandbox_info(s)).collect())
+    }
+
+    /// Remove a snapshot; refused while a sandbox or a child snapshot uses it.
+    pub fn remove_snapshot(&self, id: &str) -> Result<(), ApiError> {
+        let row = self.snapshot_row(id)?;
+        let users: Vec<String> = lock(&self.pool)
+            .live
+            .values()
+            .filter(|s| s.spec.snapshot.as_deref() == Some(row.id.as_str()))
+            .map(|s| s.id.to_string())
+            .collect();
+        if !users.is_empty() {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("snapshot {} is used by sandboxes {users:?}; remove them first", row.id),
+            ));
+        }
+        let mut db = lock(&self.db);
+        let orphan = match db.delete_snapshot(&row.id)? {
+            Err(children) => {
+                return Err(ApiError::new(
+                    ErrorKind::Conflict,
+                    format!("snapshot {} has child snapshots {children:?}; remove them first", row.id),
+                ))
+            }
+            Ok(orphan) => orphan,
+        };
+        let blob_used = db.list_snapshots()?.iter().any(|s| s.blob_digest == row.blob_digest);
+        drop(db);
+        if let Some(hex) = orphan {
+            self.rt.store.remove_layer(&hex).map_err(store_err)?;
+        }
+        if !blob_used {
+            self.rt.store.remove_blob(row.blob_digest.trim_start_matches("sha256:")).map_err(store_err)?;
+        }
+        Ok(())
+    }
+}
