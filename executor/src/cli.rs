@@ -142,6 +142,13 @@ pub enum SnapshotCmd {
     Inspect { id: String },
     /// Remove a snapshot (refused while a sandbox or a child snapshot uses it).
     Rm { id: String },
+    /// Write a snapshot's whole chain as an OCI image layout in a new directory.
+    Export {
+        id: String,
+        dir: PathBuf,
+        #[arg(long, value_parser = ["zstd", "gzip"])]
+        compression: Option<String>,
+    },
 }
 
 /// Limits and settings of a resumed or forked sandbox.
@@ -211,6 +218,14 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
     };
     let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size in bytes"))?;
     n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn compression_arg(c: Option<&str>) -> Option<crate::store::BlobCompression> {
+    match c {
+        Some("gzip") => Some(crate::store::BlobCompression::Gzip),
+        Some(_) => Some(crate::store::BlobCompression::Zstd),
+        None => None,
+    }
 }
 
 fn client(cli: &Cli) -> Result<Client> {
@@ -293,11 +308,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(if failed > 0 { 1 } else { 0 })
         }
         Command::Checkpoint { id, compression } => {
-            let compression = match compression.as_deref() {
-                Some("gzip") => Some(crate::store::BlobCompression::Gzip),
-                Some(_) => Some(crate::store::BlobCompression::Zstd),
-                None => None,
-            };
+            let compression = compression_arg(compression.as_deref());
             let snap: SnapshotInfo = client(&cli)?.call(
                 "POST",
                 &format!("/v1/sandboxes/{id}/checkpoint"),
@@ -342,6 +353,17 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Snapshot(SnapshotCmd::Inspect { id }) => {
             let s: SnapshotInfo = client(&cli)?.call("GET", &format!("/v1/snapshots/{id}"), NO_BODY)?;
             println!("{}", serde_json::to_string_pretty(&s)?);
+            Ok(0)
+        }
+        Command::Snapshot(SnapshotCmd::Export { id, dir, compression }) => {
+            let dir = if dir.is_absolute() { dir.clone() } else { std::env::current_dir()?.join(dir) };
+            let req = crate::api::types::ExportRequest {
+                path: dir.to_string_lossy().into_owned(),
+                compression: compression_arg(compression.as_deref()),
+            };
+            let out: crate::export::Exported =
+                client(&cli)?.call("POST", &format!("/v1/snapshots/{id}/export"), Some(&req))?;
+            println!("{} {}", out.path, out.manifest_digest);
             Ok(0)
         }
         Command::Snapshot(SnapshotCmd::Rm { id }) => {

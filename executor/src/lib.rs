@@ -17,6 +17,7 @@ pub mod daemon;
 pub mod db;
 pub mod diff;
 pub mod error;
+pub mod export;
 pub mod ids;
 pub mod image;
 pub mod oci;

@@ -237,6 +237,31 @@ impl Daemon {
         Ok(made.iter().map(|s| sandbox_info(s)).collect())
     }
 
+    /// Write the snapshot's whole chain as an OCI image layout at `path`.
+    pub fn export_snapshot(
+        &self,
+        id: &str,
+        path: &str,
+        compression: BlobCompression,
+    ) -> Result<crate::export::Exported, ApiError> {
+        let row = self.snapshot_row(id)?;
+        let (image, chain) = {
+            let db = lock(&self.db);
+            let image = db
+                .image_by_id(row.image_id)?
+                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+            (image, db.snapshot_chain(&row.id)?)
+        };
+        crate::export::export(&self.rt.store, &image, &chain, Path::new(path), compression).map_err(|e| {
+            let kind = match e {
+                crate::export::ExportError::Relative(_) => ErrorKind::InvalidArgument,
+                crate::export::ExportError::Exists(_) => ErrorKind::Conflict,
+                _ => ErrorKind::Internal,
+            };
+            ApiError::new(kind, crate::error::chain(&e))
+        })
+    }
+
     /// Remove a snapshot; refused while a sandbox or a child snapshot uses it.
     pub fn remove_snapshot(&self, id: &str) -> Result<(), ApiError> {
         let row = self.snapshot_row(id)?;

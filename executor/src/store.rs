@@ -33,6 +33,47 @@ fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     move |source| StoreError::Io { step, path: path.to_path_buf(), source }
 }
 
+/// Compress `tar` into the new file `out`, hashing the compressed bytes;
+/// fsyncs `out`. Returns the sha256 hex and size of what was written.
+pub fn compress_into(tar: &Path, compression: BlobCompression, out: &Path) -> std::io::Result<(String, u64)> {
+    use sha2::Digest as _;
+    use std::io::Write;
+    struct Hashing<W> {
+        inner: W,
+        hash: sha2::Sha256,
+        n: u64,
+    }
+    impl<W: Write> Write for Hashing<W> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let n = self.inner.write(buf)?;
+            self.hash.update(&buf[..n]);
+            self.n += n as u64;
+            Ok(n)
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.inner.flush()
+        }
+    }
+    let mut src = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(tar)?);
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).open(out)?;
+    let mut h = Hashing { inner: std::io::BufWriter::with_capacity(1 << 20, file), hash: sha2::Sha256::new(), n: 0 };
+    match compression {
+        BlobCompression::Zstd => {
+            let mut enc = zstd::Encoder::new(&mut h, 1)?;
+            std::io::copy(&mut src, &mut enc)?;
+            enc.finish()?;
+        }
+        BlobCompression::Gzip => {
+            let mut enc = flate2::write::GzEncoder::new(&mut h, flate2::Compression::fast());
+            std::io::copy(&mut src, &mut enc)?;
+            enc.finish()?;
+        }
+    }
+    let Hashing { inner, hash, n } = h;
+    inner.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    Ok((hex::encode(hash.finalize()), n))
+}
+
 /// How a snapshot's blob is compressed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -196,47 +237,8 @@ impl Store {
     /// levels), hashing as it goes: write under `tmp/`, fsync, rename.
     /// Returns the blob's digest hex and size.
     pub fn write_blob(&self, tar: &Path, compression: BlobCompression) -> Result<(String, u64), StoreError> {
-        use sha2::Digest as _;
-        use std::io::Write;
-        struct Hashing<W> {
-            inner: W,
-            hash: sha2::Sha256,
-            n: u64,
-        }
-        impl<W: Write> Write for Hashing<W> {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                let n = self.inner.write(buf)?;
-                self.hash.update(&buf[..n]);
-                self.n += n as u64;
-                Ok(n)
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                self.inner.flush()
-            }
-        }
         let tmp = self.tmp_dir().join(format!("blob-{:016x}", rand::random::<u64>()));
-        let result = (|| -> std::io::Result<(String, u64)> {
-            let mut src = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(tar)?);
-            let out = std::fs::File::create(&tmp)?;
-            let mut h =
-                Hashing { inner: std::io::BufWriter::with_capacity(1 << 20, out), hash: sha2::Sha256::new(), n: 0 };
-            match compression {
-                BlobCompression::Zstd => {
-                    let mut enc = zstd::Encoder::new(&mut h, 1)?;
-                    std::io::copy(&mut src, &mut enc)?;
-                    enc.finish()?;
-                }
-                BlobCompression::Gzip => {
-                    let mut enc = flate2::write::GzEncoder::new(&mut h, flate2::Compression::fast());
-                    std::io::copy(&mut src, &mut enc)?;
-                    enc.finish()?;
-                }
-            }
-            let Hashing { inner, hash, n } = h;
-            inner.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-            Ok((hex::encode(hash.finalize()), n))
-        })();
-        let (hex, size) = match result {
+        let (hex, size) = match compress_into(tar, compression, &tmp) {
             Ok(r) => r,
             Err(source) => {
                 let _ = std::fs::remove_file(&tmp);

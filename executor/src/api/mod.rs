@@ -193,6 +193,13 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             "DELETE" => d.remove_snapshot(id).map(|()| Reply::Empty(204)),
             _ => Err(not_allowed()),
         },
+        ["snapshots", id, "export"] => match m {
+            "POST" => {
+                let b: types::ExportRequest = body(req)?;
+                json(201, &d.export_snapshot(id, &b.path, b.compression.unwrap_or_default())?)
+            }
+            _ => Err(not_allowed()),
+        },
         ["snapshots", id, "resume"] => match m {
             "POST" => json(201, &d.resume(id, body_or_default(req)?)?),
             _ => Err(not_allowed()),

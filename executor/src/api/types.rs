@@ -157,3 +157,12 @@ pub struct SnapshotInfo {
     /// hardlinks, tar_bytes, frozen_ms, total_ms.
     pub info: serde_json::Value,
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExportRequest {
+    /// Absolute path of a new directory on the daemon's host.
+    pub path: String,
+    #[serde(default)]
+    pub compression: Option<crate::store::BlobCompression>,
+}

@@ -1,0 +1,231 @@
+//! Export of a snapshot (its whole chain) as a standard OCI image layout, so
+//! third-party tools (umoci, skopeo, registries) read what Strata wrote.
+//!
+//! Each layer of the chain becomes a blob: a snapshot's own blob when its
+//! compression is the one asked for, otherwise the layer is serialised again
+//! from its hydrated tree with `diff::write_delta` (deterministic, so the
+//! same tree always gives the same diff_id) and compressed. The image config
+//! carries the image's env, working dir, user, entrypoint and cmd, and the
+//! manifest's annotations the snapshot's metadata.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+
+use crate::db::{ImageRow, SnapshotRow};
+use crate::diff;
+use crate::store::{compress_into, remove_tree, BlobCompression, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("export path {0} must be absolute")]
+    Relative(PathBuf),
+    #[error("export path {0} already exists; choose a new directory")]
+    Exists(PathBuf),
+    #[error("serialise layer {hex}")]
+    Layer {
+        hex: String,
+        #[source]
+        source: diff::DiffError,
+    },
+    #[error("{step} {path}")]
+    Io {
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ExportError + 'a {
+    move |source| ExportError::Io { step, path: path.into(), source }
+}
+
+/// What was written.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct Exported {
+    pub path: String,
+    pub manifest_digest: String,
+    pub layers: usize,
+}
+
+fn layer_media_type(c: BlobCompression) -> &'static str {
+    match c {
+        BlobCompression::Zstd => "application/vnd.oci.image.layer.v1.tar+zstd",
+        BlobCompression::Gzip => "application/vnd.oci.image.layer.v1.tar+gzip",
+    }
+}
+
+/// Write `bytes` as a blob of the layout; returns its descriptor digest.
+fn put_blob(dir: &Path, bytes: &[u8]) -> Result<String, ExportError> {
+    let hex = hex::encode(Sha256::digest(bytes));
+    let p = dir.join("blobs/sha256").join(&hex);
+    std::fs::write(&p, bytes).map_err(io("write", &p))?;
+    Ok(format!("sha256:{hex}"))
+}
+
+fn oci_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// Export the chain `image` + `chain` (root first) to a new directory `dest`.
+pub fn export(
+    store: &Store,
+    image: &ImageRow,
+    chain: &[SnapshotRow],
+    dest: &Path,
+    compression: BlobCompression,
+) -> Result<Exported, ExportError> {
+    if !dest.is_absolute() {
+        return Err(ExportError::Relative(dest.into()));
+    }
+    if dest.symlink_metadata().is_ok() {
+        return Err(ExportError::Exists(dest.into()));
+    }
+    // Build under tmp/, move into place at the end: a failure leaves nothing.
+    let work = store.new_tmp("export")?;
+    let result = write_layout(store, image, chain, &work, compression);
+    let out = work.join("layout");
+    let done = result.and_then(|e| {
+        std::fs::rename(&out, dest).or_else(|_| copy_dir(&out, dest)).map_err(io("move export into place", dest))?;
+        Ok(e)
+    });
+    let _ = remove_tree(&work);
+    if done.is_err() && dest.exists() {
+        let _ = std::fs::remove_dir_all(dest);
+    }
+    done.map(|mut e| {
+        e.path = dest.display().to_string();
+        e
+    })
+}
+
+/// `rename` fails across filesystems; then copy the (small, flat) layout.
+fn copy_dir(src: &Path, dst: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst.join("blobs/sha256"))?;
+    for f in ["oci-layout", "index.json"] {
+        std::fs::copy(src.join(f), dst.join(f))?;
+    }
+    for e in std::fs::read_dir(src.join("blobs/sha256"))? {
+        let e = e?;
+        std::fs::copy(e.path(), dst.join("blobs/sha256").join(e.file_name()))?;
+    }
+    Ok(())
+}
+
+fn write_layout(
+    store: &Store,
+    image: &ImageRow,
+    chain: &[SnapshotRow],
+    work: &Path,
+    compression: BlobCompression,
+) -> Result<Exported, ExportError> {
+    let dir = work.join("layout");
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).map_err(io("create", &blobs))?;
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).map_err(io("write", &dir))?;
+
+    let mut layers = Vec::new();
+    let mut diff_ids = Vec::new();
+    let snapshot_of = |hex: &str| chain.iter().find(|s| s.diff_id == hex);
+    for hex in image.layers.iter().chain(chain.iter().map(|s| &s.diff_id)) {
+        let (digest, size, diff_id) = match snapshot_of(hex) {
+            Some(s) if s.compression == compression.as_str() => {
+                let bhex = s.blob_digest.trim_start_matches("sha256:");
+                let dst = blobs.join(bhex);
+                std::fs::copy(store.blob_path(bhex), &dst).map_err(io("copy blob", &dst))?;
+                (s.blob_digest.clone(), s.blob_size, s.diff_id.clone())
+            }
+            _ => {
+                // Serialise the hydrated tree again, then compress.
+                let tar = work.join(format!("{hex}.tar"));
+                let f = std::fs::File::create(&tar).map_err(io("create", &tar))?;
+                let mut w = std::io::BufWriter::new(f);
+                let (_, diff_id) = diff::write_delta(&store.layer_dir(hex).join("fs"), &mut w)
+                    .map_err(|source| ExportError::Layer { hex: hex.clone(), source })?;
+                w.flush().map_err(io("write", &tar))?;
+                drop(w);
+                let part = work.join(format!("{hex}.blob"));
+                let (bhex, size) = compress_into(&tar, compression, &part).map_err(io("compress", &tar))?;
+                let _ = std::fs::remove_file(&tar);
+                let dst = blobs.join(&bhex);
+                std::fs::rename(&part, &dst).map_err(io("move blob", &dst))?;
+                (format!("sha256:{bhex}"), size, diff_id)
+            }
+        };
+        diff_ids.push(format!("sha256:{diff_id}"));
+        layers.push(json!({"mediaType": layer_media_type(compression), "digest": digest, "size": size}));
+    }
+
+    let c = &image.config;
+    let mut cfg = serde_json::Map::new();
+    if !c.env.is_empty() {
+        cfg.insert("Env".into(), json!(c.env));
+    }
+    if let Some(w) = &c.working_dir {
+        cfg.insert("WorkingDir".into(), json!(w));
+    }
+    if let Some(u) = &c.user {
+        cfg.insert("User".into(), json!(u));
+    }
+    if !c.entrypoint.is_empty() {
+        cfg.insert("Entrypoint".into(), json!(c.entrypoint));
+    }
+    if !c.cmd.is_empty() {
+        cfg.insert("Cmd".into(), json!(c.cmd));
+    }
+    let config = json!({
+        "architecture": oci_arch(),
+        "os": "linux",
+        "config": cfg,
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    });
+    let config_bytes = serde_json::to_vec(&config).map_err(|e| ExportError::Io {
+        step: "encode config",
+        path: dir.clone(),
+        source: e.into(),
+    })?;
+    let config_digest = put_blob(&dir, &config_bytes)?;
+
+    let mut annotations = serde_json::Map::new();
+    annotations.insert("dev.strata.image".into(), json!(image.name));
+    if let Some(top) = chain.last() {
+        annotations.insert("dev.strata.snapshot.id".into(), json!(top.id));
+        annotations.insert("dev.strata.snapshot.parent".into(), json!(top.parent_id));
+        annotations.insert("dev.strata.snapshot.source-sandbox".into(), json!(top.source_sandbox));
+    }
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_bytes.len()},
+        "layers": layers,
+        "annotations": annotations,
+    });
+    let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| ExportError::Io {
+        step: "encode manifest",
+        path: dir.clone(),
+        source: e.into(),
+    })?;
+    let manifest_digest = put_blob(&dir, &manifest_bytes)?;
+    let index = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest,
+            "size": manifest_bytes.len(),
+            "annotations": {"org.opencontainers.image.ref.name": "latest"},
+        }],
+    });
+    let index_path = dir.join("index.json");
+    std::fs::write(&index_path, serde_json::to_vec(&index).unwrap_or_default()).map_err(io("write", &index_path))?;
+    Ok(Exported { path: String::new(), manifest_digest, layers: layers.len() })
+}
