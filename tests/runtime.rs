@@ -616,10 +616,17 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
         before.lines().count()
     );
 
+    // docker-diff style view of the delta, before and after sealing.
+    let diff = env.cli_ok(&["diff", &id]);
+    for line in ["A /tmp/new", "C /etc/group", "D /bin/true", "C /root", "A /root/only", "A /srv/renamed/b/f"] {
+        assert!(diff.lines().any(|l| l == line), "diff lacks {line:?}:\n{diff}");
+    }
+
     // Checkpoint: the sandbox keeps running.
     let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
     assert_eq!(snap.len(), 16, "{snap}");
     assert_eq!(stdout(&sh(&env, &id, "echo still running")), "still running\n");
+    assert_eq!(env.cli_ok(&["diff", &snap]), diff, "a snapshot's diff is its sandbox's at checkpoint time");
     let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
     assert_eq!(info["layers"].as_array().unwrap().len(), 2, "{info}");
     assert!(info["info"]["frozen_ms"].as_f64().unwrap() > 0.0);

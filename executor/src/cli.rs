@@ -67,6 +67,9 @@ pub enum Command {
         #[command(flatten)]
         launch: LaunchArgs,
     },
+    /// Added (A), changed (C) and deleted (D) paths of a sandbox's or a
+    /// snapshot's delta, like `docker diff`.
+    Diff { id: String },
     /// Manage snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
@@ -331,6 +334,17 @@ pub fn run(cli: Cli) -> Result<i32> {
             )?;
             for s in list {
                 println!("{}", s.id);
+            }
+            Ok(0)
+        }
+        Command::Diff { id } => {
+            let mut c = client(&cli)?;
+            let changes: Vec<crate::diff::Change> = match c.call("GET", &format!("/v1/sandboxes/{id}/diff"), NO_BODY) {
+                Err(e) if e.status() == Some(404) => c.call("GET", &format!("/v1/snapshots/{id}/diff"), NO_BODY)?,
+                r => r?,
+            };
+            for ch in changes {
+                println!("{} {}", ch.kind, ch.path);
             }
             Ok(0)
         }

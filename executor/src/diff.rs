@@ -442,6 +442,34 @@ mod tests {
         assert_eq!(fs::metadata(out.join("d/sub/new")).unwrap().ino(), fs::metadata(out.join("d/link")).unwrap().ino());
         assert_eq!(fs::read_link(out.join("d/sym")).unwrap(), Path::new("sub/new"));
         assert!(fs::symlink_metadata(out.join("d/fifo")).unwrap().file_type().is_fifo());
+
+        // The same upper as changes against a lower that had `gone` and `d/x`.
+        let lower = t.path().join("lower");
+        fs::create_dir_all(lower.join("d")).unwrap();
+        fs::write(lower.join("gone"), b"g").unwrap();
+        fs::write(lower.join("d/x"), b"x").unwrap();
+        let got: Vec<String> =
+            changes(&upper, &[lower]).unwrap().iter().map(|c| format!("{} {}", c.kind, c.path)).collect();
+        assert_eq!(
+            got,
+            vec!["C /d", "A /d/fifo", "A /d/link", "A /d/sub", "A /d/sub/new", "A /d/sym", "D /d/x", "D /gone"]
+        );
+    }
+
+    #[test]
+    fn changes_against_lowers() {
+        let t = tempfile::tempdir().unwrap();
+        let (lower, upper) = (t.path().join("lower"), t.path().join("upper"));
+        for d in ["etc", "keep", "opq/old"] {
+            fs::create_dir_all(lower.join(d)).unwrap();
+        }
+        fs::write(lower.join("etc/conf"), b"1").unwrap();
+        fs::create_dir_all(upper.join("etc")).unwrap();
+        fs::write(upper.join("etc/conf"), b"2").unwrap();
+        fs::write(upper.join("etc/added"), b"n").unwrap();
+        let got = changes(&upper, &[lower.clone()]).unwrap();
+        let got: Vec<(char, &str)> = got.iter().map(|c| (c.kind, c.path.as_str())).collect();
+        assert_eq!(got, vec![('C', "/etc"), ('A', "/etc/added"), ('C', "/etc/conf")]);
     }
 
     #[test]
@@ -451,4 +479,99 @@ mod tests {
         assert!(keep_xattr(b"security.capability"));
         assert!(keep_xattr(b"user.x"));
     }
+}
+
+/// One change of a delta, as `docker diff` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Change {
+    /// `A` added, `C` changed, `D` deleted.
+    pub kind: char,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+}
+
+/// Does `rel` exist in the merged view of `lowers` (topmost first)? A
+/// whiteout or an opaque parent in an upper lower hides what is below.
+fn in_lowers(lowers: &[PathBuf], rel: &Path) -> bool {
+    for lower in lowers {
+        match fs::symlink_metadata(lower.join(rel)) {
+            Ok(m) if m.file_type().is_char_device() && m.rdev() == 0 => return false,
+            Ok(_) => return true,
+            Err(_) => {
+                // An opaque ancestor in this layer hides everything below it.
+                let mut anc = rel.parent();
+                while let Some(a) = anc.filter(|a| !a.as_os_str().is_empty()) {
+                    if xattrs(&lower.join(a))
+                        .map(|x| x.iter().any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y"))
+                        .unwrap_or(false)
+                    {
+                        return false;
+                    }
+                    anc = a.parent();
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Names in the merged view of `lowers` under directory `rel`.
+fn lower_children(lowers: &[PathBuf], rel: &Path) -> Vec<std::ffi::OsString> {
+    let mut names: Vec<std::ffi::OsString> = Vec::new();
+    for lower in lowers {
+        if let Ok(rd) = fs::read_dir(lower.join(rel)) {
+            for e in rd.flatten() {
+                if !names.contains(&e.file_name()) && in_lowers(lowers, &rel.join(e.file_name())) {
+                    names.push(e.file_name());
+                }
+            }
+        }
+    }
+    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    names
+}
+
+/// The changes an upper (or a snapshot's delta layer) makes to `lowers`
+/// (layer trees, topmost first), sorted by path.
+pub fn changes(upper: &Path, lowers: &[PathBuf]) -> Result<Vec<Change>, DiffError> {
+    fn walk(upper: &Path, rel: &Path, lowers: &[PathBuf], out: &mut Vec<Change>) -> Result<(), DiffError> {
+        let dir = upper.join(rel);
+        let mut names: Vec<_> = fs::read_dir(&dir)
+            .map_err(read_err(&dir))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<Result<_, _>>()
+            .map_err(read_err(&dir))?;
+        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        for name in names {
+            let r = rel.join(&name);
+            let host = upper.join(&r);
+            let meta = fs::symlink_metadata(&host).map_err(read_err(&host))?;
+            let path = format!("/{}", r.display());
+            if meta.file_type().is_char_device() && meta.rdev() == 0 {
+                if in_lowers(lowers, &r) {
+                    out.push(Change { kind: 'D', path });
+                }
+                continue;
+            }
+            let existed = in_lowers(lowers, &r);
+            out.push(Change { kind: if existed { 'C' } else { 'A' }, path });
+            if meta.is_dir() {
+                let opaque = xattrs(&host)?.iter().any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y");
+                if opaque && existed {
+                    // Everything the lowers had here and the upper lacks is gone.
+                    for child in lower_children(lowers, &r) {
+                        if fs::symlink_metadata(host.join(&child)).is_err() {
+                            out.push(Change { kind: 'D', path: format!("/{}", r.join(&child).display()) });
+                        }
+                    }
+                }
+                walk(upper, &r, lowers, out)?;
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(upper, Path::new(""), lowers, &mut out)?;
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
 }

@@ -237,6 +237,26 @@ impl Daemon {
         Ok(made.iter().map(|s| sandbox_info(s)).collect())
     }
 
+    fn layer_fs(&self, hexes: &[String]) -> Vec<std::path::PathBuf> {
+        hexes.iter().rev().map(|h| self.rt.store.layer_dir(h).join("fs")).collect()
+    }
+
+    /// Added, changed and deleted paths of a live sandbox's upper.
+    pub fn sandbox_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, ApiError> {
+        let sb = self.sandbox(id)?;
+        let upper = self.rt.store.sandbox_dirs(&sb.id).upper;
+        crate::diff::changes(&upper, &self.layer_fs(&sb.spec.layers)).map_err(|e| ApiError::internal(&e))
+    }
+
+    /// Added, changed and deleted paths of a snapshot's own delta.
+    pub fn snapshot_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, ApiError> {
+        let row = self.snapshot_row(id)?;
+        let base = self.snapshot_base(&row)?;
+        let below = &base.layers[..base.layers.len().saturating_sub(1)];
+        let delta = self.rt.store.layer_dir(&row.diff_id).join("fs");
+        crate::diff::changes(&delta, &self.layer_fs(below)).map_err(|e| ApiError::internal(&e))
+    }
+
     /// Write the snapshot's whole chain as an OCI image layout at `path`.
     pub fn export_snapshot(
         &self,

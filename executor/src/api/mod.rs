@@ -193,6 +193,14 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             "DELETE" => d.remove_snapshot(id).map(|()| Reply::Empty(204)),
             _ => Err(not_allowed()),
         },
+        ["snapshots", id, "diff"] => match m {
+            "GET" => json(200, &d.snapshot_diff(id)?),
+            _ => Err(not_allowed()),
+        },
+        ["sandboxes", id, "diff"] => match m {
+            "GET" => json(200, &d.sandbox_diff(id)?),
+            _ => Err(not_allowed()),
+        },
         ["snapshots", id, "export"] => match m {
             "POST" => {
                 let b: types::ExportRequest = body(req)?;
