@@ -467,7 +467,7 @@ mod tests {
         fs::create_dir_all(upper.join("etc")).unwrap();
         fs::write(upper.join("etc/conf"), b"2").unwrap();
         fs::write(upper.join("etc/added"), b"n").unwrap();
-        let got = changes(&upper, &[lower.clone()]).unwrap();
+        let got = changes(&upper, std::slice::from_ref(&lower)).unwrap();
         let got: Vec<(char, &str)> = got.iter().map(|c| (c.kind, c.path.as_str())).collect();
         assert_eq!(got, vec![('C', "/etc"), ('A', "/etc/added"), ('C', "/etc/conf")]);
     }
