@@ -659,6 +659,19 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
     let grand = env.cli_ok(&["resume", &child]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &grand, "cat /tmp/new /tmp/second")), "new\nsecond\n");
 
+    // Rollback: back to the sandbox's own checkpoint, fresh processes, same id.
+    sh(&env, &resumed, "echo later > /tmp/later; (sleep 1000 >/dev/null 2>&1 &)");
+    env.cli_ok(&["rollback", &resumed, "--to", &child]);
+    let v = sh(&env, &resumed, "cat /tmp/second; ls /tmp/later 2>&1; ps -o comm | grep -c sleep || true");
+    assert_eq!(stdout(&v), "second\nls: /tmp/later: No such file or directory\n0\n", "{v}");
+    // ... or to its base; never to another lineage's snapshot.
+    env.cli_ok(&["rollback", &resumed, "--to", &snap]);
+    assert!(stdout(&sh(&env, &resumed, "ls /tmp")).contains("new"));
+    assert!(!stdout(&sh(&env, &resumed, "ls /tmp")).contains("second"));
+    let other = create(&env, json!({"image": "busybox"}));
+    let r = env.client().request("POST", &format!("/v1/sandboxes/{other}/rollback"), Some(&json!({"to": child})));
+    assert_eq!(status_of(r), 409, "rollback across lineages");
+
     // A paused sandbox can be checkpointed and stays paused.
     env.cli_ok(&["pause", &grand]);
     env.cli_ok(&["checkpoint", &grand, "--compression", "gzip"]);

@@ -67,6 +67,13 @@ pub enum Command {
         #[command(flatten)]
         launch: LaunchArgs,
     },
+    /// Discard a sandbox's changes and continue from a snapshot of its own
+    /// lineage; its processes restart fresh.
+    Rollback {
+        id: String,
+        #[arg(long)]
+        to: String,
+    },
     /// Added (A), changed (C) and deleted (D) paths of a sandbox's or a
     /// snapshot's delta, like `docker diff`.
     Diff { id: String },
@@ -335,6 +342,12 @@ pub fn run(cli: Cli) -> Result<i32> {
             for s in list {
                 println!("{}", s.id);
             }
+            Ok(0)
+        }
+        Command::Rollback { id, to } => {
+            let req = crate::api::types::RollbackRequest { to: to.clone() };
+            let info: SandboxInfo = client(&cli)?.call("POST", &format!("/v1/sandboxes/{id}/rollback"), Some(&req))?;
+            println!("{}", info.id);
             Ok(0)
         }
         Command::Diff { id } => {

@@ -347,7 +347,7 @@ impl Daemon {
             }
             pool.reserved += 1;
         }
-        let result = self.launch_reserved(base, launch);
+        let result = self.launch_reserved(base, launch, None);
         let mut pool = lock(&self.pool);
         pool.reserved -= 1;
         let sb = result?;
@@ -355,10 +355,17 @@ impl Daemon {
         Ok(sb)
     }
 
-    fn launch_reserved(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, ApiError> {
-        let warm = self.take_warm();
+    /// Start a sandbox in a slot already reserved; with `fixed_id` (a
+    /// rollback keeps its sandbox's id) no warm shim is used.
+    pub(crate) fn launch_reserved(
+        &self,
+        base: &Base,
+        launch: LaunchSpec,
+        fixed_id: Option<SandboxId>,
+    ) -> Result<Arc<Sandbox>, ApiError> {
+        let warm = if fixed_id.is_some() { None } else { self.take_warm() };
         tracing::debug!("create: {} shim", if warm.is_some() { "warm" } else { "cold" });
-        let id = warm.as_ref().map(|w| w.id.clone()).unwrap_or_else(SandboxId::random);
+        let id = fixed_id.or_else(|| warm.as_ref().map(|w| w.id.clone())).unwrap_or_else(SandboxId::random);
         let hostname = launch.hostname.unwrap_or_else(|| id.as_str()[..12].to_string());
         let spec = SandboxSpec {
             image: base.image.name.clone(),

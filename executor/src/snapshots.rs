@@ -257,6 +257,54 @@ impl Daemon {
         crate::diff::changes(&delta, &self.layer_fs(below)).map_err(|e| ApiError::internal(&e))
     }
 
+    /// Discard a sandbox's current changes and continue from a snapshot of
+    /// its own lineage (its base chain, or a checkpoint it took). Processes
+    /// are restarted fresh; the sandbox keeps its id, limits, env and
+    /// hostname. Later checkpoints are children of that snapshot.
+    pub fn rollback(&self, id: &str, to: &str) -> Result<SandboxInfo, ApiError> {
+        let sb = self.sandbox(id)?;
+        let row = self.snapshot_row(to)?;
+        let in_base = match &sb.spec.snapshot {
+            Some(base) => lock(&self.db).snapshot_chain(base)?.iter().any(|s| s.id == row.id),
+            None => false,
+        };
+        if !in_base && row.source_sandbox != sb.id.as_str() {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!(
+                    "snapshot {} is not in sandbox {}'s lineage (neither its base nor its own checkpoint)",
+                    row.id, sb.id
+                ),
+            ));
+        }
+        let base = self.snapshot_base(&row)?;
+        if !sb.begin_stop() {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("sandbox {} is being removed", sb.id)));
+        }
+        // Keep the slot: reserve for the replacement before the old one goes.
+        lock(&self.pool).reserved += 1;
+        let result = (|| {
+            if let Err(e) = sb.destroy(&self.rt.store) {
+                sb.end_stop();
+                return Err(ApiError::from(e));
+            }
+            lock(&self.pool).live.remove(&sb.id);
+            lock(&self.db).delete_sandbox(&sb.id)?;
+            let launch = crate::daemon::LaunchSpec {
+                limits: sb.spec.limits,
+                env: sb.spec.env.clone(),
+                hostname: Some(sb.spec.hostname.clone()),
+            };
+            self.launch_reserved(&base, launch, Some(sb.id.clone()))
+        })();
+        let mut pool = lock(&self.pool);
+        pool.reserved -= 1;
+        let new = result?;
+        pool.live.insert(new.id.clone(), new.clone());
+        tracing::info!("rolled sandbox {} back to snapshot {}", new.id, row.id);
+        Ok(sandbox_info(&new))
+    }
+
     /// Write the snapshot's whole chain as an OCI image layout at `path`.
     pub fn export_snapshot(
         &self,

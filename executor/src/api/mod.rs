@@ -197,6 +197,13 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             "GET" => json(200, &d.snapshot_diff(id)?),
             _ => Err(not_allowed()),
         },
+        ["sandboxes", id, "rollback"] => match m {
+            "POST" => {
+                let b: types::RollbackRequest = body(req)?;
+                json(200, &d.rollback(id, &b.to)?)
+            }
+            _ => Err(not_allowed()),
+        },
         ["sandboxes", id, "diff"] => match m {
             "GET" => json(200, &d.sandbox_diff(id)?),
             _ => Err(not_allowed()),

@@ -166,3 +166,10 @@ pub struct ExportRequest {
     #[serde(default)]
     pub compression: Option<crate::store::BlobCompression>,
 }
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    /// A snapshot of the sandbox's own lineage.
+    pub to: String,
+}
