@@ -766,6 +766,48 @@ fn exported_snapshot_unpacks_with_umoci_to_the_same_tree() {
     env.finish();
 }
 
+#[test]
+fn suspend_moves_the_upper_and_releases_the_sandbox() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox", "memory": 64 << 20}));
+    sh(
+        &env,
+        &id,
+        "dd if=/dev/zero of=/tmp/big bs=1M count=8 2>/dev/null; echo kept > /tmp/kept; rm /bin/true; (sleep 1000 &)",
+    );
+    let want = tree(&env, &id);
+    let upper = env.root.join("sandboxes").join(&id).join("upper");
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(upper.join("tmp/big")).unwrap());
+
+    let snap = env.cli_ok(&["suspend", &id]).trim().to_string();
+    // Released: no sandbox, no dirs, no cgroup.
+    assert_eq!(status_of(env.client().request("GET", &format!("/v1/sandboxes/{id}"), None::<&()>)), 404);
+    assert!(!env.root.join("sandboxes").join(&id).exists());
+    assert!(env.cgroup_dirs().iter().all(|d| !d.join(&id).exists()));
+    // Sealed by moving: the file in the layer is the very inode the sandbox wrote.
+    let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+    let hex = info["diff_id"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+    let moved = env.root.join("layers").join(&hex).join("fs/tmp/big");
+    assert_eq!(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&moved).unwrap()), inode, "file data was copied");
+
+    // Resumable at once; the blob arrives in the background.
+    let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+    assert_eq!(tree(&env, &resumed), want);
+    let start = Instant::now();
+    loop {
+        let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+        if info["state"] == "ready" {
+            let blob = info["blob_digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+            assert!(env.root.join("blobs/sha256").join(blob).is_file());
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "blob never written: {info}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    env.finish();
+}
+
 /// Runs last (tests run in name order with --test-threads=1): the whole
 /// suite left no mount, cgroup or process behind.
 #[test]

@@ -53,6 +53,9 @@ pub enum Command {
         #[arg(long, value_parser = ["zstd", "gzip"])]
         compression: Option<String>,
     },
+    /// Stop a sandbox, seal its changes by moving them into the layer store,
+    /// release it; prints the snapshot id.
+    Suspend { id: String },
     /// Start a sandbox whose files are exactly a snapshot's; prints its id.
     Resume {
         snapshot: String,
@@ -327,6 +330,11 @@ pub fn run(cli: Cli) -> Result<i32> {
             println!("{}", snap.id);
             Ok(0)
         }
+        Command::Suspend { id } => {
+            let snap: SnapshotInfo = client(&cli)?.call("POST", &format!("/v1/sandboxes/{id}/suspend"), NO_BODY)?;
+            println!("{}", snap.id);
+            Ok(0)
+        }
         Command::Resume { snapshot, launch } => {
             let info: SandboxInfo =
                 client(&cli)?.call("POST", &format!("/v1/snapshots/{snapshot}/resume"), Some(&launch.request(None)))?;
@@ -444,6 +452,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         });
     }
     daemon.start_warm_pool();
+    daemon.start_blob_writer();
     crate::api::serve(daemon.clone(), listener, stop);
     let _ = std::fs::remove_file(&cfg.socket);
     daemon.shutdown();

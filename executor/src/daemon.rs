@@ -89,6 +89,8 @@ struct WarmPool {
 pub struct Daemon {
     pub cfg: DaemonConfig,
     warm: WarmPool,
+    /// Snapshot ids whose blob the background writer must produce.
+    blobs: Mutex<Option<std::sync::mpsc::Sender<String>>>,
     pub(crate) rt: Runtime,
     pub(crate) db: Mutex<Db>,
     pub(crate) pool: Mutex<Pool>,
@@ -169,6 +171,7 @@ impl Daemon {
         let d = Daemon {
             cfg,
             warm: WarmPool::default(),
+            blobs: Mutex::new(None),
             rt,
             db: Mutex::new(db),
             pool: Mutex::new(Pool::default()),
@@ -396,6 +399,37 @@ impl Daemon {
         let w = lock(&self.warm.ready).pop();
         self.warm.wake.notify_one();
         w
+    }
+
+    /// Start the background blob writer (suspended sandboxes' snapshots)
+    /// and queue the blobs a previous daemon left pending.
+    pub fn start_blob_writer(self: &Arc<Self>) {
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let d = self.clone();
+        let spawned = std::thread::Builder::new().name("blob-writer".into()).spawn(move || {
+            let _ = strata_shim::sys::set_thread_nice(10);
+            for id in rx {
+                if let Err(e) = d.seal_blob(&id) {
+                    tracing::error!("write blob of snapshot {id}: {}", e.message);
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::error!("start blob writer: {e}");
+            return;
+        }
+        if let Ok(pending) = lock(&self.db).pending_blobs() {
+            for id in pending {
+                let _ = tx.send(id);
+            }
+        }
+        *lock(&self.blobs) = Some(tx);
+    }
+
+    pub(crate) fn queue_blob(&self, id: &str) {
+        if let Some(tx) = lock(&self.blobs).as_ref() {
+            let _ = tx.send(id.to_string());
+        }
     }
 
     /// Keep `cfg.warm_pool` prepared shims ready, on a background thread.

@@ -116,6 +116,13 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX snapshots_parent ON snapshots(parent_id);
     CREATE INDEX snapshots_diff_id ON snapshots(diff_id);
     "#,
+    // 4: a suspended sandbox's snapshot is usable (its layer is in place)
+    // before its blob is written; this row marks the blob as pending.
+    r#"
+    CREATE TABLE snapshot_blob_pending (
+        snapshot_id TEXT PRIMARY KEY REFERENCES snapshots(id) ON DELETE CASCADE
+    );
+    "#,
 ];
 
 pub struct Db {
@@ -480,6 +487,43 @@ impl Db {
             .collect::<Result<_, _>>()
             .map_err(q("list snapshots"))?;
         rows.into_iter().map(Self::decode_snapshot).collect()
+    }
+
+    /// Record a suspended sandbox's snapshot whose blob is still to be
+    /// written (blob_digest empty until then).
+    pub fn insert_sealing_snapshot(&mut self, snap: &SnapshotRow, layer: &LayerRow) -> Result<(), DbError> {
+        self.insert_snapshot(snap, layer)?;
+        self.conn
+            .execute("INSERT INTO snapshot_blob_pending (snapshot_id) VALUES (?1)", [&snap.id])
+            .map_err(q("mark blob pending"))?;
+        Ok(())
+    }
+
+    /// The blob of a sealing snapshot is written: record it.
+    pub fn set_snapshot_blob(&mut self, id: &str, digest: &str, size: u64) -> Result<(), DbError> {
+        let tx = self.conn.transaction().map_err(q("begin set blob"))?;
+        tx.execute(
+            "UPDATE snapshots SET blob_digest = ?2, blob_size = ?3 WHERE id = ?1",
+            params![id, digest, size as i64],
+        )
+        .map_err(q("set snapshot blob"))?;
+        tx.execute("DELETE FROM snapshot_blob_pending WHERE snapshot_id = ?1", [id]).map_err(q("clear pending"))?;
+        tx.commit().map_err(q("commit set blob"))
+    }
+
+    /// Snapshots whose blob is not written yet.
+    pub fn pending_blobs(&self) -> Result<Vec<String>, DbError> {
+        let mut st = self.conn.prepare("SELECT snapshot_id FROM snapshot_blob_pending").map_err(q("pending blobs"))?;
+        let rows = st.query_map([], |r| r.get(0)).map_err(q("pending blobs"))?;
+        rows.collect::<Result<_, _>>().map_err(q("pending blobs"))
+    }
+
+    pub fn blob_pending(&self, id: &str) -> Result<bool, DbError> {
+        self.conn
+            .query_row("SELECT 1 FROM snapshot_blob_pending WHERE snapshot_id = ?1", [id], |_| Ok(()))
+            .optional()
+            .map(|o| o.is_some())
+            .map_err(q("blob pending"))
     }
 
     /// The snapshot's chain, root first.

@@ -138,7 +138,7 @@ fn write_layout(
     let snapshot_of = |hex: &str| chain.iter().find(|s| s.diff_id == hex);
     for hex in image.layers.iter().chain(chain.iter().map(|s| &s.diff_id)) {
         let (digest, size, diff_id) = match snapshot_of(hex) {
-            Some(s) if s.compression == compression.as_str() => {
+            Some(s) if s.compression == compression.as_str() && !s.blob_digest.is_empty() => {
                 let bhex = s.blob_digest.trim_start_matches("sha256:");
                 let dst = blobs.join(bhex);
                 std::fs::copy(store.blob_path(bhex), &dst).map_err(io("copy blob", &dst))?;

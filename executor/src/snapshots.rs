@@ -142,8 +142,10 @@ impl Daemon {
         let chain = db.snapshot_chain(&row.id)?;
         let layers =
             image.layers.iter().chain(chain.iter().map(|s| &s.diff_id)).map(|h| format!("sha256:{h}")).collect();
+        let state = if db.blob_pending(&row.id)? { "sealing" } else { "ready" };
         Ok(SnapshotInfo {
             id: row.id.clone(),
+            state: state.into(),
             image: image.name,
             parent: row.parent_id.clone(),
             layers,
@@ -257,6 +259,105 @@ impl Daemon {
         crate::diff::changes(&delta, &self.layer_fs(below)).map_err(|e| ApiError::internal(&e))
     }
 
+    /// Stop every process of a sandbox, seal its upper into the layer store
+    /// by moving it (no file data is copied; it is read once for the
+    /// diff_id), release the sandbox and return the snapshot. Its blob is
+    /// written in the background (`state` is `sealing` until then); resume
+    /// and fork work at once.
+    pub fn suspend(&self, id: &str) -> Result<SnapshotInfo, ApiError> {
+        let sb = self.sandbox(id)?;
+        let started = Instant::now();
+        if !sb.begin_stop() {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("sandbox {} is not running or paused", sb.id)));
+        }
+        if let Err(e) = sb.stop() {
+            sb.end_stop();
+            return Err(e.into());
+        }
+        let store = &self.rt.store;
+        let upper = store.sandbox_dirs(&sb.id).upper;
+        // The processes are gone and the overlay with them: the upper is still.
+        let (stats, hex) = crate::diff::write_delta(&upper, std::io::sink()).map_err(|e| ApiError::internal(&e))?;
+        let work = store.new_tmp("suspend").map_err(store_err)?;
+        std::fs::rename(&upper, work.join("fs")).map_err(|e| ApiError::internal(&e))?;
+        let new_layer = store.commit_layer(&work, &hex).map_err(store_err)?;
+        let image_id = lock(&self.db)
+            .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
+            .map(|i| i.id)
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+        let row = SnapshotRow {
+            id: SandboxId::random().to_string(),
+            image_id,
+            parent_id: sb.spec.snapshot.clone(),
+            diff_id: hex.clone(),
+            blob_digest: String::new(),
+            blob_size: 0,
+            compression: BlobCompression::Zstd.as_str().into(),
+            source_sandbox: sb.id.to_string(),
+            info: serde_json::json!({
+                "entries": stats.entries,
+                "bytes": stats.bytes,
+                "whiteouts": stats.whiteouts,
+                "opaque_dirs": stats.opaque_dirs,
+                "hardlinks": stats.hardlinks,
+                "tar_bytes": stats.tar_bytes,
+                "suspended": true,
+                "total_ms": started.elapsed().as_secs_f64() * 1000.0,
+            }),
+            created_at: crate::db::now(),
+        };
+        let layer = LayerRow { diff_id: hex.clone(), size: stats.bytes, entries: stats.entries };
+        {
+            let mut db = lock(&self.db);
+            if let Err(e) = db.insert_sealing_snapshot(&row, &layer) {
+                let knows = db.layer_exists(&hex).unwrap_or(true);
+                drop(db);
+                if new_layer && !knows {
+                    let _ = store.remove_layer(&hex);
+                }
+                return Err(e.into());
+            }
+            db.delete_sandbox(&sb.id)?;
+        }
+        lock(&self.pool).live.remove(&sb.id);
+        let _ = store.discard_sandbox(&sb.id);
+        let _ = remove_tree(&work);
+        self.queue_blob(&row.id);
+        tracing::info!("suspended sandbox {} as snapshot {}", sb.id, row.id);
+        self.snapshot_info_locked(&lock(&self.db), &row)
+    }
+
+    /// Write the blob of a sealing snapshot (from its hydrated layer) and
+    /// mark it ready. Run by the daemon's blob thread.
+    pub fn seal_blob(&self, id: &str) -> Result<(), ApiError> {
+        let Some(row) = lock(&self.db).snapshot(id)? else { return Ok(()) };
+        if !lock(&self.db).blob_pending(id)? {
+            return Ok(());
+        }
+        let store = &self.rt.store;
+        let work = store.new_tmp("seal").map_err(store_err)?;
+        let result = (|| {
+            let tar = work.join("layer.tar");
+            let f = std::fs::File::create(&tar).map_err(|e| ApiError::internal(&e))?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            let (_, hex) = crate::diff::write_delta(&store.layer_dir(&row.diff_id).join("fs"), &mut w)
+                .map_err(|e| ApiError::internal(&e))?;
+            std::io::Write::flush(&mut w).map_err(|e| ApiError::internal(&e))?;
+            drop(w);
+            if hex != row.diff_id {
+                return Err(ApiError::new(
+                    ErrorKind::Internal,
+                    format!("snapshot {id}: layer serialises to {hex}, not its diff_id {}", row.diff_id),
+                ));
+            }
+            let (bhex, size) = store.write_blob(&tar, BlobCompression::Zstd).map_err(store_err)?;
+            lock(&self.db).set_snapshot_blob(id, &format!("sha256:{bhex}"), size)?;
+            Ok(())
+        })();
+        let _ = remove_tree(&work);
+        result
+    }
+
     /// Discard a sandbox's current changes and continue from a snapshot of
     /// its own lineage (its base chain, or a checkpoint it took). Processes
     /// are restarted fresh; the sandbox keeps its id, limits, env and
@@ -360,7 +461,7 @@ impl Daemon {
         if let Some(hex) = orphan {
             self.rt.store.remove_layer(&hex).map_err(store_err)?;
         }
-        if !blob_used {
+        if !blob_used && !row.blob_digest.is_empty() {
             self.rt.store.remove_blob(row.blob_digest.trim_start_matches("sha256:")).map_err(store_err)?;
         }
         Ok(())

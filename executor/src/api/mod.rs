@@ -197,6 +197,10 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             "GET" => json(200, &d.snapshot_diff(id)?),
             _ => Err(not_allowed()),
         },
+        ["sandboxes", id, "suspend"] => match m {
+            "POST" => json(201, &d.suspend(id)?),
+            _ => Err(not_allowed()),
+        },
         ["sandboxes", id, "rollback"] => match m {
             "POST" => {
                 let b: types::RollbackRequest = body(req)?;

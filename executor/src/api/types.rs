@@ -142,6 +142,9 @@ pub struct LaunchRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SnapshotInfo {
     pub id: String,
+    /// `ready`, or `sealing` while a suspended sandbox's blob is written
+    /// (resume and fork work in both states).
+    pub state: String,
     pub image: String,
     pub parent: Option<String>,
     /// The whole chain a resume mounts, bottom first (`sha256:<hex>` diff_ids).

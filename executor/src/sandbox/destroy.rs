@@ -64,6 +64,21 @@ impl Sandbox {
     /// Call after [`Sandbox::begin_stop`].
     pub fn destroy(&self, store: &Store) -> Result<(), SandboxError> {
         let mut t = super::Phases::start("destroy");
+        self.stop_processes(&mut t)?;
+        store.discard_sandbox(&self.id).map_err(SandboxError::Remove)?;
+        t.mark("files");
+        t.log(&self.id);
+        Ok(())
+    }
+
+    /// Kill every process (its mounts go with its mount namespace) and
+    /// remove the cgroup; the sandbox's files stay. Call after
+    /// [`Sandbox::begin_stop`].
+    pub fn stop(&self) -> Result<(), SandboxError> {
+        self.stop_processes(&mut super::Phases::start("stop"))
+    }
+
+    fn stop_processes(&self, t: &mut super::Phases) -> Result<(), SandboxError> {
         // Frozen tasks act on SIGKILL only once thawed (v1 freezer): queue
         // the kill first so nothing runs in between, then thaw.
         let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
@@ -72,9 +87,6 @@ impl Sandbox {
         t.mark("kill");
         self.cgroup.remove(Duration::from_secs(KILL_TIMEOUT_SECS)).map_err(SandboxError::Cgroup)?;
         t.mark("cgroup");
-        store.discard_sandbox(&self.id).map_err(SandboxError::Remove)?;
-        t.mark("files");
-        t.log(&self.id);
         Ok(())
     }
 }
