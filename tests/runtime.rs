@@ -659,6 +659,16 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
     let grand = env.cli_ok(&["resume", &child]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &grand, "cat /tmp/new /tmp/second")), "new\nsecond\n");
 
+    // Exec logs: each sandbox keeps its own; a snapshot seals its chain's.
+    let log: Vec<Value> = env.client().call("GET", &format!("/v1/snapshots/{child}/logs"), None::<&()>).unwrap();
+    let argvs: Vec<String> = log.iter().map(|r| r["argv"].to_string()).collect();
+    assert!(argvs.iter().any(|a| a.contains("echo new > /tmp/new")), "parent's exec missing: {argvs:?}");
+    assert!(argvs.iter().any(|a| a.contains("echo second")), "own exec missing: {argvs:?}");
+    assert!(!argvs.iter().any(|a| a.contains("cat /tmp/mine")), "a fork's exec leaked into another lineage's log");
+    assert!(log.iter().all(|r| r["exit_code"].is_i64() && r["duration_ms"].is_f64()));
+    let out = env.cli_ok(&["logs", &forks[0]]);
+    assert!(out.contains("cat /tmp/mine") && !out.contains("echo second"), "{out}");
+
     // Rollback: back to the sandbox's own checkpoint, fresh processes, same id.
     sh(&env, &resumed, "echo later > /tmp/later; (sleep 1000 >/dev/null 2>&1 &)");
     env.cli_ok(&["rollback", &resumed, "--to", &child]);

@@ -77,6 +77,8 @@ pub enum Command {
         #[arg(long)]
         to: String,
     },
+    /// The exec log of a sandbox, or the one sealed with a snapshot.
+    Logs { id: String },
     /// Added (A), changed (C) and deleted (D) paths of a sandbox's or a
     /// snapshot's delta, like `docker diff`.
     Diff { id: String },
@@ -356,6 +358,23 @@ pub fn run(cli: Cli) -> Result<i32> {
             let req = crate::api::types::RollbackRequest { to: to.clone() };
             let info: SandboxInfo = client(&cli)?.call("POST", &format!("/v1/sandboxes/{id}/rollback"), Some(&req))?;
             println!("{}", info.id);
+            Ok(0)
+        }
+        Command::Logs { id } => {
+            let recs: Vec<crate::db::ExecRecord> =
+                client(&cli)?.call("GET", &format!("/v1/sandboxes/{id}/logs"), NO_BODY)?;
+            println!("{:<18} {:>10} {:>5} {:>10} {:<12} ARGV", "SANDBOX", "DURATION", "EXIT", "OUTPUT", "CWD");
+            for r in recs {
+                println!(
+                    "{:<18} {:>8.1}ms {:>5} {:>10} {:<12} {}",
+                    r.sandbox_id,
+                    r.duration_ms,
+                    r.exit_code,
+                    r.output_bytes,
+                    r.cwd,
+                    serde_json::to_string(&r.argv)?
+                );
+            }
             Ok(0)
         }
         Command::Diff { id } => {

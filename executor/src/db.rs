@@ -123,6 +123,20 @@ const MIGRATIONS: &[&str] = &[
         snapshot_id TEXT PRIMARY KEY REFERENCES snapshots(id) ON DELETE CASCADE
     );
     "#,
+    // 5: the exec log. Records outlive their sandbox (snapshots seal them).
+    r#"
+    CREATE TABLE exec_records (
+        id           INTEGER PRIMARY KEY,
+        sandbox_id   TEXT NOT NULL,
+        argv         TEXT NOT NULL,
+        cwd          TEXT NOT NULL,
+        started_at   REAL NOT NULL,
+        duration_ms  REAL NOT NULL,
+        exit_code    INTEGER NOT NULL,
+        output_bytes INTEGER NOT NULL
+    );
+    CREATE INDEX exec_records_sandbox ON exec_records(sandbox_id, id);
+    "#,
 ];
 
 pub struct Db {
@@ -164,6 +178,21 @@ pub struct SandboxSpec {
     pub env: Vec<String>,
     pub hostname: String,
     pub cgroup: String,
+}
+
+/// One command run in a sandbox, as the exec log keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecRecord {
+    pub id: i64,
+    pub sandbox_id: String,
+    pub argv: Vec<String>,
+    pub cwd: String,
+    /// Unix time, seconds.
+    pub started_at: f64,
+    pub duration_ms: f64,
+    /// Shell convention (128 + signal).
+    pub exit_code: i32,
+    pub output_bytes: u64,
 }
 
 /// A sealed snapshot: one delta layer on top of its parent (or its image).
@@ -582,6 +611,71 @@ impl Db {
         let mut st = self.conn.prepare("SELECT id FROM snapshots WHERE image_id = ?1").map_err(q("image snapshots"))?;
         let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image snapshots"))?;
         rows.collect::<Result<_, _>>().map_err(q("image snapshots"))
+    }
+
+    // ---- exec log ----
+
+    pub fn insert_exec_record(&self, r: &ExecRecord) -> Result<(), DbError> {
+        let argv = serde_json::to_string(&r.argv).map_err(|source| DbError::Decode { what: "argv", source })?;
+        self.conn
+            .prepare_cached(
+                "INSERT INTO exec_records (sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )
+            .and_then(|mut st| {
+                st.execute(params![
+                    r.sandbox_id,
+                    argv,
+                    r.cwd,
+                    r.started_at,
+                    r.duration_ms,
+                    r.exit_code,
+                    r.output_bytes as i64
+                ])
+            })
+            .map_err(q("insert exec record"))?;
+        Ok(())
+    }
+
+    /// A sandbox's exec records with id <= `upto` (all if `None`), oldest first.
+    pub fn exec_records(&self, sandbox_id: &str, upto: Option<i64>) -> Result<Vec<ExecRecord>, DbError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT id, sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes FROM exec_records \
+                 WHERE sandbox_id = ?1 AND id <= ?2 ORDER BY id",
+            )
+            .map_err(q("exec records"))?;
+        let rows: Vec<(i64, String, String, String, f64, f64, i32, i64)> = st
+            .query_map(params![sandbox_id, upto.unwrap_or(i64::MAX)], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
+            })
+            .map_err(q("exec records"))?
+            .collect::<Result<_, _>>()
+            .map_err(q("exec records"))?;
+        rows.into_iter()
+            .map(|(id, sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes)| {
+                Ok(ExecRecord {
+                    id,
+                    sandbox_id,
+                    argv: serde_json::from_str(&argv).map_err(|source| DbError::Decode { what: "argv", source })?,
+                    cwd,
+                    started_at,
+                    duration_ms,
+                    exit_code,
+                    output_bytes: output_bytes as u64,
+                })
+            })
+            .collect()
+    }
+
+    /// The newest exec record id of a sandbox (0 if none).
+    pub fn last_exec_record(&self, sandbox_id: &str) -> Result<i64, DbError> {
+        self.conn
+            .query_row("SELECT COALESCE(MAX(id), 0) FROM exec_records WHERE sandbox_id = ?1", [sandbox_id], |r| {
+                r.get(0)
+            })
+            .map_err(q("last exec record"))
     }
 
     // ---- sandboxes ----

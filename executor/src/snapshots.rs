@@ -98,6 +98,7 @@ impl Daemon {
             "tar_bytes": cap.stats.tar_bytes,
             "frozen_ms": cap.frozen.as_secs_f64() * 1000.0,
             "total_ms": started.elapsed().as_secs_f64() * 1000.0,
+            "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
         });
         let row = SnapshotRow {
             id: SandboxId::random().to_string(),
@@ -243,6 +244,44 @@ impl Daemon {
         hexes.iter().rev().map(|h| self.rt.store.layer_dir(h).join("fs")).collect()
     }
 
+    /// Keep a finished command in the sandbox's exec log.
+    pub fn record_exec(
+        &self,
+        sb: &crate::sandbox::Sandbox,
+        req: &crate::sandbox::ExecRequest,
+        s: &crate::sandbox::ExecSummary,
+    ) {
+        let rec = crate::db::ExecRecord {
+            id: 0,
+            sandbox_id: sb.id.to_string(),
+            argv: req.argv.clone(),
+            cwd: req.cwd.clone().unwrap_or_else(|| sb.defaults.cwd.clone()),
+            started_at: s.started_at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+            duration_ms: s.duration.as_secs_f64() * 1000.0,
+            exit_code: s.status.shell_code(),
+            output_bytes: s.output_bytes,
+        };
+        if let Err(e) = lock(&self.db).insert_exec_record(&rec) {
+            tracing::warn!("exec log of {}: {}", sb.id, crate::error::chain(&e));
+        }
+    }
+
+    /// The exec log of a live sandbox, or the log sealed with a snapshot
+    /// (its whole chain's, oldest first).
+    pub fn logs(&self, id: &str) -> Result<Vec<crate::db::ExecRecord>, ApiError> {
+        if let Ok(sb) = self.sandbox(id) {
+            return Ok(lock(&self.db).exec_records(sb.id.as_str(), None)?);
+        }
+        let row = self.snapshot_row(id)?;
+        let db = lock(&self.db);
+        let mut out = Vec::new();
+        for s in db.snapshot_chain(&row.id)? {
+            let upto = s.info["log_upto"].as_i64().unwrap_or(0);
+            out.extend(db.exec_records(&s.source_sandbox, Some(upto))?);
+        }
+        Ok(out)
+    }
+
     /// Added, changed and deleted paths of a live sandbox's upper.
     pub fn sandbox_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, ApiError> {
         let sb = self.sandbox(id)?;
@@ -303,6 +342,7 @@ impl Daemon {
                 "tar_bytes": stats.tar_bytes,
                 "suspended": true,
                 "total_ms": started.elapsed().as_secs_f64() * 1000.0,
+                "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
             }),
             created_at: crate::db::now(),
         };

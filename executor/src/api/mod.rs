@@ -208,6 +208,10 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             }
             _ => Err(not_allowed()),
         },
+        ["sandboxes", id, "logs"] | ["snapshots", id, "logs"] => match m {
+            "GET" => json(200, &d.logs(id)?),
+            _ => Err(not_allowed()),
+        },
         ["sandboxes", id, "diff"] => match m {
             "GET" => json(200, &d.sandbox_diff(id)?),
             _ => Err(not_allowed()),
@@ -253,6 +257,7 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                 return Ok(Reply::Attach { sandbox: sb, req: ereq });
             }
             let out = sb.exec_buffered(&ereq, b.stdin.unwrap_or_default().into_bytes())?;
+            d.record_exec(&sb, &ereq, &out.summary);
             let signal = match out.status {
                 strata_shim::proto::ExitStatus::Signal(s) => Some(s),
                 _ => None,
@@ -310,11 +315,13 @@ pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
                     started = true;
                     http::write_upgrade(c)
                 });
-                if let Err(e) = r {
-                    if !started {
+                match r {
+                    Ok(summary) => d.record_exec(&sandbox, &ereq, &summary),
+                    Err(e) if !started => {
                         let e = ApiError::from(e);
                         let _ = http::write_response(&mut writer, e.status(), &e.body(), false);
                     }
+                    Err(_) => {}
                 }
                 return;
             }

@@ -38,6 +38,16 @@ pub struct ExecRequest {
     pub size: (u16, u16),
 }
 
+/// What the exec log keeps of a finished command.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecSummary {
+    pub status: ExitStatus,
+    pub started_at: std::time::SystemTime,
+    pub duration: Duration,
+    /// stdout + stderr bytes (all of them, also past a buffered exec's cap).
+    pub output_bytes: u64,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExecOutput {
     pub status: ExitStatus,
@@ -46,6 +56,7 @@ pub struct ExecOutput {
     pub duration: Duration,
     pub timed_out: bool,
     pub truncated: bool,
+    pub summary: ExecSummary,
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
@@ -147,6 +158,7 @@ impl Sandbox {
         let spec = self.exec_spec(req)?;
         let id = spec.id;
         let start = Instant::now();
+        let started_at = std::time::SystemTime::now();
         let Piped { rx, stdin: in_w, stdout: out_r, stderr: err_r } = self.start_piped(spec)?;
         // No wait for `Started`: the pump sees output, exit or StartFailed.
         if !stdin.is_empty() {
@@ -157,13 +169,14 @@ impl Sandbox {
         } else {
             drop(in_w);
         }
-        let (mut stdout, mut stderr, mut truncated) = (Vec::new(), Vec::new(), false);
+        let (mut stdout, mut stderr, mut truncated, mut output_bytes) = (Vec::new(), Vec::new(), false, 0u64);
         let fin = self.pump(
             id,
             &rx,
             vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)],
             req.timeout,
             &mut |kind, data| {
+                output_bytes += data.len() as u64;
                 let buf = if kind == FrameKind::Stdout { &mut stdout } else { &mut stderr };
                 let room = MAX_BUFFERED_OUTPUT.saturating_sub(buf.len());
                 truncated |= data.len() > room;
@@ -171,13 +184,15 @@ impl Sandbox {
                 true
             },
         )?;
+        let duration = start.elapsed();
         Ok(ExecOutput {
             status: fin.status,
             stdout,
             stderr,
-            duration: start.elapsed(),
+            duration,
             timed_out: fin.timed_out,
             truncated,
+            summary: ExecSummary { status: fin.status, started_at, duration, output_bytes },
         })
     }
 
@@ -189,7 +204,7 @@ impl Sandbox {
         req: &ExecRequest,
         mut conn: UnixStream,
         upgrade: impl FnOnce(&mut UnixStream) -> std::io::Result<()>,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<ExecSummary, SandboxError> {
         let spec = self.exec_spec(req)?;
         let id = spec.id;
         if req.tty {
@@ -216,7 +231,9 @@ impl Sandbox {
         master: Option<OwnedFd>,
         req: &ExecRequest,
         conn: UnixStream,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<ExecSummary, SandboxError> {
+        let started_at = std::time::SystemTime::now();
+        let start = Instant::now();
         let mut writer = conn.try_clone().map_err(|source| SandboxError::Io { step: "clone connection", source })?;
         let mut reader = conn;
         let tty = req.tty;
@@ -250,12 +267,14 @@ impl Sandbox {
                 }
             }
         });
+        let mut output_bytes = 0u64;
         let fin = self.pump(id, &rx, outputs, req.timeout, &mut |kind, data| {
+            output_bytes += data.len() as u64;
             stream::write_frame(&mut writer, kind, data).is_ok()
         })?;
         let _ = stream::write_frame(&mut writer, FrameKind::Exit, &fin.status.shell_code().to_be_bytes());
         let _ = writer.shutdown(std::net::Shutdown::Both);
-        Ok(())
+        Ok(ExecSummary { status: fin.status, started_at, duration: start.elapsed(), output_bytes })
     }
 
     /// Copy output to `sink` until the command has exited and its output is

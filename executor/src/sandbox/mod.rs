@@ -12,7 +12,7 @@ mod freeze;
 
 pub use checkpoint::Capture;
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
-pub use exec::{ExecOutput, ExecRequest};
+pub use exec::{ExecOutput, ExecRequest, ExecSummary};
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
