@@ -646,25 +646,27 @@ impl Db {
                  WHERE sandbox_id = ?1 AND id <= ?2 ORDER BY id",
             )
             .map_err(q("exec records"))?;
-        let rows: Vec<(i64, String, String, String, f64, f64, i32, i64)> = st
+        let rows: Vec<(ExecRecord, String)> = st
             .query_map(params![sandbox_id, upto.unwrap_or(i64::MAX)], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
+                let rec = ExecRecord {
+                    id: r.get(0)?,
+                    sandbox_id: r.get(1)?,
+                    argv: Vec::new(),
+                    cwd: r.get(3)?,
+                    started_at: r.get(4)?,
+                    duration_ms: r.get(5)?,
+                    exit_code: r.get(6)?,
+                    output_bytes: r.get::<_, i64>(7)? as u64,
+                };
+                Ok((rec, r.get(2)?))
             })
             .map_err(q("exec records"))?
             .collect::<Result<_, _>>()
             .map_err(q("exec records"))?;
         rows.into_iter()
-            .map(|(id, sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes)| {
-                Ok(ExecRecord {
-                    id,
-                    sandbox_id,
-                    argv: serde_json::from_str(&argv).map_err(|source| DbError::Decode { what: "argv", source })?,
-                    cwd,
-                    started_at,
-                    duration_ms,
-                    exit_code,
-                    output_bytes: output_bytes as u64,
-                })
+            .map(|(mut rec, argv)| {
+                rec.argv = serde_json::from_str(&argv).map_err(|source| DbError::Decode { what: "argv", source })?;
+                Ok(rec)
             })
             .collect()
     }
