@@ -818,6 +818,44 @@ fn suspend_moves_the_upper_and_releases_the_sandbox() {
     env.finish();
 }
 
+#[test]
+fn scratch_and_cache_mounts_are_never_captured() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = env
+        .cli_ok(&["create", "--image", "busybox", "--scratch", "/scratch:1m", "--cache", "pkgs:/var/cache/pkgs"])
+        .trim()
+        .to_string();
+    let v = sh(&env, &id, "echo s > /scratch/tmp; echo c > /var/cache/pkgs/c; echo u > /tmp/u; dd if=/dev/zero of=/scratch/big bs=1k count=4096 2>&1; true");
+    assert!(stdout(&v).contains("No space left"), "scratch is not size-limited: {v}");
+    // The cache is a host directory shared by name; scratch is nowhere on the host.
+    assert_eq!(std::fs::read_to_string(env.root.join("caches/pkgs/c")).unwrap(), "c\n");
+    let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let diff = env.cli_ok(&["diff", &snap]);
+    assert!(diff.contains("/tmp/u"), "{diff}");
+    assert!(
+        !diff.contains("/scratch/") && !diff.contains("/var/cache/pkgs/"),
+        "a never-captured mount was captured:\n{diff}"
+    );
+
+    // A resumed sandbox with the same declarations: empty scratch, same cache.
+    let resumed =
+        env.cli_ok(&["resume", &snap, "--scratch", "/scratch", "--cache", "pkgs:/var/cache/pkgs"]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &resumed, "ls /scratch | wc -l; cat /var/cache/pkgs/c /tmp/u")), "0\nc\nu\n");
+    // A lost cache is rebuilt empty from the declaration.
+    std::fs::remove_dir_all(env.root.join("caches/pkgs")).unwrap();
+    let fresh = env.cli_ok(&["create", "--image", "busybox", "--cache", "pkgs:/var/cache/pkgs"]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &fresh, "ls /var/cache/pkgs | wc -l")), "0\n");
+    // Bad declarations are refused before anything is made.
+    for bad in [vec!["--scratch", "/proc/x"], vec!["--cache", "Bad:/x"], vec!["--scratch", "/a", "--cache", "c:/a"]] {
+        let mut args = vec!["create", "--image", "busybox"];
+        args.extend(bad.iter().copied());
+        let out = env.cli(&args);
+        assert!(!out.status.success(), "{bad:?} accepted");
+    }
+    env.finish();
+}
+
 /// Runs last (tests run in name order with --test-threads=1): the whole
 /// suite left no mount, cgroup or process behind.
 #[test]

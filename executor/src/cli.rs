@@ -147,6 +147,12 @@ pub struct CreateArgs {
     pub env: Vec<String>,
     #[arg(long)]
     pub hostname: Option<String>,
+    /// Scratch tmpfs, PATH[:SIZE] (repeatable); never captured.
+    #[arg(long)]
+    pub scratch: Vec<String>,
+    /// Named host cache, NAME:PATH (repeatable); never captured.
+    #[arg(long)]
+    pub cache: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -179,6 +185,12 @@ pub struct LaunchArgs {
     pub env: Vec<String>,
     #[arg(long)]
     pub hostname: Option<String>,
+    /// Scratch tmpfs, PATH[:SIZE] (repeatable); never captured.
+    #[arg(long)]
+    pub scratch: Vec<String>,
+    /// Named host cache, NAME:PATH (repeatable); never captured.
+    #[arg(long)]
+    pub cache: Vec<String>,
 }
 
 impl LaunchArgs {
@@ -190,6 +202,8 @@ impl LaunchArgs {
             env: self.env.clone(),
             hostname: self.hostname.clone(),
             count,
+            scratch: self.scratch.clone(),
+            cache: self.cache.clone(),
         }
     }
 }
@@ -281,6 +295,8 @@ pub fn run(cli: Cli) -> Result<i32> {
                 cpus: a.cpus,
                 env: a.env.clone(),
                 hostname: a.hostname.clone(),
+                scratch: a.scratch.clone(),
+                cache: a.cache.clone(),
             };
             let info: SandboxInfo = client(&cli)?.call("POST", "/v1/sandboxes", Some(&req))?;
             println!("{}", info.id);

@@ -65,6 +65,7 @@ pub struct LaunchSpec {
     pub limits: Limits,
     pub env: Vec<String>,
     pub hostname: Option<String>,
+    pub mounts: Vec<sandbox::MountDecl>,
 }
 
 /// Live sandboxes plus slots reserved by creates in flight, under one lock so
@@ -298,7 +299,16 @@ impl Daemon {
     pub fn create_sandbox(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         // Validate everything before reserving anything.
         let name: ImageName = req.image.parse().map_err(|e| ApiError::invalid(&e))?;
-        let launch = self.launch_spec(req.memory, req.pids, req.cpus, req.env, req.hostname)?;
+        let launch = self.launch_spec(crate::api::types::LaunchRequest {
+            memory: req.memory,
+            pids: req.pids,
+            cpus: req.cpus,
+            env: req.env,
+            hostname: req.hostname,
+            count: None,
+            scratch: req.scratch,
+            cache: req.cache,
+        })?;
         let image = lock(&self.db)
             .image_by_name(&name)?
             .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
@@ -307,14 +317,8 @@ impl Daemon {
     }
 
     /// Validate what every way of starting a sandbox takes.
-    pub fn launch_spec(
-        &self,
-        memory: Option<u64>,
-        pids: Option<u64>,
-        cpus: Option<f64>,
-        env: Vec<String>,
-        hostname: Option<String>,
-    ) -> Result<LaunchSpec, ApiError> {
+    pub fn launch_spec(&self, req: crate::api::types::LaunchRequest) -> Result<LaunchSpec, ApiError> {
+        let crate::api::types::LaunchRequest { memory, pids, cpus, env, hostname, scratch, cache, .. } = req;
         let limits = Limits { memory, pids, cpus };
         limits.validate(self.host_cpus).map_err(|e| ApiError::invalid(&e))?;
         for e in &env {
@@ -330,7 +334,20 @@ impl Daemon {
                 ));
             }
         }
-        Ok(LaunchSpec { limits, env, hostname })
+        let bad = |m: String| ApiError::new(ErrorKind::InvalidArgument, m);
+        let mut mounts = Vec::new();
+        for s in &scratch {
+            mounts.push(sandbox::MountDecl::parse_scratch(s).map_err(bad)?);
+        }
+        for c in &cache {
+            mounts.push(sandbox::MountDecl::parse_cache(c).map_err(bad)?);
+        }
+        for (i, m) in mounts.iter().enumerate() {
+            if mounts[..i].iter().any(|o| o.path() == m.path()) {
+                return Err(bad(format!("two mounts at {}", m.path())));
+            }
+        }
+        Ok(LaunchSpec { limits, env, hostname, mounts })
     }
 
     /// Start one sandbox on `base`, within the pool's bound.
@@ -378,6 +395,7 @@ impl Daemon {
             env: launch.env,
             hostname,
             cgroup: self.rt.cgroup_path(&id),
+            mounts: launch.mounts,
         };
         let defaults = self.exec_defaults(&base.image, &spec)?;
         let sb = match warm {
@@ -559,5 +577,6 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
         created_at: s.created_at,
         shim_pid: s.shim_pid,
         cgroup: s.cgroup_path().to_string(),
+        mounts: s.spec.mounts.clone(),
     }
 }

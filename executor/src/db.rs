@@ -174,6 +174,9 @@ pub struct SandboxSpec {
     /// The snapshot it was resumed or forked from.
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// Scratch and cache mounts (never captured).
+    #[serde(default)]
+    pub mounts: Vec<crate::sandbox::MountDecl>,
     pub limits: crate::cgroups::Limits,
     pub env: Vec<String>,
     pub hostname: String,

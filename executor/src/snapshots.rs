@@ -193,7 +193,7 @@ impl Daemon {
             return Err(ApiError::new(ErrorKind::InvalidArgument, "count is for fork"));
         }
         let row = self.snapshot_row(id)?;
-        let launch = self.launch_spec(req.memory, req.pids, req.cpus, req.env, req.hostname)?;
+        let launch = self.launch_spec(req)?;
         let base = self.snapshot_base(&row)?;
         Ok(sandbox_info(&*self.launch(&base, launch)?))
     }
@@ -226,7 +226,7 @@ impl Daemon {
         }
         let mut made: Vec<Arc<crate::sandbox::Sandbox>> = Vec::new();
         for _ in 0..count {
-            let launch = self.launch_spec(req.memory, req.pids, req.cpus, req.env.clone(), req.hostname.clone())?;
+            let launch = self.launch_spec(req.clone())?;
             match self.launch(&base, launch) {
                 Ok(sb) => made.push(sb),
                 Err(e) => {
@@ -435,6 +435,7 @@ impl Daemon {
                 limits: sb.spec.limits,
                 env: sb.spec.env.clone(),
                 hostname: Some(sb.spec.hostname.clone()),
+                mounts: sb.spec.mounts.clone(),
             };
             self.launch_reserved(&base, launch, Some(sb.id.clone()))
         })();

@@ -228,6 +228,13 @@ impl Store {
         remove_tree(&self.layer_dir(diff_hex))
     }
 
+    /// `caches/<name>`, created if missing (a lost cache is rebuilt empty).
+    pub fn cache_dir(&self, name: &str) -> Result<PathBuf, StoreError> {
+        let p = self.root.join("caches").join(name);
+        std::fs::create_dir_all(&p).map_err(io("create cache", &p))?;
+        Ok(p)
+    }
+
     /// `blobs/sha256/<hex>`.
     pub fn blob_path(&self, digest_hex: &str) -> PathBuf {
         self.root.join("blobs/sha256").join(digest_hex)

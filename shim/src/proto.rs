@@ -33,6 +33,18 @@ pub struct SetupSpec {
     pub hostname: String,
     /// The image's working directory, created (like Docker does) if missing.
     pub workdir: String,
+    /// Mounts that are never captured in a snapshot.
+    #[serde(default)]
+    pub mounts: Vec<ExtraMount>,
+}
+
+/// A mount on top of the sandbox's root that is not part of its upper.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum ExtraMount {
+    /// A size-limited tmpfs at `path` (absolute, inside the sandbox).
+    Scratch { path: String, size: u64 },
+    /// The host directory `source` (a named cache) bound at `path`.
+    Cache { source: PathBuf, path: String },
 }
 
 /// One command to start inside the sandbox.

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::stat::{mknod, Mode, SFlag};
-use strata_shim::proto::SetupSpec;
+use strata_shim::proto::{ExtraMount, SetupSpec};
 use strata_shim::sys;
 
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +49,8 @@ pub enum SetupError {
     Capabilities(#[source] Errno),
     #[error("set no_new_privs")]
     NoNewPrivs(#[source] Errno),
+    #[error("mount {0}")]
+    Extra(String, #[source] Errno),
 }
 
 /// Device nodes of the minimal /dev: (name, major, minor), all mode 0666.
@@ -106,6 +108,16 @@ pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
     // 5. /sys, read-only (allowed because we own a fresh network namespace).
     mount_fs(root, "sys", "sysfs", nosuid_nodev_noexec | MsFlags::MS_RDONLY, None)?;
 
+    // 5b. Host directories for cache mounts, cloned while the host's view
+    //     is still ours; attached after pivot_root (step 6b).
+    let mut caches = Vec::new();
+    for m in &spec.mounts {
+        if let ExtraMount::Cache { source, path } = m {
+            let tree = sys::clone_tree(source).map_err(|e| SetupError::Extra(path.clone(), e))?;
+            caches.push((path.clone(), tree));
+        }
+    }
+
     // 6. Switch root. pivot_root(".", ".") stacks the old root on top of the
     //    new one; detaching it leaves only the sandbox tree (runc does the same).
     nix::unistd::chdir(root).map_err(|e| SetupError::PivotRoot(root.into(), e))?;
@@ -116,6 +128,36 @@ pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
     // The image's working directory must exist for execs to start there.
     // Created after pivot_root, so no symlink in the image can lead outside.
     std::fs::create_dir_all(&spec.workdir).map_err(|e| SetupError::MountPoint(spec.workdir.clone().into(), e))?;
+
+    // 6b. Scratch and cache mounts, never part of the upper. Their mount
+    //     points are made inside the sandbox root, so an image symlink can
+    //     only lead elsewhere in the sandbox.
+    for m in &spec.mounts {
+        let path = match m {
+            ExtraMount::Scratch { path, .. } | ExtraMount::Cache { path, .. } => path,
+        };
+        std::fs::create_dir_all(path).map_err(|e| SetupError::MountPoint(path.into(), e))?;
+        match m {
+            ExtraMount::Scratch { size, .. } => {
+                let opts = format!("size={size},mode=1777");
+                mount(
+                    Some("tmpfs"),
+                    path.as_str(),
+                    Some("tmpfs"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                    Some(opts.as_str()),
+                )
+                .map_err(|e| SetupError::Extra(path.clone(), e))?;
+            }
+            ExtraMount::Cache { .. } => {
+                let tree = caches.iter().position(|(p, _)| p == path).map(|i| caches.remove(i).1);
+                if let Some(tree) = tree {
+                    sys::attach_tree(std::os::fd::AsFd::as_fd(&tree), Path::new(path))
+                        .map_err(|e| SetupError::Extra(path.clone(), e))?;
+                }
+            }
+        }
+    }
 
     // 7. Identity and network: own hostname, loopback only.
     nix::unistd::sethostname(&spec.hostname).map_err(|e| SetupError::Hostname(spec.hostname.clone(), e))?;

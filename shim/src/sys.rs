@@ -582,6 +582,46 @@ pub fn llistxattr(path: &CStr) -> Result<Vec<Vec<u8>>, Errno> {
     Ok(buf.split(|&b| b == 0).filter(|n| !n.is_empty()).map(<[u8]>::to_vec).collect())
 }
 
+/// A detached copy of the mount at `path` (`open_tree(OPEN_TREE_CLONE)`):
+/// taken before pivot_root, attached after it with [`attach_tree`], so the
+/// host path is resolved in the host's view and the target in the sandbox's.
+pub fn clone_tree(path: &Path) -> Result<OwnedFd, Errno> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let c = CString::new(path.as_os_str().as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: `c` is NUL-terminated and outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: open_tree returned a new descriptor that we alone own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Attach a tree from [`clone_tree`] at `target`.
+pub fn attach_tree(tree: BorrowedFd<'_>, target: &Path) -> Result<(), Errno> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+    let t = CString::new(target.as_os_str().as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: strings are NUL-terminated; `tree` is a detached mount we own.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    Errno::result(r).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,6 +38,13 @@ pub struct CreateRequest {
     pub env: Vec<String>,
     #[serde(default)]
     pub hostname: Option<String>,
+    /// Scratch tmpfs mounts, `PATH[:SIZE]` (default 64 MiB); never captured.
+    #[serde(default)]
+    pub scratch: Vec<String>,
+    /// Named host cache dirs, `NAME:PATH`, shared by sandboxes that name
+    /// them; never captured.
+    #[serde(default)]
+    pub cache: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -51,6 +58,8 @@ pub struct SandboxInfo {
     pub created_at: i64,
     pub shim_pid: i32,
     pub cgroup: String,
+    /// Scratch and cache mounts.
+    pub mounts: Vec<crate::sandbox::MountDecl>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
@@ -137,6 +146,10 @@ pub struct LaunchRequest {
     /// Fork only: how many sandboxes (1-64).
     #[serde(default)]
     pub count: Option<u32>,
+    #[serde(default)]
+    pub scratch: Vec<String>,
+    #[serde(default)]
+    pub cache: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -16,7 +16,7 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
-use strata_shim::proto::SetupSpec;
+use strata_shim::proto::{ExtraMount, SetupSpec};
 use strata_shim::sys;
 
 use super::{destroy, process_start_time, ExecDefaults, Sandbox, SandboxError};
@@ -173,6 +173,17 @@ pub fn start(
         work: dirs.work.clone(),
         hostname: spec.hostname.clone(),
         workdir: defaults.cwd.clone(),
+        mounts: spec
+            .mounts
+            .iter()
+            .map(|m| match m {
+                super::MountDecl::Scratch { path, size } => Ok(ExtraMount::Scratch { path: path.clone(), size: *size }),
+                super::MountDecl::Cache { name, path } => Ok(ExtraMount::Cache {
+                    source: rt.store.cache_dir(name).map_err(SandboxError::Dirs)?,
+                    path: path.clone(),
+                }),
+            })
+            .collect::<Result<_, SandboxError>>()?,
     };
     shim_client::setup(conn, &setup, SETUP_TIMEOUT)
         .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;
