@@ -856,6 +856,58 @@ fn scratch_and_cache_mounts_are_never_captured() {
     env.finish();
 }
 
+#[test]
+fn a_daemon_killed_mid_checkpoint_leaves_no_partial_snapshot() {
+    let mut env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    // Enough data that the capture takes a while.
+    sh(&env, &id, "for i in $(seq 16); do dd if=/dev/urandom of=/tmp/f$i bs=1M count=2 2>/dev/null; done");
+    let layers_before = std::fs::read_dir(env.root.join("layers")).unwrap().count();
+    let socket = env.socket.clone();
+    let sid = id.clone();
+    let t = std::thread::spawn(move || {
+        let mut c = Client::connect(&socket).unwrap();
+        c.request("POST", &format!("/v1/sandboxes/{sid}/checkpoint"), None::<&()>).map(|_| ())
+    });
+    // Kill the daemon while the sandbox is frozen for the capture.
+    let state = env.cgroup_dirs().into_iter().find_map(|d| {
+        let v1 = d.join(&id).join("freezer.state");
+        let v2 = d.join(&id).join("cgroup.events");
+        if v1.exists() {
+            Some(v1)
+        } else if v2.exists() {
+            Some(v2)
+        } else {
+            None
+        }
+    });
+    let state = state.expect("freezer state file");
+    let start = Instant::now();
+    loop {
+        let s = std::fs::read_to_string(&state).unwrap_or_default();
+        if s.contains("FROZEN") || s.contains("frozen 1") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "sandbox never froze");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    env.kill_daemon();
+    assert!(t.join().unwrap().is_err(), "checkpoint finished before the kill; make the delta bigger");
+
+    env.start_daemon();
+    // The sandbox runs again (thawed at adoption); nothing partial is left.
+    assert_eq!(stdout(&sh(&env, &id, "echo alive")), "alive\n");
+    let snaps: Vec<Value> = env.client().call("GET", "/v1/snapshots", None::<&()>).unwrap();
+    assert!(snaps.is_empty(), "{snaps:?}");
+    assert_eq!(std::fs::read_dir(env.root.join("layers")).unwrap().count(), layers_before);
+    assert_eq!(std::fs::read_dir(env.root.join("blobs/sha256")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(env.root.join("tmp")).unwrap().count(), 0);
+    // And a checkpoint now works.
+    env.cli_ok(&["checkpoint", &id]);
+    env.finish();
+}
+
 /// Runs last (tests run in name order with --test-threads=1): the whole
 /// suite left no mount, cgroup or process behind.
 #[test]

@@ -244,6 +244,12 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
     let pidfd = sys::pidfd_open(pid).map_err(|source| AdoptError::Pidfd { pid, source })?;
     let dirs = rt.store.sandbox_dirs(&row.id);
     let paused = row.state == crate::db::SandboxState::Paused;
+    let cgroup = SandboxCgroup::load(&row.spec.cgroup);
+    if !paused {
+        // A daemon killed in the middle of a checkpoint left the sandbox
+        // frozen; it was not paused by anyone, so thaw it (idempotent).
+        let _ = cgroup.thaw();
+    }
     let (shim, _running) = ShimClient::reconnect(&dirs.socket, SETUP_TIMEOUT, paused).map_err(AdoptError::Reconnect)?;
     Ok(Sandbox {
         id: row.id.clone(),
@@ -253,7 +259,7 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
         shim_pid: pid,
         shim,
         pidfd,
-        cgroup: SandboxCgroup::load(&row.spec.cgroup),
+        cgroup,
         state: std::sync::Mutex::new(if paused { super::RunState::Paused } else { super::RunState::Running }),
         next_exec: AtomicU64::new(1 << 32),
     })
