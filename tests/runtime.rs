@@ -908,6 +908,34 @@ fn a_daemon_killed_mid_checkpoint_leaves_no_partial_snapshot() {
     env.finish();
 }
 
+#[test]
+fn long_chains_are_compacted() {
+    let env = TestEnv::start_with(&["--compact-depth", "3"]);
+    env.import_busybox();
+    let mut id = create(&env, json!({"image": "busybox"}));
+    let mut snap = String::new();
+    for i in 0..12 {
+        // Each cycle adds a file, deletes the one from two cycles ago, and
+        // rewrites a counter: deletions and changes must survive compaction.
+        let v = sh(&env, &id, &format!("echo {i} > /tmp/f{i}; rm -f /tmp/f{}; echo {i} > /tmp/counter; rm -rf /etc/d; mkdir /etc/d; echo {i} > /etc/d/only{i}", i as i64 - 2));
+        assert_eq!(v["exit_code"], 0, "{v}");
+        let verb = if i % 2 == 0 { "checkpoint" } else { "suspend" };
+        snap = env.cli_ok(&[verb, &id]).trim().to_string();
+        let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+        let depth = info["layers"].as_array().unwrap().len();
+        assert!(depth <= 1 + 3, "cycle {i}: chain of {depth} layers despite --compact-depth 3: {info}");
+        if verb == "checkpoint" {
+            env.cli_ok(&["rm", &id]);
+        }
+        id = env.cli_ok(&["resume", &snap]).trim().to_string();
+    }
+    let v = sh(&env, &id, "ls /tmp | sort | tr '\\n' ' '; cat /tmp/counter; ls /etc/d");
+    assert_eq!(stdout(&v), "counter f10 f11 11\nonly11\n", "{v}");
+    let logs: Vec<Value> = env.client().call("GET", &format!("/v1/snapshots/{snap}/logs"), None::<&()>).unwrap();
+    assert_eq!(logs.len(), 12, "the lineage's log spans compactions");
+    env.finish();
+}
+
 /// Runs last (tests run in name order with --test-threads=1): the whole
 /// suite left no mount, cgroup or process behind.
 #[test]

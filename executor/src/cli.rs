@@ -113,6 +113,10 @@ pub struct DaemonArgs {
     /// so a create pays only for its mounts. 0 disables the pool.
     #[arg(long, default_value_t = 2)]
     pub warm_pool: usize,
+    /// Compact a snapshot's layer chain into one layer when sealing it
+    /// would make the chain longer than this.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=400))]
+    pub compact_depth: u16,
 }
 
 #[derive(Subcommand, Debug)]
@@ -460,6 +464,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         cgroup_parent: a.cgroup_parent.clone(),
         shim: a.shim.clone(),
         warm_pool: a.warm_pool,
+        compact_depth: usize::from(a.compact_depth),
     };
     // Block the shutdown signals before any thread exists so only the
     // signal thread below receives them.

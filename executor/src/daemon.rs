@@ -34,6 +34,9 @@ pub struct DaemonConfig {
     pub shim: Option<PathBuf>,
     /// Shims kept started (namespaces, cgroup, connection) ahead of `create`.
     pub warm_pool: usize,
+    /// A snapshot whose layer chain would be longer than this is compacted
+    /// into one layer when it is sealed.
+    pub compact_depth: usize,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -558,6 +558,22 @@ impl Db {
             .map_err(q("blob pending"))
     }
 
+    /// The layers a resume of `id` mounts above the image, root first: its
+    /// chain up to (and including) the nearest compacted snapshot, whose one
+    /// layer already holds everything below it.
+    pub fn snapshot_layer_chain(&self, id: &str) -> Result<Vec<SnapshotRow>, DbError> {
+        let mut chain = Vec::new();
+        let mut cur = Some(id.to_string());
+        while let Some(c) = cur {
+            let Some(row) = self.snapshot(&c)? else { break };
+            let compacted = row.info["compacted"].as_bool().unwrap_or(false);
+            cur = if compacted { None } else { row.parent_id.clone() };
+            chain.push(row);
+        }
+        chain.reverse();
+        Ok(chain)
+    }
+
     /// The snapshot's chain, root first.
     pub fn snapshot_chain(&self, id: &str) -> Result<Vec<SnapshotRow>, DbError> {
         let mut chain = Vec::new();

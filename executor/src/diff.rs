@@ -472,6 +472,43 @@ mod tests {
         assert_eq!(got, vec![('C', "/etc"), ('A', "/etc/added"), ('C', "/etc/conf")]);
     }
 
+    /// Needs root for whiteouts and the trusted opaque xattr.
+    #[test]
+    #[ignore = "needs root"]
+    fn flatten_merges_layers_and_keeps_what_hides_the_base() {
+        assert!(nix::unistd::geteuid().is_root(), "run as root (scripts/test.sh does)");
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        let t = tempfile::tempdir().unwrap();
+        let (l1, l2, out) = (t.path().join("l1"), t.path().join("l2"), t.path().join("out"));
+        for d in [&l1, &l2, &out] {
+            fs::create_dir_all(d).unwrap();
+        }
+        // l1 adds a, d/x, d/y and hides base file b.
+        fs::write(l1.join("a"), b"1").unwrap();
+        fs::create_dir(l1.join("d")).unwrap();
+        fs::write(l1.join("d/x"), b"x").unwrap();
+        fs::write(l1.join("d/y"), b"y").unwrap();
+        mknod(&l1.join("b"), SFlag::S_IFCHR, Mode::empty(), makedev(0, 0)).unwrap();
+        // l2 changes a, deletes d/x, makes e an opaque dir with a hardlink pair.
+        fs::write(l2.join("a"), b"2").unwrap();
+        fs::create_dir(l2.join("d")).unwrap();
+        mknod(&l2.join("d/x"), SFlag::S_IFCHR, Mode::empty(), makedev(0, 0)).unwrap();
+        fs::create_dir(l2.join("e")).unwrap();
+        let c = CString::new(l2.join("e").as_os_str().as_bytes()).unwrap();
+        strata_shim::sys::lsetxattr(&c, c"trusted.overlay.opaque", b"y").unwrap();
+        fs::write(l2.join("e/new"), b"n").unwrap();
+        fs::hard_link(l2.join("e/new"), l2.join("e/link")).unwrap();
+
+        flatten(&[l1, l2], &out).unwrap();
+        assert_eq!(fs::read(out.join("a")).unwrap(), b"2");
+        assert_eq!(fs::read(out.join("d/y")).unwrap(), b"y");
+        let wh = |p: &str| fs::symlink_metadata(out.join(p)).map(|m| m.file_type().is_char_device()).unwrap_or(false);
+        assert!(wh("b") && wh("d/x"), "whiteouts kept against the base");
+        let ce = CString::new(out.join("e").as_os_str().as_bytes()).unwrap();
+        assert_eq!(strata_shim::sys::lgetxattr(&ce, c"trusted.overlay.opaque").unwrap(), b"y");
+        assert_eq!(fs::metadata(out.join("e/new")).unwrap().ino(), fs::metadata(out.join("e/link")).unwrap().ino());
+    }
+
     #[test]
     fn overlay_bookkeeping_is_never_kept() {
         assert!(!keep_xattr(b"trusted.overlay.origin"));
@@ -574,4 +611,119 @@ pub fn changes(upper: &Path, lowers: &[PathBuf]) -> Result<Vec<Change>, DiffErro
     walk(upper, Path::new(""), lowers, &mut out)?;
     out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
+}
+
+/// Flatten overlay-form layers (bottom first) into one overlay-form tree at
+/// `dest` (an empty directory): the merged view of the layers, keeping the
+/// whiteouts and opaque markers that still matter for whatever lies below
+/// them. Used to compact a long snapshot chain into one layer; copies file
+/// data (hardlinks within a layer stay hardlinks).
+pub fn flatten(layers: &[PathBuf], dest: &Path) -> Result<u64, DiffError> {
+    let mut copied = 0;
+    for layer in layers {
+        let mut links = HashMap::new();
+        apply(layer, dest, Path::new(""), &mut links, &mut copied)?;
+    }
+    Ok(copied)
+}
+
+fn remove_any(p: &Path) -> Result<(), DiffError> {
+    match fs::symlink_metadata(p) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(p).map_err(read_err(p)),
+        Ok(_) => fs::remove_file(p).map_err(read_err(p)),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Copy owner, mode, xattrs (all, including the opaque marker) and mtime.
+fn copy_meta(src: &Path, meta: &fs::Metadata, dst: &Path) -> Result<(), DiffError> {
+    use nix::sys::stat::{utimensat, UtimensatFlags};
+    use nix::sys::time::TimeSpec;
+    let werr = |e: nix::errno::Errno| DiffError::Write { path: dst.into(), source: e.into() };
+    nix::unistd::fchownat(
+        None,
+        dst,
+        Some(nix::unistd::Uid::from_raw(meta.uid())),
+        Some(nix::unistd::Gid::from_raw(meta.gid())),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(werr)?;
+    if !meta.file_type().is_symlink() {
+        fs::set_permissions(dst, std::os::unix::fs::PermissionsExt::from_mode(meta.mode() & 0o7777))
+            .map_err(|source| DiffError::Write { path: dst.into(), source })?;
+    }
+    let cdst = CString::new(dst.as_os_str().as_bytes()).unwrap_or_default();
+    for (name, value) in xattrs(src)? {
+        let n = CString::new(name).unwrap_or_default();
+        strata_shim::sys::lsetxattr(&cdst, &n, &value).map_err(werr)?;
+    }
+    let t = TimeSpec::new(meta.mtime(), meta.mtime_nsec());
+    utimensat(None, dst, &t, &t, UtimensatFlags::NoFollowSymlink).map_err(werr)
+}
+
+fn apply(
+    layer: &Path,
+    dest: &Path,
+    rel: &Path,
+    links: &mut HashMap<(u64, u64), PathBuf>,
+    copied: &mut u64,
+) -> Result<(), DiffError> {
+    let dir = layer.join(rel);
+    let mut names: Vec<_> = fs::read_dir(&dir)
+        .map_err(read_err(&dir))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(read_err(&dir))?;
+    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    let mut dirs = Vec::new();
+    for name in names {
+        let r = rel.join(&name);
+        let src = layer.join(&r);
+        let dst = dest.join(&r);
+        let meta = fs::symlink_metadata(&src).map_err(read_err(&src))?;
+        let ft = meta.file_type();
+        let werr = |source| DiffError::Write { path: dst.clone(), source };
+        if ft.is_dir() {
+            let opaque = xattrs(&src)?.iter().any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y");
+            let is_dir = fs::symlink_metadata(&dst).map(|m| m.is_dir()).unwrap_or(false);
+            if opaque || !is_dir {
+                // An opaque directory replaces whatever was below it.
+                remove_any(&dst)?;
+                fs::create_dir(&dst).map_err(werr)?;
+            }
+            apply(layer, dest, &r, links, copied)?;
+            dirs.push((src, meta, dst));
+            continue;
+        }
+        remove_any(&dst)?;
+        if ft.is_char_device() && meta.rdev() == 0 {
+            nix::sys::stat::mknod(&dst, nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::empty(), 0)
+                .map_err(|e| werr(e.into()))?;
+            continue;
+        }
+        if meta.nlink() > 1 {
+            if let Some(first) = links.get(&(meta.dev(), meta.ino())) {
+                fs::hard_link(first, &dst).map_err(werr)?;
+                continue;
+            }
+            links.insert((meta.dev(), meta.ino()), dst.clone());
+        }
+        if ft.is_symlink() {
+            let target = fs::read_link(&src).map_err(read_err(&src))?;
+            std::os::unix::fs::symlink(target, &dst).map_err(werr)?;
+        } else if ft.is_fifo() {
+            nix::unistd::mkfifo(&dst, nix::sys::stat::Mode::from_bits_truncate(0o600)).map_err(|e| werr(e.into()))?;
+        } else if ft.is_file() {
+            *copied += fs::copy(&src, &dst).map_err(werr)?;
+        } else {
+            let kind = if ft.is_char_device() { "character device" } else { "block device or socket" };
+            return Err(DiffError::DeviceNode { path: r, kind });
+        }
+        copy_meta(&src, &meta, &dst)?;
+    }
+    // Directory metadata last: creating children changes their mtime.
+    for (src, meta, dst) in dirs {
+        copy_meta(&src, &meta, &dst)?;
+    }
+    Ok(())
 }

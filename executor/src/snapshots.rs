@@ -27,6 +27,15 @@ use crate::ids::SandboxId;
 use crate::oci;
 use crate::store::{remove_tree, BlobCompression, StoreError};
 
+/// A chain folded into one layer by `compact_if_deep`.
+struct Compacted {
+    /// `<dir>/fs` is the layer's tree.
+    dir: std::path::PathBuf,
+    diff_id: String,
+    stats: crate::diff::DeltaStats,
+    tar: Option<std::path::PathBuf>,
+}
+
 /// Most sandboxes one fork may start.
 pub const MAX_FORK: u32 = 64;
 
@@ -71,6 +80,17 @@ impl Daemon {
         let fs_dir = layer_dir.join("fs");
         std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
         let unpacked = oci::unpack_layer(&source, &fs_dir).map_err(|e| ApiError::internal(&e))?;
+        let mut cap = cap;
+        let (mut layer_dir, mut size, mut entries) = (layer_dir, unpacked.bytes, unpacked.entries);
+        let compacted = match self.compact_if_deep(sb.spec.snapshot.as_deref(), &fs_dir, work, true)? {
+            Some(c) => {
+                (layer_dir, size, entries) = (c.dir, c.stats.bytes, c.stats.entries);
+                cap.diff_id = c.diff_id;
+                cap.tar = c.tar.unwrap_or(cap.tar);
+                true
+            }
+            None => false,
+        };
         let new_layer = store.commit_layer(&layer_dir, &cap.diff_id).map_err(store_err)?;
 
         let undo_layer = |db_knows: bool| {
@@ -99,6 +119,7 @@ impl Daemon {
             "frozen_ms": cap.frozen.as_secs_f64() * 1000.0,
             "total_ms": started.elapsed().as_secs_f64() * 1000.0,
             "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
+            "compacted": compacted,
         });
         let row = SnapshotRow {
             id: SandboxId::random().to_string(),
@@ -112,7 +133,7 @@ impl Daemon {
             info,
             created_at: crate::db::now(),
         };
-        let layer = LayerRow { diff_id: cap.diff_id.clone(), size: unpacked.bytes, entries: unpacked.entries };
+        let layer = LayerRow { diff_id: cap.diff_id.clone(), size, entries };
         let mut db = lock(&self.db);
         if let Err(e) = db.insert_snapshot(&row, &layer) {
             let knows = db.layer_exists(&cap.diff_id).unwrap_or(true);
@@ -140,7 +161,7 @@ impl Daemon {
         let image = db
             .image_by_id(row.image_id)?
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
-        let chain = db.snapshot_chain(&row.id)?;
+        let chain = db.snapshot_layer_chain(&row.id)?;
         let layers =
             image.layers.iter().chain(chain.iter().map(|s| &s.diff_id)).map(|h| format!("sha256:{h}")).collect();
         let state = if db.blob_pending(&row.id)? { "sealing" } else { "ready" };
@@ -183,7 +204,7 @@ impl Daemon {
             .image_by_id(row.image_id)?
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
         let mut layers = image.layers.clone();
-        layers.extend(db.snapshot_chain(&row.id)?.into_iter().map(|s| s.diff_id));
+        layers.extend(db.snapshot_layer_chain(&row.id)?.into_iter().map(|s| s.diff_id));
         Ok(Base { image, layers, snapshot: Some(row.id.clone()) })
     }
 
@@ -316,10 +337,22 @@ impl Daemon {
         let store = &self.rt.store;
         let upper = store.sandbox_dirs(&sb.id).upper;
         // The processes are gone and the overlay with them: the upper is still.
-        let (stats, hex) = crate::diff::write_delta(&upper, std::io::sink()).map_err(|e| ApiError::internal(&e))?;
         let work = store.new_tmp("suspend").map_err(store_err)?;
-        std::fs::rename(&upper, work.join("fs")).map_err(|e| ApiError::internal(&e))?;
-        let new_layer = store.commit_layer(&work, &hex).map_err(store_err)?;
+        let (stats, hex, compacted, new_layer) =
+            match self.compact_if_deep(sb.spec.snapshot.as_deref(), &upper, &work, false)? {
+                // Too deep: the upper is folded into one layer with its chain.
+                Some(c) => {
+                    let new = store.commit_layer(&c.dir, &c.diff_id).map_err(store_err)?;
+                    (c.stats, c.diff_id, true, new)
+                }
+                None => {
+                    let (stats, hex) =
+                        crate::diff::write_delta(&upper, std::io::sink()).map_err(|e| ApiError::internal(&e))?;
+                    std::fs::rename(&upper, work.join("fs")).map_err(|e| ApiError::internal(&e))?;
+                    let new = store.commit_layer(&work, &hex).map_err(store_err)?;
+                    (stats, hex, false, new)
+                }
+            };
         let image_id = lock(&self.db)
             .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
             .map(|i| i.id)
@@ -341,6 +374,7 @@ impl Daemon {
                 "hardlinks": stats.hardlinks,
                 "tar_bytes": stats.tar_bytes,
                 "suspended": true,
+                "compacted": compacted,
                 "total_ms": started.elapsed().as_secs_f64() * 1000.0,
                 "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
             }),
@@ -365,6 +399,47 @@ impl Daemon {
         self.queue_blob(&row.id);
         tracing::info!("suspended sandbox {} as snapshot {}", sb.id, row.id);
         self.snapshot_info_locked(&lock(&self.db), &row)
+    }
+
+    /// If a snapshot on top of `parent` would make its layer chain longer
+    /// than `--compact-depth`, fold the chain and `delta` (an overlay-form
+    /// tree) into one layer under `work/compact`. With `want_tar`, also
+    /// write the layer's tar (for its blob).
+    fn compact_if_deep(
+        &self,
+        parent: Option<&str>,
+        delta: &Path,
+        work: &Path,
+        want_tar: bool,
+    ) -> Result<Option<Compacted>, ApiError> {
+        let chain = match parent {
+            Some(p) => lock(&self.db).snapshot_layer_chain(p)?,
+            None => Vec::new(),
+        };
+        if chain.len() < self.cfg.compact_depth {
+            return Ok(None);
+        }
+        let mut layers: Vec<std::path::PathBuf> =
+            chain.iter().map(|s| self.rt.store.layer_dir(&s.diff_id).join("fs")).collect();
+        layers.push(delta.to_path_buf());
+        let dir = work.join("compact");
+        let fs_dir = dir.join("fs");
+        std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
+        crate::diff::flatten(&layers, &fs_dir).map_err(|e| ApiError::internal(&e))?;
+        let (stats, diff_id, tar) = if want_tar {
+            let tar = work.join("compact.tar");
+            let f = std::fs::File::create(&tar).map_err(|e| ApiError::internal(&e))?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            let (stats, hex) = crate::diff::write_delta(&fs_dir, &mut w).map_err(|e| ApiError::internal(&e))?;
+            std::io::Write::flush(&mut w).map_err(|e| ApiError::internal(&e))?;
+            (stats, hex, Some(tar))
+        } else {
+            let (stats, hex) =
+                crate::diff::write_delta(&fs_dir, std::io::sink()).map_err(|e| ApiError::internal(&e))?;
+            (stats, hex, None)
+        };
+        tracing::info!("compacted a chain of {} snapshot layers into {diff_id}", layers.len());
+        Ok(Some(Compacted { dir, diff_id, stats, tar }))
     }
 
     /// Write the blob of a sealing snapshot (from its hydrated layer) and
@@ -460,7 +535,7 @@ impl Daemon {
             let image = db
                 .image_by_id(row.image_id)?
                 .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
-            (image, db.snapshot_chain(&row.id)?)
+            (image, db.snapshot_layer_chain(&row.id)?)
         };
         crate::export::export(&self.rt.store, &image, &chain, Path::new(path), compression).map_err(|e| {
             let kind = match e {
