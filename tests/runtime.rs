@@ -600,9 +600,15 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
         "set -e; echo new > /tmp/new; echo extra >> /etc/group; rm /bin/true; : > /tmp/empty; \
          echo s > '/tmp/with space'; echo n > \"$(printf '/tmp/new\\nline')\"; ln /tmp/new /tmp/hard; \
          ln -s ../tmp/new /home/sym; rm -rf /root; mkdir /root; echo r > /root/only; \
-         mkdir -p /srv/a/b && echo deep > /srv/a/b/f && mv /srv/a /srv/renamed",
+         mkdir -p /srv/a/b && echo deep > /srv/a/b/f && mv /srv/a /srv/renamed; \
+         echo b > \"$(printf '/tmp/bad\\377name')\"; echo cap > /tmp/capfile",
     );
     assert_eq!(v["exit_code"], 0, "{v}");
+    // A file capability (security.capability), set from the host: busybox has no setcap.
+    let capfile = env.root.join("sandboxes").join(&id).join("upper/tmp/capfile");
+    let cap_value: Vec<u8> = vec![1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]; // cap_net_raw+p, v2
+    let c = std::ffi::CString::new(capfile.as_os_str().as_encoded_bytes()).unwrap();
+    strata_shim::sys::lsetxattr(&c, c"security.capability", &cap_value).unwrap();
     let before = tree(&env, &id);
     for expect in
         ["./tmp/new|", "./tmp/with space|", "./root/only|", "./srv/renamed/b/f|", "./home/sym|", "./tmp/empty|"]
@@ -633,6 +639,13 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
     assert!(info["blob_digest"].as_str().unwrap().starts_with("sha256:"));
     let blob = env.root.join("blobs/sha256").join(info["blob_digest"].as_str().unwrap().trim_start_matches("sha256:"));
     assert_eq!(std::fs::metadata(&blob).unwrap().len(), info["blob_size"].as_u64().unwrap());
+
+    // The capability went into the sealed layer.
+    let hex = info["diff_id"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+    let sealed = env.root.join("layers").join(&hex).join("fs/tmp/capfile");
+    let c = std::ffi::CString::new(sealed.as_os_str().as_encoded_bytes()).unwrap();
+    assert_eq!(strata_shim::sys::lgetxattr(&c, c"security.capability").unwrap(), cap_value, "file capability lost");
+    assert!(before.contains("./tmp/bad"), "non-UTF-8 name missing");
 
     // Resume: exactly the files at checkpoint time.
     let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
@@ -933,6 +946,27 @@ fn long_chains_are_compacted() {
     assert_eq!(stdout(&v), "counter f10 f11 11\nonly11\n", "{v}");
     let logs: Vec<Value> = env.client().call("GET", &format!("/v1/snapshots/{snap}/logs"), None::<&()>).unwrap();
     assert_eq!(logs.len(), 12, "the lineage's log spans compactions");
+    env.finish();
+}
+
+/// A lineage far deeper than the legacy overlay option string could mount
+/// (about 58 lowers in one page): with the default --compact-depth the
+/// chain stays short, so it mounts on kernels without `lowerdir+` (6.1 in
+/// the VM lane) too.
+#[test]
+fn a_lineage_of_70_cycles_mounts_and_runs() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let mut id = create(&env, json!({"image": "busybox"}));
+    for i in 0..70 {
+        sh(&env, &id, &format!("echo {i} >> /tmp/history"));
+        let snap = env.cli_ok(&["suspend", &id]).trim().to_string();
+        id = env.cli_ok(&["resume", &snap]).trim().to_string();
+    }
+    let v = sh(&env, &id, "wc -l < /tmp/history; tail -n 1 /tmp/history");
+    assert_eq!(stdout(&v), "70\n69\n", "{v}");
+    let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    assert_eq!(info["state"], "running");
     env.finish();
 }
 
