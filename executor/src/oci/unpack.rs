@@ -623,9 +623,17 @@ impl Extractor<'_> {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(self.stream_error(e)),
             };
-            file.write_all(&self.buf[..n]).map_err(|e| self.io("write file", raw, e))?;
+            // Runs of zeros become holes: a sparse file in a layer (say a
+            // 1 GiB image file) stays sparse on disk instead of being written.
+            if self.buf[..n].iter().all(|&b| b == 0) {
+                file.seek(SeekFrom::Current(n as i64)).map_err(|e| self.io("seek in file", raw, e))?;
+            } else {
+                file.write_all(&self.buf[..n]).map_err(|e| self.io("write file", raw, e))?;
+            }
             written += n as u64;
         }
+        // A hole at the end needs the length set explicitly.
+        file.set_len(written).map_err(|e| self.io("set length of", raw, e))?;
         self.stats.bytes += written;
         if written != entry.size() {
             return Err(UnpackError::Truncated { digest: self.digest.clone(), path: tarpath::shown(raw) });

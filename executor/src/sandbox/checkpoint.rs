@@ -17,6 +17,52 @@ use crate::diff::{self, DeltaStats};
 /// How long the kernel may take to freeze every task.
 const FREEZE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A file writer that leaves holes for aligned blocks of zeros, so the
+/// frozen capture of a sparse file (or any long run of zeros) costs no disk
+/// writes. The content read back is identical.
+struct SparseFile {
+    file: std::fs::File,
+    len: u64,
+}
+
+impl SparseFile {
+    const BLOCK: usize = 64 * 1024;
+
+    fn new(file: std::fs::File) -> SparseFile {
+        SparseFile { file, len: 0 }
+    }
+
+    /// Give the file its full length (a trailing hole is not written).
+    fn finish(self) -> std::io::Result<()> {
+        self.file.set_len(self.len)
+    }
+}
+
+impl std::io::Write for SparseFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use std::io::{Seek, SeekFrom};
+        // Whole zero blocks at block-aligned offsets become holes.
+        let aligned = self.len.is_multiple_of(Self::BLOCK as u64);
+        if aligned && buf.len() >= Self::BLOCK && buf[..Self::BLOCK].iter().all(|&b| b == 0) {
+            self.file.seek(SeekFrom::Current(Self::BLOCK as i64))?;
+            self.len += Self::BLOCK as u64;
+            return Ok(Self::BLOCK);
+        }
+        let n = if aligned {
+            buf.len().min(Self::BLOCK)
+        } else {
+            buf.len().min(Self::BLOCK - (self.len % Self::BLOCK as u64) as usize)
+        };
+        let n = self.file.write(&buf[..n])?;
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
 /// A captured delta, still under `tmp/`.
 #[derive(Debug, Clone)]
 pub struct Capture {
@@ -40,12 +86,14 @@ impl Sandbox {
             std::fs::File::create(tar)
                 .map_err(|source| SandboxError::Io { step: "create checkpoint tar", source })
                 .and_then(|f| {
-                    let mut w = BufWriter::with_capacity(1 << 20, f);
+                    let mut w = BufWriter::with_capacity(1 << 20, SparseFile::new(f));
                     let r = diff::write_delta(upper, &mut w).map_err(SandboxError::Capture)?;
-                    let f = w
-                        .into_inner()
-                        .map_err(|e| SandboxError::Io { step: "flush checkpoint tar", source: e.into_error() })?;
-                    f.sync_all().map_err(|source| SandboxError::Io { step: "sync checkpoint tar", source })?;
+                    // No fsync: the tar is scratch under tmp/ (blob and layer are
+                    // synced when written) and the sandbox is frozen meanwhile.
+                    w.into_inner()
+                        .map_err(|e| SandboxError::Io { step: "flush checkpoint tar", source: e.into_error() })?
+                        .finish()
+                        .map_err(|source| SandboxError::Io { step: "finish checkpoint tar", source })?;
                     Ok(r)
                 })
         });
