@@ -76,8 +76,11 @@ fn sandbox_is_isolated_and_writes_stay_in_its_upper() {
     let v = sh(&env, &id, "echo 1 > /sys/kernel/profiling 2>/dev/null && echo wrote || echo refused");
     assert_eq!(stdout(&v).trim(), "refused", "/sys is writable");
     let status = stdout(&sh(&env, &id, "grep -E '^(CapBnd|CapEff|NoNewPrivs)' /proc/self/status"));
-    assert!(status.contains("CapBnd:\t00000000a80425fb"), "bounding set is not Docker's default: {status}");
-    assert!(status.contains("CapEff:\t00000000a80425fb"), "{status}");
+    // Docker's default set without CAP_MKNOD (bit 27): no devices cgroup yet.
+    assert!(status.contains("CapBnd:\t00000000a00425fb"), "bounding set: {status}");
+    assert!(status.contains("CapEff:\t00000000a00425fb"), "{status}");
+    let v = sh(&env, &id, "mknod /tmp/disk b 8 0 2>&1; echo rc=$?");
+    assert!(stdout(&v).contains("rc=1"), "mknod allowed in a sandbox: {v}");
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
 
     // PID 1 reaps orphans: a background child whose parent already exited.
@@ -1033,6 +1036,27 @@ fn an_image_built_by_umoci_with_deletions_imports_right() {
     let id = create(&env, json!({"image": "umoci-built"}));
     let v = sh(&env, &id, "ls /etc; cat /etc/only /added; ls /bin/true 2>&1; ls /bin/sh");
     assert_eq!(stdout(&v), "only\numoci\nnew\nls: /bin/true: No such file or directory\n/bin/sh\n", "{v}");
+    env.finish();
+}
+
+#[test]
+fn diff_never_follows_a_symlink_out_of_the_layers() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "ln -s / /escape");
+    let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+    // Replace the symlink by a directory: overlay makes it opaque, and the
+    // diff looks for what the lowers had under /escape.
+    sh(&env, &resumed, "rm /escape && mkdir /escape && echo x > /escape/mine");
+    let diff = env.cli_ok(&["diff", &resumed]);
+    assert!(diff.lines().any(|l| l == "A /escape/mine"), "{diff}");
+    let marker = env.root.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        !diff.contains("/escape/tmp") && !diff.contains("/escape/usr") && !diff.contains(&marker),
+        "diff listed host paths through a symlink:\n{diff}"
+    );
     env.finish();
 }
 

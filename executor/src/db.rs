@@ -448,8 +448,9 @@ impl Db {
 
     // ---- snapshots ----
 
-    /// Record a sealed snapshot and its layer (if new) in one transaction.
-    pub fn insert_snapshot(&mut self, snap: &SnapshotRow, layer: &LayerRow) -> Result<(), DbError> {
+    /// Record a snapshot and its layer (if new) in one transaction; with
+    /// `blob_pending` (a suspend), its blob is marked as still to be written.
+    pub fn insert_snapshot(&mut self, snap: &SnapshotRow, layer: &LayerRow, blob_pending: bool) -> Result<(), DbError> {
         let info =
             serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
         let tx = self.conn.transaction().map_err(q("begin insert snapshot"))?;
@@ -475,6 +476,10 @@ impl Db {
             ],
         )
         .map_err(q("insert snapshot"))?;
+        if blob_pending {
+            tx.execute("INSERT INTO snapshot_blob_pending (snapshot_id) VALUES (?1)", [&snap.id])
+                .map_err(q("mark blob pending"))?;
+        }
         tx.commit().map_err(q("commit insert snapshot"))
     }
 
@@ -519,16 +524,6 @@ impl Db {
             .collect::<Result<_, _>>()
             .map_err(q("list snapshots"))?;
         rows.into_iter().map(Self::decode_snapshot).collect()
-    }
-
-    /// Record a suspended sandbox's snapshot whose blob is still to be
-    /// written (blob_digest empty until then).
-    pub fn insert_sealing_snapshot(&mut self, snap: &SnapshotRow, layer: &LayerRow) -> Result<(), DbError> {
-        self.insert_snapshot(snap, layer)?;
-        self.conn
-            .execute("INSERT INTO snapshot_blob_pending (snapshot_id) VALUES (?1)", [&snap.id])
-            .map_err(q("mark blob pending"))?;
-        Ok(())
     }
 
     /// The blob of a sealing snapshot is written: record it.

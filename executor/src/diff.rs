@@ -529,9 +529,25 @@ pub struct Change {
 
 /// Does `rel` exist in the merged view of `lowers` (topmost first)? A
 /// whiteout or an opaque parent in an upper lower hides what is below.
+/// `lower/rel`, if every ancestor of it inside `lower` is a real directory:
+/// never follow a symlink in a layer to a path outside it (a layer holding
+/// `d -> /` must not make `d/x` mean the host's `/x`).
+fn in_layer(lower: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut p = lower.to_path_buf();
+    let comps: Vec<_> = rel.components().collect();
+    for (i, c) in comps.iter().enumerate() {
+        p.push(c);
+        if i + 1 < comps.len() && !fs::symlink_metadata(&p).map(|m| m.is_dir()).unwrap_or(false) {
+            return None;
+        }
+    }
+    Some(p)
+}
+
 fn in_lowers(lowers: &[PathBuf], rel: &Path) -> bool {
     for lower in lowers {
-        match fs::symlink_metadata(lower.join(rel)) {
+        let Some(path) = in_layer(lower, rel) else { continue };
+        match fs::symlink_metadata(&path) {
             Ok(m) if m.file_type().is_char_device() && m.rdev() == 0 => return false,
             Ok(_) => return true,
             Err(_) => {
@@ -556,7 +572,11 @@ fn in_lowers(lowers: &[PathBuf], rel: &Path) -> bool {
 fn lower_children(lowers: &[PathBuf], rel: &Path) -> Vec<std::ffi::OsString> {
     let mut names: Vec<std::ffi::OsString> = Vec::new();
     for lower in lowers {
-        if let Ok(rd) = fs::read_dir(lower.join(rel)) {
+        let Some(dir) = in_layer(lower, rel) else { continue };
+        if !fs::symlink_metadata(&dir).map(|m| m.is_dir()).unwrap_or(false) {
+            continue;
+        }
+        if let Ok(rd) = fs::read_dir(&dir) {
             for e in rd.flatten() {
                 if !names.contains(&e.file_name()) && in_lowers(lowers, &rel.join(e.file_name())) {
                     names.push(e.file_name());

@@ -135,7 +135,7 @@ impl Daemon {
         };
         let layer = LayerRow { diff_id: cap.diff_id.clone(), size, entries };
         let mut db = lock(&self.db);
-        if let Err(e) = db.insert_snapshot(&row, &layer) {
+        if let Err(e) = db.insert_snapshot(&row, &layer, false) {
             let knows = db.layer_exists(&cap.diff_id).unwrap_or(true);
             let blob_used =
                 db.list_snapshots().map(|l| l.iter().any(|s| s.blob_digest == row.blob_digest)).unwrap_or(true);
@@ -307,7 +307,10 @@ impl Daemon {
     pub fn sandbox_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, ApiError> {
         let sb = self.sandbox(id)?;
         let upper = self.rt.store.sandbox_dirs(&sb.id).upper;
-        crate::diff::changes(&upper, &self.layer_fs(&sb.spec.layers)).map_err(|e| ApiError::internal(&e))
+        let lowers = self.layer_fs(&sb.spec.layers);
+        Ok(sb.while_frozen("diff", || {
+            crate::diff::changes(&upper, &lowers).map_err(crate::sandbox::SandboxError::Capture)
+        })?)
     }
 
     /// Added, changed and deleted paths of a snapshot's own delta.
@@ -334,71 +337,103 @@ impl Daemon {
             sb.end_stop();
             return Err(e.into());
         }
+        match self.seal_upper(&sb, started) {
+            Ok(info) => {
+                lock(&self.pool).live.remove(&sb.id);
+                let _ = self.rt.store.discard_sandbox(&sb.id);
+                self.queue_blob(&info.id);
+                tracing::info!("suspended sandbox {} as snapshot {}", sb.id, info.id);
+                Ok(info)
+            }
+            Err(e) => {
+                // Its processes are gone, its upper is back in place: the
+                // sandbox is listed as exited and can be removed.
+                sb.end_stop();
+                Err(e)
+            }
+        }
+    }
+
+    /// Move (or, past --compact-depth, fold) a stopped sandbox's upper into
+    /// the layer store and record the snapshot. On error the upper is where
+    /// it was.
+    fn seal_upper(&self, sb: &crate::sandbox::Sandbox, started: Instant) -> Result<SnapshotInfo, ApiError> {
         let store = &self.rt.store;
         let upper = store.sandbox_dirs(&sb.id).upper;
-        // The processes are gone and the overlay with them: the upper is still.
         let work = store.new_tmp("suspend").map_err(store_err)?;
-        let (stats, hex, compacted, new_layer) =
-            match self.compact_if_deep(sb.spec.snapshot.as_deref(), &upper, &work, false)? {
-                // Too deep: the upper is folded into one layer with its chain.
-                Some(c) => {
-                    let new = store.commit_layer(&c.dir, &c.diff_id).map_err(store_err)?;
-                    (c.stats, c.diff_id, true, new)
-                }
+        let result = (|| {
+            let image_id = lock(&self.db)
+                .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
+                .map(|i| i.id)
+                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+            // The processes are gone and the overlay with them: the upper is still.
+            let compacted = self.compact_if_deep(sb.spec.snapshot.as_deref(), &upper, &work, false)?;
+            let (stats, hex, moved) = match &compacted {
+                Some(c) => (c.stats.clone(), c.diff_id.clone(), false),
                 None => {
-                    let (stats, hex) =
-                        crate::diff::write_delta(&upper, std::io::sink()).map_err(|e| ApiError::internal(&e))?;
-                    std::fs::rename(&upper, work.join("fs")).map_err(|e| ApiError::internal(&e))?;
-                    let new = store.commit_layer(&work, &hex).map_err(store_err)?;
-                    (stats, hex, false, new)
+                    let (stats, hex) = crate::diff::write_delta(&upper, std::io::sink())
+                        .map_err(|e| ApiError::new(ErrorKind::Conflict, crate::error::chain(&e)))?;
+                    (stats, hex, true)
                 }
             };
-        let image_id = lock(&self.db)
-            .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
-            .map(|i| i.id)
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
-        let row = SnapshotRow {
-            id: SandboxId::random().to_string(),
-            image_id,
-            parent_id: sb.spec.snapshot.clone(),
-            diff_id: hex.clone(),
-            blob_digest: String::new(),
-            blob_size: 0,
-            compression: BlobCompression::Zstd.as_str().into(),
-            source_sandbox: sb.id.to_string(),
-            info: serde_json::json!({
-                "entries": stats.entries,
-                "bytes": stats.bytes,
-                "whiteouts": stats.whiteouts,
-                "opaque_dirs": stats.opaque_dirs,
-                "hardlinks": stats.hardlinks,
-                "tar_bytes": stats.tar_bytes,
-                "suspended": true,
-                "compacted": compacted,
-                "total_ms": started.elapsed().as_secs_f64() * 1000.0,
-                "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
-            }),
-            created_at: crate::db::now(),
-        };
-        let layer = LayerRow { diff_id: hex.clone(), size: stats.bytes, entries: stats.entries };
-        {
+            let layer_src = match &compacted {
+                Some(c) => c.dir.clone(),
+                None => {
+                    std::fs::rename(&upper, work.join("fs")).map_err(|e| ApiError::internal(&e))?;
+                    work.clone()
+                }
+            };
+            let new_layer = match store.commit_layer(&layer_src, &hex) {
+                Ok(n) => n,
+                Err(e) => {
+                    if moved {
+                        let _ = std::fs::rename(work.join("fs"), &upper);
+                    }
+                    return Err(store_err(e));
+                }
+            };
+            let row = SnapshotRow {
+                id: SandboxId::random().to_string(),
+                image_id,
+                parent_id: sb.spec.snapshot.clone(),
+                diff_id: hex.clone(),
+                blob_digest: String::new(),
+                blob_size: 0,
+                compression: BlobCompression::Zstd.as_str().into(),
+                source_sandbox: sb.id.to_string(),
+                info: serde_json::json!({
+                    "entries": stats.entries,
+                    "bytes": stats.bytes,
+                    "whiteouts": stats.whiteouts,
+                    "opaque_dirs": stats.opaque_dirs,
+                    "hardlinks": stats.hardlinks,
+                    "tar_bytes": stats.tar_bytes,
+                    "suspended": true,
+                    "compacted": compacted.is_some(),
+                    "total_ms": started.elapsed().as_secs_f64() * 1000.0,
+                    "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
+                }),
+                created_at: crate::db::now(),
+            };
+            let layer = LayerRow { diff_id: hex.clone(), size: stats.bytes, entries: stats.entries };
             let mut db = lock(&self.db);
-            if let Err(e) = db.insert_sealing_snapshot(&row, &layer) {
+            let inserted = db.insert_snapshot(&row, &layer, true).and_then(|()| db.delete_sandbox(&sb.id));
+            if let Err(e) = inserted {
                 let knows = db.layer_exists(&hex).unwrap_or(true);
                 drop(db);
                 if new_layer && !knows {
+                    // Give the sandbox its upper back rather than lose it.
+                    if moved {
+                        let _ = std::fs::rename(store.layer_dir(&hex).join("fs"), &upper);
+                    }
                     let _ = store.remove_layer(&hex);
                 }
                 return Err(e.into());
             }
-            db.delete_sandbox(&sb.id)?;
-        }
-        lock(&self.pool).live.remove(&sb.id);
-        let _ = store.discard_sandbox(&sb.id);
+            self.snapshot_info_locked(&db, &row)
+        })();
         let _ = remove_tree(&work);
-        self.queue_blob(&row.id);
-        tracing::info!("suspended sandbox {} as snapshot {}", sb.id, row.id);
-        self.snapshot_info_locked(&lock(&self.db), &row)
+        result
     }
 
     /// If a snapshot on top of `parent` would make its layer chain longer

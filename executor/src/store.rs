@@ -230,7 +230,14 @@ impl Store {
 
     /// `caches/<name>`, created if missing (a lost cache is rebuilt empty).
     pub fn cache_dir(&self, name: &str) -> Result<PathBuf, StoreError> {
-        let p = self.root.join("caches").join(name);
+        let caches = self.root.join("caches");
+        if !caches.exists() {
+            std::fs::create_dir(&caches).map_err(io("create", &caches))?;
+            // Sandboxes' root writes setuid files and anything else here.
+            std::fs::set_permissions(&caches, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                .map_err(io("chmod 0700", &caches))?;
+        }
+        let p = caches.join(name);
         std::fs::create_dir_all(&p).map_err(io("create cache", &p))?;
         Ok(p)
     }

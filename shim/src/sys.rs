@@ -281,8 +281,10 @@ pub fn mount_overlay(m: &OverlayMount<'_>) -> Result<(), MountError> {
         let source = Errno::last();
         return Err(MountError::Create { detail: fs_context_log(&fsfd), source });
     }
+    // nodev: a device node in the image or the upper is never usable.
+    const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
     // SAFETY: plain syscall on our fs context fd.
-    let mfd = unsafe { libc::syscall(libc::SYS_fsmount, fsfd.as_raw_fd(), FSMOUNT_CLOEXEC, 0) };
+    let mfd = unsafe { libc::syscall(libc::SYS_fsmount, fsfd.as_raw_fd(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NODEV) };
     if mfd < 0 {
         return Err(MountError::FsMount(Errno::last()));
     }
@@ -334,7 +336,7 @@ fn mount_overlay_legacy(m: &OverlayMount<'_>) -> Result<(), MountError> {
     let old = std::env::current_dir()
         .map_err(|e| MountError::Legacy(m.target.into(), Errno::from_raw(e.raw_os_error().unwrap_or(0))))?;
     nix::unistd::chdir(m.layers_dir).map_err(|e| MountError::Legacy(m.layers_dir.into(), e))?;
-    let r = mount(Some("overlay"), m.target, Some("overlay"), MsFlags::empty(), Some(opts.as_str()));
+    let r = mount(Some("overlay"), m.target, Some("overlay"), MsFlags::MS_NODEV, Some(opts.as_str()));
     let _ = nix::unistd::chdir(&old);
     r.map_err(|e| MountError::Legacy(m.target.into(), e))
 }
@@ -361,9 +363,13 @@ pub fn loopback_up() -> Result<(), Errno> {
     Ok(())
 }
 
-/// Capabilities a sandbox keeps: Docker's default set.
+/// Capabilities a sandbox keeps: Docker's default set without CAP_MKNOD.
+/// Docker relies on the devices cgroup to make created nodes useless; until
+/// Strata has one (v1 devices / v2 eBPF filter), a sandbox may not create
+/// device nodes at all: with CAP_MKNOD, `mknod /dev/x b 8 0` in the sandbox's
+/// /dev tmpfs would open the host's disk.
 /// Numbers from `<linux/capability.h>`.
-pub const DEFAULT_CAPS: [u32; 14] = [
+pub const DEFAULT_CAPS: [u32; 13] = [
     0,  // CAP_CHOWN
     1,  // CAP_DAC_OVERRIDE
     3,  // CAP_FOWNER
@@ -375,7 +381,6 @@ pub const DEFAULT_CAPS: [u32; 14] = [
     10, // CAP_NET_BIND_SERVICE
     13, // CAP_NET_RAW
     18, // CAP_SYS_CHROOT
-    27, // CAP_MKNOD
     29, // CAP_AUDIT_WRITE
     31, // CAP_SETFCAP
 ];

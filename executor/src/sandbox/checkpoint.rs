@@ -75,6 +75,31 @@ pub struct Capture {
 }
 
 impl Sandbox {
+    /// Run `f` with every process of the sandbox frozen (unless it is paused
+    /// already) and new execs refused: for reads of the upper that must not
+    /// race with the sandbox (a live upper can swap a directory for a
+    /// symlink under a walker's feet).
+    pub fn while_frozen<T>(
+        &self,
+        action: &'static str,
+        f: impl FnOnce() -> Result<T, SandboxError>,
+    ) -> Result<T, SandboxError> {
+        let state = self.transition(RunEvent::Capture, action, || Ok(()))?;
+        let froze = matches!(state, super::RunState::Capturing { was_paused: false });
+        if froze {
+            if let Err(e) = self.cgroup.freeze(FREEZE_TIMEOUT) {
+                let _ = self.transition(RunEvent::Captured, "finish", || Ok(()));
+                return Err(SandboxError::Freezer(e));
+            }
+        }
+        let r = f();
+        if froze {
+            let _ = self.cgroup.thaw();
+        }
+        let _ = self.transition(RunEvent::Captured, "finish", || Ok(()));
+        r
+    }
+
     /// Freeze (unless paused), write `upper` as a layer tar to `tar`, thaw.
     /// New execs are refused meanwhile.
     pub fn capture(&self, upper: &Path, tar: &Path) -> Result<Capture, SandboxError> {
