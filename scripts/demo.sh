@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-command demo on a fresh Debian 12 host, as root: install dependencies,
 # build, start a throwaway daemon, import the busybox image, run a sandbox,
-# look around inside it, remove it, and clean everything up on exit.
+# look around inside it, checkpoint it, fork the snapshot three times, remove
+# everything, and clean up on exit.
 #
 # usage: sudo scripts/demo.sh
 # env:   ROOT=DIR          daemon root (default: a fresh mktemp dir, removed on exit)
@@ -62,6 +63,7 @@ SOCK=$ROOT/strata.sock
 LOG=$ROOT/daemon.log
 DAEMON_PID=""
 ID=""
+FORKS=""
 
 cleanup() {
 	local status=$? mnt
@@ -71,6 +73,9 @@ cleanup() {
 		echo "removing sandbox $ID"
 		strata rm "$ID" || echo "warning: strata rm $ID failed" >&2
 	fi
+	for f in ${FORKS:-}; do
+		strata rm "$f" >/dev/null 2>&1 || true
+	done
 	if [[ -n $DAEMON_PID ]] && kill -0 "$DAEMON_PID" 2>/dev/null; then
 		echo "stopping daemon (pid $DAEMON_PID)"
 		kill "$DAEMON_PID"
@@ -143,9 +148,29 @@ echo "# the host's / versus the sandbox's /"
 run ls /
 run strata exec "$ID" -- ls /
 
-banner "removing the sandbox"
+banner "checkpoint and fork"
+echo "# seal the sandbox's changes as a snapshot; it keeps running"
+# shellcheck disable=SC2016 # printed literally, as the command the user would type
+printf '\n\033[1;36m$ SNAP=$(strata checkpoint %s)\033[0m\n' "$ID"
+SNAP=$(strata checkpoint "$ID")
+echo "SNAP=$SNAP"
+run strata diff "$SNAP"
+echo "# three independent sandboxes from it, no file data copied"
+printf '\n\033[1;36m$ strata fork %s --count 3\033[0m\n' "$SNAP"
+FORKS=$(strata fork "$SNAP" --count 3)
+echo "$FORKS"
+for f in $FORKS; do
+	run strata exec "$f" -- sh -c "cat /tmp/f; echo \$(hostname) > /tmp/mine; cat /tmp/mine"
+done
+run strata ps
+
+banner "removing the sandboxes and the snapshot"
 run strata rm "$ID"
 ID=""
+# shellcheck disable=SC2086 # one word per id
+run strata rm $FORKS
+FORKS=""
+run strata snapshot rm "$SNAP"
 run strata ps
 
 banner "demo finished"

@@ -137,26 +137,8 @@ pub enum ImageCmd {
 pub struct CreateArgs {
     #[arg(long)]
     pub image: String,
-    /// Memory limit in bytes (suffixes k, m, g accepted).
-    #[arg(long, value_parser = parse_bytes)]
-    pub memory: Option<u64>,
-    /// Maximum number of processes.
-    #[arg(long)]
-    pub pids: Option<u64>,
-    /// CPU bandwidth in CPUs (e.g. 0.5).
-    #[arg(long)]
-    pub cpus: Option<f64>,
-    /// Environment for every exec, KEY=VALUE (repeatable).
-    #[arg(long = "env", short = 'e')]
-    pub env: Vec<String>,
-    #[arg(long)]
-    pub hostname: Option<String>,
-    /// Scratch tmpfs, PATH[:SIZE] (repeatable); never captured.
-    #[arg(long)]
-    pub scratch: Vec<String>,
-    /// Named host cache, NAME:PATH (repeatable); never captured.
-    #[arg(long)]
-    pub cache: Vec<String>,
+    #[command(flatten)]
+    pub launch: LaunchArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -176,15 +158,19 @@ pub enum SnapshotCmd {
     },
 }
 
-/// Limits and settings of a resumed or forked sandbox.
+/// Limits and settings of a created, resumed or forked sandbox.
 #[derive(Args, Debug)]
 pub struct LaunchArgs {
+    /// Memory limit in bytes (suffixes k, m, g accepted).
     #[arg(long, value_parser = parse_bytes)]
     pub memory: Option<u64>,
+    /// Maximum number of processes.
     #[arg(long)]
     pub pids: Option<u64>,
+    /// CPU bandwidth in CPUs (e.g. 0.5).
     #[arg(long)]
     pub cpus: Option<f64>,
+    /// Environment for every exec, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e')]
     pub env: Vec<String>,
     #[arg(long)]
@@ -292,15 +278,16 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Create(a) => {
+            let l = a.launch.request(None);
             let req = CreateRequest {
                 image: a.image.clone(),
-                memory: a.memory,
-                pids: a.pids,
-                cpus: a.cpus,
-                env: a.env.clone(),
-                hostname: a.hostname.clone(),
-                scratch: a.scratch.clone(),
-                cache: a.cache.clone(),
+                memory: l.memory,
+                pids: l.pids,
+                cpus: l.cpus,
+                env: l.env,
+                hostname: l.hostname,
+                scratch: l.scratch,
+                cache: l.cache,
             };
             let info: SandboxInfo = client(&cli)?.call("POST", "/v1/sandboxes", Some(&req))?;
             println!("{}", info.id);

@@ -119,6 +119,17 @@ fn read_err(path: &Path) -> impl FnOnce(io::Error) -> DiffError + '_ {
 /// (name, value) of one extended attribute.
 type Xattr = (Vec<u8>, Vec<u8>);
 
+/// The entries of `dir`, sorted by the bytes of their names.
+fn sorted_names(dir: &Path) -> Result<Vec<std::ffi::OsString>, DiffError> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .map_err(read_err(dir))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(read_err(dir))?;
+    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    Ok(names)
+}
+
 /// Extended attributes of `path` (not following symlinks), name-sorted.
 fn xattrs(path: &Path) -> Result<Vec<Xattr>, DiffError> {
     let c = CString::new(path.as_os_str().as_bytes())
@@ -181,12 +192,7 @@ impl<W: Write> Writer<W> {
 
     /// Children of `dir` (host path) whose archive path is `rel`, sorted by name bytes.
     fn dir_children(&mut self, dir: &Path, rel: &Path) -> Result<(), DiffError> {
-        let mut names: Vec<_> = fs::read_dir(dir)
-            .map_err(read_err(dir))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()
-            .map_err(read_err(dir))?;
-        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        let names = sorted_names(dir)?;
         for name in names {
             self.entry(&dir.join(&name), &rel.join(&name), &name)?;
         }
@@ -593,12 +599,7 @@ fn lower_children(lowers: &[PathBuf], rel: &Path) -> Vec<std::ffi::OsString> {
 pub fn changes(upper: &Path, lowers: &[PathBuf]) -> Result<Vec<Change>, DiffError> {
     fn walk(upper: &Path, rel: &Path, lowers: &[PathBuf], out: &mut Vec<Change>) -> Result<(), DiffError> {
         let dir = upper.join(rel);
-        let mut names: Vec<_> = fs::read_dir(&dir)
-            .map_err(read_err(&dir))?
-            .map(|e| e.map(|e| e.file_name()))
-            .collect::<Result<_, _>>()
-            .map_err(read_err(&dir))?;
-        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        let names = sorted_names(&dir)?;
         for name in names {
             let r = rel.join(&name);
             let host = upper.join(&r);
@@ -689,12 +690,7 @@ fn apply(
     copied: &mut u64,
 ) -> Result<(), DiffError> {
     let dir = layer.join(rel);
-    let mut names: Vec<_> = fs::read_dir(&dir)
-        .map_err(read_err(&dir))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<Result<_, _>>()
-        .map_err(read_err(&dir))?;
-    names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+    let names = sorted_names(&dir)?;
     let mut dirs = Vec::new();
     for name in names {
         let r = rel.join(&name);
