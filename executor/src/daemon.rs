@@ -523,7 +523,10 @@ impl Daemon {
     }
 
     pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
-        let mut v: Vec<SandboxInfo> = lock(&self.pool).live.values().map(|s| sandbox_info(s)).collect();
+        // Clone the handles first: a sandbox's state lock may be held by a
+        // slow freeze, and the pool lock must not wait on it.
+        let live: Vec<Arc<Sandbox>> = lock(&self.pool).live.values().cloned().collect();
+        let mut v: Vec<SandboxInfo> = live.iter().map(|s| sandbox_info(s)).collect();
         v.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         v
     }

@@ -94,12 +94,24 @@ pub fn export(
     let work = store.new_tmp("export")?;
     let result = write_layout(store, image, chain, &work, compression);
     let out = work.join("layout");
+    // Only a cross-filesystem rename falls back to a copy, and the copy
+    // creates `dest` exclusively: an export never writes into, or deletes, a
+    // directory it did not create.
+    let mut created = false;
     let done = result.and_then(|e| {
-        std::fs::rename(&out, dest).or_else(|_| copy_dir(&out, dest)).map_err(io("move export into place", dest))?;
+        match std::fs::rename(&out, dest) {
+            Ok(()) => Ok(()),
+            Err(err) if err.raw_os_error() == Some(libc::EXDEV) => std::fs::create_dir(dest).and_then(|()| {
+                created = true;
+                copy_dir(&out, dest)
+            }),
+            Err(err) => Err(err),
+        }
+        .map_err(io("move export into place", dest))?;
         Ok(e)
     });
     let _ = remove_tree(&work);
-    if done.is_err() && dest.exists() {
+    if done.is_err() && created {
         let _ = std::fs::remove_dir_all(dest);
     }
     done.map(|mut e| {
@@ -108,9 +120,11 @@ pub fn export(
     })
 }
 
-/// `rename` fails across filesystems; then copy the (small, flat) layout.
+/// `rename` fails across filesystems; then copy the (flat) layout into the
+/// directory the caller just created.
 fn copy_dir(src: &Path, dst: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dst.join("blobs/sha256"))?;
+    std::fs::create_dir(dst.join("blobs"))?;
+    std::fs::create_dir(dst.join("blobs/sha256"))?;
     for f in ["oci-layout", "index.json"] {
         std::fs::copy(src.join(f), dst.join(f))?;
     }

@@ -530,7 +530,10 @@ impl Daemon {
         }
         let base = self.snapshot_base(&row)?;
         if !sb.begin_stop() {
-            return Err(ApiError::new(ErrorKind::Conflict, format!("sandbox {} is being removed", sb.id)));
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("sandbox {} is {}: rollback refused", sb.id, sb.run_state()),
+            ));
         }
         // Keep the slot: reserve for the replacement before the old one goes.
         lock(&self.pool).reserved += 1;
