@@ -1060,6 +1060,26 @@ fn diff_never_follows_a_symlink_out_of_the_layers() {
     env.finish();
 }
 
+#[test]
+fn a_checkpoint_of_unsealable_changes_is_refused_and_the_sandbox_runs_on() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    // A relative symlink that climbs out of the layer: no layer may hold it.
+    sh(&env, &id, "ln -s ../../../../../../etc /tmp/escape");
+    let r = env.client().request("POST", &format!("/v1/sandboxes/{id}/checkpoint"), None::<&()>);
+    match r {
+        Err(ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains("cannot be sealed"), "{message}")
+        }
+        other => panic!("expected 409, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(stdout(&sh(&env, &id, "echo running")), "running\n");
+    assert_eq!(std::fs::read_dir(env.root.join("tmp")).unwrap().count(), 0);
+    assert_eq!(std::fs::read_dir(env.root.join("blobs/sha256")).unwrap().count(), 0);
+    env.finish();
+}
+
 /// Runs last (tests run in name order with --test-threads=1): the whole
 /// suite left no mount, cgroup or process behind.
 #[test]

@@ -79,7 +79,12 @@ impl Daemon {
         let layer_dir = work.join("layer");
         let fs_dir = layer_dir.join("fs");
         std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
-        let unpacked = oci::unpack_layer(&source, &fs_dir).map_err(|e| ApiError::internal(&e))?;
+        // The unpacker refuses what a layer may not hold (an escaping relative
+        // symlink, say): that is the sandbox's content, not a daemon fault.
+        let unpacked = oci::unpack_layer(&source, &fs_dir).map_err(|e| {
+            let kind = if e.is_io() { ErrorKind::Internal } else { ErrorKind::Conflict };
+            ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
+        })?;
         let mut cap = cap;
         let (mut layer_dir, mut size, mut entries) = (layer_dir, unpacked.bytes, unpacked.entries);
         let compacted = match self.compact_if_deep(sb.spec.snapshot.as_deref(), &fs_dir, work, true)? {

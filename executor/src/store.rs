@@ -220,8 +220,17 @@ impl Store {
             path: tmp_layer.into(),
             source: e.into(),
         })?;
-        std::fs::rename(tmp_layer, &dst).map_err(io("rename into place", &dst))?;
-        Ok(true)
+        match std::fs::rename(tmp_layer, &dst) {
+            Ok(()) => Ok(true),
+            // Another import or checkpoint put the same layer in place
+            // between the check above and here: content-addressed, so ours
+            // is the same; keep theirs.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => {
+                remove_tree(tmp_layer)?;
+                Ok(false)
+            }
+            Err(e) => Err(StoreError::Io { step: "rename into place", path: dst, source: e }),
+        }
     }
 
     pub fn remove_layer(&self, diff_hex: &str) -> Result<(), StoreError> {
