@@ -64,6 +64,7 @@ pub struct Base {
 }
 
 /// Validated per-sandbox settings of a create, resume or fork.
+#[derive(Clone)]
 pub struct LaunchSpec {
     pub limits: Limits,
     pub env: Vec<String>,

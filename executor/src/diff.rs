@@ -67,12 +67,23 @@ pub struct DeltaStats {
     pub tar_bytes: u64,
 }
 
-/// Counts and hashes what passes through (the diff_id is the sha256 of the
-/// uncompressed tar).
-struct Hashing<W> {
+/// Counts and hashes (sha256) what passes through: the diff_id of a tar
+/// written through it, or the digest of a blob.
+pub(crate) struct Hashing<W> {
     inner: W,
     hash: Sha256,
     written: u64,
+}
+
+impl<W: Write> Hashing<W> {
+    pub(crate) fn new(inner: W) -> Self {
+        Hashing { inner, hash: Sha256::new(), written: 0 }
+    }
+
+    /// The inner writer, the sha256 hex and the byte count.
+    pub(crate) fn finish(self) -> (W, String, u64) {
+        (self.inner, hex::encode(self.hash.finalize()), self.written)
+    }
 }
 
 impl<W: Write> Write for Hashing<W> {
@@ -90,19 +101,16 @@ impl<W: Write> Write for Hashing<W> {
 /// Write the delta in `upper` as an uncompressed OCI layer tar to `out`.
 /// Returns its statistics and its diff_id (lowercase sha256 hex).
 pub fn write_delta(upper: &Path, out: impl Write) -> Result<(DeltaStats, String), DiffError> {
-    let mut w = Writer {
-        tar: tar::Builder::new(Hashing { inner: out, hash: Sha256::new(), written: 0 }),
-        links: HashMap::new(),
-        stats: DeltaStats::default(),
-    };
+    let mut w =
+        Writer { tar: tar::Builder::new(Hashing::new(out)), links: HashMap::new(), stats: DeltaStats::default() };
     w.tar.mode(tar::HeaderMode::Complete);
     w.tar.follow_symlinks(false);
     w.dir_children(upper, Path::new(""))?;
     let werr = |source| DiffError::Write { path: upper.into(), source };
-    let hashing = w.tar.into_inner().map_err(werr)?;
+    let (_, diff_id, written) = w.tar.into_inner().map_err(werr)?.finish();
     let mut stats = w.stats;
-    stats.tar_bytes = hashing.written;
-    Ok((stats, hex::encode(hashing.hash.finalize())))
+    stats.tar_bytes = written;
+    Ok((stats, diff_id))
 }
 
 struct Writer<W: Write> {

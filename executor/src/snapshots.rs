@@ -235,6 +235,8 @@ impl Daemon {
         if req.hostname.is_some() && count > 1 {
             return Err(ApiError::new(ErrorKind::InvalidArgument, "a hostname can only be given to a fork of count 1"));
         }
+        // Validate once, before anything is reserved or started.
+        let launch = self.launch_spec(req)?;
         let row = self.snapshot_row(id)?;
         let base = self.snapshot_base(&row)?;
         {
@@ -252,8 +254,7 @@ impl Daemon {
         }
         let mut made: Vec<Arc<crate::sandbox::Sandbox>> = Vec::new();
         for _ in 0..count {
-            let launch = self.launch_spec(req.clone())?;
-            match self.launch(&base, launch) {
+            match self.launch(&base, launch.clone()) {
                 Ok(sb) => made.push(sb),
                 Err(e) => {
                     for sb in made {

@@ -36,27 +36,9 @@ fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 /// Compress `tar` into the new file `out`, hashing the compressed bytes;
 /// fsyncs `out`. Returns the sha256 hex and size of what was written.
 pub fn compress_into(tar: &Path, compression: BlobCompression, out: &Path) -> std::io::Result<(String, u64)> {
-    use sha2::Digest as _;
-    use std::io::Write;
-    struct Hashing<W> {
-        inner: W,
-        hash: sha2::Sha256,
-        n: u64,
-    }
-    impl<W: Write> Write for Hashing<W> {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            let n = self.inner.write(buf)?;
-            self.hash.update(&buf[..n]);
-            self.n += n as u64;
-            Ok(n)
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            self.inner.flush()
-        }
-    }
     let mut src = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(tar)?);
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(out)?;
-    let mut h = Hashing { inner: std::io::BufWriter::with_capacity(1 << 20, file), hash: sha2::Sha256::new(), n: 0 };
+    let mut h = crate::diff::Hashing::new(std::io::BufWriter::with_capacity(1 << 20, file));
     match compression {
         BlobCompression::Zstd => {
             let mut enc = zstd::Encoder::new(&mut h, 1)?;
@@ -69,9 +51,9 @@ pub fn compress_into(tar: &Path, compression: BlobCompression, out: &Path) -> st
             enc.finish()?;
         }
     }
-    let Hashing { inner, hash, n } = h;
+    let (inner, hex, n) = h.finish();
     inner.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    Ok((hex::encode(hash.finalize()), n))
+    Ok((hex, n))
 }
 
 /// How a snapshot's blob is compressed.
