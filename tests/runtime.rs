@@ -639,13 +639,15 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
     let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
     assert_eq!(info["layers"].as_array().unwrap().len(), 2, "{info}");
     assert!(info["info"]["frozen_ms"].as_f64().unwrap() > 0.0);
+    assert!(info["info"]["blob_ms"].as_f64().unwrap() > 0.0, "{info}");
     assert!(info["blob_digest"].as_str().unwrap().starts_with("sha256:"));
     let blob = env.root.join("blobs/sha256").join(info["blob_digest"].as_str().unwrap().trim_start_matches("sha256:"));
     assert_eq!(std::fs::metadata(&blob).unwrap().len(), info["blob_size"].as_u64().unwrap());
 
     // The capability went into the sealed layer.
-    let hex = info["diff_id"].as_str().unwrap().trim_start_matches("sha256:").to_string();
-    let sealed = env.root.join("layers").join(&hex).join("fs/tmp/capfile");
+    let layer = info["layer"].as_str().unwrap().to_string();
+    assert_eq!(info["diff_id"].as_str().unwrap(), format!("sha256:{layer}"), "a checkpoint is content-addressed");
+    let sealed = env.root.join("layers").join(&layer).join("fs/tmp/capfile");
     let c = std::ffi::CString::new(sealed.as_os_str().as_encoded_bytes()).unwrap();
     assert_eq!(strata_shim::sys::lgetxattr(&c, c"security.capability").unwrap(), cap_value, "file capability lost");
     assert!(before.contains("./tmp/bad"), "non-UTF-8 name missing");
@@ -813,8 +815,9 @@ fn suspend_moves_the_upper_and_releases_the_sandbox() {
     assert!(env.cgroup_dirs().iter().all(|d| !d.join(&id).exists()));
     // Sealed by moving: the file in the layer is the very inode the sandbox wrote.
     let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
-    let hex = info["diff_id"].as_str().unwrap().trim_start_matches("sha256:").to_string();
-    let moved = env.root.join("layers").join(&hex).join("fs/tmp/big");
+    let layer = info["layer"].as_str().unwrap().to_string();
+    assert_eq!(layer, format!("s{snap}"), "a suspended upper is named by its snapshot: {info}");
+    let moved = env.root.join("layers").join(&layer).join("fs/tmp/big");
     assert_eq!(std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&moved).unwrap()), inode, "file data was copied");
 
     // Resumable at once; the blob arrives in the background.
@@ -826,8 +829,14 @@ fn suspend_moves_the_upper_and_releases_the_sandbox() {
         if info["state"] == "ready" {
             let blob = info["blob_digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
             assert!(env.root.join("blobs/sha256").join(blob).is_file());
+            // Sealed: the diff_id is the layer's, the chain lists it, stats are in.
+            let diff_id = info["diff_id"].as_str().unwrap();
+            assert!(diff_id.starts_with("sha256:") && diff_id.len() == 71, "{info}");
+            assert_eq!(info["layers"].as_array().unwrap().last().unwrap(), diff_id);
+            assert!(info["info"]["bytes"].as_u64().unwrap() >= 8 << 20, "{info}");
             break;
         }
+        assert!(info["diff_id"].is_null() && info["layers"].as_array().unwrap().last().unwrap().is_null(), "{info}");
         assert!(start.elapsed() < Duration::from_secs(30), "blob never written: {info}");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -1003,10 +1012,19 @@ fn sparse_files_and_links_to_lower_files_round_trip() {
     assert_eq!(stdout(&sh(&env, &resumed, probe)), want);
     // The hydrated layer keeps the file sparse on disk.
     let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
-    let hex = info["diff_id"].as_str().unwrap().trim_start_matches("sha256:").to_string();
-    let meta = std::fs::metadata(env.root.join("layers").join(hex).join("fs/tmp/sparse")).unwrap();
+    let layer = info["layer"].as_str().unwrap().to_string();
+    let meta = std::fs::metadata(env.root.join("layers").join(layer).join("fs/tmp/sparse")).unwrap();
     let on_disk = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
     assert!(on_disk < 1 << 20, "a 1 GiB sparse file takes {on_disk} bytes in the layer");
+    // The blob, compressed while the capture skipped the holes, is the tar.
+    let blob = env.root.join("blobs/sha256").join(info["blob_digest"].as_str().unwrap().trim_start_matches("sha256:"));
+    let sum = |cmd: String| {
+        let out = std::process::Command::new("sh").args(["-c", &cmd]).output().unwrap();
+        assert!(out.status.success(), "{cmd}: {out:?}");
+        format!("sha256:{}", String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap())
+    };
+    assert_eq!(sum(format!("sha256sum {}", blob.display())), info["blob_digest"].as_str().unwrap());
+    assert_eq!(sum(format!("zstd -dc {} | sha256sum", blob.display())), info["diff_id"].as_str().unwrap());
     env.finish();
 }
 

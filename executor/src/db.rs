@@ -137,6 +137,56 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX exec_records_sandbox ON exec_records(sandbox_id, id);
     "#,
+    // 6: a layer has an id: its directory under layers/. Content-addressed
+    // layers (image layers, checkpoints) are named by their diff_id; a
+    // suspended sandbox's upper is moved in as it is under 's<snapshot id>'
+    // and its diff_id is filled in when its blob is sealed, so suspending
+    // never reads file data. SQLite cannot change a key: rebuild the three
+    // tables (foreign keys are off while migrations run, checked after).
+    r#"
+    CREATE TABLE layers_new (
+        id          TEXT PRIMARY KEY
+                    CHECK (length(id) = 64 OR (length(id) = 17 AND substr(id, 1, 1) = 's')),
+        diff_id     TEXT CHECK (diff_id IS NULL OR length(diff_id) = 64),
+        size        INTEGER NOT NULL,
+        entries     INTEGER NOT NULL,
+        created_at  INTEGER NOT NULL,
+        CHECK (length(id) = 17 OR diff_id IS id)
+    );
+    INSERT INTO layers_new SELECT diff_id, diff_id, size, entries, created_at FROM layers;
+    CREATE TABLE image_layers_new (
+        image_id    INTEGER NOT NULL REFERENCES images(id) ON DELETE CASCADE,
+        position    INTEGER NOT NULL,
+        layer_id    TEXT NOT NULL REFERENCES layers(id) ON DELETE RESTRICT,
+        blob_digest TEXT NOT NULL,
+        PRIMARY KEY (image_id, position)
+    );
+    INSERT INTO image_layers_new SELECT image_id, position, diff_id, blob_digest FROM image_layers;
+    CREATE TABLE snapshots_new (
+        id             TEXT PRIMARY KEY CHECK (length(id) = 16),
+        image_id       INTEGER NOT NULL REFERENCES images(id) ON DELETE RESTRICT,
+        parent_id      TEXT REFERENCES snapshots(id) ON DELETE RESTRICT,
+        layer_id       TEXT NOT NULL REFERENCES layers(id) ON DELETE RESTRICT,
+        blob_digest    TEXT NOT NULL,
+        blob_size      INTEGER NOT NULL,
+        compression    TEXT NOT NULL CHECK (compression IN ('zstd', 'gzip')),
+        state          TEXT NOT NULL CHECK (state IN ('ready')),
+        source_sandbox TEXT NOT NULL,
+        info           TEXT NOT NULL,
+        created_at     INTEGER NOT NULL
+    );
+    INSERT INTO snapshots_new SELECT id, image_id, parent_id, diff_id, blob_digest, blob_size, compression, state,
+        source_sandbox, info, created_at FROM snapshots;
+    DROP TABLE image_layers;
+    DROP TABLE snapshots;
+    DROP TABLE layers;
+    ALTER TABLE layers_new RENAME TO layers;
+    ALTER TABLE image_layers_new RENAME TO image_layers;
+    ALTER TABLE snapshots_new RENAME TO snapshots;
+    CREATE INDEX image_layers_layer ON image_layers(layer_id);
+    CREATE INDEX snapshots_parent ON snapshots(parent_id);
+    CREATE INDEX snapshots_layer ON snapshots(layer_id);
+    "#,
 ];
 
 pub struct Db {
@@ -145,9 +195,25 @@ pub struct Db {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LayerRow {
-    pub diff_id: String,
+    /// Its directory under `layers/`: the diff_id hex for a content-addressed
+    /// layer, `s<snapshot id>` for a suspended sandbox's upper.
+    pub id: String,
+    /// sha256 hex of its tar; `None` until a suspended layer is sealed.
+    pub diff_id: Option<String>,
     pub size: u64,
     pub entries: u64,
+}
+
+impl LayerRow {
+    /// A layer named by its content.
+    pub fn content(diff_id: &str, size: u64, entries: u64) -> LayerRow {
+        LayerRow { id: diff_id.into(), diff_id: Some(diff_id.into()), size, entries }
+    }
+
+    /// The id under which a suspend moves a sandbox's upper in.
+    pub fn suspended_id(snapshot_id: &str) -> String {
+        format!("s{snapshot_id}")
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -157,7 +223,7 @@ pub struct ImageRow {
     pub manifest_digest: String,
     pub config_digest: String,
     pub config: ImageConfig,
-    /// Layer diff_ids, bottom first (OCI order).
+    /// Layer diff_ids (also their layer ids), bottom first (OCI order).
     pub layers: Vec<String>,
     pub created_at: i64,
 }
@@ -167,7 +233,7 @@ pub struct ImageRow {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct SandboxSpec {
     pub image: String,
-    /// The layer chain it runs on (diff_id hex), bottom first: the image's
+    /// The layer chain it runs on (layer ids), bottom first: the image's
     /// layers, then those of the snapshot chain it was resumed from.
     #[serde(default)]
     pub layers: Vec<String>,
@@ -204,8 +270,10 @@ pub struct SnapshotRow {
     pub id: String,
     pub image_id: i64,
     pub parent_id: Option<String>,
-    /// diff_id hex of its own delta layer.
-    pub diff_id: String,
+    /// The id of its own delta layer (its directory under `layers/`).
+    pub layer: String,
+    /// diff_id hex of that layer; `None` while a suspend's layer is sealing.
+    pub diff_id: Option<String>,
     /// `sha256:<hex>` of the compressed blob in `blobs/sha256/`.
     pub blob_digest: String,
     pub blob_size: u64,
@@ -255,6 +323,32 @@ pub struct SandboxRow {
     pub created_at: i64,
 }
 
+fn insert_layer(tx: &rusqlite::Transaction<'_>, layer: &LayerRow) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT OR IGNORE INTO layers (id, diff_id, size, entries, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![layer.id, layer.diff_id, layer.size as i64, layer.entries as i64, now()],
+    )
+    .map_err(q("insert layer"))?;
+    Ok(())
+}
+
+/// Delete a layer's row if no image or snapshot lists it; true if deleted.
+fn delete_layer_if_unused(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool, DbError> {
+    let used = tx
+        .query_row(
+            "SELECT 1 FROM image_layers WHERE layer_id = ?1 UNION ALL SELECT 1 FROM snapshots WHERE layer_id = ?1 LIMIT 1",
+            [id],
+            |_| Ok(()),
+        )
+        .optional()
+        .map_err(q("layer users"))?
+        .is_some();
+    if !used {
+        tx.execute("DELETE FROM layers WHERE id = ?1", [id]).map_err(q("delete layer"))?;
+    }
+    Ok(!used)
+}
+
 pub fn now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
@@ -289,15 +383,34 @@ impl Db {
         if current > MIGRATIONS.len() {
             return Err(DbError::TooNew { found: current, known: MIGRATIONS.len() });
         }
-        for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
-            let version = i + 1;
-            let err = |source| DbError::Migrate { version, source };
-            let tx = self.conn.transaction_with_behavior(TransactionBehavior::Exclusive).map_err(err)?;
-            tx.execute_batch(sql).map_err(err)?;
-            tx.pragma_update(None, "user_version", version).map_err(err)?;
-            tx.commit().map_err(err)?;
-        }
-        Ok(())
+        // Table rebuilds drop tables others refer to: foreign keys are off
+        // while migrating (the pragma is a no-op inside a transaction) and
+        // checked before each commit.
+        let fk = |conn: &Connection, on: bool, version| {
+            conn.pragma_update(None, "foreign_keys", if on { "ON" } else { "OFF" })
+                .map_err(|source| DbError::Migrate { version, source })
+        };
+        fk(&self.conn, false, current)?;
+        let result = (|| {
+            for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
+                let version = i + 1;
+                let err = |source| DbError::Migrate { version, source };
+                let tx = self.conn.transaction_with_behavior(TransactionBehavior::Exclusive).map_err(err)?;
+                tx.execute_batch(sql).map_err(err)?;
+                let broken = tx.query_row("PRAGMA foreign_key_check", [], |_| Ok(())).optional().map_err(err)?;
+                if broken.is_some() {
+                    return Err(err(rusqlite::Error::SqliteFailure(
+                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY),
+                        Some("a foreign key is broken after the migration".into()),
+                    )));
+                }
+                tx.pragma_update(None, "user_version", version).map_err(err)?;
+                tx.commit().map_err(err)?;
+            }
+            Ok(())
+        })();
+        fk(&self.conn, true, MIGRATIONS.len())?;
+        result
     }
 
     pub fn schema_version(&self) -> Result<usize, DbError> {
@@ -306,16 +419,16 @@ impl Db {
 
     // ---- layers and images ----
 
-    pub fn layer_exists(&self, diff_id: &str) -> Result<bool, DbError> {
+    pub fn layer_exists(&self, id: &str) -> Result<bool, DbError> {
         self.conn
-            .query_row("SELECT 1 FROM layers WHERE diff_id = ?1", [diff_id], |_| Ok(()))
+            .query_row("SELECT 1 FROM layers WHERE id = ?1", [id], |_| Ok(()))
             .optional()
             .map(|o| o.is_some())
             .map_err(q("layer exists"))
     }
 
     pub fn all_layers(&self) -> Result<Vec<String>, DbError> {
-        let mut st = self.conn.prepare("SELECT diff_id FROM layers").map_err(q("list layers"))?;
+        let mut st = self.conn.prepare("SELECT id FROM layers").map_err(q("list layers"))?;
         let rows = st.query_map([], |r| r.get(0)).map_err(q("list layers"))?;
         rows.collect::<Result<_, _>>().map_err(q("list layers"))
     }
@@ -340,14 +453,10 @@ impl Db {
         .map_err(q("insert image"))?;
         let image_id = tx.last_insert_rowid();
         for (pos, (layer, blob)) in layers.iter().enumerate() {
+            insert_layer(&tx, layer)?;
             tx.execute(
-                "INSERT OR IGNORE INTO layers (diff_id, size, entries, created_at) VALUES (?1, ?2, ?3, ?4)",
-                params![layer.diff_id, layer.size as i64, layer.entries as i64, now()],
-            )
-            .map_err(q("insert layer"))?;
-            tx.execute(
-                "INSERT INTO image_layers (image_id, position, diff_id, blob_digest) VALUES (?1, ?2, ?3, ?4)",
-                params![image_id, pos as i64, layer.diff_id, blob],
+                "INSERT INTO image_layers (image_id, position, layer_id, blob_digest) VALUES (?1, ?2, ?3, ?4)",
+                params![image_id, pos as i64, layer.id, blob],
             )
             .map_err(q("insert image layer"))?;
         }
@@ -361,7 +470,7 @@ impl Db {
             serde_json::from_str(&config).map_err(|source| DbError::Decode { what: "image config", source })?;
         let mut st = self
             .conn
-            .prepare_cached("SELECT diff_id FROM image_layers WHERE image_id = ?1 ORDER BY position")
+            .prepare_cached("SELECT layer_id FROM image_layers WHERE image_id = ?1 ORDER BY position")
             .map_err(q("image layers"))?;
         let layers = st
             .query_map([id], |r| r.get(0))
@@ -402,7 +511,7 @@ impl Db {
         rows.into_iter().map(|r| self.image_from_row(r)).collect()
     }
 
-    /// Delete an image and return the diff_ids of layers no image uses any
+    /// Delete an image and return the ids of layers nothing uses any
     /// more (their rows are deleted too; the caller removes the directories).
     /// Refuses (returns `Ok(Err(users))`) while sandboxes use the image.
     pub fn delete_image(&mut self, image_id: i64) -> Result<Result<Vec<String>, Vec<String>>, DbError> {
@@ -420,7 +529,7 @@ impl Db {
         }
         let layers: Vec<String> = {
             let mut st = tx
-                .prepare("SELECT DISTINCT diff_id FROM image_layers WHERE image_id = ?1")
+                .prepare("SELECT DISTINCT layer_id FROM image_layers WHERE image_id = ?1")
                 .map_err(q("image layers"))?;
             let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image layers"))?;
             rows.collect::<Result<_, _>>().map_err(q("image layers"))?
@@ -428,17 +537,7 @@ impl Db {
         tx.execute("DELETE FROM images WHERE id = ?1", [image_id]).map_err(q("delete image"))?;
         let mut orphans = Vec::new();
         for l in layers {
-            let used: bool = tx
-                .query_row(
-                    "SELECT 1 FROM image_layers WHERE diff_id = ?1 UNION ALL SELECT 1 FROM snapshots WHERE diff_id = ?1 LIMIT 1",
-                    [&l],
-                    |_| Ok(()),
-                )
-                .optional()
-                .map_err(q("layer users"))?
-                .is_some();
-            if !used {
-                tx.execute("DELETE FROM layers WHERE diff_id = ?1", [&l]).map_err(q("delete layer"))?;
+            if delete_layer_if_unused(&tx, &l)? {
                 orphans.push(l);
             }
         }
@@ -454,19 +553,15 @@ impl Db {
         let info =
             serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
         let tx = self.conn.transaction().map_err(q("begin insert snapshot"))?;
+        insert_layer(&tx, layer)?;
         tx.execute(
-            "INSERT OR IGNORE INTO layers (diff_id, size, entries, created_at) VALUES (?1, ?2, ?3, ?4)",
-            params![layer.diff_id, layer.size as i64, layer.entries as i64, now()],
-        )
-        .map_err(q("insert snapshot layer"))?;
-        tx.execute(
-            "INSERT INTO snapshots (id, image_id, parent_id, diff_id, blob_digest, blob_size, compression, state, \
+            "INSERT INTO snapshots (id, image_id, parent_id, layer_id, blob_digest, blob_size, compression, state, \
              source_sandbox, info, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'ready', ?8, ?9, ?10)",
             params![
                 snap.id,
                 snap.image_id,
                 snap.parent_id,
-                snap.diff_id,
+                snap.layer,
                 snap.blob_digest,
                 snap.blob_size as i64,
                 snap.compression,
@@ -483,8 +578,9 @@ impl Db {
         tx.commit().map_err(q("commit insert snapshot"))
     }
 
-    const SNAP_COLS: &'static str =
-        "id, image_id, parent_id, diff_id, blob_digest, blob_size, compression, source_sandbox, info, created_at";
+    const SNAP_SELECT: &'static str = "SELECT s.id, s.image_id, s.parent_id, s.layer_id, l.diff_id, s.blob_digest, \
+         s.blob_size, s.compression, s.source_sandbox, s.info, s.created_at \
+         FROM snapshots s JOIN layers l ON l.id = s.layer_id";
 
     fn snapshot_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SnapshotRow, String)> {
         Ok((
@@ -492,15 +588,16 @@ impl Db {
                 id: r.get(0)?,
                 image_id: r.get(1)?,
                 parent_id: r.get(2)?,
-                diff_id: r.get(3)?,
-                blob_digest: r.get(4)?,
-                blob_size: r.get::<_, i64>(5)? as u64,
-                compression: r.get(6)?,
-                source_sandbox: r.get(7)?,
+                layer: r.get(3)?,
+                diff_id: r.get(4)?,
+                blob_digest: r.get(5)?,
+                blob_size: r.get::<_, i64>(6)? as u64,
+                compression: r.get(7)?,
+                source_sandbox: r.get(8)?,
                 info: serde_json::Value::Null,
-                created_at: r.get(9)?,
+                created_at: r.get(10)?,
             },
-            r.get(8)?,
+            r.get(9)?,
         ))
     }
 
@@ -510,13 +607,13 @@ impl Db {
     }
 
     pub fn snapshot(&self, id: &str) -> Result<Option<SnapshotRow>, DbError> {
-        let sql = format!("SELECT {} FROM snapshots WHERE id = ?1", Self::SNAP_COLS);
+        let sql = format!("{} WHERE s.id = ?1", Self::SNAP_SELECT);
         let row = self.conn.query_row(&sql, [id], Self::snapshot_from).optional().map_err(q("get snapshot"))?;
         row.map(Self::decode_snapshot).transpose()
     }
 
     pub fn list_snapshots(&self) -> Result<Vec<SnapshotRow>, DbError> {
-        let sql = format!("SELECT {} FROM snapshots ORDER BY created_at, id", Self::SNAP_COLS);
+        let sql = format!("{} ORDER BY s.created_at, s.id", Self::SNAP_SELECT);
         let mut st = self.conn.prepare(&sql).map_err(q("list snapshots"))?;
         let rows: Vec<_> = st
             .query_map([], Self::snapshot_from)
@@ -526,12 +623,27 @@ impl Db {
         rows.into_iter().map(Self::decode_snapshot).collect()
     }
 
-    /// The blob of a sealing snapshot is written: record it.
-    pub fn set_snapshot_blob(&mut self, id: &str, digest: &str, size: u64) -> Result<(), DbError> {
+    /// The blob of a sealing snapshot is written and its layer known: record
+    /// both (the layer's diff_id, size and entries; the snapshot's digest,
+    /// size and info).
+    pub fn set_snapshot_blob(
+        &mut self,
+        id: &str,
+        digest: &str,
+        size: u64,
+        layer: &LayerRow,
+        info: &serde_json::Value,
+    ) -> Result<(), DbError> {
+        let info = serde_json::to_string(info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
         let tx = self.conn.transaction().map_err(q("begin set blob"))?;
         tx.execute(
-            "UPDATE snapshots SET blob_digest = ?2, blob_size = ?3 WHERE id = ?1",
-            params![id, digest, size as i64],
+            "UPDATE layers SET diff_id = ?2, size = ?3, entries = ?4 WHERE id = ?1",
+            params![layer.id, layer.diff_id, layer.size as i64, layer.entries as i64],
+        )
+        .map_err(q("set layer diff_id"))?;
+        tx.execute(
+            "UPDATE snapshots SET blob_digest = ?2, blob_size = ?3, info = ?4 WHERE id = ?1",
+            params![id, digest, size as i64, info],
         )
         .map_err(q("set snapshot blob"))?;
         tx.execute("DELETE FROM snapshot_blob_pending WHERE snapshot_id = ?1", [id]).map_err(q("clear pending"))?;
@@ -584,7 +696,7 @@ impl Db {
 
     /// Delete a snapshot if nothing uses it. `Ok(Err(users))` names what
     /// still does (child snapshots); sandboxes are checked by the caller,
-    /// which knows the live ones. Returns the diff_id if its layer became
+    /// which knows the live ones. Returns the layer id if its layer became
     /// unused (row deleted; the caller removes the directory).
     pub fn delete_snapshot(&mut self, id: &str) -> Result<Result<Option<String>, Vec<String>>, DbError> {
         let tx =
@@ -597,25 +709,11 @@ impl Db {
         if !children.is_empty() {
             return Ok(Err(children));
         }
-        let diff_id: String = tx
-            .query_row("SELECT diff_id FROM snapshots WHERE id = ?1", [id], |r| r.get(0))
+        let layer: String = tx
+            .query_row("SELECT layer_id FROM snapshots WHERE id = ?1", [id], |r| r.get(0))
             .map_err(q("get snapshot"))?;
         tx.execute("DELETE FROM snapshots WHERE id = ?1", [id]).map_err(q("delete snapshot"))?;
-        let used = tx
-            .query_row(
-                "SELECT 1 FROM image_layers WHERE diff_id = ?1 UNION ALL SELECT 1 FROM snapshots WHERE diff_id = ?1 LIMIT 1",
-                [&diff_id],
-                |_| Ok(()),
-            )
-            .optional()
-            .map_err(q("layer users"))?
-            .is_some();
-        let orphan = if used {
-            None
-        } else {
-            tx.execute("DELETE FROM layers WHERE diff_id = ?1", [&diff_id]).map_err(q("delete layer"))?;
-            Some(diff_id)
-        };
+        let orphan = delete_layer_if_unused(&tx, &layer)?.then_some(layer);
         tx.commit().map_err(q("commit delete snapshot"))?;
         Ok(Ok(orphan))
     }
@@ -767,7 +865,7 @@ mod tests {
     use super::*;
 
     fn layer(d: char) -> (LayerRow, String) {
-        (LayerRow { diff_id: d.to_string().repeat(64), size: 1, entries: 1 }, format!("sha256:{}", "f".repeat(64)))
+        (LayerRow::content(&d.to_string().repeat(64), 1, 1), format!("sha256:{}", "f".repeat(64)))
     }
 
     #[test]
@@ -779,6 +877,53 @@ mod tests {
         drop(db);
         let db = Db::open(&p).unwrap();
         assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len());
+    }
+
+    #[test]
+    fn migration_6_keeps_rows_and_names_layers() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("strata.db");
+        {
+            // A version-5 database with an image, a snapshot and a pending blob.
+            let conn = Connection::open(&p).unwrap();
+            for sql in &MIGRATIONS[..5] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 5).unwrap();
+            let (a, b) = ("a".repeat(64), "b".repeat(64));
+            conn.execute_batch(&format!(
+                "INSERT INTO layers VALUES ('{a}', 1, 1, 0), ('{b}', 2, 2, 0);
+                 INSERT INTO images VALUES (1, 'img', 'm', 'c', '{{}}', 0);
+                 INSERT INTO image_layers VALUES (1, 0, '{a}', 'sha256:x');
+                 INSERT INTO snapshots VALUES ('0123456789abcdef', 1, NULL, '{b}', 'sha256:y', 3, 'zstd', 'ready',
+                     'fedcba9876543210', '{{}}', 0);
+                 INSERT INTO snapshot_blob_pending VALUES ('0123456789abcdef');"
+            ))
+            .unwrap();
+        }
+        let mut db = Db::open(&p).unwrap();
+        assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len());
+        let snap = db.snapshot("0123456789abcdef").unwrap().unwrap();
+        assert_eq!(
+            (snap.layer.as_str(), snap.diff_id.as_deref()),
+            ("b".repeat(64).as_str(), Some("b".repeat(64).as_str()))
+        );
+        assert!(db.blob_pending(&snap.id).unwrap());
+        assert_eq!(db.image_by_id(1).unwrap().unwrap().layers, vec!["a".repeat(64)]);
+        assert!(db.conn.query_row("PRAGMA foreign_keys", [], |r| r.get::<_, bool>(0)).unwrap(), "foreign keys back on");
+        // The layer's own constraints.
+        let insert = |db: &mut Db, id: &str, diff: Option<&str>| {
+            db.conn.execute(
+                "INSERT INTO layers (id, diff_id, size, entries, created_at) VALUES (?1, ?2, 0, 0, 0)",
+                params![id, diff],
+            )
+        };
+        assert!(insert(&mut db, &"c".repeat(64), Some(&"d".repeat(64))).is_err(), "a content id is its diff_id");
+        assert!(insert(&mut db, &"c".repeat(64), None).is_err(), "a content id is its diff_id");
+        assert!(insert(&mut db, "x0123456789abcdef", None).is_err(), "unknown id shape");
+        assert!(insert(&mut db, "s0123", None).is_err(), "short suspended id");
+        insert(&mut db, "s0123456789abcdef", None).unwrap();
+        assert!(db.conn.execute("DELETE FROM layers WHERE id = ?1", ["b".repeat(64)]).is_err(), "in use");
     }
 
     #[test]

@@ -149,14 +149,15 @@ fn write_layout(
 
     let mut layers = Vec::new();
     let mut diff_ids = Vec::new();
-    let snapshot_of = |hex: &str| chain.iter().find(|s| s.diff_id == hex);
-    for hex in image.layers.iter().chain(chain.iter().map(|s| &s.diff_id)) {
-        let (digest, size, diff_id) = match snapshot_of(hex) {
-            Some(s) if s.compression == compression.as_str() && !s.blob_digest.is_empty() => {
+    let snapshot_of = |layer: &str| chain.iter().find(|s| s.layer == layer);
+    for hex in image.layers.iter().chain(chain.iter().map(|s| &s.layer)) {
+        let sealed = snapshot_of(hex).and_then(|s| Some((s, s.diff_id.clone()?)));
+        let (digest, size, diff_id) = match sealed {
+            Some((s, diff_id)) if s.compression == compression.as_str() && !s.blob_digest.is_empty() => {
                 let bhex = s.blob_digest.trim_start_matches("sha256:");
                 let dst = blobs.join(bhex);
                 std::fs::copy(store.blob_path(bhex), &dst).map_err(io("copy blob", &dst))?;
-                (s.blob_digest.clone(), s.blob_size, s.diff_id.clone())
+                (s.blob_digest.clone(), s.blob_size, diff_id)
             }
             _ => {
                 // Serialise the hydrated tree again, then compress.

@@ -90,7 +90,7 @@ fn import_into(
     for (index, layer) in src.layers.iter().enumerate() {
         let hex = layer.diff_id.hex().to_string();
         let have = lock(db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
-        let mut row = LayerRow { diff_id: hex.clone(), size: 0, entries: 0 };
+        let mut row = LayerRow::content(&hex, 0, 0);
         if !have && !fresh.iter().any(|(h, _): &(String, _)| *h == hex) {
             let dir = work.join(format!("layer-{index}"));
             let fs = dir.join("fs");
@@ -114,7 +114,7 @@ fn import_into(
     // All layers are good: move them into place, then record the image.
     let mut committed = Vec::new();
     for (hex, dir) in &fresh {
-        if store.commit_layer(dir, hex)? {
+        if store.commit_layer(dir, hex, true)? {
             committed.push(hex.clone());
         }
     }

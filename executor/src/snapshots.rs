@@ -36,8 +36,36 @@ struct Compacted {
     tar: Option<std::path::PathBuf>,
 }
 
+/// A checkpoint's layer, in place under `layers/`.
+struct Sealed {
+    diff_id: String,
+    /// The layer's tar (for its blob).
+    tar: std::path::PathBuf,
+    stats: crate::diff::DeltaStats,
+    frozen: std::time::Duration,
+    size: u64,
+    entries: u64,
+    compacted: bool,
+    /// False if an identical layer was there already.
+    new_layer: bool,
+}
+
 /// Most sandboxes one fork may start.
 pub const MAX_FORK: u32 = 64;
+
+/// Put a delta's statistics into a snapshot's info.
+fn merge_stats(info: &mut serde_json::Value, stats: &crate::diff::DeltaStats) {
+    for (k, v) in [
+        ("entries", stats.entries),
+        ("bytes", stats.bytes),
+        ("whiteouts", stats.whiteouts),
+        ("opaque_dirs", stats.opaque_dirs),
+        ("hardlinks", stats.hardlinks),
+        ("tar_bytes", stats.tar_bytes),
+    ] {
+        info[k] = serde_json::json!(v);
+    }
+}
 
 fn store_err(e: StoreError) -> ApiError {
     ApiError::internal(&e)
@@ -63,10 +91,127 @@ impl Daemon {
     ) -> Result<SnapshotInfo, ApiError> {
         let store = &self.rt.store;
         let dirs = store.sandbox_dirs(&sb.id);
-        let cap = sb.capture(&dirs.upper, &work.join("layer.tar"))?;
+        let tar = work.join("layer.tar");
+        // A snapshot that compacts its chain gets the compacted layer's blob,
+        // written after the fold; any other gets its blob from a thread that
+        // compresses the tar while the capture writes it.
+        let deep = self.needs_compaction(sb.spec.snapshot.as_deref())?;
+        let progress = Arc::new(crate::sandbox::TarProgress::default());
+        let (sealed, blob) = std::thread::scope(|s| {
+            let follower = (!deep).then(|| {
+                let follow = crate::sandbox::TarFollower::new(&tar, progress.clone());
+                s.spawn(move || {
+                    let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
+                    let r = store.write_blob(compression, |w| std::io::copy(&mut follow, w));
+                    (r, started.elapsed())
+                })
+            });
+            let cap = sb.capture(&dirs.upper, &tar, follower.is_some().then(|| progress.clone()));
+            progress.end(cap.is_ok());
+            // Hydrate while the blob is being finished.
+            let sealed = cap.map_err(ApiError::from).and_then(|cap| self.hydrate_capture(sb, cap, work));
+            (sealed, follower.map(|h| h.join()))
+        });
+        let blob = match blob {
+            Some(Ok((r, at))) => Some(r.map(|(_, hex, size)| (hex, size, at))),
+            Some(Err(_)) => Some(Err(StoreError::Io {
+                step: "write blob",
+                path: tar.clone(),
+                source: std::io::Error::other("the blob thread panicked"),
+            })),
+            None => None,
+        };
+        let forget_blob = |hex: &str| {
+            let used = lock(&self.db)
+                .list_snapshots()
+                .map(|l| l.iter().any(|s| s.blob_digest.trim_start_matches("sha256:") == hex))
+                .unwrap_or(true);
+            if !used {
+                let _ = store.remove_blob(hex);
+            }
+        };
+        let sealed = match sealed {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(Ok((hex, _, _))) = &blob {
+                    forget_blob(hex);
+                }
+                return Err(e);
+            }
+        };
+        let undo_layer = |db_knows: bool| {
+            if sealed.new_layer && !db_knows {
+                let _ = store.remove_layer(&sealed.diff_id);
+            }
+        };
+        let blob = match blob {
+            Some(b) => b,
+            None => store
+                .write_blob(compression, |w| std::io::copy(&mut std::fs::File::open(&sealed.tar)?, w))
+                .map(|(_, hex, size)| (hex, size, started.elapsed())),
+        };
+        let (blob_hex, blob_size, blob_at) = match blob {
+            Ok(b) => b,
+            Err(e) => {
+                undo_layer(lock(&self.db).layer_exists(&sealed.diff_id).unwrap_or(true));
+                return Err(store_err(e));
+            }
+        };
 
-        // Hydrate: the same checked unpacker as imports, into tmp/, then
-        // rename into place (or reuse an identical layer).
+        let image = lock(&self.db)
+            .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+        let stats = &sealed.stats;
+        let mut info = serde_json::json!({
+            "frozen_ms": sealed.frozen.as_secs_f64() * 1000.0,
+            "blob_ms": blob_at.as_secs_f64() * 1000.0,
+            "total_ms": started.elapsed().as_secs_f64() * 1000.0,
+            "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
+            "compacted": sealed.compacted,
+        });
+        merge_stats(&mut info, stats);
+        let row = SnapshotRow {
+            id: SandboxId::random().to_string(),
+            image_id: image.id,
+            parent_id: sb.spec.snapshot.clone(),
+            layer: sealed.diff_id.clone(),
+            diff_id: Some(sealed.diff_id.clone()),
+            blob_digest: format!("sha256:{blob_hex}"),
+            blob_size,
+            compression: compression.as_str().into(),
+            source_sandbox: sb.id.to_string(),
+            info,
+            created_at: crate::db::now(),
+        };
+        let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
+        let mut db = lock(&self.db);
+        if let Err(e) = db.insert_snapshot(&row, &layer, false) {
+            let knows = db.layer_exists(&sealed.diff_id).unwrap_or(true);
+            drop(db);
+            undo_layer(knows);
+            forget_blob(&blob_hex);
+            return Err(e.into());
+        }
+        let info = self.snapshot_info_locked(&db, &row)?;
+        tracing::info!(
+            "checkpoint {} of sandbox {}: {} entries, frozen {:.1} ms",
+            row.id,
+            sb.id,
+            stats.entries,
+            sealed.frozen.as_secs_f64() * 1000.0
+        );
+        Ok(info)
+    }
+
+    /// Turn a captured tar into a layer in place (the same checked unpacker
+    /// as imports, into `work/`, then renamed into `layers/`, or an identical
+    /// layer reused), folding the chain first if it is too deep.
+    fn hydrate_capture(
+        &self,
+        sb: &crate::sandbox::Sandbox,
+        cap: crate::sandbox::Capture,
+        work: &Path,
+    ) -> Result<Sealed, ApiError> {
         let digest: oci::Digest = format!("sha256:{}", cap.diff_id).parse().map_err(|e| ApiError::internal(&e))?;
         let source = oci::LayerSource {
             blob_path: cap.tar.clone(),
@@ -85,81 +230,26 @@ impl Daemon {
             let kind = if e.is_io() { ErrorKind::Internal } else { ErrorKind::Conflict };
             ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
         })?;
-        let mut cap = cap;
-        let (mut layer_dir, mut size, mut entries) = (layer_dir, unpacked.bytes, unpacked.entries);
-        let compacted = match self.compact_if_deep(sb.spec.snapshot.as_deref(), &fs_dir, work, true)? {
-            Some(c) => {
-                (layer_dir, size, entries) = (c.dir, c.stats.bytes, c.stats.entries);
-                cap.diff_id = c.diff_id;
-                cap.tar = c.tar.unwrap_or(cap.tar);
-                true
-            }
-            None => false,
+        let mut sealed = Sealed {
+            diff_id: cap.diff_id,
+            tar: cap.tar,
+            stats: cap.stats,
+            frozen: cap.frozen,
+            size: unpacked.bytes,
+            entries: unpacked.entries,
+            compacted: false,
+            new_layer: false,
         };
-        let new_layer = store.commit_layer(&layer_dir, &cap.diff_id).map_err(store_err)?;
-
-        let undo_layer = |db_knows: bool| {
-            if new_layer && !db_knows {
-                let _ = store.remove_layer(&cap.diff_id);
-            }
-        };
-        let (blob_hex, blob_size) = match store.write_blob(&cap.tar, compression) {
-            Ok(b) => b,
-            Err(e) => {
-                undo_layer(lock(&self.db).layer_exists(&cap.diff_id).unwrap_or(true));
-                return Err(store_err(e));
-            }
-        };
-
-        let image = lock(&self.db)
-            .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
-        let info = serde_json::json!({
-            "entries": cap.stats.entries,
-            "bytes": cap.stats.bytes,
-            "whiteouts": cap.stats.whiteouts,
-            "opaque_dirs": cap.stats.opaque_dirs,
-            "hardlinks": cap.stats.hardlinks,
-            "tar_bytes": cap.stats.tar_bytes,
-            "frozen_ms": cap.frozen.as_secs_f64() * 1000.0,
-            "total_ms": started.elapsed().as_secs_f64() * 1000.0,
-            "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
-            "compacted": compacted,
-        });
-        let row = SnapshotRow {
-            id: SandboxId::random().to_string(),
-            image_id: image.id,
-            parent_id: sb.spec.snapshot.clone(),
-            diff_id: cap.diff_id.clone(),
-            blob_digest: format!("sha256:{blob_hex}"),
-            blob_size,
-            compression: compression.as_str().into(),
-            source_sandbox: sb.id.to_string(),
-            info,
-            created_at: crate::db::now(),
-        };
-        let layer = LayerRow { diff_id: cap.diff_id.clone(), size, entries };
-        let mut db = lock(&self.db);
-        if let Err(e) = db.insert_snapshot(&row, &layer, false) {
-            let knows = db.layer_exists(&cap.diff_id).unwrap_or(true);
-            let blob_used =
-                db.list_snapshots().map(|l| l.iter().any(|s| s.blob_digest == row.blob_digest)).unwrap_or(true);
-            drop(db);
-            undo_layer(knows);
-            if !blob_used {
-                let _ = store.remove_blob(&blob_hex);
-            }
-            return Err(e.into());
+        let mut layer_dir = layer_dir;
+        if let Some(c) = self.compact_if_deep(sb.spec.snapshot.as_deref(), &fs_dir, work, true)? {
+            (layer_dir, sealed.size, sealed.entries) = (c.dir, c.stats.bytes, c.stats.entries);
+            sealed.diff_id = c.diff_id;
+            sealed.tar = c.tar.unwrap_or(sealed.tar);
+            sealed.stats = c.stats;
+            sealed.compacted = true;
         }
-        let info = self.snapshot_info_locked(&db, &row)?;
-        tracing::info!(
-            "checkpoint {} of sandbox {}: {} entries, frozen {:.1} ms",
-            row.id,
-            sb.id,
-            cap.stats.entries,
-            cap.frozen.as_secs_f64() * 1000.0
-        );
-        Ok(info)
+        sealed.new_layer = self.rt.store.commit_layer(&layer_dir, &sealed.diff_id, true).map_err(store_err)?;
+        Ok(sealed)
     }
 
     fn snapshot_info_locked(&self, db: &crate::db::Db, row: &SnapshotRow) -> Result<SnapshotInfo, ApiError> {
@@ -167,16 +257,18 @@ impl Daemon {
             .image_by_id(row.image_id)?
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
         let chain = db.snapshot_layer_chain(&row.id)?;
+        let digest = |h: &String| format!("sha256:{h}");
         let layers =
-            image.layers.iter().chain(chain.iter().map(|s| &s.diff_id)).map(|h| format!("sha256:{h}")).collect();
+            image.layers.iter().map(|h| Some(digest(h))).chain(chain.iter().map(|s| s.diff_id.as_ref().map(digest)));
         let state = if db.blob_pending(&row.id)? { "sealing" } else { "ready" };
         Ok(SnapshotInfo {
             id: row.id.clone(),
             state: state.into(),
             image: image.name,
             parent: row.parent_id.clone(),
-            layers,
-            diff_id: format!("sha256:{}", row.diff_id),
+            layers: layers.collect(),
+            layer: row.layer.clone(),
+            diff_id: row.diff_id.as_ref().map(digest),
             blob_digest: row.blob_digest.clone(),
             blob_size: row.blob_size,
             compression: row.compression.clone(),
@@ -209,7 +301,7 @@ impl Daemon {
             .image_by_id(row.image_id)?
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
         let mut layers = image.layers.clone();
-        layers.extend(db.snapshot_layer_chain(&row.id)?.into_iter().map(|s| s.diff_id));
+        layers.extend(db.snapshot_layer_chain(&row.id)?.into_iter().map(|s| s.layer));
         Ok(Base { image, layers, snapshot: Some(row.id.clone()) })
     }
 
@@ -324,15 +416,15 @@ impl Daemon {
         let row = self.snapshot_row(id)?;
         let base = self.snapshot_base(&row)?;
         let below = &base.layers[..base.layers.len().saturating_sub(1)];
-        let delta = self.rt.store.layer_dir(&row.diff_id).join("fs");
+        let delta = self.rt.store.layer_dir(&row.layer).join("fs");
         crate::diff::changes(&delta, &self.layer_fs(below)).map_err(|e| ApiError::internal(&e))
     }
 
-    /// Stop every process of a sandbox, seal its upper into the layer store
-    /// by moving it (no file data is copied; it is read once for the
-    /// diff_id), release the sandbox and return the snapshot. Its blob is
-    /// written in the background (`state` is `sealing` until then); resume
-    /// and fork work at once.
+    /// Stop every process of a sandbox, move its upper into the layer store
+    /// as the snapshot's layer (no file data is read or copied), release the
+    /// sandbox and return the snapshot. Hashing, syncing and compressing the
+    /// layer happen in the background (`state` is `sealing` until then);
+    /// resume and fork work at once.
     pub fn suspend(&self, id: &str) -> Result<SnapshotInfo, ApiError> {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
@@ -372,67 +464,65 @@ impl Daemon {
                 .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
                 .map(|i| i.id)
                 .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
-            // The processes are gone and the overlay with them: the upper is still.
+            let snap_id = SandboxId::random().to_string();
+            // The processes are gone and the overlay with them: the upper is
+            // still. A deep chain is folded (that reads the data); otherwise
+            // the upper itself becomes the layer, named by the snapshot.
             let compacted = self.compact_if_deep(sb.spec.snapshot.as_deref(), &upper, &work, false)?;
-            let (stats, hex, moved) = match &compacted {
-                Some(c) => (c.stats.clone(), c.diff_id.clone(), false),
-                None => {
-                    let (stats, hex) = crate::diff::write_delta(&upper, std::io::sink())
-                        .map_err(|e| ApiError::new(ErrorKind::Conflict, crate::error::chain(&e)))?;
-                    (stats, hex, true)
-                }
-            };
-            let layer_src = match &compacted {
-                Some(c) => c.dir.clone(),
+            let (layer, layer_src, moved) = match &compacted {
+                Some(c) => (LayerRow::content(&c.diff_id, c.stats.bytes, c.stats.entries), c.dir.clone(), false),
                 None => {
                     std::fs::rename(&upper, work.join("fs")).map_err(|e| ApiError::internal(&e))?;
-                    work.clone()
+                    let id = LayerRow::suspended_id(&snap_id);
+                    (LayerRow { id, diff_id: None, size: 0, entries: 0 }, work.clone(), true)
                 }
             };
-            let new_layer = match store.commit_layer(&layer_src, &hex) {
+            let give_back = || {
+                if moved {
+                    let _ = std::fs::rename(work.join("fs"), &upper);
+                }
+            };
+            // Durability comes with the blob (the seal syncs the layer).
+            let new_layer = match store.commit_layer(&layer_src, &layer.id, compacted.is_some()) {
                 Ok(n) => n,
                 Err(e) => {
-                    if moved {
-                        let _ = std::fs::rename(work.join("fs"), &upper);
-                    }
+                    give_back();
                     return Err(store_err(e));
                 }
             };
+            let mut info = serde_json::json!({
+                "suspended": true,
+                "compacted": compacted.is_some(),
+                "total_ms": started.elapsed().as_secs_f64() * 1000.0,
+                "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
+            });
+            if let Some(c) = &compacted {
+                merge_stats(&mut info, &c.stats);
+            }
             let row = SnapshotRow {
-                id: SandboxId::random().to_string(),
+                id: snap_id,
                 image_id,
                 parent_id: sb.spec.snapshot.clone(),
-                diff_id: hex.clone(),
+                layer: layer.id.clone(),
+                diff_id: layer.diff_id.clone(),
                 blob_digest: String::new(),
                 blob_size: 0,
                 compression: BlobCompression::Zstd.as_str().into(),
                 source_sandbox: sb.id.to_string(),
-                info: serde_json::json!({
-                    "entries": stats.entries,
-                    "bytes": stats.bytes,
-                    "whiteouts": stats.whiteouts,
-                    "opaque_dirs": stats.opaque_dirs,
-                    "hardlinks": stats.hardlinks,
-                    "tar_bytes": stats.tar_bytes,
-                    "suspended": true,
-                    "compacted": compacted.is_some(),
-                    "total_ms": started.elapsed().as_secs_f64() * 1000.0,
-                    "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
-                }),
+                info,
                 created_at: crate::db::now(),
             };
-            let layer = LayerRow { diff_id: hex.clone(), size: stats.bytes, entries: stats.entries };
             let mut db = lock(&self.db);
             let inserted = db.insert_snapshot(&row, &layer, true).and_then(|()| db.delete_sandbox(&sb.id));
             if let Err(e) = inserted {
-                let knows = db.layer_exists(&hex).unwrap_or(true);
+                let knows = db.layer_exists(&layer.id).unwrap_or(true);
                 drop(db);
                 if new_layer && !knows {
                     // Give the sandbox its upper back rather than lose it.
                     if moved {
-                        let _ = std::fs::rename(store.layer_dir(&hex).join("fs"), &upper);
+                        let _ = std::fs::rename(store.layer_dir(&layer.id).join("fs"), &upper);
                     }
-                    let _ = store.remove_layer(&hex);
+                    let _ = store.remove_layer(&layer.id);
                 }
                 return Err(e.into());
             }
@@ -440,6 +530,16 @@ impl Daemon {
         })();
         let _ = remove_tree(&work);
         result
+    }
+
+    /// Whether a snapshot on top of `parent` would make its layer chain
+    /// longer than `--compact-depth`.
+    fn needs_compaction(&self, parent: Option<&str>) -> Result<bool, ApiError> {
+        let depth = match parent {
+            Some(p) => lock(&self.db).snapshot_layer_chain(p)?.len(),
+            None => 0,
+        };
+        Ok(depth >= self.cfg.compact_depth)
     }
 
     /// If a snapshot on top of `parent` would make its layer chain longer
@@ -453,15 +553,15 @@ impl Daemon {
         work: &Path,
         want_tar: bool,
     ) -> Result<Option<Compacted>, ApiError> {
+        if !self.needs_compaction(parent)? {
+            return Ok(None);
+        }
         let chain = match parent {
             Some(p) => lock(&self.db).snapshot_layer_chain(p)?,
             None => Vec::new(),
         };
-        if chain.len() < self.cfg.compact_depth {
-            return Ok(None);
-        }
         let mut layers: Vec<std::path::PathBuf> =
-            chain.iter().map(|s| self.rt.store.layer_dir(&s.diff_id).join("fs")).collect();
+            chain.iter().map(|s| self.rt.store.layer_dir(&s.layer).join("fs")).collect();
         layers.push(delta.to_path_buf());
         let dir = work.join("compact");
         let fs_dir = dir.join("fs");
@@ -483,35 +583,36 @@ impl Daemon {
         Ok(Some(Compacted { dir, diff_id, stats, tar }))
     }
 
-    /// Write the blob of a sealing snapshot (from its hydrated layer) and
-    /// mark it ready. Run by the daemon's blob thread.
+    /// Seal a suspended snapshot: hash its layer (its diff_id), sync it,
+    /// write its blob, record all three and mark it ready. Run by the
+    /// daemon's blob thread (and at start for any left sealing).
     pub fn seal_blob(&self, id: &str) -> Result<(), ApiError> {
         let Some(row) = lock(&self.db).snapshot(id)? else { return Ok(()) };
         if !lock(&self.db).blob_pending(id)? {
             return Ok(());
         }
+        let started = Instant::now();
         let store = &self.rt.store;
-        let work = store.new_tmp("seal").map_err(store_err)?;
-        let result = (|| {
-            let tar = work.join("layer.tar");
-            let f = std::fs::File::create(&tar).map_err(|e| ApiError::internal(&e))?;
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-            let (_, hex) = crate::diff::write_delta(&store.layer_dir(&row.diff_id).join("fs"), &mut w)
-                .map_err(|e| ApiError::internal(&e))?;
-            std::io::Write::flush(&mut w).map_err(|e| ApiError::internal(&e))?;
-            drop(w);
-            if hex != row.diff_id {
-                return Err(ApiError::new(
-                    ErrorKind::Internal,
-                    format!("snapshot {id}: layer serialises to {hex}, not its diff_id {}", row.diff_id),
-                ));
-            }
-            let (bhex, size) = store.write_blob(&tar, BlobCompression::Zstd).map_err(store_err)?;
-            lock(&self.db).set_snapshot_blob(id, &format!("sha256:{bhex}"), size)?;
-            Ok(())
-        })();
-        let _ = remove_tree(&work);
-        result
+        let dir = store.layer_dir(&row.layer);
+        store.sync_layer(&dir).map_err(store_err)?;
+        // One pass: serialise the layer straight into the compressor.
+        let fs = dir.join("fs");
+        let ((stats, hex), bhex, size) = store
+            .write_blob(BlobCompression::Zstd, |w| crate::diff::write_delta(&fs, w).map_err(std::io::Error::other))
+            .map_err(store_err)?;
+        if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
+            let _ = store.remove_blob(&bhex);
+            return Err(ApiError::new(
+                ErrorKind::Internal,
+                format!("snapshot {id}: layer serialises to {hex}, not its diff_id {:?}", row.diff_id),
+            ));
+        }
+        let mut info = row.info.clone();
+        merge_stats(&mut info, &stats);
+        info["seal_ms"] = serde_json::json!(started.elapsed().as_secs_f64() * 1000.0);
+        let layer = LayerRow { id: row.layer.clone(), diff_id: Some(hex), size: stats.bytes, entries: stats.entries };
+        lock(&self.db).set_snapshot_blob(id, &format!("sha256:{bhex}"), size, &layer, &info)?;
+        Ok(())
     }
 
     /// Discard a sandbox's current changes and continue from a snapshot of

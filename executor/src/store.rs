@@ -1,7 +1,8 @@
 //! The on-disk store under the root directory (DESIGN.md "On disk"):
 //!
 //! ```text
-//! layers/<diff_id hex>/fs    hydrated immutable lowers
+//! layers/<layer id>/fs       hydrated immutable lowers (id: diff_id hex, or
+//!                            s<snapshot id> for a suspended sandbox's upper)
 //! sandboxes/<id>/{upper,work,rootfs,shim.sock,shim.log}
 //! tmp/                       in-flight imports; swept at start
 //! ```
@@ -9,7 +10,7 @@
 //! A path is either finished and immutable or under `tmp/`: layers are
 //! unpacked into `tmp/` and renamed into place. The store never mounts (the
 //! shim does); it hands out paths. Directories are named by digest or
-//! sandbox id, never by user text.
+//! by ids the daemon made, never by user text.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -33,27 +34,39 @@ fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     move |source| StoreError::Io { step, path: path.to_path_buf(), source }
 }
 
-/// Compress `tar` into the new file `out`, hashing the compressed bytes;
-/// fsyncs `out`. Returns the sha256 hex and size of what was written.
-pub fn compress_into(tar: &Path, compression: BlobCompression, out: &Path) -> std::io::Result<(String, u64)> {
-    let mut src = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(tar)?);
+/// Write what `produce` writes, compressed, into the new file `out`,
+/// hashing the compressed bytes; fsyncs `out`. Returns what `produce`
+/// returned and the sha256 hex and size of the file.
+pub fn compress_with<T>(
+    compression: BlobCompression,
+    out: &Path,
+    produce: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<T>,
+) -> std::io::Result<(T, String, u64)> {
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(out)?;
     let mut h = crate::diff::Hashing::new(std::io::BufWriter::with_capacity(1 << 20, file));
-    match compression {
+    let t = match compression {
         BlobCompression::Zstd => {
             let mut enc = zstd::Encoder::new(&mut h, 1)?;
-            std::io::copy(&mut src, &mut enc)?;
+            let t = produce(&mut enc)?;
             enc.finish()?;
+            t
         }
         BlobCompression::Gzip => {
             let mut enc = flate2::write::GzEncoder::new(&mut h, flate2::Compression::fast());
-            std::io::copy(&mut src, &mut enc)?;
+            let t = produce(&mut enc)?;
             enc.finish()?;
+            t
         }
-    }
+    };
     let (inner, hex, n) = h.finish();
     inner.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-    Ok((hex, n))
+    Ok((t, hex, n))
+}
+
+/// Compress `tar` into the new file `out` (see [`compress_with`]).
+pub fn compress_into(tar: &Path, compression: BlobCompression, out: &Path) -> std::io::Result<(String, u64)> {
+    let mut src = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(tar)?);
+    compress_with(compression, out, |w| std::io::copy(&mut src, w)).map(|(_, hex, n)| (hex, n))
 }
 
 /// How a snapshot's blob is compressed.
@@ -115,15 +128,15 @@ impl Store {
         self.root.join("layers")
     }
 
-    /// `layers/<hex>` (the layer's directory; its tree is in `fs/`).
-    pub fn layer_dir(&self, diff_hex: &str) -> PathBuf {
-        self.layers_dir().join(diff_hex)
+    /// `layers/<id>` (the layer's directory; its tree is in `fs/`).
+    pub fn layer_dir(&self, id: &str) -> PathBuf {
+        self.layers_dir().join(id)
     }
 
     /// A lower as the shim mounts it: relative to [`Store::layers_dir`], so the
     /// legacy overlay option string stays short.
-    pub fn lower_rel(diff_hex: &str) -> PathBuf {
-        PathBuf::from(diff_hex).join("fs")
+    pub fn lower_rel(id: &str) -> PathBuf {
+        PathBuf::from(id).join("fs")
     }
 
     pub fn tmp_dir(&self) -> PathBuf {
@@ -188,20 +201,28 @@ impl Store {
         Ok(())
     }
 
-    /// Move a finished layer from `tmp/` into place. Returns false (and
-    /// deletes `tmp_layer`) if the layer already existed.
-    pub fn commit_layer(&self, tmp_layer: &Path, diff_hex: &str) -> Result<bool, StoreError> {
-        let dst = self.layer_dir(diff_hex);
+    /// Flush a layer's file system (syncfs: one call, not one per file).
+    pub fn sync_layer(&self, dir: &Path) -> Result<(), StoreError> {
+        let f = std::fs::File::open(dir).map_err(io("open", dir))?;
+        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)).map_err(|e| StoreError::Io {
+            step: "sync",
+            path: dir.into(),
+            source: e.into(),
+        })
+    }
+
+    /// Move a finished layer from `tmp/` into place as `layers/<id>`,
+    /// synced first if `durable`. Returns false (and deletes `tmp_layer`) if
+    /// the layer already existed.
+    pub fn commit_layer(&self, tmp_layer: &Path, id: &str, durable: bool) -> Result<bool, StoreError> {
+        let dst = self.layer_dir(id);
         if dst.exists() {
             remove_tree(tmp_layer)?;
             return Ok(false);
         }
-        let f = std::fs::File::open(tmp_layer).map_err(io("open", tmp_layer))?;
-        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&f)).map_err(|e| StoreError::Io {
-            step: "sync",
-            path: tmp_layer.into(),
-            source: e.into(),
-        })?;
+        if durable {
+            self.sync_layer(tmp_layer)?;
+        }
         match std::fs::rename(tmp_layer, &dst) {
             Ok(()) => Ok(true),
             // Another import or checkpoint put the same layer in place
@@ -215,8 +236,8 @@ impl Store {
         }
     }
 
-    pub fn remove_layer(&self, diff_hex: &str) -> Result<(), StoreError> {
-        remove_tree(&self.layer_dir(diff_hex))
+    pub fn remove_layer(&self, id: &str) -> Result<(), StoreError> {
+        remove_tree(&self.layer_dir(id))
     }
 
     /// `caches/<name>`, created if missing (a lost cache is rebuilt empty).
@@ -238,12 +259,17 @@ impl Store {
         self.root.join("blobs/sha256").join(digest_hex)
     }
 
-    /// Compress `tar` into the blob store (zstd or gzip at their fastest
-    /// levels), hashing as it goes: write under `tmp/`, fsync, rename.
-    /// Returns the blob's digest hex and size.
-    pub fn write_blob(&self, tar: &Path, compression: BlobCompression) -> Result<(String, u64), StoreError> {
+    /// Compress what `produce` writes into the blob store (zstd or gzip at
+    /// their fastest levels), hashing as it goes: write under `tmp/`, fsync,
+    /// rename. Returns what `produce` returned and the blob's digest hex and
+    /// size. On error nothing is left.
+    pub fn write_blob<T>(
+        &self,
+        compression: BlobCompression,
+        produce: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<T>,
+    ) -> Result<(T, String, u64), StoreError> {
         let tmp = self.tmp_dir().join(format!("blob-{:016x}", rand::random::<u64>()));
-        let (hex, size) = match compress_into(tar, compression, &tmp) {
+        let (t, hex, size) = match compress_with(compression, &tmp, produce) {
             Ok(r) => r,
             Err(source) => {
                 let _ = std::fs::remove_file(&tmp);
@@ -251,8 +277,11 @@ impl Store {
             }
         };
         let dst = self.blob_path(&hex);
-        std::fs::rename(&tmp, &dst).map_err(io("rename blob into place", &dst))?;
-        Ok((hex, size))
+        if let Err(e) = std::fs::rename(&tmp, &dst) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(StoreError::Io { step: "rename blob into place", path: dst, source: e });
+        }
+        Ok((t, hex, size))
     }
 
     /// Remove blobs no snapshot row lists.
@@ -349,7 +378,7 @@ mod tests {
         for expect_new in [true, false] {
             let tmp = s.new_tmp("layer").unwrap();
             std::fs::create_dir(tmp.join("fs")).unwrap();
-            assert_eq!(s.commit_layer(&tmp, "cc").unwrap(), expect_new);
+            assert_eq!(s.commit_layer(&tmp, "cc", true).unwrap(), expect_new);
             assert!(!tmp.exists());
         }
         assert!(s.layer_dir("cc").join("fs").is_dir());

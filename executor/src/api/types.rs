@@ -155,22 +155,26 @@ pub struct LaunchRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SnapshotInfo {
     pub id: String,
-    /// `ready`, or `sealing` while a suspended sandbox's blob is written
-    /// (resume and fork work in both states).
+    /// `ready`, or `sealing` while a suspended sandbox's layer is hashed,
+    /// synced and compressed (resume and fork work in both states).
     pub state: String,
     pub image: String,
     pub parent: Option<String>,
-    /// The whole chain a resume mounts, bottom first (`sha256:<hex>` diff_ids).
-    pub layers: Vec<String>,
-    /// This snapshot's own delta layer.
-    pub diff_id: String,
+    /// The whole chain a resume mounts, bottom first (`sha256:<hex>`
+    /// diff_ids; `None` for a layer still sealing).
+    pub layers: Vec<Option<String>>,
+    /// The local id of its own delta layer (its directory under `layers/`).
+    pub layer: String,
+    /// `sha256:<hex>` of its own delta layer; `None` while sealing.
+    pub diff_id: Option<String>,
     pub blob_digest: String,
     pub blob_size: u64,
     pub compression: String,
     pub source_sandbox: String,
     pub created_at: i64,
     /// Capture statistics: entries, bytes, whiteouts, opaque_dirs,
-    /// hardlinks, tar_bytes, frozen_ms, total_ms.
+    /// hardlinks, tar_bytes; timings in ms (frozen_ms, blob_ms, total_ms,
+    /// seal_ms).
     pub info: serde_json::Value,
 }
 

@@ -10,7 +10,7 @@ mod destroy;
 mod exec;
 mod freeze;
 
-pub use checkpoint::Capture;
+pub use checkpoint::{Capture, TarFollower, TarProgress};
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest, ExecSummary};
 
