@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Snapshot benchmarks, one run on this machine: for deltas of 10 MiB and
 # 1 GiB, as many small files and as a few large ones, measure
-#   - checkpoint: time frozen, and time to a finished snapshot (layer + blob),
-#     against `cp -a`, `tar -cf - | zstd -1` and `tar -cf - | gzip -1` of the
-#     same upper dir;
+#   - checkpoint: time frozen, time to a finished blob and time to a finished
+#     snapshot (layer + blob), against `cp -a`, `tar -cf - | zstd -1` and
+#     `tar -cf - | gzip -1` of the same upper dir (each followed by a sync of
+#     what it wrote, as Strata syncs its blob and layer);
 #   - suspend (seal by moving the upper);
 #   - resume and fork (count 1) of the snapshot.
 # Prints a Markdown table.
@@ -77,8 +78,8 @@ PY
 	sync
 }
 
-printf '| delta | shape | checkpoint frozen ms | checkpoint total ms | cp -a ms | tar\\|zstd -1 ms | tar\\|gzip -1 ms | suspend ms | resume ms | fork ms |\n'
-printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+printf '| delta | shape | checkpoint frozen ms | checkpoint blob ms | checkpoint total ms | cp -a ms | tar\\|zstd -1 ms | tar\\|gzip -1 ms | suspend ms | resume ms | fork ms |\n'
+printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 for size in 10485760 1073741824; do
 	for shape in small large; do
 		label=$([[ $size -eq 10485760 ]] && echo "10 MiB" || echo "1 GiB")
@@ -88,11 +89,13 @@ for size in 10485760 1073741824; do
 		echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
 
 		t0=$(now); cp -a "$upper" "$WORK/cp"; sync; t1=$(now); cp_ms=$(secs "$t0" "$t1"); rm -rf "$WORK/cp"
-		t0=$(now); tar -cf - -C "$upper" . | zstd -1 -q >"$WORK/z"; t1=$(now); zstd_ms=$(secs "$t0" "$t1")
-		t0=$(now); tar -cf - -C "$upper" . | gzip -1 >"$WORK/z"; t1=$(now); gzip_ms=$(secs "$t0" "$t1"); rm -f "$WORK/z"
+		t0=$(now); tar -cf - -C "$upper" . | zstd -1 -q >"$WORK/z"; sync "$WORK/z"; t1=$(now); zstd_ms=$(secs "$t0" "$t1")
+		t0=$(now); tar -cf - -C "$upper" . | gzip -1 >"$WORK/z"; sync "$WORK/z"; t1=$(now); gzip_ms=$(secs "$t0" "$t1")
+		rm -f "$WORK/z"
 
 		snap_json=$(api POST "/v1/sandboxes/$id/checkpoint")
 		frozen=$(python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["info"]["frozen_ms"])' <<<"$snap_json")
+		blob=$(python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["info"]["blob_ms"])' <<<"$snap_json")
 		total=$(python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["info"]["total_ms"])' <<<"$snap_json")
 		snap=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$snap_json")
 
@@ -101,9 +104,9 @@ for size in 10485760 1073741824; do
 		S rm "$rid" "$fid" >/dev/null
 
 		t0=$(now); ssnap=$(S suspend "$id"); t1=$(now); suspend_ms=$(secs "$t0" "$t1")
-		printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$label" \
+		printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$label" \
 			"$([[ $shape == small ]] && echo 'many 64 KiB files' || echo '4 large files')" \
-			"$frozen" "$total" "$cp_ms" "$zstd_ms" "$gzip_ms" "$suspend_ms" "$resume_ms" "$fork_ms"
+			"$frozen" "$blob" "$total" "$cp_ms" "$zstd_ms" "$gzip_ms" "$suspend_ms" "$resume_ms" "$fork_ms"
 		# Wait for the suspended snapshot's blob, then free the disk.
 		for _ in $(seq 600); do
 			api GET "/v1/snapshots/$ssnap" | grep -q '"state":"ready"' && break

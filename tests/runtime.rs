@@ -934,6 +934,71 @@ fn a_daemon_killed_mid_checkpoint_leaves_no_partial_snapshot() {
 }
 
 #[test]
+fn a_checkpoint_on_a_full_disk_fails_cleanly_and_the_sandbox_runs_on() {
+    // The whole store is a 96 MiB tmpfs; the delta is 16 MiB of random
+    // bytes, and a checkpoint needs three copies of it at once (the frozen
+    // tar, the blob compressed beside it, the hydrated layer). Ballast
+    // leaves room for less than one, less than two and less than three
+    // copies: the disk fills up while the sandbox is frozen (tar and blob
+    // racing for the last bytes) and, last, during hydration.
+    const MIB: u64 = 1 << 20;
+    let env = TestEnv::start_on_tmpfs(96 * MIB);
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let sum = "md5sum /tmp/big | cut -d' ' -f1";
+    let v = sh(&env, &id, &format!("head -c {} /dev/urandom > /tmp/big && {sum}", 16 * MIB));
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let want = stdout(&v);
+    let count = |sub: &str| std::fs::read_dir(env.root.join(sub)).unwrap().count();
+    let layers_before = count("layers");
+    let ballast = env.root.join("ballast");
+    for room in [8 * MIB, 24 * MIB, 40 * MIB] {
+        let _ = std::fs::remove_file(&ballast);
+        let st = nix::sys::statvfs::statvfs(&env.root).unwrap();
+        let free = st.blocks_available() * st.fragment_size();
+        let f = std::fs::File::create(&ballast).unwrap();
+        // tmpfs has no fallocate for this, write it.
+        let mut w = std::io::BufWriter::new(f);
+        let chunk = vec![1u8; MIB as usize];
+        for _ in 0..(free - room) / MIB {
+            std::io::Write::write_all(&mut w, &chunk).unwrap();
+        }
+        std::io::Write::flush(&mut w).unwrap();
+        drop(w);
+
+        let r = env.client().request("POST", &format!("/v1/sandboxes/{id}/checkpoint"), None::<&()>);
+        match r {
+            Err(ClientError::Api { status, code, message }) => {
+                assert_eq!((status, code.as_str()), (507, "no_space"), "{room}: {message}");
+                assert!(message.contains("No space left"), "{room}: {message}");
+            }
+            other => panic!("checkpoint with {room} bytes free: {other:?}"),
+        }
+        // Nothing partial: no snapshot, no new layer, no blob, nothing in tmp.
+        let snaps: Vec<Value> = env.client().call("GET", "/v1/snapshots", None::<&()>).unwrap();
+        assert!(snaps.is_empty(), "{room}: {snaps:?}");
+        assert_eq!(count("layers"), layers_before, "{room}: layer left");
+        assert_eq!(count("blobs/sha256"), 0, "{room}: blob left");
+        let start = Instant::now();
+        while count("tmp") != 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "{room}: tmp/ not emptied");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The sandbox runs on, its data intact.
+        let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+        assert_eq!(info["state"], "running", "{room}");
+        assert_eq!(stdout(&sh(&env, &id, sum)), want, "{room}");
+    }
+    // With room again, the same checkpoint works and resumes to the same data.
+    std::fs::remove_file(&ballast).unwrap();
+    let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    env.cli_ok(&["rm", &id]);
+    let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &resumed, sum)), want);
+    env.finish();
+}
+
+#[test]
 fn long_chains_are_compacted() {
     let env = TestEnv::start_with(&["--compact-depth", "3"]);
     env.import_busybox();

@@ -16,6 +16,8 @@ pub enum ErrorKind {
     MethodNotAllowed,
     /// A bug or a host failure (500).
     Internal,
+    /// The store's file system or quota is full (507).
+    NoSpace,
 }
 
 impl ErrorKind {
@@ -27,6 +29,7 @@ impl ErrorKind {
             ErrorKind::LimitReached => 429,
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::Internal => 500,
+            ErrorKind::NoSpace => 507,
         }
     }
 
@@ -38,7 +41,23 @@ impl ErrorKind {
             ErrorKind::LimitReached => "limit_reached",
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::Internal => "internal",
+            ErrorKind::NoSpace => "no_space",
         }
+    }
+
+    /// A host failure's kind: `NoSpace` if the file system or a quota ran
+    /// out of space anywhere in `e`'s chain, else `Internal`.
+    pub fn of_host_failure(e: &(dyn std::error::Error + 'static)) -> ErrorKind {
+        let mut cur = Some(e);
+        while let Some(c) = cur {
+            if let Some(io) = c.downcast_ref::<std::io::Error>() {
+                if matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+                    return ErrorKind::NoSpace;
+                }
+            }
+            cur = c.source();
+        }
+        ErrorKind::Internal
     }
 }
 
@@ -55,4 +74,22 @@ pub fn chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("write blob")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn a_full_disk_anywhere_in_the_chain_is_no_space() {
+        let full = Outer(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        assert_eq!(ErrorKind::of_host_failure(&full), ErrorKind::NoSpace);
+        assert_eq!(ErrorKind::NoSpace.status(), 507);
+        let other = Outer(std::io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(ErrorKind::of_host_failure(&other), ErrorKind::Internal);
+    }
 }

@@ -227,7 +227,7 @@ impl Daemon {
         // The unpacker refuses what a layer may not hold (an escaping relative
         // symlink, say): that is the sandbox's content, not a daemon fault.
         let unpacked = oci::unpack_layer(&source, &fs_dir).map_err(|e| {
-            let kind = if e.is_io() { ErrorKind::Internal } else { ErrorKind::Conflict };
+            let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Conflict };
             ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
         })?;
         let mut sealed = Sealed {

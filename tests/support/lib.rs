@@ -60,6 +60,8 @@ pub struct TestEnv {
     pub cgroup_parent: String,
     pub daemon: Option<Child>,
     pub extra_args: Vec<String>,
+    /// The root is a file system of its own (see `start_on_tmpfs`).
+    own_fs: bool,
     _tmp: tempfile::TempDir,
 }
 
@@ -69,6 +71,16 @@ impl TestEnv {
     }
 
     pub fn start_with(extra: &[&str]) -> TestEnv {
+        TestEnv::start_inner(extra, None)
+    }
+
+    /// A daemon whose whole root (layers, blobs, tmp, uppers, database) is a
+    /// tmpfs of `size` bytes, to run out of space on purpose.
+    pub fn start_on_tmpfs(size: u64) -> TestEnv {
+        TestEnv::start_inner(&[], Some(size))
+    }
+
+    fn start_inner(extra: &[&str], tmpfs: Option<u64>) -> TestEnv {
         require_root();
         // Shims orphaned by a killed daemon reparent to us instead of the
         // host's init (which may not reap them), and `reap_orphans` reaps them.
@@ -82,8 +94,20 @@ impl TestEnv {
             cgroup_parent: format!("{PREFIX}-{}-{n}", std::process::id()),
             daemon: None,
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            own_fs: tmpfs.is_some(),
             _tmp: tmp,
         };
+        if let Some(size) = tmpfs {
+            std::fs::create_dir(&env.root).unwrap();
+            nix::mount::mount(
+                Some("strata-test"),
+                &env.root,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some(format!("size={size},mode=0700").as_str()),
+            )
+            .expect("mount tmpfs root");
+        }
         env.start_daemon();
         env
     }
@@ -270,7 +294,9 @@ impl TestEnv {
                 }
             });
         }
-        let mounts = mounts_under(&self.root);
+        let own = self.root.display().to_string();
+        let mounts: Vec<String> =
+            mounts_under(&self.root).into_iter().filter(|m| !(self.own_fs && *m == own)).collect();
         let shims: Vec<_> = processes_matching("strata-shim")
             .into_iter()
             .filter(|(pid, _)| {

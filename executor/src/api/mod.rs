@@ -34,8 +34,9 @@ impl ApiError {
     pub fn invalid(e: &dyn std::error::Error) -> ApiError {
         ApiError::new(ErrorKind::InvalidArgument, chain(e))
     }
-    pub fn internal(e: &dyn std::error::Error) -> ApiError {
-        ApiError::new(ErrorKind::Internal, chain(e))
+    /// A host failure (500), or 507 if it ran out of space.
+    pub fn internal(e: &(dyn std::error::Error + 'static)) -> ApiError {
+        ApiError::new(ErrorKind::of_host_failure(e), chain(e))
     }
     pub fn status(&self) -> u16 {
         self.kind.status()
@@ -48,13 +49,19 @@ impl ApiError {
 
 impl From<crate::image::ImageError> for ApiError {
     fn from(e: crate::image::ImageError) -> Self {
-        ApiError::new(e.kind(), chain(&e))
+        match e.kind() {
+            ErrorKind::Internal => ApiError::internal(&e),
+            kind => ApiError::new(kind, chain(&e)),
+        }
     }
 }
 
 impl From<crate::sandbox::SandboxError> for ApiError {
     fn from(e: crate::sandbox::SandboxError) -> Self {
-        ApiError::new(e.kind(), chain(&e))
+        match e.kind() {
+            ErrorKind::Internal => ApiError::internal(&e),
+            kind => ApiError::new(kind, chain(&e)),
+        }
     }
 }
 
