@@ -71,25 +71,32 @@ pub struct DeltaStats {
 /// written through it, or the digest of a blob.
 pub(crate) struct Hashing<W> {
     inner: W,
-    hash: Sha256,
+    hash: Option<Sha256>,
     written: u64,
 }
 
 impl<W: Write> Hashing<W> {
     pub(crate) fn new(inner: W) -> Self {
-        Hashing { inner, hash: Sha256::new(), written: 0 }
+        Hashing { inner, hash: Some(Sha256::new()), written: 0 }
+    }
+
+    /// Counts only (its hex is empty).
+    fn counting(inner: W) -> Self {
+        Hashing { inner, hash: None, written: 0 }
     }
 
     /// The inner writer, the sha256 hex and the byte count.
     pub(crate) fn finish(self) -> (W, String, u64) {
-        (self.inner, hex::encode(self.hash.finalize()), self.written)
+        (self.inner, self.hash.map(|h| hex::encode(h.finalize())).unwrap_or_default(), self.written)
     }
 }
 
 impl<W: Write> Write for Hashing<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
+        if let Some(h) = &mut self.hash {
+            h.update(&buf[..n]);
+        }
         self.written += n as u64;
         Ok(n)
     }
@@ -101,8 +108,17 @@ impl<W: Write> Write for Hashing<W> {
 /// Write the delta in `upper` as an uncompressed OCI layer tar to `out`.
 /// Returns its statistics and its diff_id (lowercase sha256 hex).
 pub fn write_delta(upper: &Path, out: impl Write) -> Result<(DeltaStats, String), DiffError> {
-    let mut w =
-        Writer { tar: tar::Builder::new(Hashing::new(out)), links: HashMap::new(), stats: DeltaStats::default() };
+    write_delta_with(upper, Hashing::new(out))
+}
+
+/// [`write_delta`] without the hashing, for a caller that hashes the tar as
+/// it reads it back (a checkpoint's frozen capture: copying only).
+pub fn write_delta_unhashed(upper: &Path, out: impl Write) -> Result<DeltaStats, DiffError> {
+    write_delta_with(upper, Hashing::counting(out)).map(|(stats, _)| stats)
+}
+
+fn write_delta_with<W: Write>(upper: &Path, out: Hashing<W>) -> Result<(DeltaStats, String), DiffError> {
+    let mut w = Writer { tar: tar::Builder::new(out), links: HashMap::new(), stats: DeltaStats::default() };
     w.tar.mode(tar::HeaderMode::Complete);
     w.tar.follow_symlinks(false);
     w.dir_children(upper, Path::new(""))?;

@@ -1,14 +1,15 @@
 //! Snapshot operations of the daemon: checkpoint (seal a running sandbox's
-//! delta), resume and fork (start sandboxes on a snapshot's chain), and
-//! list/inspect/remove.
+//! delta), suspend (seal a stopped sandbox's upper by moving it), resume and
+//! fork (start sandboxes on a snapshot's chain), and list/inspect/remove.
 //!
 //! A checkpoint is, in order: capture (frozen: upper → tar, see
-//! `sandbox/checkpoint.rs`), then, with the sandbox running again, hydrate
-//! the tar into `tmp/` with the same safe unpacker imports use and rename it
-//! to `layers/<diff_id>`, compress the tar into `blobs/sha256/<digest>`, and
-//! record layer + snapshot in one transaction. Any failure removes what this
-//! checkpoint made; `tmp/` is swept at start for a daemon killed mid-way, and
-//! layer and blob files the database does not list are swept too.
+//! `sandbox/checkpoint.rs`; a thread hashes and compresses the tar into
+//! `blobs/sha256/<digest>` as it is written), then, with the sandbox running
+//! again, hydrate the tar into `tmp/` with the same per-entry checks imports
+//! use and rename it to `layers/<diff_id>`, and record layer + snapshot in
+//! one transaction. Any failure removes what this checkpoint made; `tmp/` is
+//! swept at start for a daemon killed mid-way, and layer and blob files the
+//! database does not list are swept too.
 //!
 //! A sandbox's upper holds everything it changed since it started, so every
 //! checkpoint of it is one layer on top of the snapshot it started from (or
@@ -93,34 +94,38 @@ impl Daemon {
         let dirs = store.sandbox_dirs(&sb.id);
         let tar = work.join("layer.tar");
         // A snapshot that compacts its chain gets the compacted layer's blob,
-        // written after the fold; any other gets its blob from a thread that
-        // compresses the tar while the capture writes it.
+        // written after the fold. Any other gets its blob (and its diff_id)
+        // from a thread that hashes and compresses the tar while the capture
+        // writes it, so that the frozen capture only copies.
         let deep = self.needs_compaction(sb.spec.snapshot.as_deref())?;
         let progress = Arc::new(crate::sandbox::TarProgress::default());
-        let (sealed, blob) = std::thread::scope(|s| {
+        let (unpacked, follower) = std::thread::scope(|s| {
             let follower = (!deep).then(|| {
                 let follow = crate::sandbox::TarFollower::new(&tar, progress.clone());
                 s.spawn(move || {
                     let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
                     let r = store.write_blob(compression, |w| std::io::copy(&mut follow, w));
-                    (r, started.elapsed())
+                    let diff_id = follow.into_inner().diff_id();
+                    (r.map(|(_, hex, size)| (diff_id, hex, size)), started.elapsed())
                 })
             });
             let cap = sb.capture(&dirs.upper, &tar, follower.is_some().then(|| progress.clone()));
             progress.end(cap.is_ok());
             // Hydrate while the blob is being finished.
-            let sealed = cap.map_err(ApiError::from).and_then(|cap| self.hydrate_capture(sb, cap, work));
-            (sealed, follower.map(|h| h.join()))
+            let unpacked = cap.map_err(ApiError::from).and_then(|cap| {
+                let u = self.unpack_capture(&cap, work)?;
+                Ok((cap, u))
+            });
+            (unpacked, follower.map(|h| h.join()))
         });
-        let blob = match blob {
-            Some(Ok((r, at))) => Some(r.map(|(_, hex, size)| (hex, size, at))),
-            Some(Err(_)) => Some(Err(StoreError::Io {
+        let follower = follower.map(|joined| match joined {
+            Ok((r, at)) => r.map(|(diff_id, hex, size)| (diff_id, hex, size, at)),
+            Err(_) => Err(StoreError::Io {
                 step: "write blob",
                 path: tar.clone(),
                 source: std::io::Error::other("the blob thread panicked"),
-            })),
-            None => None,
-        };
+            }),
+        });
         let forget_blob = |hex: &str| {
             let used = lock(&self.db)
                 .list_snapshots()
@@ -130,22 +135,34 @@ impl Daemon {
                 let _ = store.remove_blob(hex);
             }
         };
-        let sealed = match sealed {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some(Ok((hex, _, _))) = &blob {
-                    forget_blob(hex);
+        let sealed = match (unpacked, follower) {
+            (Ok((cap, layer)), None) => self.finish_capture(sb, cap, layer, work).map(|s| (s, None)),
+            (Ok((mut cap, layer)), Some(Ok((diff_id, hex, size, at)))) => {
+                cap.diff_id = Some(diff_id);
+                match self.finish_capture(sb, cap, layer, work) {
+                    Ok(s) => Ok((s, Some((hex, size, at)))),
+                    Err(e) => {
+                        forget_blob(&hex);
+                        Err(e)
+                    }
                 }
-                return Err(e);
+            }
+            (Ok(_), Some(Err(e))) => Err(store_err(e)),
+            (Err(e), follower) => {
+                if let Some(Ok((_, hex, _, _))) = follower {
+                    forget_blob(&hex);
+                }
+                Err(e)
             }
         };
+        let (sealed, blob) = sealed?;
         let undo_layer = |db_knows: bool| {
             if sealed.new_layer && !db_knows {
                 let _ = store.remove_layer(&sealed.diff_id);
             }
         };
         let blob = match blob {
-            Some(b) => b,
+            Some(b) => Ok(b),
             None => store
                 .write_blob(compression, |w| std::io::copy(&mut std::fs::File::open(&sealed.tar)?, w))
                 .map(|(_, hex, size)| (hex, size, started.elapsed())),
@@ -203,35 +220,37 @@ impl Daemon {
         Ok(info)
     }
 
-    /// Turn a captured tar into a layer in place (the same checked unpacker
-    /// as imports, into `work/`, then renamed into `layers/`, or an identical
-    /// layer reused), folding the chain first if it is too deep.
-    fn hydrate_capture(
+    /// Unpack a captured tar into `work/layer/fs` with the same per-entry
+    /// checks as image layers. Returns `work/layer` and what was unpacked.
+    fn unpack_capture(
         &self,
-        sb: &crate::sandbox::Sandbox,
-        cap: crate::sandbox::Capture,
+        cap: &crate::sandbox::Capture,
         work: &Path,
-    ) -> Result<Sealed, ApiError> {
-        let digest: oci::Digest = format!("sha256:{}", cap.diff_id).parse().map_err(|e| ApiError::internal(&e))?;
-        let source = oci::LayerSource {
-            blob_path: cap.tar.clone(),
-            digest: digest.clone(),
-            size: cap.stats.tar_bytes,
-            media_type: "application/vnd.oci.image.layer.v1.tar".into(),
-            diff_id: digest,
-            compression: oci::Compression::None,
-        };
+    ) -> Result<(std::path::PathBuf, oci::UnpackStats), ApiError> {
         let layer_dir = work.join("layer");
         let fs_dir = layer_dir.join("fs");
         std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
         // The unpacker refuses what a layer may not hold (an escaping relative
         // symlink, say): that is the sandbox's content, not a daemon fault.
-        let unpacked = oci::unpack_layer(&source, &fs_dir).map_err(|e| {
+        let unpacked = oci::unpack_own_tar(&cap.tar, &fs_dir).map_err(|e| {
             let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Conflict };
             ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
         })?;
+        Ok((layer_dir, unpacked))
+    }
+
+    /// Put an unpacked capture in place under `layers/<diff_id>` (or reuse
+    /// an identical layer), folding the chain first if it is too deep.
+    fn finish_capture(
+        &self,
+        sb: &crate::sandbox::Sandbox,
+        cap: crate::sandbox::Capture,
+        (layer_dir, unpacked): (std::path::PathBuf, oci::UnpackStats),
+        work: &Path,
+    ) -> Result<Sealed, ApiError> {
+        let diff_id = cap.diff_id.ok_or_else(|| ApiError::new(ErrorKind::Internal, "the capture has no diff_id"))?;
         let mut sealed = Sealed {
-            diff_id: cap.diff_id,
+            diff_id,
             tar: cap.tar,
             stats: cap.stats,
             frozen: cap.frozen,
@@ -241,7 +260,7 @@ impl Daemon {
             new_layer: false,
         };
         let mut layer_dir = layer_dir;
-        if let Some(c) = self.compact_if_deep(sb.spec.snapshot.as_deref(), &fs_dir, work, true)? {
+        if let Some(c) = self.compact_if_deep(sb.spec.snapshot.as_deref(), &layer_dir.join("fs"), work, true)? {
             (layer_dir, sealed.size, sealed.entries) = (c.dir, c.stats.bytes, c.stats.entries);
             sealed.diff_id = c.diff_id;
             sealed.tar = c.tar.unwrap_or(sealed.tar);

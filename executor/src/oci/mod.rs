@@ -17,7 +17,7 @@ pub mod unpack;
 pub use digest::{Digest, DigestError};
 pub use layout::{open, Compression, ImageConfig, ImageSource, LayerSource, LayoutError};
 pub use tarpath::PathError;
-pub use unpack::{unpack_layer, UnpackError, UnpackStats};
+pub use unpack::{unpack_layer, unpack_own_tar, LayerName, UnpackError, UnpackStats};
 
 /// The hostile-layer corpus of the root integration tests, compiled into the
 /// unit tests too so that every case is proven to be refused without root.

@@ -69,26 +69,43 @@ pub struct UnpackStats {
     pub tar_bytes: u64,
 }
 
+/// What an unpack error names as its layer: the blob's digest, or a tar
+/// this daemon captured itself (which has no digest yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayerName {
+    Blob(Digest),
+    Capture,
+}
+
+impl std::fmt::Display for LayerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LayerName::Blob(d) => d.fmt(f),
+            LayerName::Capture => f.write_str("(captured changes)"),
+        }
+    }
+}
+
 /// Why a layer was refused or could not be unpacked. Every variant but `Io`
 /// is a fault of the layer (bad request); `Io` is a fault of this host.
 #[derive(Debug, thiserror::Error)]
 pub enum UnpackError {
     /// The destination is not an empty directory.
     #[error("layer {digest}: destination {path} is not an empty directory")]
-    DestNotEmpty { digest: Digest, path: PathBuf },
+    DestNotEmpty { digest: LayerName, path: PathBuf },
     /// The blob path holds a symlink, FIFO, directory or similar.
     #[error("layer {digest}: blob {path} is not a regular file")]
-    BlobNotFile { digest: Digest, path: PathBuf },
+    BlobNotFile { digest: LayerName, path: PathBuf },
     /// The blob's size differs from the descriptor's.
     #[error("layer {digest}: blob is {actual} bytes, its descriptor says {expected}")]
-    BlobSizeMismatch { digest: Digest, expected: u64, actual: u64 },
+    BlobSizeMismatch { digest: LayerName, expected: u64, actual: u64 },
     /// The blob's sha256 differs from the descriptor's.
     #[error("layer {expected}: blob hashes to {actual}")]
     BlobDigestMismatch { expected: Digest, actual: Digest },
     /// The compressed stream is corrupt (or, uncompressed, unreadable).
     #[error("layer {digest}: corrupt {compression} stream")]
     Decompress {
-        digest: Digest,
+        digest: LayerName,
         compression: Compression,
         #[source]
         source: io::Error,
@@ -96,71 +113,71 @@ pub enum UnpackError {
     /// The tar framing is malformed (bad checksum, header cut short, ...).
     #[error("layer {digest}: malformed tar stream")]
     Tar {
-        digest: Digest,
+        digest: LayerName,
         #[source]
         source: io::Error,
     },
     /// PAX or GNU long-name records larger than `HEADER_BUDGET`.
     #[error("layer {digest}: tar headers of entry {entry} exceed {HEADER_BUDGET} bytes")]
-    HeaderTooLarge { digest: Digest, entry: u64 },
+    HeaderTooLarge { digest: LayerName, entry: u64 },
     /// The stream ends inside an entry's data.
     #[error("layer {digest}: entry {path:?} is truncated: the stream ends inside its data")]
-    Truncated { digest: Digest, path: PathBuf },
+    Truncated { digest: LayerName, path: PathBuf },
     /// The uncompressed stream does not hash to the config's diff_id.
     #[error("layer {digest}: uncompressed stream hashes to {actual}, the diff_id is {expected}")]
-    DiffIdMismatch { digest: Digest, expected: Digest, actual: Digest },
+    DiffIdMismatch { digest: LayerName, expected: Digest, actual: Digest },
     /// An entry name is absolute.
     #[error("layer {digest}: entry {path:?} has an absolute path")]
-    AbsolutePath { digest: Digest, path: PathBuf },
+    AbsolutePath { digest: LayerName, path: PathBuf },
     /// An entry name has a `..` component.
     #[error("layer {digest}: entry {path:?} escapes the layer root")]
-    Escape { digest: Digest, path: PathBuf },
+    Escape { digest: LayerName, path: PathBuf },
     /// An entry name is empty, has a NUL byte or is too long.
     #[error("layer {digest}: entry {path:?} {problem}")]
-    InvalidName { digest: Digest, path: PathBuf, problem: PathError },
+    InvalidName { digest: LayerName, path: PathBuf, problem: PathError },
     /// A non-directory entry names the layer root (`./`).
     #[error("layer {digest}: entry {path:?} names the layer root but is not a directory")]
-    RootNotDirectory { digest: Digest, path: PathBuf },
+    RootNotDirectory { digest: LayerName, path: PathBuf },
     /// An entry's path (or a hard link's target) goes through a symlink.
     #[error("layer {digest}: entry {path:?} passes through symlink {symlink:?}")]
-    ThroughSymlink { digest: Digest, path: PathBuf, symlink: PathBuf },
+    ThroughSymlink { digest: LayerName, path: PathBuf, symlink: PathBuf },
     /// A parent of an entry exists but is not a directory.
     #[error("layer {digest}: entry {path:?} needs {component:?} to be a directory")]
-    NotADirectory { digest: Digest, path: PathBuf, component: PathBuf },
+    NotADirectory { digest: LayerName, path: PathBuf, component: PathBuf },
     /// A relative symlink target climbs above the layer root.
     #[error("layer {digest}: symlink {path:?} -> {target:?} escapes the layer root")]
-    SymlinkEscape { digest: Digest, path: PathBuf, target: PathBuf },
+    SymlinkEscape { digest: LayerName, path: PathBuf, target: PathBuf },
     /// A link target is empty, has a NUL byte or is too long.
     #[error("layer {digest}: link {path:?} has a target that {problem}")]
-    InvalidLinkTarget { digest: Digest, path: PathBuf, problem: PathError },
+    InvalidLinkTarget { digest: LayerName, path: PathBuf, problem: PathError },
     /// A hard link target is absolute or climbs with `..`.
     #[error("layer {digest}: hardlink {path:?} -> {target:?} escapes the layer root")]
-    HardlinkEscape { digest: Digest, path: PathBuf, target: PathBuf },
+    HardlinkEscape { digest: LayerName, path: PathBuf, target: PathBuf },
     /// A hard link target was not extracted before the link.
     #[error("layer {digest}: hardlink {path:?} -> {target:?} points to nothing extracted before it")]
-    HardlinkMissing { digest: Digest, path: PathBuf, target: PathBuf },
+    HardlinkMissing { digest: LayerName, path: PathBuf, target: PathBuf },
     /// A hard link target is a directory.
     #[error("layer {digest}: hardlink {path:?} -> {target:?} points to a directory")]
-    HardlinkToDirectory { digest: Digest, path: PathBuf, target: PathBuf },
+    HardlinkToDirectory { digest: LayerName, path: PathBuf, target: PathBuf },
     /// A character or block device entry.
     #[error("layer {digest}: entry {path:?} is a {kind}; layers may not contain device nodes")]
-    DeviceNode { digest: Digest, path: PathBuf, kind: &'static str },
+    DeviceNode { digest: LayerName, path: PathBuf, kind: &'static str },
     /// A GNU sparse file or an unknown entry type.
     #[error("layer {digest}: entry {path:?} has unsupported type {kind} (type flag {flag:?})")]
-    UnsupportedEntry { digest: Digest, path: PathBuf, kind: &'static str, flag: char },
+    UnsupportedEntry { digest: LayerName, path: PathBuf, kind: &'static str, flag: char },
     /// A whiteout with no name (`.wh.`), `.`, `..`, or with children.
     #[error("layer {digest}: entry {path:?} is not a valid whiteout")]
-    InvalidWhiteout { digest: Digest, path: PathBuf },
+    InvalidWhiteout { digest: LayerName, path: PathBuf },
     /// A `trusted.*` xattr: overlayfs keeps its own state there.
     #[error("layer {digest}: entry {path:?} carries xattr {name:?} in the trusted namespace")]
-    TrustedXattr { digest: Digest, path: PathBuf, name: String },
+    TrustedXattr { digest: LayerName, path: PathBuf, name: String },
     /// An xattr name that is empty or has a NUL byte.
     #[error("layer {digest}: entry {path:?} has an invalid xattr name {name:?}")]
-    InvalidXattr { digest: Digest, path: PathBuf, name: String },
+    InvalidXattr { digest: LayerName, path: PathBuf, name: String },
     /// A header or PAX field that does not parse.
     #[error("layer {digest}: entry {path:?} has an invalid {field}")]
     InvalidHeader {
-        digest: Digest,
+        digest: LayerName,
         path: PathBuf,
         field: &'static str,
         #[source]
@@ -168,11 +185,11 @@ pub enum UnpackError {
     },
     /// A uid or gid that is not a valid 32-bit id.
     #[error("layer {digest}: entry {path:?} has owner id {id}, out of range")]
-    OwnerRange { digest: Digest, path: PathBuf, id: u64 },
+    OwnerRange { digest: LayerName, path: PathBuf, id: u64 },
     /// A system call failed on this host.
     #[error("layer {digest}: {step} {path:?}")]
     Io {
-        digest: Digest,
+        digest: LayerName,
         step: &'static str,
         path: PathBuf,
         #[source]
@@ -191,9 +208,11 @@ impl UnpackError {
 /// Unpacks `layer` into `dest`, an existing empty directory. On error `dest`
 /// holds a partial tree (never anything outside it) for the caller to delete.
 pub fn unpack_layer(layer: &LayerSource, dest: &Path) -> Result<UnpackStats, UnpackError> {
-    let digest = &layer.digest;
-    let blob_io =
-        |step| move |source| UnpackError::Io { digest: digest.clone(), step, path: layer.blob_path.clone(), source };
+    let name = LayerName::Blob(layer.digest.clone());
+    let blob_io = |step| {
+        let name = name.clone();
+        move |source| UnpackError::Io { digest: name, step, path: layer.blob_path.clone(), source }
+    };
     // Non-blocking so that a FIFO in place of the blob cannot hang us.
     let mut blob = OpenOptions::new()
         .read(true)
@@ -202,22 +221,50 @@ pub fn unpack_layer(layer: &LayerSource, dest: &Path) -> Result<UnpackStats, Unp
         .map_err(blob_io("open blob"))?;
     verify_blob(layer, &mut blob)?;
     blob.seek(SeekFrom::Start(0)).map_err(blob_io("rewind blob"))?;
-    let root = open_dest(digest, dest)?;
+    let (stats, actual) = extract(&name, blob, layer.compression, dest, true)?;
+    if actual.as_ref() != Some(&layer.diff_id) {
+        let actual = actual.unwrap_or_else(|| Digest::sha256(b""));
+        return Err(UnpackError::DiffIdMismatch { digest: name, expected: layer.diff_id.clone(), actual });
+    }
+    Ok(stats)
+}
 
+/// Unpacks an uncompressed tar this daemon wrote itself (a checkpoint's
+/// capture, under the root-only `tmp/`) into `dest`: every entry gets the
+/// same checks as an image layer's, but there is no digest to verify and
+/// nothing is hashed (the capture's diff_id is computed beside it).
+pub fn unpack_own_tar(tar: &Path, dest: &Path) -> Result<UnpackStats, UnpackError> {
+    let name = LayerName::Capture;
+    let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(tar).map_err(|source| {
+        UnpackError::Io { digest: name.clone(), step: "open captured tar", path: tar.to_owned(), source }
+    })?;
+    extract(&name, file, Compression::None, dest, false).map(|(stats, _)| stats)
+}
+
+/// Extracts the (compressed) tar in `blob` into `dest`, checking every
+/// entry; with `hash`, also returns the uncompressed stream's sha256.
+fn extract(
+    name: &LayerName,
+    blob: File,
+    compression: Compression,
+    dest: &Path,
+    hash: bool,
+) -> Result<(UnpackStats, Option<Digest>), UnpackError> {
+    let root = open_dest(name, dest)?;
     let state = MeterState::default();
-    let decompress =
-        |source| UnpackError::Decompress { digest: digest.clone(), compression: layer.compression, source };
-    let blob = BufReader::new(blob);
-    let stream: Box<dyn Read> = match layer.compression {
+    let decompress = |source| UnpackError::Decompress { digest: name.clone(), compression, source };
+    let blob = BufReader::with_capacity(1 << 20, blob);
+    let stream: Box<dyn Read> = match compression {
         Compression::None => Box::new(blob),
         // Multi-member: pigz and concatenated gzip files are valid layers.
         Compression::Gzip => Box::new(MultiGzDecoder::new(blob)),
         Compression::Zstd => Box::new(zstd::Decoder::with_buffer(blob).map_err(decompress)?),
     };
-    let mut archive = tar::Archive::new(Meter::new(stream, &state));
+    let meter = if hash { Meter::new(stream, &state) } else { Meter::unhashed(stream, &state) };
+    let mut archive = tar::Archive::new(meter);
     let mut ex = Extractor {
-        digest,
-        compression: layer.compression,
+        digest: name,
+        compression,
         state: &state,
         root,
         dirs: BTreeMap::new(),
@@ -230,23 +277,21 @@ pub fn unpack_layer(layer: &LayerSource, dest: &Path) -> Result<UnpackStats, Unp
     let mut meter = archive.into_inner();
     meter.drain().map_err(decompress)?;
     let (actual, tar_bytes) = meter.finish();
-    if actual != layer.diff_id {
-        return Err(UnpackError::DiffIdMismatch { digest: digest.clone(), expected: layer.diff_id.clone(), actual });
-    }
     ex.finish_dirs()?;
-    Ok(UnpackStats { tar_bytes, ..ex.stats })
+    Ok((UnpackStats { tar_bytes, ..ex.stats }, actual))
 }
 
 /// Step 1: size and sha256 of the whole blob, before any parsing.
 fn verify_blob(layer: &LayerSource, blob: &mut File) -> Result<(), UnpackError> {
     let digest = &layer.digest;
+    let name = LayerName::Blob(digest.clone());
     let io_err =
-        |source| UnpackError::Io { digest: digest.clone(), step: "read blob", path: layer.blob_path.clone(), source };
+        |source| UnpackError::Io { digest: name.clone(), step: "read blob", path: layer.blob_path.clone(), source };
     let meta = blob.metadata().map_err(io_err)?;
     if !meta.is_file() {
-        return Err(UnpackError::BlobNotFile { digest: digest.clone(), path: layer.blob_path.clone() });
+        return Err(UnpackError::BlobNotFile { digest: name.clone(), path: layer.blob_path.clone() });
     }
-    let size_err = |actual| UnpackError::BlobSizeMismatch { digest: digest.clone(), expected: layer.size, actual };
+    let size_err = |actual| UnpackError::BlobSizeMismatch { digest: name.clone(), expected: layer.size, actual };
     if meta.len() != layer.size {
         return Err(size_err(meta.len()));
     }
@@ -263,7 +308,7 @@ fn verify_blob(layer: &LayerSource, blob: &mut File) -> Result<(), UnpackError> 
 }
 
 /// Opens the destination (not through a final symlink) and checks it is empty.
-fn open_dest(digest: &Digest, dest: &Path) -> Result<OwnedFd, UnpackError> {
+fn open_dest(digest: &LayerName, dest: &Path) -> Result<OwnedFd, UnpackError> {
     let io_err =
         |source| UnpackError::Io { digest: digest.clone(), step: "open destination", path: dest.to_owned(), source };
     let dir =
@@ -325,7 +370,7 @@ enum WalkError {
 }
 
 struct Extractor<'a> {
-    digest: &'a Digest,
+    digest: &'a LayerName,
     compression: Compression,
     state: &'a MeterState,
     /// The destination directory; every path is resolved from here.
