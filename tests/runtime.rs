@@ -844,6 +844,39 @@ fn suspend_moves_the_upper_and_releases_the_sandbox() {
 }
 
 #[test]
+fn a_snapshot_is_never_removed_under_a_resume_in_flight() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "for i in $(seq 200); do echo $i > /tmp/f$i; done");
+    for round in 0..16 {
+        let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+        let socket = env.socket.clone();
+        let s2 = snap.clone();
+        let resume = std::thread::spawn(move || {
+            let mut c = Client::connect(&socket).unwrap();
+            c.call::<Value>("POST", &format!("/v1/snapshots/{s2}/resume"), Some(&json!({})))
+        });
+        // Race the removal against the resume (a little later each round;
+        // a warm resume takes a few ms).
+        std::thread::sleep(Duration::from_micros(round * 700));
+        let removed = env.client().request("DELETE", &format!("/v1/snapshots/{snap}"), None::<&()>);
+        match (resume.join().unwrap(), removed) {
+            (Ok(sb), Err(_)) => {
+                // Resumed and kept: its files are all there.
+                let rid = sb["id"].as_str().unwrap();
+                assert_eq!(stdout(&sh(&env, rid, "cat /tmp/f* | wc -l")), "200\n", "round {round}");
+                env.cli_ok(&["rm", rid]);
+                env.cli_ok(&["snapshot", "rm", &snap]);
+            }
+            (Err(_), Ok(_)) => {}
+            (r, rm) => panic!("round {round}: resume {r:?} and removal {rm:?} both succeeded or both failed"),
+        }
+    }
+    env.finish();
+}
+
+#[test]
 fn scratch_and_cache_mounts_are_never_captured() {
     let env = TestEnv::start();
     env.import_busybox();

@@ -78,6 +78,42 @@ pub struct LaunchSpec {
 pub(crate) struct Pool {
     pub(crate) live: HashMap<SandboxId, Arc<Sandbox>>,
     pub(crate) reserved: usize,
+    /// Snapshots that resumes, forks and rollbacks in flight start from (a
+    /// count each): removal is refused for them, as for live users.
+    pub(crate) pinned: HashMap<String, usize>,
+    /// Snapshots being removed: new pins on them are refused.
+    pub(crate) doomed: std::collections::HashSet<String>,
+}
+
+/// A pin on a snapshot for as long as a launch from it is in flight (see
+/// [`Pool::pinned`]); unpinned on drop.
+pub(crate) struct SnapshotPin<'d> {
+    daemon: &'d Daemon,
+    id: String,
+}
+
+impl Daemon {
+    /// Pin `id` against removal; refused if it is being removed.
+    pub(crate) fn pin_snapshot(&self, id: &str) -> Result<SnapshotPin<'_>, ApiError> {
+        let mut pool = lock(&self.pool);
+        if pool.doomed.contains(id) {
+            return Err(ApiError::new(ErrorKind::NotFound, format!("snapshot {id:?} is being removed")));
+        }
+        *pool.pinned.entry(id.to_string()).or_default() += 1;
+        Ok(SnapshotPin { daemon: self, id: id.to_string() })
+    }
+}
+
+impl Drop for SnapshotPin<'_> {
+    fn drop(&mut self) {
+        let mut pool = lock(&self.daemon.pool);
+        if let Some(n) = pool.pinned.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                pool.pinned.remove(&self.id);
+            }
+        }
+    }
 }
 
 /// Prepared shims waiting for a `create` (see `sandbox::Prepared`).

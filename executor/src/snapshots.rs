@@ -329,8 +329,9 @@ impl Daemon {
         if req.count.is_some() {
             return Err(ApiError::new(ErrorKind::InvalidArgument, "count is for fork"));
         }
-        let row = self.snapshot_row(id)?;
         let launch = self.launch_spec(req)?;
+        let row = self.snapshot_row(id)?;
+        let _pin = self.pin_snapshot(&row.id)?;
         let base = self.snapshot_base(&row)?;
         Ok(sandbox_info(&*self.launch(&base, launch)?))
     }
@@ -349,6 +350,7 @@ impl Daemon {
         // Validate once, before anything is reserved or started.
         let launch = self.launch_spec(req)?;
         let row = self.snapshot_row(id)?;
+        let _pin = self.pin_snapshot(&row.id)?;
         let base = self.snapshot_base(&row)?;
         {
             let pool = lock(&self.pool);
@@ -606,6 +608,7 @@ impl Daemon {
     /// write its blob, record all three and mark it ready. Run by the
     /// daemon's blob thread (and at start for any left sealing).
     pub fn seal_blob(&self, id: &str) -> Result<(), ApiError> {
+        let Ok(_pin) = self.pin_snapshot(id) else { return Ok(()) };
         let Some(row) = lock(&self.db).snapshot(id)? else { return Ok(()) };
         if !lock(&self.db).blob_pending(id)? {
             return Ok(());
@@ -654,6 +657,7 @@ impl Daemon {
                 ),
             ));
         }
+        let _pin = self.pin_snapshot(&row.id)?;
         let base = self.snapshot_base(&row)?;
         if !sb.begin_stop() {
             return Err(ApiError::new(
@@ -711,21 +715,40 @@ impl Daemon {
         })
     }
 
-    /// Remove a snapshot; refused while a sandbox or a child snapshot uses it.
+    /// Remove a snapshot; refused while a sandbox, a launch in flight or a
+    /// child snapshot uses it.
     pub fn remove_snapshot(&self, id: &str) -> Result<(), ApiError> {
         let row = self.snapshot_row(id)?;
-        let users: Vec<String> = lock(&self.pool)
-            .live
-            .values()
-            .filter(|s| s.spec.snapshot.as_deref() == Some(row.id.as_str()))
-            .map(|s| s.id.to_string())
-            .collect();
-        if !users.is_empty() {
-            return Err(ApiError::new(
-                ErrorKind::Conflict,
-                format!("snapshot {} is used by sandboxes {users:?}; remove them first", row.id),
-            ));
+        {
+            let mut pool = lock(&self.pool);
+            let users: Vec<String> = pool
+                .live
+                .values()
+                .filter(|s| s.spec.snapshot.as_deref() == Some(row.id.as_str()))
+                .map(|s| s.id.to_string())
+                .collect();
+            if !users.is_empty() {
+                return Err(ApiError::new(
+                    ErrorKind::Conflict,
+                    format!("snapshot {} is used by sandboxes {users:?}; remove them first", row.id),
+                ));
+            }
+            if pool.pinned.contains_key(&row.id) || !pool.doomed.insert(row.id.clone()) {
+                return Err(ApiError::new(
+                    ErrorKind::Conflict,
+                    format!(
+                        "snapshot {} is in use by an operation in flight (resume, fork, rollback, sealing); retry",
+                        row.id
+                    ),
+                ));
+            }
         }
+        let r = self.remove_unused_snapshot(&row);
+        lock(&self.pool).doomed.remove(&row.id);
+        r
+    }
+
+    fn remove_unused_snapshot(&self, row: &SnapshotRow) -> Result<(), ApiError> {
         let mut db = lock(&self.db);
         let orphan = match db.delete_snapshot(&row.id)? {
             Err(children) => {
