@@ -9,7 +9,7 @@
 #   - resume and fork (count 1) of the snapshot.
 # Prints a Markdown table.
 #
-# usage: sudo scripts/bench-snapshots.sh
+# usage: sudo [SIZES="10485760 1073741824"] [SHAPES="small large"] scripts/bench-snapshots.sh
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -80,8 +80,8 @@ PY
 
 printf '| delta | shape | checkpoint frozen ms | checkpoint blob ms | checkpoint total ms | cp -a ms | tar\\|zstd -1 ms | tar\\|gzip -1 ms | suspend ms | resume ms | fork ms |\n'
 printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
-for size in 10485760 1073741824; do
-	for shape in small large; do
+for size in ${SIZES:-10485760 1073741824}; do
+	for shape in ${SHAPES:-small large}; do
 		label=$([[ $size -eq 10485760 ]] && echo "10 MiB" || echo "1 GiB")
 		id=$(S create --image busybox)
 		upper=$WORK/root/sandboxes/$id/upper

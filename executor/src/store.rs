@@ -47,6 +47,9 @@ pub fn compress_with<T>(
     let t = match compression {
         BlobCompression::Zstd => {
             let mut enc = zstd::Encoder::new(&mut h, 1)?;
+            // One worker compresses while this thread produces (and hashes)
+            // the input: two cores busy, as in `tar | zstd`.
+            enc.multithread(1)?;
             let t = produce(&mut enc)?;
             enc.finish()?;
             t
