@@ -109,9 +109,10 @@ for size in ${SIZES:-10485760 1073741824}; do
 			"$frozen" "$blob" "$total" "$cp_ms" "$zstd_ms" "$gzip_ms" "$suspend_ms" "$resume_ms" "$fork_ms"
 		# Wait for the suspended snapshot's blob, then free the disk.
 		for _ in $(seq 600); do
-			api GET "/v1/snapshots/$ssnap" | grep -q '"state":"ready"' && break
+			api GET "/v1/snapshots/$ssnap" | grep -q '"sealing":false' && break
 			sleep 0.1
 		done
+		S lineage retire "$(api GET "/v1/snapshots/$ssnap" | python3 -c 'import json,sys; print(json.load(sys.stdin)["work_context"])')" >/dev/null
 		S snapshot rm "$ssnap" >/dev/null
 		S snapshot rm "$snap" >/dev/null
 	done

@@ -128,8 +128,8 @@ run strata image ls
 
 banner "a sandbox: 256 MiB memory, 128 pids, its own hostname"
 # shellcheck disable=SC2016 # printed literally, as the command the user would type
-printf '\n\033[1;36m$ ID=$(strata create --image busybox:latest --memory 268435456 --pids 128 --hostname demo)\033[0m\n'
-ID=$(strata create --image busybox:latest --memory 268435456 --pids 128 --hostname demo)
+printf '\n\033[1;36m$ ID=$(strata create --image busybox:latest --work-context demo-task --memory 268435456 --pids 128 --hostname demo)\033[0m\n'
+ID=$(strata create --image busybox:latest --work-context demo-task --memory 268435456 --pids 128 --hostname demo)
 ID=${ID//[[:space:]]/}
 [[ -n $ID ]] || die "strata create printed no sandbox id"
 echo "ID=$ID"
@@ -170,6 +170,10 @@ ID=""
 # shellcheck disable=SC2086 # one word per id
 run strata rm $FORKS
 FORKS=""
+echo "# the lineage: its checkpoints in order and every activation (forks branch into lineages of their own)"
+run strata lineage show demo-task
+echo "# a lineage's head goes once the work is finished: retire it, then remove"
+run strata lineage retire demo-task
 run strata snapshot rm "$SNAP"
 run strata ps
 

@@ -594,7 +594,8 @@ const TREE_SCRIPT: &str = "cd / && find . -xdev \\( -path ./proc -o -path ./sys 
 fn checkpoint_resume_fork_and_remove_snapshots() {
     let env = TestEnv::start();
     env.import_busybox();
-    let id = create(&env, json!({"image": "busybox"}));
+    let lineage = "task-1".to_string();
+    let id = create(&env, json!({"image": "busybox", "work_context": lineage}));
     // New, modified, deleted, empty, special names, a hardlink, a symlink,
     // a deleted-and-recreated directory (opaque), a renamed directory.
     let v = sh(
@@ -717,6 +718,11 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
         env.cli_ok(&["rm", s["id"].as_str().unwrap()]);
     }
     assert_eq!(status_of(c.request("DELETE", &format!("/v1/snapshots/{snap}"), none)), 409, "child snapshot exists");
+    // The lineage's head goes only once the lineage is retired.
+    let head: Value = c.call("GET", &format!("/v1/lineages/{lineage}"), none).unwrap();
+    let head = head["head"].as_str().unwrap().to_string();
+    assert_eq!(status_of(c.request("DELETE", &format!("/v1/snapshots/{head}"), none)), 409, "head of a lineage");
+    env.cli_ok(&["lineage", "retire", &lineage]);
     let snaps: Vec<Value> = c.call("GET", "/v1/snapshots", none).unwrap();
     assert_eq!(snaps.len(), 3);
     // Children first.
@@ -826,7 +832,8 @@ fn suspend_moves_the_upper_and_releases_the_sandbox() {
     let start = Instant::now();
     loop {
         let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
-        if info["state"] == "ready" {
+        assert_eq!(info["state"], "ready", "a suspend's snapshot is its lineage's head at once: {info}");
+        if info["sealing"] == false {
             let blob = info["blob_digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
             assert!(env.root.join("blobs/sha256").join(blob).is_file());
             // Sealed: the diff_id is the layer's, the chain lists it, stats are in.
@@ -851,6 +858,9 @@ fn a_snapshot_is_never_removed_under_a_resume_in_flight() {
     sh(&env, &id, "for i in $(seq 200); do echo $i > /tmp/f$i; done");
     for round in 0..16 {
         let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+        // A newer checkpoint supersedes it: it is no longer its lineage's
+        // head (a head cannot be removed) and nothing else holds it.
+        env.cli_ok(&["checkpoint", &id]);
         let socket = env.socket.clone();
         let s2 = snap.clone();
         let resume = std::thread::spawn(move || {
@@ -873,6 +883,105 @@ fn a_snapshot_is_never_removed_under_a_resume_in_flight() {
             (r, rm) => panic!("round {round}: resume {r:?} and removal {rm:?} both succeeded or both failed"),
         }
     }
+    env.finish();
+}
+
+#[test]
+fn lineages_fence_appends_and_restore_by_the_ladder() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let mut c = env.client();
+    let none = None::<&()>;
+    let resume_wc = |wc: &str| -> Value {
+        env.client().call("POST", &format!("/v1/lineages/{wc}/resume"), Some(&json!({}))).unwrap()
+    };
+    let lineage = |wc: &str| -> Value { env.client().call("GET", &format!("/v1/lineages/{wc}"), none).unwrap() };
+
+    // Run A dirties its tree and checkpoints.
+    let a = create(&env, json!({"image": "busybox", "work_context": "run-a"}));
+    sh(&env, &a, "echo dirty > /tmp/a-dirty");
+    let s1 = env.cli_ok(&["checkpoint", &a]).trim().to_string();
+    // Run B is unrelated work: it starts from the image, never from A's tree.
+    let b = create(&env, json!({"image": "busybox", "work_context": "run-b"}));
+    assert!(stdout(&sh(&env, &b, "ls /tmp")).is_empty(), "run B inherited run A's tree");
+    // Run C continues A: the ladder's first rung, A's head.
+    let x = resume_wc("run-a");
+    assert_eq!((x["restored"]["rung"].as_str(), x["restored"]["snapshot"].as_str()), (Some("head"), Some(s1.as_str())));
+    let x = x["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&env, &x, "cat /tmp/a-dirty")), "dirty\n");
+    // B has no head and began from the image: the ladder's last rung.
+    let b2 = resume_wc("run-b");
+    assert_eq!(b2["restored"]["rung"], "image", "{b2}");
+    assert!(b2["restored"]["snapshot"].is_null());
+
+    // Racing appends: X and Y both observed s1; X appends first.
+    let y: Value = c.call("POST", &format!("/v1/snapshots/{s1}/resume"), Some(&json!({}))).unwrap();
+    assert_eq!(y["restored"]["rung"], "snapshot");
+    let y = y["id"].as_str().unwrap().to_string();
+    let count = |sub: &str| std::fs::read_dir(env.root.join(sub)).unwrap().count();
+    let s2 = env.cli_ok(&["checkpoint", &x]).trim().to_string();
+    let (layers, blobs) = (count("layers"), count("blobs/sha256"));
+    sh(&env, &y, "echo stale > /tmp/stale");
+    for op in ["checkpoint", "suspend"] {
+        let r = c.request("POST", &format!("/v1/sandboxes/{y}/{op}"), none);
+        match r {
+            Err(ClientError::Api { status: 409, message, .. }) => assert!(message.contains("moved on"), "{message}"),
+            other => panic!("stale {op}: {other:?}"),
+        }
+        // The artifact is reclaimed and the stale sandbox runs on.
+        assert_eq!((count("layers"), count("blobs/sha256")), (layers, blobs), "{op} left an artifact");
+        assert_eq!(stdout(&sh(&env, &y, "cat /tmp/stale")), "stale\n");
+    }
+    // A's own sandbox observed s1 too: its next append is stale as well.
+    assert_eq!(status_of(c.request("POST", &format!("/v1/sandboxes/{a}/checkpoint"), none)), 409);
+    let l = lineage("run-a");
+    assert_eq!(l["head"], s2.as_str(), "{l}");
+    let seq: Vec<(i64, &str, &str)> = l["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["sequence"].as_i64().unwrap(), c["id"].as_str().unwrap(), c["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(seq, vec![(1, s1.as_str(), "superseded"), (2, s2.as_str(), "ready")]);
+    assert_eq!(l["checkpoints"][1]["predecessor"], s1.as_str());
+    let rungs: Vec<&str> = l["restores"].as_array().unwrap().iter().map(|r| r["rung"].as_str().unwrap()).collect();
+    assert_eq!(rungs, vec!["image", "head", "snapshot"], "{l}");
+    // X's next checkpoint appends again (its observed head moved with it).
+    let s3 = env.cli_ok(&["checkpoint", &x]).trim().to_string();
+    assert_eq!(lineage("run-a")["head"], s3.as_str());
+
+    // A fork is an explicit branch: a lineage of its own, origin recorded;
+    // its ladder falls to the origin, never to the parent's head.
+    let forks: Vec<Value> = c.call("POST", &format!("/v1/snapshots/{s2}/fork"), Some(&json!({"count": 2}))).unwrap();
+    let f_wc: Vec<String> = forks.iter().map(|f| f["work_context"].as_str().unwrap().to_string()).collect();
+    assert!(f_wc[0] != f_wc[1] && !f_wc.contains(&"run-a".to_string()), "{forks:?}");
+    let fl = lineage(&f_wc[0]);
+    assert_eq!((fl["start_kind"].as_str(), fl["start"].as_str()), (Some("fork"), Some(s2.as_str())), "{fl}");
+    let f2 = resume_wc(&f_wc[0]);
+    assert_eq!(
+        (f2["restored"]["rung"].as_str(), f2["restored"]["snapshot"].as_str()),
+        (Some("fork"), Some(s2.as_str()))
+    );
+    let fchild = env.cli_ok(&["checkpoint", forks[0]["id"].as_str().unwrap()]).trim().to_string();
+    assert_eq!(lineage("run-a")["head"], s3.as_str(), "a child's checkpoint reached the parent's lineage");
+    assert_eq!(lineage(&f_wc[0])["head"], fchild.as_str());
+
+    // Ids: taken, malformed, unknown.
+    let dup = c.request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "work_context": "run-a"})));
+    assert_eq!(status_of(dup), 409);
+    let bad = c.request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "work_context": "../x"})));
+    assert_eq!(status_of(bad), 400);
+    assert_eq!(status_of(c.request("GET", "/v1/lineages/nope", none)), 404);
+
+    // Retired: its checkpoints leave restore eligibility; live sandboxes of
+    // it can no longer append.
+    env.cli_ok(&["lineage", "retire", "run-a"]);
+    assert_eq!(lineage("run-a")["state"], "retired");
+    assert_eq!(status_of(c.request("POST", "/v1/lineages/run-a/resume", Some(&json!({})))), 409);
+    assert_eq!(status_of(c.request("POST", &format!("/v1/snapshots/{s3}/resume"), Some(&json!({})))), 409);
+    assert_eq!(status_of(c.request("POST", &format!("/v1/snapshots/{s2}/fork"), Some(&json!({})))), 409);
+    let r = c.request("POST", &format!("/v1/sandboxes/{x}/checkpoint"), none);
+    assert!(matches!(&r, Err(ClientError::Api { status: 409, message, .. }) if message.contains("retired")), "{r:?}");
     env.finish();
 }
 

@@ -56,9 +56,15 @@ pub enum Command {
     /// Stop a sandbox, seal its changes by moving them into the layer store,
     /// release it; prints the snapshot id.
     Suspend { id: String },
-    /// Start a sandbox whose files are exactly a snapshot's; prints its id.
+    /// Start a sandbox whose files are exactly a snapshot's, continuing the
+    /// snapshot's lineage; or, with --work-context, the lineage's head (else
+    /// the snapshot it began from, else its image). Prints its id (and, on
+    /// stderr, the rung used).
     Resume {
-        snapshot: String,
+        #[arg(required_unless_present = "work_context", conflicts_with = "work_context")]
+        snapshot: Option<String>,
+        #[arg(long)]
+        work_context: Option<String>,
         #[command(flatten)]
         launch: LaunchArgs,
     },
@@ -85,6 +91,9 @@ pub enum Command {
     /// Manage snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
+    /// Show or retire a lineage (work context).
+    #[command(subcommand)]
+    Lineage(LineageCmd),
     /// Freeze every process of a sandbox in place (nothing is written).
     Pause { id: String },
     /// Thaw a paused sandbox.
@@ -137,8 +146,20 @@ pub enum ImageCmd {
 pub struct CreateArgs {
     #[arg(long)]
     pub image: String,
+    /// The new lineage's id (default: a random one).
+    #[arg(long)]
+    pub work_context: Option<String>,
     #[command(flatten)]
     pub launch: LaunchArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum LineageCmd {
+    /// Print a lineage: where it began, its head, its checkpoints in order
+    /// and every activation.
+    Show { id: String },
+    /// Retire a finished lineage: its checkpoints leave restore eligibility.
+    Retire { id: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -288,6 +309,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 hostname: l.hostname,
                 scratch: l.scratch,
                 cache: l.cache,
+                work_context: a.work_context.clone(),
             };
             let info: SandboxInfo = client(&cli)?.call("POST", "/v1/sandboxes", Some(&req))?;
             println!("{}", info.id);
@@ -344,10 +366,29 @@ pub fn run(cli: Cli) -> Result<i32> {
             println!("{}", snap.id);
             Ok(0)
         }
-        Command::Resume { snapshot, launch } => {
-            let info: SandboxInfo =
-                client(&cli)?.call("POST", &format!("/v1/snapshots/{snapshot}/resume"), Some(&launch.request(None)))?;
+        Command::Resume { snapshot, work_context, launch } => {
+            let path = match (snapshot, work_context) {
+                (Some(s), _) => format!("/v1/snapshots/{s}/resume"),
+                (None, Some(wc)) => format!("/v1/lineages/{wc}/resume"),
+                (None, None) => unreachable!("clap requires one"),
+            };
+            let info: SandboxInfo = client(&cli)?.call("POST", &path, Some(&launch.request(None)))?;
+            if let Some(r) = &info.restored {
+                eprintln!("resumed from {} ({})", r.snapshot.as_deref().unwrap_or("the image"), r.rung);
+            }
             println!("{}", info.id);
+            Ok(0)
+        }
+        Command::Lineage(LineageCmd::Show { id }) => {
+            let l: crate::api::types::LineageInfo =
+                client(&cli)?.call("GET", &format!("/v1/lineages/{id}"), NO_BODY)?;
+            print_lineage(&l);
+            Ok(0)
+        }
+        Command::Lineage(LineageCmd::Retire { id }) => {
+            let l: crate::api::types::LineageInfo =
+                client(&cli)?.call("POST", &format!("/v1/lineages/{id}/retire"), NO_BODY)?;
+            print_lineage(&l);
             Ok(0)
         }
         Command::Fork { snapshot, count, launch } => {
@@ -593,6 +634,37 @@ fn run_exec(cli: &Cli, a: &ExecArgs) -> Result<i32> {
             Some(_) => {}
             None => bail!("connection to the daemon closed before the command's exit status arrived"),
         }
+    }
+}
+
+fn print_lineage(l: &crate::api::types::LineageInfo) {
+    println!("work context {} ({}), image {}", l.id, l.state, l.image);
+    println!(
+        "began from   {}",
+        l.start.as_deref().map_or("the image".to_string(), |s| format!("{} {s}", l.start_kind))
+    );
+    println!("head         {}", l.head.as_deref().unwrap_or("-"));
+    println!("{:<5} {:<18} {:<11} {:<18} {:<18} SANDBOX", "SEQ", "CHECKPOINT", "STATE", "PREDECESSOR", "PARENT");
+    for c in &l.checkpoints {
+        println!(
+            "{:<5} {:<18} {:<11} {:<18} {:<18} {}",
+            c.sequence.unwrap_or(0),
+            c.id,
+            c.state,
+            c.predecessor.as_deref().unwrap_or("-"),
+            c.parent.as_deref().unwrap_or("-"),
+            c.source_sandbox
+        );
+    }
+    println!("{:<18} {:<9} {:<18} OBSERVED_HEAD", "RESTORED SANDBOX", "RUNG", "FROM");
+    for r in &l.restores {
+        println!(
+            "{:<18} {:<9} {:<18} {}",
+            r.sandbox_id,
+            r.rung,
+            r.snapshot_id.as_deref().unwrap_or("image"),
+            r.observed_head.as_deref().unwrap_or("-")
+        );
     }
 }
 

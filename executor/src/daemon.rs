@@ -61,6 +61,11 @@ pub struct Base {
     pub image: ImageRow,
     pub layers: Vec<String>,
     pub snapshot: Option<String>,
+    /// The lineage the sandbox will work for, and the head it observes.
+    pub work_context: String,
+    pub observed_head: Option<String>,
+    /// How it was chosen (recorded as the restore's rung).
+    pub rung: &'static str,
 }
 
 /// Validated per-sandbox settings of a create, resume or fork.
@@ -352,8 +357,22 @@ impl Daemon {
         let image = lock(&self.db)
             .image_by_name(&name)?
             .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
-        let base = Base { layers: image.layers.clone(), image, snapshot: None };
-        Ok(sandbox_info(&*self.launch(&base, launch)?))
+        let wc = self.new_lineage(req.work_context.as_deref(), image.id, "image", None)?;
+        let base = Base {
+            layers: image.layers.clone(),
+            image,
+            snapshot: None,
+            work_context: wc.clone(),
+            observed_head: None,
+            rung: "image",
+        };
+        match self.launch(&base, launch) {
+            Ok(sb) => Ok(sandbox_info(&sb)),
+            Err(e) => {
+                let _ = lock(&self.db).delete_unused_work_context(&wc);
+                Err(e)
+            }
+        }
     }
 
     /// Validate what every way of starting a sandbox takes.
@@ -431,6 +450,9 @@ impl Daemon {
             image: base.image.name.clone(),
             layers: base.layers.clone(),
             snapshot: base.snapshot.clone(),
+            work_context: Some(base.work_context.clone()),
+            observed_head: base.observed_head.clone(),
+            restored: Some(crate::db::Restored { rung: base.rung.into(), snapshot: base.snapshot.clone() }),
             limits: launch.limits,
             env: launch.env,
             hostname,
@@ -446,7 +468,20 @@ impl Daemon {
         // a sandbox dir and cgroup without a row: the start-up sweep ends its
         // processes and removes both.
         let start = sandbox::process_start_time(sb.shim_pid).unwrap_or(0);
-        if let Err(e) = lock(&self.db).insert_running_sandbox(&id, base.image.id, &spec, sb.shim_pid, start) {
+        let recorded = {
+            let db = lock(&self.db);
+            db.insert_running_sandbox(&id, base.image.id, &spec, sb.shim_pid, start).and_then(|()| {
+                db.record_restore(
+                    &base.work_context,
+                    &id,
+                    base.rung,
+                    base.snapshot.as_deref(),
+                    base.observed_head.as_deref(),
+                )
+            })
+        };
+        if let Err(e) = recorded {
+            let _ = lock(&self.db).delete_sandbox(&id);
             let _ = sb.destroy(&self.rt.store);
             return Err(e.into());
         }
@@ -621,5 +656,7 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
         shim_pid: s.shim_pid,
         cgroup: s.cgroup_path().to_string(),
         mounts: s.spec.mounts.clone(),
+        work_context: s.spec.work_context.clone(),
+        restored: s.spec.restored.clone(),
     }
 }

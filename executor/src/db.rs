@@ -187,6 +187,96 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX snapshots_parent ON snapshots(parent_id);
     CREATE INDEX snapshots_layer ON snapshots(layer_id);
     "#,
+    // 7: lineage (DESIGN.md "Lineage invariants"). A work context is one
+    // lineage: every sandbox works for one, its checkpoints append to it
+    // fenced on the head the sandbox observed, and restores follow its
+    // ladder (head, then the snapshot it began from, then the image). A
+    // snapshot is a checkpoint (of a work context) or a baseline (of a key):
+    // CHECKs keep the two shapes apart; partial unique indexes allow one
+    // ready head per lineage and one ready baseline per key. Existing
+    // snapshots become checkpoints of one work context per source sandbox.
+    r#"
+    CREATE TABLE work_contexts (
+        id          TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 64),
+        image_id    INTEGER NOT NULL REFERENCES images(id) ON DELETE RESTRICT,
+        start_kind  TEXT NOT NULL CHECK (start_kind IN ('image', 'baseline', 'fork')),
+        start_id    TEXT,
+        head_id     TEXT REFERENCES snapshots(id) ON DELETE RESTRICT,
+        head_seq    INTEGER NOT NULL DEFAULT 0,
+        state       TEXT NOT NULL CHECK (state IN ('active', 'retired')),
+        created_at  INTEGER NOT NULL,
+        used_at     INTEGER NOT NULL,
+        retired_at  INTEGER,
+        CHECK ((start_kind = 'image') = (start_id IS NULL)),
+        CHECK ((state = 'retired') = (retired_at IS NOT NULL))
+    );
+    INSERT INTO work_contexts (id, image_id, start_kind, state, created_at, used_at)
+        SELECT source_sandbox, MIN(image_id), 'image', 'active', MIN(created_at), MAX(created_at)
+        FROM snapshots GROUP BY source_sandbox;
+    CREATE TABLE snapshots_new (
+        id             TEXT PRIMARY KEY CHECK (length(id) = 16),
+        image_id       INTEGER NOT NULL REFERENCES images(id) ON DELETE RESTRICT,
+        parent_id      TEXT REFERENCES snapshots(id) ON DELETE RESTRICT,
+        layer_id       TEXT NOT NULL REFERENCES layers(id) ON DELETE RESTRICT,
+        blob_digest    TEXT NOT NULL,
+        blob_size      INTEGER NOT NULL,
+        compression    TEXT NOT NULL CHECK (compression IN ('zstd', 'gzip')),
+        class          TEXT NOT NULL CHECK (class IN ('baseline', 'checkpoint')),
+        state          TEXT NOT NULL
+                       CHECK (state IN ('capturing', 'ready', 'superseded', 'retired', 'failed', 'deleting')),
+        work_context   TEXT REFERENCES work_contexts(id) ON DELETE RESTRICT,
+        sequence       INTEGER,
+        predecessor_id TEXT,
+        owner          TEXT,
+        repo           TEXT,
+        ref            TEXT,
+        commit_id      TEXT,
+        evidence       TEXT,
+        source_sandbox TEXT NOT NULL,
+        info           TEXT NOT NULL,
+        created_at     INTEGER NOT NULL,
+        retired_at     INTEGER,
+        deleted_at     INTEGER,
+        CHECK (class != 'checkpoint' OR (work_context IS NOT NULL AND sequence IS NOT NULL
+            AND owner IS NULL AND repo IS NULL AND ref IS NULL AND commit_id IS NULL AND evidence IS NULL)),
+        CHECK (class != 'baseline' OR (work_context IS NULL AND sequence IS NULL AND predecessor_id IS NULL
+            AND owner IS NOT NULL AND repo IS NOT NULL AND ref IS NOT NULL AND commit_id IS NOT NULL
+            AND evidence IS NOT NULL))
+    );
+    INSERT INTO snapshots_new (id, image_id, parent_id, layer_id, blob_digest, blob_size, compression, class, state,
+            work_context, sequence, predecessor_id, source_sandbox, info, created_at)
+        SELECT id, image_id, parent_id, layer_id, blob_digest, blob_size, compression, 'checkpoint',
+            CASE WHEN ROW_NUMBER() OVER (PARTITION BY source_sandbox ORDER BY created_at DESC, id DESC) = 1
+                THEN 'ready' ELSE 'superseded' END,
+            source_sandbox, ROW_NUMBER() OVER (PARTITION BY source_sandbox ORDER BY created_at, id),
+            NULL, source_sandbox, info, created_at
+        FROM snapshots;
+    UPDATE snapshots_new SET predecessor_id = (SELECT p.id FROM snapshots_new p
+        WHERE p.work_context = snapshots_new.work_context AND p.sequence = snapshots_new.sequence - 1);
+    DROP TABLE snapshots;
+    ALTER TABLE snapshots_new RENAME TO snapshots;
+    CREATE INDEX snapshots_parent ON snapshots(parent_id);
+    CREATE INDEX snapshots_layer ON snapshots(layer_id);
+    CREATE UNIQUE INDEX snapshots_sequence ON snapshots(work_context, sequence);
+    CREATE UNIQUE INDEX snapshots_one_head ON snapshots(work_context)
+        WHERE class = 'checkpoint' AND state = 'ready';
+    CREATE UNIQUE INDEX snapshots_one_baseline ON snapshots(owner, repo, image_id, ref)
+        WHERE class = 'baseline' AND state = 'ready';
+    UPDATE work_contexts SET
+        head_id = (SELECT s.id FROM snapshots s WHERE s.work_context = work_contexts.id AND s.state = 'ready'),
+        head_seq = (SELECT MAX(s.sequence) FROM snapshots s WHERE s.work_context = work_contexts.id);
+    CREATE TABLE restores (
+        id            INTEGER PRIMARY KEY,
+        work_context  TEXT NOT NULL REFERENCES work_contexts(id) ON DELETE CASCADE,
+        sandbox_id    TEXT NOT NULL,
+        rung          TEXT NOT NULL CHECK (rung IN ('head', 'baseline', 'fork', 'image', 'snapshot', 'rollback')),
+        snapshot_id   TEXT,
+        observed_head TEXT,
+        created_at    INTEGER NOT NULL,
+        CHECK ((rung = 'image') = (snapshot_id IS NULL))
+    );
+    CREATE INDEX restores_work_context ON restores(work_context, id);
+    "#,
 ];
 
 pub struct Db {
@@ -240,6 +330,18 @@ pub struct SandboxSpec {
     /// The snapshot it was resumed or forked from.
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// The lineage it works for (none only for sandboxes made before
+    /// lineages existed: their first checkpoint makes one).
+    #[serde(default)]
+    pub work_context: Option<String>,
+    /// The head it observed at activation or at its last append: its next
+    /// append is fenced on it. The database row is the truth; appends
+    /// update it in the same transaction.
+    #[serde(default)]
+    pub observed_head: Option<String>,
+    /// How it was started: the ladder's rung and the snapshot used.
+    #[serde(default)]
+    pub restored: Option<Restored>,
     /// Scratch and cache mounts (never captured).
     #[serde(default)]
     pub mounts: Vec<crate::sandbox::MountDecl>,
@@ -247,6 +349,15 @@ pub struct SandboxSpec {
     pub env: Vec<String>,
     pub hostname: String,
     pub cgroup: String,
+}
+
+/// How a sandbox was started for its lineage.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Restored {
+    /// `head`, `baseline`, `fork`, `image`, `snapshot` or `rollback`.
+    pub rung: String,
+    /// The snapshot it started from (none for `image`).
+    pub snapshot: Option<String>,
 }
 
 /// One command run in a sandbox, as the exec log keeps it.
@@ -269,7 +380,17 @@ pub struct ExecRecord {
 pub struct SnapshotRow {
     pub id: String,
     pub image_id: i64,
+    /// The snapshot below it in its layer chain (the base it ran on).
     pub parent_id: Option<String>,
+    /// `checkpoint` (of a work context) or `baseline` (of a key).
+    pub class: String,
+    /// `ready` (a lineage's head, or a live baseline), `superseded`,
+    /// `retired`, ...; set by the database's lineage rules.
+    pub state: String,
+    /// A checkpoint's lineage, its place in it and the head it replaced.
+    pub work_context: Option<String>,
+    pub sequence: Option<i64>,
+    pub predecessor_id: Option<String>,
     /// The id of its own delta layer (its directory under `layers/`).
     pub layer: String,
     /// diff_id hex of that layer; `None` while a suspend's layer is sealing.
@@ -282,6 +403,83 @@ pub struct SnapshotRow {
     /// Capture statistics and timings (JSON).
     pub info: serde_json::Value,
     pub created_at: i64,
+}
+
+/// One lineage (a work context).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkContextRow {
+    pub id: String,
+    pub image_id: i64,
+    /// `image`, `baseline` or `fork`: what the lineage began from.
+    pub start_kind: String,
+    /// The baseline or fork origin it began from (none for `image`).
+    pub start_id: Option<String>,
+    /// Its ready head (the last checkpoint appended).
+    pub head_id: Option<String>,
+    pub head_seq: i64,
+    /// `active` or `retired`.
+    pub state: String,
+    pub created_at: i64,
+    pub used_at: i64,
+    pub retired_at: Option<i64>,
+}
+
+impl WorkContextRow {
+    /// A new, active lineage with no head yet.
+    pub fn new(id: &str, image_id: i64, start_kind: &str, start_id: Option<&str>) -> WorkContextRow {
+        WorkContextRow {
+            id: id.into(),
+            image_id,
+            start_kind: start_kind.into(),
+            start_id: start_id.map(str::to_string),
+            head_id: None,
+            head_seq: 0,
+            state: "active".into(),
+            created_at: 0,
+            used_at: 0,
+            retired_at: None,
+        }
+    }
+}
+
+/// One activation of a lineage: which snapshot (or the image) seeded which
+/// sandbox, by which rung of the ladder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestoreRow {
+    pub id: i64,
+    pub work_context: String,
+    pub sandbox_id: String,
+    /// `head`, `baseline`, `fork`, `image`, `snapshot` or `rollback`.
+    pub rung: String,
+    pub snapshot_id: Option<String>,
+    /// The head the sandbox observed: its next append is fenced on it.
+    pub observed_head: Option<String>,
+    pub created_at: i64,
+}
+
+/// Why an append to a lineage was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fence {
+    /// Another activation advanced the head since this sandbox observed it.
+    Moved { work_context: String, observed: Option<String>, head: Option<String> },
+    /// The lineage is retired.
+    Retired { work_context: String },
+}
+
+impl std::fmt::Display for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |h: &Option<String>| h.clone().unwrap_or_else(|| "none".into());
+        match self {
+            Fence::Moved { work_context, observed, head } => write!(
+                f,
+                "work context {work_context} moved on: this sandbox observed head {} but the head is now {} \
+                 (another sandbox of the lineage appended first)",
+                show(observed),
+                show(head)
+            ),
+            Fence::Retired { work_context } => write!(f, "work context {work_context} is retired"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -534,6 +732,14 @@ impl Db {
             let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image layers"))?;
             rows.collect::<Result<_, _>>().map_err(q("image layers"))?
         };
+        // Lineages of the image that hold no snapshot go with it (with
+        // their restore records); one that holds any was refused above.
+        tx.execute(
+            "DELETE FROM work_contexts WHERE image_id = ?1 \
+             AND NOT EXISTS (SELECT 1 FROM snapshots s WHERE s.work_context = work_contexts.id)",
+            [image_id],
+        )
+        .map_err(q("delete image lineages"))?;
         tx.execute("DELETE FROM images WHERE id = ?1", [image_id]).map_err(q("delete image"))?;
         let mut orphans = Vec::new();
         for l in layers {
@@ -547,16 +753,69 @@ impl Db {
 
     // ---- snapshots ----
 
-    /// Record a snapshot and its layer (if new) in one transaction; with
-    /// `blob_pending` (a suspend), its blob is marked as still to be written.
-    pub fn insert_snapshot(&mut self, snap: &SnapshotRow, layer: &LayerRow, blob_pending: bool) -> Result<(), DbError> {
+    /// Append a checkpoint of sandbox `sandbox` to its lineage, fenced: in
+    /// one transaction, check that the lineage's head is still the one the
+    /// sandbox observed, record the layer (if new) and the snapshot as the
+    /// new ready head (the old head is superseded), and move the sandbox's
+    /// observed head to it (or, with `release`, delete the sandbox's row: a
+    /// suspend). With `blob_pending`, the blob is still to be written.
+    /// `snap`'s lineage fields are filled in here.
+    pub fn append_checkpoint(
+        &mut self,
+        sandbox: &SandboxId,
+        snap: &mut SnapshotRow,
+        layer: &LayerRow,
+        blob_pending: bool,
+        release: bool,
+    ) -> Result<Result<(), Fence>, DbError> {
         let info =
             serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
-        let tx = self.conn.transaction().map_err(q("begin insert snapshot"))?;
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin append"))?;
+        let (wc, observed): (Option<String>, Option<String>) = tx
+            .query_row(
+                "SELECT json_extract(spec, '$.work_context'), json_extract(spec, '$.observed_head') \
+                 FROM sandboxes WHERE id = ?1",
+                [sandbox.as_str()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(q("sandbox lineage"))?;
+        let wc = match wc {
+            Some(wc) => wc,
+            None => {
+                // A sandbox from before lineages: its own lineage, from now.
+                tx.execute(
+                    "INSERT OR IGNORE INTO work_contexts (id, image_id, start_kind, state, created_at, used_at) \
+                     VALUES (?1, ?2, 'image', 'active', ?3, ?3)",
+                    params![sandbox.as_str(), snap.image_id, now()],
+                )
+                .map_err(q("adopt work context"))?;
+                sandbox.to_string()
+            }
+        };
+        let (head, seq, state): (Option<String>, i64, String) = tx
+            .query_row("SELECT head_id, head_seq, state FROM work_contexts WHERE id = ?1", [&wc], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .map_err(q("work context head"))?;
+        if state != "active" {
+            return Ok(Err(Fence::Retired { work_context: wc }));
+        }
+        if head != observed {
+            return Ok(Err(Fence::Moved { work_context: wc, observed, head }));
+        }
         insert_layer(&tx, layer)?;
+        if let Some(h) = &head {
+            tx.execute("UPDATE snapshots SET state = 'superseded' WHERE id = ?1", [h]).map_err(q("supersede head"))?;
+        }
+        snap.class = "checkpoint".into();
+        snap.state = "ready".into();
+        snap.work_context = Some(wc.clone());
+        snap.sequence = Some(seq + 1);
+        snap.predecessor_id = head;
         tx.execute(
-            "INSERT INTO snapshots (id, image_id, parent_id, layer_id, blob_digest, blob_size, compression, state, \
-             source_sandbox, info, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'ready', ?8, ?9, ?10)",
+            "INSERT INTO snapshots (id, image_id, parent_id, layer_id, blob_digest, blob_size, compression, class, \
+             state, work_context, sequence, predecessor_id, source_sandbox, info, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'checkpoint', 'ready', ?8, ?9, ?10, ?11, ?12, ?13)",
             params![
                 snap.id,
                 snap.image_id,
@@ -565,22 +824,40 @@ impl Db {
                 snap.blob_digest,
                 snap.blob_size as i64,
                 snap.compression,
+                wc,
+                seq + 1,
+                snap.predecessor_id,
                 snap.source_sandbox,
                 info,
                 snap.created_at
             ],
         )
         .map_err(q("insert snapshot"))?;
+        tx.execute(
+            "UPDATE work_contexts SET head_id = ?2, head_seq = ?3, used_at = ?4 WHERE id = ?1",
+            params![wc, snap.id, seq + 1, now()],
+        )
+        .map_err(q("advance head"))?;
         if blob_pending {
             tx.execute("INSERT INTO snapshot_blob_pending (snapshot_id) VALUES (?1)", [&snap.id])
                 .map_err(q("mark blob pending"))?;
         }
-        tx.commit().map_err(q("commit insert snapshot"))
+        if release {
+            tx.execute("DELETE FROM sandboxes WHERE id = ?1", [sandbox.as_str()]).map_err(q("delete sandbox"))?;
+        } else {
+            tx.execute(
+                "UPDATE sandboxes SET spec = json_set(spec, '$.work_context', ?2, '$.observed_head', ?3) WHERE id = ?1",
+                params![sandbox.as_str(), wc, snap.id],
+            )
+            .map_err(q("move observed head"))?;
+        }
+        tx.commit().map_err(q("commit append"))?;
+        Ok(Ok(()))
     }
 
     const SNAP_SELECT: &'static str = "SELECT s.id, s.image_id, s.parent_id, s.layer_id, l.diff_id, s.blob_digest, \
-         s.blob_size, s.compression, s.source_sandbox, s.info, s.created_at \
-         FROM snapshots s JOIN layers l ON l.id = s.layer_id";
+         s.blob_size, s.compression, s.source_sandbox, s.info, s.created_at, s.class, s.state, s.work_context, \
+         s.sequence, s.predecessor_id FROM snapshots s JOIN layers l ON l.id = s.layer_id";
 
     fn snapshot_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SnapshotRow, String)> {
         Ok((
@@ -596,6 +873,11 @@ impl Db {
                 source_sandbox: r.get(8)?,
                 info: serde_json::Value::Null,
                 created_at: r.get(10)?,
+                class: r.get(11)?,
+                state: r.get(12)?,
+                work_context: r.get(13)?,
+                sequence: r.get(14)?,
+                predecessor_id: r.get(15)?,
             },
             r.get(9)?,
         ))
@@ -709,6 +991,22 @@ impl Db {
         if !children.is_empty() {
             return Ok(Err(children));
         }
+        let heads: Vec<String> = {
+            let mut st =
+                tx.prepare("SELECT id, state FROM work_contexts WHERE head_id = ?1").map_err(q("snapshot lineage"))?;
+            let rows = st.query_map([id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)));
+            let rows: Vec<(String, String)> =
+                rows.map_err(q("snapshot lineage"))?.collect::<Result<_, _>>().map_err(q("snapshot lineage"))?;
+            rows.into_iter()
+                .filter(|(_, st)| st == "active")
+                .map(|(wc, _)| format!("head of work context {wc}"))
+                .collect()
+        };
+        if !heads.is_empty() {
+            return Ok(Err(heads));
+        }
+        // A retired lineage's head may go; the lineage keeps no pointer to it.
+        tx.execute("UPDATE work_contexts SET head_id = NULL WHERE head_id = ?1", [id]).map_err(q("clear head"))?;
         let layer: String = tx
             .query_row("SELECT layer_id FROM snapshots WHERE id = ?1", [id], |r| r.get(0))
             .map_err(q("get snapshot"))?;
@@ -723,6 +1021,149 @@ impl Db {
         let mut st = self.conn.prepare("SELECT id FROM snapshots WHERE image_id = ?1").map_err(q("image snapshots"))?;
         let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image snapshots"))?;
         rows.collect::<Result<_, _>>().map_err(q("image snapshots"))
+    }
+
+    // ---- lineages ----
+
+    /// Make a work context; false if one with that id exists.
+    pub fn insert_work_context(&mut self, wc: &WorkContextRow) -> Result<bool, DbError> {
+        let n = self
+            .conn
+            .execute(
+                "INSERT OR IGNORE INTO work_contexts (id, image_id, start_kind, start_id, state, created_at, used_at) \
+                 VALUES (?1, ?2, ?3, ?4, 'active', ?5, ?5)",
+                params![wc.id, wc.image_id, wc.start_kind, wc.start_id, now()],
+            )
+            .map_err(q("insert work context"))?;
+        Ok(n == 1)
+    }
+
+    /// Remove a work context nothing was recorded in (a create that failed).
+    pub fn delete_unused_work_context(&mut self, id: &str) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "DELETE FROM work_contexts WHERE id = ?1 AND head_id IS NULL \
+                 AND NOT EXISTS (SELECT 1 FROM snapshots WHERE work_context = ?1) \
+                 AND NOT EXISTS (SELECT 1 FROM restores WHERE work_context = ?1)",
+                [id],
+            )
+            .map_err(q("delete work context"))?;
+        Ok(())
+    }
+
+    pub fn work_context(&self, id: &str) -> Result<Option<WorkContextRow>, DbError> {
+        self.conn
+            .query_row(
+                "SELECT id, image_id, start_kind, start_id, head_id, head_seq, state, created_at, used_at, retired_at \
+                 FROM work_contexts WHERE id = ?1",
+                [id],
+                |r| {
+                    Ok(WorkContextRow {
+                        id: r.get(0)?,
+                        image_id: r.get(1)?,
+                        start_kind: r.get(2)?,
+                        start_id: r.get(3)?,
+                        head_id: r.get(4)?,
+                        head_seq: r.get(5)?,
+                        state: r.get(6)?,
+                        created_at: r.get(7)?,
+                        used_at: r.get(8)?,
+                        retired_at: r.get(9)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(q("get work context"))
+    }
+
+    /// Record that `sandbox` was activated for a lineage.
+    pub fn record_restore(
+        &self,
+        work_context: &str,
+        sandbox: &SandboxId,
+        rung: &str,
+        snapshot: Option<&str>,
+        observed_head: Option<&str>,
+    ) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "INSERT INTO restores (work_context, sandbox_id, rung, snapshot_id, observed_head, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![work_context, sandbox.as_str(), rung, snapshot, observed_head, now()],
+            )
+            .map_err(q("record restore"))?;
+        self.conn
+            .execute("UPDATE work_contexts SET used_at = ?2 WHERE id = ?1", params![work_context, now()])
+            .map_err(q("touch work context"))?;
+        Ok(())
+    }
+
+    pub fn restores(&self, work_context: &str) -> Result<Vec<RestoreRow>, DbError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT id, work_context, sandbox_id, rung, snapshot_id, observed_head, created_at FROM restores \
+                 WHERE work_context = ?1 ORDER BY id",
+            )
+            .map_err(q("restores"))?;
+        let rows = st
+            .query_map([work_context], |r| {
+                Ok(RestoreRow {
+                    id: r.get(0)?,
+                    work_context: r.get(1)?,
+                    sandbox_id: r.get(2)?,
+                    rung: r.get(3)?,
+                    snapshot_id: r.get(4)?,
+                    observed_head: r.get(5)?,
+                    created_at: r.get(6)?,
+                })
+            })
+            .map_err(q("restores"))?;
+        rows.collect::<Result<_, _>>().map_err(q("restores"))
+    }
+
+    /// A lineage's checkpoints, in append order.
+    pub fn lineage_snapshots(&self, work_context: &str) -> Result<Vec<SnapshotRow>, DbError> {
+        let sql = format!("{} WHERE s.work_context = ?1 ORDER BY s.sequence", Self::SNAP_SELECT);
+        let mut st = self.conn.prepare(&sql).map_err(q("lineage snapshots"))?;
+        let rows: Vec<_> = st
+            .query_map([work_context], Self::snapshot_from)
+            .map_err(q("lineage snapshots"))?
+            .collect::<Result<_, _>>()
+            .map_err(q("lineage snapshots"))?;
+        rows.into_iter().map(Self::decode_snapshot).collect()
+    }
+
+    /// Retire a lineage: it and its checkpoints leave restore eligibility.
+    /// False if it was retired already.
+    pub fn retire_work_context(&mut self, id: &str) -> Result<bool, DbError> {
+        let tx = self.conn.transaction().map_err(q("begin retire"))?;
+        let n = tx
+            .execute(
+                "UPDATE work_contexts SET state = 'retired', retired_at = ?2 WHERE id = ?1 AND state = 'active'",
+                params![id, now()],
+            )
+            .map_err(q("retire work context"))?;
+        tx.execute(
+            "UPDATE snapshots SET state = 'retired', retired_at = ?2 \
+             WHERE work_context = ?1 AND state IN ('ready', 'superseded')",
+            params![id, now()],
+        )
+        .map_err(q("retire checkpoints"))?;
+        tx.commit().map_err(q("commit retire"))?;
+        Ok(n == 1)
+    }
+
+    /// The lineage and observed head a live sandbox's row holds now.
+    pub fn sandbox_lineage(&self, id: &SandboxId) -> Result<(Option<String>, Option<String>), DbError> {
+        self.conn
+            .query_row(
+                "SELECT json_extract(spec, '$.work_context'), json_extract(spec, '$.observed_head') \
+                 FROM sandboxes WHERE id = ?1",
+                [id.as_str()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(q("sandbox lineage"))
     }
 
     // ---- exec log ----
@@ -924,6 +1365,57 @@ mod tests {
         assert!(insert(&mut db, "s0123", None).is_err(), "short suspended id");
         insert(&mut db, "s0123456789abcdef", None).unwrap();
         assert!(db.conn.execute("DELETE FROM layers WHERE id = ?1", ["b".repeat(64)]).is_err(), "in use");
+    }
+
+    #[test]
+    fn lineage_constraints_hold_in_the_schema() {
+        let mut db = Db::open_in_memory().unwrap();
+        let img = db.insert_image(&"a".parse().unwrap(), "m", "c", &ImageConfig::default(), &[layer('1')]).unwrap();
+        let wc = |db: &mut Db, id: &str| db.insert_work_context(&WorkContextRow::new(id, img, "image", None)).unwrap();
+        assert!(wc(&mut db, "w1"));
+        assert!(!wc(&mut db, "w1"), "work context ids are unique");
+        let l = "1".repeat(64);
+        let snap =
+            |db: &Db, id: &str, class: &str, state: &str, wc: Option<&str>, seq: Option<i64>, key: Option<&str>| {
+                db.conn.execute(
+                "INSERT INTO snapshots (id, image_id, layer_id, blob_digest, blob_size, compression, class, state, \
+                 work_context, sequence, owner, repo, ref, commit_id, evidence, source_sandbox, info, created_at) \
+                 VALUES (?1, ?2, ?3, '', 0, 'zstd', ?4, ?5, ?6, ?7, ?8, ?8, ?8, ?8, ?8, 's', '{}', 0)",
+                params![id, img, l, class, state, wc, seq, key],
+            )
+            };
+        // A checkpoint needs a lineage and a place in it, and no baseline key.
+        assert!(snap(&db, "000000000000000a", "checkpoint", "ready", None, None, None).is_err());
+        assert!(snap(&db, "000000000000000a", "checkpoint", "ready", Some("w1"), None, None).is_err());
+        assert!(snap(&db, "000000000000000a", "checkpoint", "ready", Some("w1"), Some(1), Some("k")).is_err());
+        assert!(snap(&db, "000000000000000a", "checkpoint", "ready", Some("nope"), Some(1), None).is_err(), "fk");
+        snap(&db, "000000000000000a", "checkpoint", "ready", Some("w1"), Some(1), None).unwrap();
+        // One ready head per lineage; one sequence number each.
+        assert!(snap(&db, "000000000000000b", "checkpoint", "ready", Some("w1"), Some(2), None).is_err());
+        assert!(snap(&db, "000000000000000b", "checkpoint", "superseded", Some("w1"), Some(1), None).is_err());
+        snap(&db, "000000000000000b", "checkpoint", "superseded", Some("w1"), Some(2), None).unwrap();
+        // A baseline has its key and no lineage; one ready baseline per key.
+        assert!(snap(&db, "000000000000000c", "baseline", "ready", None, None, None).is_err());
+        assert!(snap(&db, "000000000000000c", "baseline", "ready", Some("w1"), None, Some("k")).is_err());
+        snap(&db, "000000000000000c", "baseline", "ready", None, None, Some("k")).unwrap();
+        assert!(snap(&db, "000000000000000d", "baseline", "ready", None, None, Some("k")).is_err());
+        snap(&db, "000000000000000d", "baseline", "superseded", None, None, Some("k")).unwrap();
+        assert!(snap(&db, "000000000000000e", "checkpoint", "bogus", Some("w1"), Some(3), None).is_err());
+        // A work context's start matches its kind; a head cannot be deleted.
+        assert!(db
+            .conn
+            .execute(
+                "INSERT INTO work_contexts (id, image_id, start_kind, start_id, state, created_at, used_at) \
+                 VALUES ('w2', ?1, 'image', 'x', 'active', 0, 0)",
+                [img]
+            )
+            .is_err());
+        db.conn.execute("UPDATE work_contexts SET head_id = '000000000000000a' WHERE id = 'w1'", []).unwrap();
+        assert!(db.conn.execute("DELETE FROM snapshots WHERE id = '000000000000000a'", []).is_err());
+        assert_eq!(db.delete_snapshot("000000000000000a").unwrap(), Err(vec!["head of work context w1".to_string()]));
+        assert!(db.retire_work_context("w1").unwrap());
+        assert_eq!(db.snapshot("000000000000000a").unwrap().unwrap().state, "retired");
+        assert!(db.delete_snapshot("000000000000000a").unwrap().is_ok(), "a retired lineage's head may go");
     }
 
     #[test]

@@ -20,6 +20,7 @@ pub mod error;
 pub mod export;
 pub mod ids;
 pub mod image;
+pub mod lineage;
 pub mod oci;
 pub mod sandbox;
 pub mod shim_client;

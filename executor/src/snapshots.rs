@@ -187,10 +187,15 @@ impl Daemon {
             "compacted": sealed.compacted,
         });
         merge_stats(&mut info, stats);
-        let row = SnapshotRow {
+        let mut row = SnapshotRow {
             id: SandboxId::random().to_string(),
             image_id: image.id,
             parent_id: sb.spec.snapshot.clone(),
+            class: "checkpoint".into(),
+            state: "ready".into(),
+            work_context: None,
+            sequence: None,
+            predecessor_id: None,
             layer: sealed.diff_id.clone(),
             diff_id: Some(sealed.diff_id.clone()),
             blob_digest: format!("sha256:{blob_hex}"),
@@ -202,12 +207,18 @@ impl Daemon {
         };
         let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
         let mut db = lock(&self.db);
-        if let Err(e) = db.insert_snapshot(&row, &layer, false) {
+        let appended = db.append_checkpoint(&sb.id, &mut row, &layer, false, false);
+        if !matches!(appended, Ok(Ok(()))) {
+            // Reclaim what this checkpoint made; the sandbox runs on.
             let knows = db.layer_exists(&sealed.diff_id).unwrap_or(true);
             drop(db);
             undo_layer(knows);
             forget_blob(&blob_hex);
-            return Err(e.into());
+            return Err(match appended {
+                Ok(Err(fence)) => ApiError::new(ErrorKind::Conflict, format!("checkpoint refused: {fence}")),
+                Err(e) => e.into(),
+                Ok(Ok(())) => unreachable!(),
+            });
         }
         let info = self.snapshot_info_locked(&db, &row)?;
         tracing::info!(
@@ -271,7 +282,7 @@ impl Daemon {
         Ok(sealed)
     }
 
-    fn snapshot_info_locked(&self, db: &crate::db::Db, row: &SnapshotRow) -> Result<SnapshotInfo, ApiError> {
+    pub(crate) fn snapshot_info_locked(&self, db: &crate::db::Db, row: &SnapshotRow) -> Result<SnapshotInfo, ApiError> {
         let image = db
             .image_by_id(row.image_id)?
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
@@ -279,10 +290,14 @@ impl Daemon {
         let digest = |h: &String| format!("sha256:{h}");
         let layers =
             image.layers.iter().map(|h| Some(digest(h))).chain(chain.iter().map(|s| s.diff_id.as_ref().map(digest)));
-        let state = if db.blob_pending(&row.id)? { "sealing" } else { "ready" };
         Ok(SnapshotInfo {
             id: row.id.clone(),
-            state: state.into(),
+            class: row.class.clone(),
+            state: row.state.clone(),
+            sealing: db.blob_pending(&row.id)?,
+            work_context: row.work_context.clone(),
+            sequence: row.sequence,
+            predecessor: row.predecessor_id.clone(),
             image: image.name,
             parent: row.parent_id.clone(),
             layers: layers.collect(),
@@ -314,14 +329,21 @@ impl Daemon {
     }
 
     /// What a resume or fork of `row` starts from: its image and whole chain.
-    fn snapshot_base(&self, row: &SnapshotRow) -> Result<Base, ApiError> {
+    pub(crate) fn snapshot_base(&self, row: &SnapshotRow) -> Result<Base, ApiError> {
         let db = lock(&self.db);
         let image = db
             .image_by_id(row.image_id)?
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
         let mut layers = image.layers.clone();
         layers.extend(db.snapshot_layer_chain(&row.id)?.into_iter().map(|s| s.layer));
-        Ok(Base { image, layers, snapshot: Some(row.id.clone()) })
+        Ok(Base {
+            image,
+            layers,
+            snapshot: Some(row.id.clone()),
+            work_context: String::new(),
+            observed_head: None,
+            rung: "snapshot",
+        })
     }
 
     /// Start a sandbox whose files are exactly the snapshot's.
@@ -332,7 +354,10 @@ impl Daemon {
         let launch = self.launch_spec(req)?;
         let row = self.snapshot_row(id)?;
         let _pin = self.pin_snapshot(&row.id)?;
-        let base = self.snapshot_base(&row)?;
+        let mut base = self.snapshot_base(&row)?;
+        // It continues the snapshot's own lineage, fenced on its head now.
+        let wc = self.eligible_lineage(&row)?;
+        (base.work_context, base.observed_head) = (wc.id, wc.head_id);
         Ok(sandbox_info(&*self.launch(&base, launch)?))
     }
 
@@ -365,9 +390,25 @@ impl Daemon {
                 ));
             }
         }
+        self.eligible_lineage(&row)?;
+        // Each child is an explicit branch: a lineage of its own, whose
+        // origin is the snapshot.
         let mut made: Vec<Arc<crate::sandbox::Sandbox>> = Vec::new();
         for _ in 0..count {
-            match self.launch(&base, launch.clone()) {
+            let launched = self.new_lineage(None, base.image.id, "fork", Some(&row.id)).and_then(|wc| {
+                let child = Base {
+                    work_context: wc.clone(),
+                    observed_head: None,
+                    rung: "fork",
+                    image: base.image.clone(),
+                    layers: base.layers.clone(),
+                    snapshot: base.snapshot.clone(),
+                };
+                self.launch(&child, launch.clone()).inspect_err(|_| {
+                    let _ = lock(&self.db).delete_unused_work_context(&wc);
+                })
+            });
+            match launched {
                 Ok(sb) => made.push(sb),
                 Err(e) => {
                     for sb in made {
@@ -449,6 +490,9 @@ impl Daemon {
     pub fn suspend(&self, id: &str) -> Result<SnapshotInfo, ApiError> {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
+        // Refuse before stopping anything if the append would be refused (the
+        // append checks again, atomically).
+        self.check_fence(&sb.id)?;
         if !sb.begin_stop() {
             return Err(ApiError::new(ErrorKind::Conflict, format!("sandbox {} is not running or paused", sb.id)));
         }
@@ -520,10 +564,15 @@ impl Daemon {
             if let Some(c) = &compacted {
                 merge_stats(&mut info, &c.stats);
             }
-            let row = SnapshotRow {
+            let mut row = SnapshotRow {
                 id: snap_id,
                 image_id,
                 parent_id: sb.spec.snapshot.clone(),
+                class: "checkpoint".into(),
+                state: "ready".into(),
+                work_context: None,
+                sequence: None,
+                predecessor_id: None,
                 layer: layer.id.clone(),
                 diff_id: layer.diff_id.clone(),
                 blob_digest: String::new(),
@@ -534,7 +583,12 @@ impl Daemon {
                 created_at: crate::db::now(),
             };
             let mut db = lock(&self.db);
-            let inserted = db.insert_snapshot(&row, &layer, true).and_then(|()| db.delete_sandbox(&sb.id));
+            let appended = db.append_checkpoint(&sb.id, &mut row, &layer, true, true);
+            let inserted = match appended {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(fence)) => Err(ApiError::new(ErrorKind::Conflict, format!("suspend refused: {fence}"))),
+                Err(e) => Err(ApiError::from(e)),
+            };
             if let Err(e) = inserted {
                 let knows = db.layer_exists(&layer.id).unwrap_or(true);
                 drop(db);
@@ -545,7 +599,7 @@ impl Daemon {
                     }
                     let _ = store.remove_layer(&layer.id);
                 }
-                return Err(e.into());
+                return Err(e);
             }
             self.snapshot_info_locked(&db, &row)
         })();
@@ -648,7 +702,9 @@ impl Daemon {
             Some(base) => lock(&self.db).snapshot_chain(base)?.iter().any(|s| s.id == row.id),
             None => false,
         };
-        if !in_base && row.source_sandbox != sb.id.as_str() {
+        let (wc, observed) = lock(&self.db).sandbox_lineage(&sb.id)?;
+        let own = wc.is_some() && row.work_context == wc;
+        if !in_base && !own && row.source_sandbox != sb.id.as_str() {
             return Err(ApiError::new(
                 ErrorKind::Conflict,
                 format!(
@@ -658,7 +714,18 @@ impl Daemon {
             ));
         }
         let _pin = self.pin_snapshot(&row.id)?;
-        let base = self.snapshot_base(&row)?;
+        let mut base = self.snapshot_base(&row)?;
+        // Same lineage, same fence: a rollback does not move the head.
+        base.work_context = match wc {
+            Some(wc) => wc,
+            None => {
+                // A sandbox from before lineages: its own lineage, from now.
+                let _ = self.new_lineage(Some(sb.id.as_str()), base.image.id, "image", None);
+                sb.id.to_string()
+            }
+        };
+        base.observed_head = observed;
+        base.rung = "rollback";
         if !sb.begin_stop() {
             return Err(ApiError::new(
                 ErrorKind::Conflict,

@@ -234,6 +234,18 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             "POST" => json(201, &d.resume(id, body_or_default(req)?)?),
             _ => Err(not_allowed()),
         },
+        ["lineages", id] => match m {
+            "GET" => json(200, &d.lineage(id)?),
+            _ => Err(not_allowed()),
+        },
+        ["lineages", id, "resume"] => match m {
+            "POST" => json(201, &d.resume_lineage(id, body_or_default(req)?)?),
+            _ => Err(not_allowed()),
+        },
+        ["lineages", id, "retire"] => match m {
+            "POST" => json(200, &d.retire_lineage(id)?),
+            _ => Err(not_allowed()),
+        },
         ["snapshots", id, "fork"] => match m {
             "POST" => json(201, &d.fork(id, body_or_default(req)?)?),
             _ => Err(not_allowed()),

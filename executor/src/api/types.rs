@@ -45,6 +45,10 @@ pub struct CreateRequest {
     /// them; never captured.
     #[serde(default)]
     pub cache: Vec<String>,
+    /// The lineage to work for: a new one with this id (1-64 chars of
+    /// `[A-Za-z0-9._-]`), or a new one with a random id if absent.
+    #[serde(default)]
+    pub work_context: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -60,6 +64,12 @@ pub struct SandboxInfo {
     pub cgroup: String,
     /// Scratch and cache mounts.
     pub mounts: Vec<crate::sandbox::MountDecl>,
+    /// The lineage its checkpoints append to.
+    #[serde(default)]
+    pub work_context: Option<String>,
+    /// How it was started: the restore ladder's rung and the snapshot used.
+    #[serde(default)]
+    pub restored: Option<crate::db::Restored>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
@@ -155,9 +165,18 @@ pub struct LaunchRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SnapshotInfo {
     pub id: String,
-    /// `ready`, or `sealing` while a suspended sandbox's layer is hashed,
-    /// synced and compressed (resume and fork work in both states).
+    /// `checkpoint` or `baseline`.
+    pub class: String,
+    /// `ready` (its lineage's head), `superseded` (an older checkpoint of
+    /// it), `retired` (its lineage is retired), ...
     pub state: String,
+    /// True while a suspended sandbox's layer is hashed, synced and
+    /// compressed (resume and fork work meanwhile).
+    pub sealing: bool,
+    /// A checkpoint's lineage, its place in it and the head it replaced.
+    pub work_context: Option<String>,
+    pub sequence: Option<i64>,
+    pub predecessor: Option<String>,
     pub image: String,
     pub parent: Option<String>,
     /// The whole chain a resume mounts, bottom first (`sha256:<hex>`
@@ -192,4 +211,24 @@ pub struct ExportRequest {
 pub struct RollbackRequest {
     /// A snapshot of the sandbox's own lineage.
     pub to: String,
+}
+
+/// A lineage (work context): where it began, its head, its checkpoints and
+/// every activation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LineageInfo {
+    pub id: String,
+    /// `active` or `retired`.
+    pub state: String,
+    pub image: String,
+    /// `image`, `baseline` or `fork`, and the snapshot for the latter two.
+    pub start_kind: String,
+    pub start: Option<String>,
+    pub head: Option<String>,
+    pub created_at: i64,
+    pub used_at: i64,
+    pub retired_at: Option<i64>,
+    /// Its checkpoints, in append order.
+    pub checkpoints: Vec<SnapshotInfo>,
+    pub restores: Vec<crate::db::RestoreRow>,
 }

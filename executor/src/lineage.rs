@@ -1,0 +1,190 @@
+//! Lineages (work contexts) and the rules that keep one task's tree out of
+//! another's (DESIGN.md "Lineage invariants"). The rules live in the
+//! database (`db.rs`: the CHECKs, the partial unique indexes, the fenced
+//! append); this module picks what a sandbox starts from:
+//!
+//! - `create` starts a new lineage from the image;
+//! - `resume SNAPSHOT` continues the snapshot's own lineage;
+//! - `resume --work-context ID` follows the ladder: the lineage's head, else
+//!   the snapshot it began from (its baseline or fork origin), else the
+//!   image. It never falls to another lineage;
+//! - `fork` gives each child a new lineage whose origin is the snapshot;
+//! - every activation is recorded (`restores`), and the sandbox observes
+//!   the lineage's head then: its appends are fenced on it.
+
+use crate::api::types::{LaunchRequest, LineageInfo, SandboxInfo};
+use crate::api::ApiError;
+use crate::daemon::{lock, sandbox_info, Base, Daemon};
+use crate::db::{SnapshotRow, WorkContextRow};
+use crate::error::ErrorKind;
+use crate::ids::SandboxId;
+
+/// A work context id: 1-64 chars of `[A-Za-z0-9._-]`, not starting with a
+/// dot or a dash (it is a scheduler's task id, say).
+pub fn valid_work_context(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !id.starts_with(['.', '-'])
+}
+
+impl Daemon {
+    /// Make a new lineage (with the given id, or a random one). A taken id
+    /// is a conflict: an existing lineage is continued with `resume`.
+    pub(crate) fn new_lineage(
+        &self,
+        id: Option<&str>,
+        image_id: i64,
+        start_kind: &str,
+        start_id: Option<&str>,
+    ) -> Result<String, ApiError> {
+        let id = match id {
+            Some(id) if !valid_work_context(id) => {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("work context {id:?} must be 1-64 chars of [A-Za-z0-9._-], not starting with . or -"),
+                ))
+            }
+            Some(id) => id.to_string(),
+            None => SandboxId::random().to_string(),
+        };
+        if !lock(&self.db).insert_work_context(&WorkContextRow::new(&id, image_id, start_kind, start_id))? {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("work context {id} exists: continue it with `resume --work-context {id}`"),
+            ));
+        }
+        Ok(id)
+    }
+
+    fn work_context_row(&self, id: &str) -> Result<WorkContextRow, ApiError> {
+        lock(&self.db)
+            .work_context(id)?
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("work context {id:?} not found")))
+    }
+
+    /// The lineage a resume or fork of `row` continues or branches from;
+    /// refused if it is retired (its checkpoints left restore eligibility).
+    pub(crate) fn eligible_lineage(&self, row: &SnapshotRow) -> Result<WorkContextRow, ApiError> {
+        let Some(wc) = &row.work_context else {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("snapshot {} is a {}, not a checkpoint of a lineage", row.id, row.class),
+            ));
+        };
+        let wc = self.work_context_row(wc)?;
+        if wc.state != "active" || row.state == "retired" {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("snapshot {} belongs to retired work context {}: not restorable", row.id, wc.id),
+            ));
+        }
+        Ok(wc)
+    }
+
+    /// Refuse early if an append for this sandbox would be refused.
+    pub(crate) fn check_fence(&self, sandbox: &SandboxId) -> Result<(), ApiError> {
+        let db = lock(&self.db);
+        let (wc, observed) = db.sandbox_lineage(sandbox)?;
+        let Some(wc) = wc else { return Ok(()) };
+        let Some(row) = db.work_context(&wc)? else { return Ok(()) };
+        let fence = if row.state != "active" {
+            Some(crate::db::Fence::Retired { work_context: wc })
+        } else if row.head_id != observed {
+            Some(crate::db::Fence::Moved { work_context: wc, observed, head: row.head_id })
+        } else {
+            None
+        };
+        match fence {
+            Some(f) => Err(ApiError::new(ErrorKind::Conflict, format!("refused: {f}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// `resume --work-context ID`: start a sandbox for the lineage from the
+    /// highest rung of its ladder that exists.
+    pub fn resume_lineage(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, ApiError> {
+        if req.count.is_some() {
+            return Err(ApiError::new(ErrorKind::InvalidArgument, "count is for fork"));
+        }
+        let launch = self.launch_spec(req)?;
+        let wc = self.work_context_row(id)?;
+        if wc.state != "active" {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("work context {id} is retired")));
+        }
+        // Rungs 1 and 2: the head, else the snapshot the lineage began from.
+        let rungs = [(wc.head_id.as_deref(), "head"), (wc.start_id.as_deref(), wc.start_kind.as_str())];
+        for (snap, rung) in rungs {
+            let Some(snap) = snap else { continue };
+            let Some(row) = lock(&self.db).snapshot(snap)? else { continue };
+            let _pin = self.pin_snapshot(&row.id)?;
+            let mut base = self.snapshot_base(&row)?;
+            base.work_context = wc.id.clone();
+            base.observed_head = wc.head_id.clone();
+            base.rung = if rung == "head" {
+                "head"
+            } else if rung == "baseline" {
+                "baseline"
+            } else {
+                "fork"
+            };
+            return Ok(sandbox_info(&*self.launch(&base, launch)?));
+        }
+        // Rung 3: a cold start from the lineage's image.
+        let image = lock(&self.db)
+            .image_by_id(wc.image_id)?
+            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the work context's image row is missing"))?;
+        let base = Base {
+            layers: image.layers.clone(),
+            image,
+            snapshot: None,
+            work_context: wc.id.clone(),
+            observed_head: wc.head_id.clone(),
+            rung: "image",
+        };
+        Ok(sandbox_info(&*self.launch(&base, launch)?))
+    }
+
+    pub fn lineage(&self, id: &str) -> Result<LineageInfo, ApiError> {
+        let wc = self.work_context_row(id)?;
+        let db = lock(&self.db);
+        let image = db.image_by_id(wc.image_id)?.map(|i| i.name).unwrap_or_default();
+        let checkpoints =
+            db.lineage_snapshots(id)?.iter().map(|r| self.snapshot_info_locked(&db, r)).collect::<Result<_, _>>()?;
+        Ok(LineageInfo {
+            id: wc.id,
+            state: wc.state,
+            image,
+            start_kind: wc.start_kind,
+            start: wc.start_id,
+            head: wc.head_id,
+            created_at: wc.created_at,
+            used_at: wc.used_at,
+            retired_at: wc.retired_at,
+            checkpoints,
+            restores: db.restores(id)?,
+        })
+    }
+
+    /// Retire a finished lineage: its checkpoints leave restore
+    /// eligibility (they stay until removed or collected).
+    pub fn retire_lineage(&self, id: &str) -> Result<LineageInfo, ApiError> {
+        self.work_context_row(id)?;
+        lock(&self.db).retire_work_context(id)?;
+        self.lineage(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_context_ids() {
+        for ok in ["a", "task-42", "T_1.2", &"x".repeat(64)] {
+            assert!(valid_work_context(ok), "{ok}");
+        }
+        for bad in ["", "-a", ".a", "a/b", "a b", "é", &"x".repeat(65)] {
+            assert!(!valid_work_context(bad), "{bad}");
+        }
+    }
+}
