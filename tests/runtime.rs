@@ -1141,6 +1141,107 @@ fn a_checkpoint_on_a_full_disk_fails_cleanly_and_the_sandbox_runs_on() {
 }
 
 #[test]
+fn a_daemon_killed_at_any_point_of_a_capture_leaves_it_whole_or_gone() {
+    for point in [
+        "checkpoint:captured",
+        "checkpoint:layer-committed",
+        "checkpoint:appended",
+        "suspend:moved",
+        "suspend:layer-committed",
+        "suspend:appended",
+        "seal:blob-written",
+    ] {
+        crash_at(point);
+    }
+}
+
+fn crash_at(point: &str) {
+    let mut env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", point)]);
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox", "work_context": "crash"}));
+    sh(&env, &id, "mkdir /data && for i in $(seq 20); do echo $i > /data/f$i; done");
+    let op = if point.starts_with("checkpoint") { "checkpoint" } else { "suspend" };
+    let socket = env.socket.clone();
+    let sid = id.clone();
+    let t = std::thread::spawn(move || {
+        let mut c = Client::connect(&socket).unwrap();
+        c.request("POST", &format!("/v1/sandboxes/{sid}/{op}"), None::<&()>).map(|_| ())
+    });
+    let start = Instant::now();
+    while !env.daemon_log().contains(&format!("failpoint {point} reached")) {
+        assert!(start.elapsed() < Duration::from_secs(30), "{point} never reached:\n{}", env.daemon_log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    env.kill_daemon();
+    let answered = t.join().unwrap();
+    assert_eq!(answered.is_ok(), point == "seal:blob-written", "{point}: {answered:?}");
+    env.daemon_env.clear();
+    env.start_daemon();
+
+    // Every snapshot is whole; every file in the store is the database's.
+    let mut c = env.client();
+    let none = None::<&()>;
+    let snaps: Vec<Value> = c.call("GET", "/v1/snapshots", none).unwrap();
+    let wait_sealed = |s: &Value| -> Value {
+        let start = Instant::now();
+        loop {
+            let v: Value = env.client().call("GET", &format!("/v1/snapshots/{}", s["id"].as_str().unwrap()), none).unwrap();
+            if v["sealing"] == false {
+                return v;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "{point}: never sealed: {v}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let snaps: Vec<Value> = snaps.iter().map(wait_sealed).collect();
+    let names = |sub: &str| -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(env.root.join(sub)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+    };
+    let image: Value = c.call("GET", "/v1/images/busybox:latest", none).unwrap();
+    let mut want_layers: std::collections::BTreeSet<String> = image["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().trim_start_matches("sha256:").to_string())
+        .collect();
+    let mut want_blobs = std::collections::BTreeSet::new();
+    for s in &snaps {
+        want_layers.insert(s["layer"].as_str().unwrap().to_string());
+        let blob = s["blob_digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+        let len = std::fs::metadata(env.root.join("blobs/sha256").join(&blob)).map(|m| m.len());
+        assert_eq!(len.ok(), s["blob_size"].as_u64(), "{point}: blob of {s}");
+        want_blobs.insert(blob);
+    }
+    assert_eq!(names("layers"), want_layers, "{point}: layers");
+    assert_eq!(names("blobs/sha256"), want_blobs, "{point}: blobs");
+    // The head moved at most once, to a whole snapshot.
+    let l: Value = c.call("GET", "/v1/lineages/crash", none).unwrap();
+    match snaps.as_slice() {
+        [] => assert!(l["head"].is_null(), "{point}: {l}"),
+        [s] => {
+            assert_eq!(l["head"], s["id"], "{point}: {l}");
+            assert_eq!(s["sequence"], 1);
+            let r: Value = c.call("POST", &format!("/v1/snapshots/{}/resume", s["id"].as_str().unwrap()), Some(&json!({}))).unwrap();
+            assert_eq!(stdout(&sh(&env, r["id"].as_str().unwrap(), "cat /data/f20")), "20\n", "{point}");
+        }
+        more => panic!("{point}: {more:?}"),
+    }
+    // Before the append the snapshot is gone; after it, whole.
+    let recorded = point.ends_with("appended") || point.starts_with("seal");
+    assert_eq!(snaps.len(), usize::from(recorded), "{point}: {snaps:?}");
+    // A checkpoint's sandbox runs on (re-adopted).
+    if op == "checkpoint" {
+        assert_eq!(stdout(&sh(&env, &id, "cat /data/f1")), "1\n", "{point}");
+    }
+    let start = Instant::now();
+    while !names("tmp").is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(10), "{point}: tmp/ not emptied: {:?}", names("tmp"));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    env.finish();
+}
+
+#[test]
 fn long_chains_are_compacted() {
     let env = TestEnv::start_with(&["--compact-depth", "3"]);
     env.import_busybox();

@@ -18,6 +18,7 @@ pub mod db;
 pub mod diff;
 pub mod error;
 pub mod export;
+pub mod failpoint;
 pub mod ids;
 pub mod image;
 pub mod lineage;

@@ -111,6 +111,7 @@ impl Daemon {
             });
             let cap = sb.capture(&dirs.upper, &tar, follower.is_some().then(|| progress.clone()));
             progress.end(cap.is_ok());
+            crate::failpoint::hit("checkpoint:captured");
             // Hydrate while the blob is being finished.
             let unpacked = cap.map_err(ApiError::from).and_then(|cap| {
                 let u = self.unpack_capture(&cap, work)?;
@@ -156,6 +157,7 @@ impl Daemon {
             }
         };
         let (sealed, blob) = sealed?;
+        crate::failpoint::hit("checkpoint:layer-committed");
         let undo_layer = |db_knows: bool| {
             if sealed.new_layer && !db_knows {
                 let _ = store.remove_layer(&sealed.diff_id);
@@ -220,7 +222,9 @@ impl Daemon {
                 Ok(Ok(())) => unreachable!(),
             });
         }
-        let info = self.snapshot_info_locked(&db, &row)?;
+        drop(db);
+        crate::failpoint::hit("checkpoint:appended");
+        let info = self.snapshot_info_locked(&lock(&self.db), &row)?;
         tracing::info!(
             "checkpoint {} of sandbox {}: {} entries, frozen {:.1} ms",
             row.id,
@@ -502,6 +506,7 @@ impl Daemon {
         }
         match self.seal_upper(&sb, started) {
             Ok(info) => {
+                crate::failpoint::hit("suspend:appended");
                 lock(&self.pool).live.remove(&sb.id);
                 let _ = self.rt.store.discard_sandbox(&sb.id);
                 self.queue_blob(&info.id);
@@ -547,6 +552,7 @@ impl Daemon {
                     let _ = std::fs::rename(work.join("fs"), &upper);
                 }
             };
+            crate::failpoint::hit("suspend:moved");
             // Durability comes with the blob (the seal syncs the layer).
             let new_layer = match store.commit_layer(&layer_src, &layer.id, compacted.is_some()) {
                 Ok(n) => n,
@@ -555,6 +561,7 @@ impl Daemon {
                     return Err(store_err(e));
                 }
             };
+            crate::failpoint::hit("suspend:layer-committed");
             let mut info = serde_json::json!({
                 "suspended": true,
                 "compacted": compacted.is_some(),
@@ -676,6 +683,7 @@ impl Daemon {
         let ((stats, hex), bhex, size) = store
             .write_blob(BlobCompression::Zstd, |w| crate::diff::write_delta(&fs, w).map_err(std::io::Error::other))
             .map_err(store_err)?;
+        crate::failpoint::hit("seal:blob-written");
         if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
             let _ = store.remove_blob(&bhex);
             return Err(ApiError::new(

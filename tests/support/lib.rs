@@ -60,6 +60,9 @@ pub struct TestEnv {
     pub cgroup_parent: String,
     pub daemon: Option<Child>,
     pub extra_args: Vec<String>,
+    /// Environment of the daemon (e.g. `STRATA_FAILPOINTS`), kept across
+    /// restarts until cleared.
+    pub daemon_env: Vec<(String, String)>,
     /// The root is a file system of its own (see `start_on_tmpfs`).
     own_fs: bool,
     _tmp: tempfile::TempDir,
@@ -71,16 +74,21 @@ impl TestEnv {
     }
 
     pub fn start_with(extra: &[&str]) -> TestEnv {
-        TestEnv::start_inner(extra, None)
+        TestEnv::start_inner(extra, None, &[])
+    }
+
+    /// A daemon with extra environment variables.
+    pub fn start_with_env(vars: &[(&str, &str)]) -> TestEnv {
+        TestEnv::start_inner(&[], None, vars)
     }
 
     /// A daemon whose whole root (layers, blobs, tmp, uppers, database) is a
     /// tmpfs of `size` bytes, to run out of space on purpose.
     pub fn start_on_tmpfs(size: u64) -> TestEnv {
-        TestEnv::start_inner(&[], Some(size))
+        TestEnv::start_inner(&[], Some(size), &[])
     }
 
-    fn start_inner(extra: &[&str], tmpfs: Option<u64>) -> TestEnv {
+    fn start_inner(extra: &[&str], tmpfs: Option<u64>, vars: &[(&str, &str)]) -> TestEnv {
         require_root();
         // Shims orphaned by a killed daemon reparent to us instead of the
         // host's init (which may not reap them), and `reap_orphans` reaps them.
@@ -94,6 +102,7 @@ impl TestEnv {
             cgroup_parent: format!("{PREFIX}-{}-{n}", std::process::id()),
             daemon: None,
             extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            daemon_env: vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             own_fs: tmpfs.is_some(),
             _tmp: tmp,
         };
@@ -129,6 +138,7 @@ impl TestEnv {
             .arg("--cgroup-parent")
             .arg(&self.cgroup_parent)
             .args(&self.extra_args)
+            .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
