@@ -34,7 +34,7 @@ PACKAGES=(
 	build-essential pkg-config git curl ca-certificates
 	busybox-static umoci skopeo runc crun bubblewrap
 	hyperfine iproute2 python3 jq tar gzip shellcheck
-	qemu-system-x86 xz-utils
+	qemu-system-x86 xz-utils debootstrap
 )
 
 installed() {

@@ -986,6 +986,213 @@ fn lineages_fence_appends_and_restore_by_the_ladder() {
 }
 
 #[test]
+fn gc_deletes_what_retention_allows_and_keeps_what_is_used() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let none = None::<&()>;
+    let gc = |body: Value| -> Value { env.client().call("POST", "/v1/gc", Some(&body)).unwrap() };
+    let deleted = |r: &Value| -> Vec<String> {
+        r["deleted"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+    };
+    let snap = |id: &str| -> Value { env.client().call("GET", &format!("/v1/snapshots/{id}"), none).unwrap() };
+    let layer_exists = |layer: &str| env.root.join("layers").join(layer).exists();
+    // The same tree, byte for byte, in two lineages: one shared layer.
+    let same = "mkdir -p /w && echo same > /w/f && touch -d @0 /w/f /w";
+    let a = create(&env, json!({"image": "busybox", "work_context": "l1"}));
+    sh(&env, &a, same);
+    let s1 = env.cli_ok(&["checkpoint", &a]).trim().to_string();
+    sh(&env, &a, "echo 2 > /w/g");
+    let s2 = env.cli_ok(&["checkpoint", &a]).trim().to_string();
+    let b = create(&env, json!({"image": "busybox", "work_context": "l2"}));
+    sh(&env, &b, same);
+    let t1 = env.cli_ok(&["checkpoint", &b]).trim().to_string();
+    let shared = snap(&s1)["layer"].as_str().unwrap().to_string();
+    assert_eq!(snap(&t1)["layer"], shared.as_str(), "identical trees share one layer");
+    assert_eq!(snap(&s1)["state"], "superseded");
+
+    // Within retention nothing goes.
+    assert!(deleted(&gc(json!({}))).is_empty());
+    // Past retention, a superseded snapshot a live sandbox runs on stays.
+    let r: Value = env.client().call("POST", &format!("/v1/snapshots/{s1}/resume"), Some(&json!({}))).unwrap();
+    let r = r["id"].as_str().unwrap().to_string();
+    let rep = gc(json!({"retention_secs": 0}));
+    assert!(deleted(&rep).is_empty(), "{rep}");
+    assert_eq!(rep["kept"][0][0], s1.as_str(), "{rep}");
+    // Once unused it goes; its layer stays, another lineage's checkpoint has it.
+    env.cli_ok(&["rm", &r]);
+    assert_eq!(deleted(&gc(json!({"retention_secs": 0}))), vec![s1.clone()]);
+    assert!(layer_exists(&shared), "a layer still in use was deleted");
+    // Heads are never collected; a retired lineage's are, with the layer.
+    env.cli_ok(&["lineage", "retire", "l2"]);
+    env.cli_ok(&["rm", &b]);
+    assert_eq!(deleted(&gc(json!({"retention_secs": 0}))), vec![t1.clone()]);
+    assert!(!layer_exists(&shared), "an unused layer was kept");
+
+    // Stale lineages are retired, unless a live sandbox works for them.
+    let c3 = create(&env, json!({"image": "busybox", "work_context": "l3"}));
+    env.cli_ok(&["rm", &c3]);
+    let rep = gc(json!({"stale_after_secs": 0}));
+    assert!(rep["retired"].as_array().unwrap().contains(&json!("l3")), "{rep}");
+    assert!(!rep["retired"].as_array().unwrap().contains(&json!("l1")), "a lineage in use was retired: {rep}");
+    let l1: Value = env.client().call("GET", "/v1/lineages/l1", none).unwrap();
+    assert_eq!(l1["state"], "active");
+    // Everything else goes once its lineage is done.
+    env.cli_ok(&["rm", &a]);
+    env.cli_ok(&["lineage", "retire", "l1"]);
+    let out = env.cli_ok(&["gc", "--retention", "0s"]);
+    assert!(out.contains(&format!("deleted snapshot {s2}")), "{out}");
+    let snaps: Vec<Value> = env.client().call("GET", "/v1/snapshots", none).unwrap();
+    assert!(snaps.is_empty(), "{snaps:?}");
+    assert_eq!(std::fs::read_dir(env.root.join("blobs/sha256")).unwrap().count(), 0);
+    assert_eq!(status_of(env.client().request("POST", "/v1/gc", Some(&json!({"retention": 1})))), 400);
+    env.finish();
+}
+
+/// A repository at /src/app cloned from a bare "remote" at /remote.git,
+/// with `main` pushed and checked out, and an ignored build cache.
+const CLEAN_REPO: &str = "set -e; export HOME=/root; git config --global user.email t@example.com; \
+    git config --global user.name t; git config --global init.defaultBranch main; \
+    git init -q --bare /remote.git; git init -q /src/app; cd /src/app; \
+    echo build/ > .gitignore; echo v1 > a; git add -A; git commit -qm one; \
+    git remote add origin /remote.git; git push -q origin main; git fetch -q origin; \
+    git branch -q --set-upstream-to=origin/main; mkdir build; echo cache > build/o";
+
+#[test]
+fn baselines_are_validated_published_by_compare_and_swap_and_start_new_work() {
+    let mut env = TestEnv::start();
+    env.import_image("debian-git");
+    let img = "debian-git";
+    let mut c = env.client();
+    let none = None::<&()>;
+    fn publish(env: &TestEnv, id: &str) -> Result<Vec<u8>, ClientError> {
+        let body = json!({"repo": "/src/app", "ref": "main", "owner": "acme"});
+        env.client().request("POST", &format!("/v1/sandboxes/{id}/baseline"), Some(&body))
+    }
+    let refused = |id: &str, check: &str| match publish(&env, id) {
+        Err(ClientError::Api { status: 409, message, .. }) => assert!(message.contains(check), "{check}: {message}"),
+        other => panic!("{check}: a dirty repository was published: {other:?}"),
+    };
+    let p = create(&env, json!({"image": img, "work_context": "publisher"}));
+    let v = sh(&env, &p, CLEAN_REPO);
+    assert_eq!(v["exit_code"], 0, "{v}");
+
+    // Each dirty state is refused, naming its check; nothing is published.
+    let dirty = [
+        ("echo x >> a", "no_tracked_modification"),
+        ("echo x > new", "no_untracked_files"),
+        ("echo x >> a; git add a", "nothing_staged"),
+        ("git checkout -q --detach", "branch_checked_out"),
+        ("git checkout -q -b task-7", "branch_checked_out"),
+        ("echo v2 > a; git commit -qam two", "head_equals_remote"),
+        (
+            "git checkout -q -b side; echo s > a; git commit -qam s; git checkout -q main; echo m > a; \
+          git commit -qam m; git merge -q side || true",
+            "no_operation_in_progress",
+        ),
+    ];
+    for (make, check) in dirty {
+        let setup = format!("cd /src/app && export HOME=/root && {make}");
+        sh(&env, &p, &setup);
+        refused(&p, check);
+        let undo = "cd /src/app && export HOME=/root && (git merge --abort 2>/dev/null; true) && git checkout -q -f main \
+                    && git reset -q --hard origin/main && git clean -qfd -e build && (git branch -qD task-7 side 2>/dev/null; true)";
+        assert_eq!(sh(&env, &p, undo)["exit_code"], 0);
+    }
+    let snaps: Vec<Value> = c.call("GET", "/v1/snapshots", none).unwrap();
+    assert!(snaps.is_empty(), "{snaps:?}");
+    // A clean checkpoint is still no baseline.
+    env.cli_ok(&["checkpoint", &p]);
+    let r = c.request("POST", "/v1/sandboxes", Some(&json!({"image": img, "baseline": "acme/app@main"})));
+    assert_eq!(status_of(r), 404, "a checkpoint satisfied a baseline lookup");
+
+    // Clean (an ignored build cache may stay): published, with its evidence.
+    let b1: Value = publish(&env, &p).map(|b| serde_json::from_slice(&b).unwrap()).unwrap();
+    assert_eq!((b1["class"].as_str(), b1["state"].as_str()), (Some("baseline"), Some("ready")), "{b1}");
+    let ev = &b1["baseline"];
+    assert_eq!(
+        (ev["owner"].as_str(), ev["repo"].as_str(), ev["ref"].as_str()),
+        (Some("acme"), Some("app"), Some("main"))
+    );
+    assert_eq!(ev["commit"].as_str().unwrap().len(), 40, "{ev}");
+    assert!(ev["evidence"]["checks"].as_array().unwrap().iter().all(|c| c["ok"] == true), "{ev}");
+
+    // Ten concurrent creates from it: ten lineages, each on the clean tree.
+    let threads: Vec<_> = (0..10)
+        .map(|_| {
+            let socket = env.socket.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&socket).unwrap();
+                c.call::<Value>(
+                    "POST",
+                    "/v1/sandboxes",
+                    Some(&json!({"image": "debian-git", "baseline": "acme/app@main"})),
+                )
+            })
+        })
+        .collect();
+    let made: Vec<Value> = threads.into_iter().map(|t| t.join().unwrap().unwrap()).collect();
+    let wcs: std::collections::HashSet<&str> = made.iter().map(|m| m["work_context"].as_str().unwrap()).collect();
+    assert_eq!(wcs.len(), 10, "{made:?}");
+    for m in &made {
+        assert_eq!(
+            (m["restored"]["rung"].as_str(), m["restored"]["snapshot"].as_str()),
+            (Some("baseline"), b1["id"].as_str())
+        );
+    }
+    let w = made[0]["id"].as_str().unwrap();
+    assert_eq!(stdout(&sh(&env, w, "cd /src/app && git status --porcelain && cat a build/o")), "v1\ncache\n");
+    // A lineage that began from the baseline falls back to it.
+    let wc0 = made[0]["work_context"].as_str().unwrap();
+    let again: Value = c.call("POST", &format!("/v1/lineages/{wc0}/resume"), Some(&json!({}))).unwrap();
+    assert_eq!(again["restored"]["rung"], "baseline");
+    for m in &made {
+        env.cli_ok(&["rm", m["id"].as_str().unwrap()]);
+    }
+    env.cli_ok(&["rm", again["id"].as_str().unwrap()]);
+
+    // Two racing publishers of a newer commit: the one that began first
+    // observed b1; the later one publishes first; the older never replaces it.
+    sh(&env, &p, "cd /src/app && export HOME=/root && echo v2 > a && git commit -qam two && git push -q origin main && git fetch -q");
+    let q = create(&env, json!({"image": img}));
+    sh(&env, &q, CLEAN_REPO);
+    sh(&env, &q, "cd /src/app && export HOME=/root && echo v3 > a && git commit -qam three && git push -q origin main && git fetch -q");
+    // The older publisher validates first, then is held at the failpoint
+    // while the newer one publishes.
+    env.stop_daemon();
+    env.daemon_env = vec![("STRATA_FAILPOINTS".into(), "baseline:validated=sleep-once:3000".into())];
+    env.start_daemon();
+    let older = {
+        let socket = env.socket.clone();
+        let p = p.clone();
+        std::thread::spawn(move || {
+            let body = json!({"repo": "/src/app", "ref": "main", "owner": "acme"});
+            Client::connect(&socket).unwrap().request("POST", &format!("/v1/sandboxes/{p}/baseline"), Some(&body))
+        })
+    };
+    let start = Instant::now();
+    while !env.daemon_log().contains("failpoint baseline:validated reached") {
+        assert!(start.elapsed() < Duration::from_secs(30), "the older publisher never validated");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let newer: Value = publish(&env, &q).map(|b| serde_json::from_slice(&b).unwrap()).unwrap();
+    match older.join().unwrap() {
+        Err(ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains("never replaces a newer baseline"), "{message}")
+        }
+        other => panic!("the older publisher replaced a newer baseline: {other:?}"),
+    }
+    // (A new connection: the daemon was restarted.)
+    let mut c = env.client();
+    let b1_now: Value = c.call("GET", &format!("/v1/snapshots/{}", b1["id"].as_str().unwrap()), none).unwrap();
+    assert_eq!(b1_now["state"], "superseded");
+    let made: Value =
+        c.call("POST", "/v1/sandboxes", Some(&json!({"image": img, "baseline": "acme/app@main"}))).unwrap();
+    assert_eq!(made["restored"]["snapshot"], newer["id"]);
+    assert_eq!(stdout(&sh(&env, made["id"].as_str().unwrap(), "cat /src/app/a")), "v3\n");
+    env.finish();
+}
+
+#[test]
 fn scratch_and_cache_mounts_are_never_captured() {
     let env = TestEnv::start();
     env.import_busybox();
@@ -1185,7 +1392,8 @@ fn crash_at(point: &str) {
     let wait_sealed = |s: &Value| -> Value {
         let start = Instant::now();
         loop {
-            let v: Value = env.client().call("GET", &format!("/v1/snapshots/{}", s["id"].as_str().unwrap()), none).unwrap();
+            let v: Value =
+                env.client().call("GET", &format!("/v1/snapshots/{}", s["id"].as_str().unwrap()), none).unwrap();
             if v["sealing"] == false {
                 return v;
             }
@@ -1221,7 +1429,9 @@ fn crash_at(point: &str) {
         [s] => {
             assert_eq!(l["head"], s["id"], "{point}: {l}");
             assert_eq!(s["sequence"], 1);
-            let r: Value = c.call("POST", &format!("/v1/snapshots/{}/resume", s["id"].as_str().unwrap()), Some(&json!({}))).unwrap();
+            let r: Value = c
+                .call("POST", &format!("/v1/snapshots/{}/resume", s["id"].as_str().unwrap()), Some(&json!({})))
+                .unwrap();
             assert_eq!(stdout(&sh(&env, r["id"].as_str().unwrap(), "cat /data/f20")), "20\n", "{point}");
         }
         more => panic!("{point}: {more:?}"),

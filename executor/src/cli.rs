@@ -94,6 +94,19 @@ pub enum Command {
     /// Show or retire a lineage (work context).
     #[command(subcommand)]
     Lineage(LineageCmd),
+    /// Publish a sandbox's clean repository as a baseline.
+    #[command(subcommand)]
+    Baseline(BaselineCmd),
+    /// Retire stale lineages and delete superseded, retired and failed
+    /// snapshots past retention (the daemon also does this periodically).
+    Gc {
+        /// Default: the daemon's --retention.
+        #[arg(long, value_parser = crate::gc::parse_duration)]
+        retention: Option<std::time::Duration>,
+        /// Default: the daemon's --stale-after.
+        #[arg(long, value_parser = crate::gc::parse_duration)]
+        stale_after: Option<std::time::Duration>,
+    },
     /// Freeze every process of a sandbox in place (nothing is written).
     Pause { id: String },
     /// Thaw a paused sandbox.
@@ -126,6 +139,16 @@ pub struct DaemonArgs {
     /// would make the chain longer than this.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=400))]
     pub compact_depth: u16,
+    /// Keep superseded, retired and failed snapshots this long (30s, 15m,
+    /// 2h, 7d).
+    #[arg(long, default_value = "7d", value_parser = crate::gc::parse_duration)]
+    pub retention: std::time::Duration,
+    /// Retire an active lineage neither captured nor restored for this long.
+    #[arg(long, default_value = "14d", value_parser = crate::gc::parse_duration)]
+    pub stale_after: std::time::Duration,
+    /// Run the collector this often (0 disables the periodic run).
+    #[arg(long, default_value = "1h", value_parser = crate::gc::parse_duration)]
+    pub gc_interval: std::time::Duration,
 }
 
 #[derive(Subcommand, Debug)]
@@ -149,8 +172,29 @@ pub struct CreateArgs {
     /// The new lineage's id (default: a random one).
     #[arg(long)]
     pub work_context: Option<String>,
+    /// Start from the ready baseline OWNER/REPO@REF (of --image).
+    #[arg(long)]
+    pub baseline: Option<String>,
     #[command(flatten)]
     pub launch: LaunchArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BaselineCmd {
+    /// Validate the repository at --repo (inside the sandbox) with git and,
+    /// if it is clean and at the remote's --ref, seal the sandbox's tree as
+    /// the ready baseline OWNER/REPO@REF; prints its id.
+    Publish {
+        id: String,
+        #[arg(long)]
+        repo: String,
+        #[arg(long = "ref")]
+        git_ref: String,
+        #[arg(long)]
+        owner: Option<String>,
+        #[arg(long)]
+        remote: Option<String>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -310,6 +354,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 scratch: l.scratch,
                 cache: l.cache,
                 work_context: a.work_context.clone(),
+                baseline: a.baseline.clone(),
             };
             let info: SandboxInfo = client(&cli)?.call("POST", "/v1/sandboxes", Some(&req))?;
             println!("{}", info.id);
@@ -377,6 +422,34 @@ pub fn run(cli: Cli) -> Result<i32> {
                 eprintln!("resumed from {} ({})", r.snapshot.as_deref().unwrap_or("the image"), r.rung);
             }
             println!("{}", info.id);
+            Ok(0)
+        }
+        Command::Baseline(BaselineCmd::Publish { id, repo, git_ref, owner, remote }) => {
+            let req = crate::baseline::PublishRequest {
+                repo: repo.clone(),
+                git_ref: git_ref.clone(),
+                owner: owner.clone(),
+                remote: remote.clone(),
+            };
+            let s: SnapshotInfo = client(&cli)?.call("POST", &format!("/v1/sandboxes/{id}/baseline"), Some(&req))?;
+            println!("{}", s.id);
+            Ok(0)
+        }
+        Command::Gc { retention, stale_after } => {
+            let req = crate::api::types::GcRequest {
+                retention_secs: retention.map(|d| d.as_secs()),
+                stale_after_secs: stale_after.map(|d| d.as_secs()),
+            };
+            let r: crate::gc::GcReport = client(&cli)?.call("POST", "/v1/gc", Some(&req))?;
+            for wc in &r.retired {
+                println!("retired lineage {wc}");
+            }
+            for id in &r.deleted {
+                println!("deleted snapshot {id}");
+            }
+            for (id, why) in &r.kept {
+                println!("kept snapshot {id}: {why}");
+            }
             Ok(0)
         }
         Command::Lineage(LineageCmd::Show { id }) => {
@@ -493,6 +566,8 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         shim: a.shim.clone(),
         warm_pool: a.warm_pool,
         compact_depth: usize::from(a.compact_depth),
+        retention: a.retention,
+        stale_after: a.stale_after,
     };
     // Block the shutdown signals before any thread exists so only the
     // signal thread below receives them.
@@ -521,6 +596,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
     }
     daemon.start_warm_pool();
     daemon.start_blob_writer();
+    daemon.start_gc(a.gc_interval, a.retention, a.stale_after);
     crate::api::serve(daemon.clone(), listener, stop);
     let _ = std::fs::remove_file(&cfg.socket);
     daemon.shutdown();

@@ -37,6 +37,11 @@ pub struct DaemonConfig {
     /// A snapshot whose layer chain would be longer than this is compacted
     /// into one layer when it is sealed.
     pub compact_depth: usize,
+    /// How long superseded, retired and failed snapshots are kept.
+    pub retention: std::time::Duration,
+    /// An active lineage neither captured nor restored for this long is
+    /// retired by the collector.
+    pub stale_after: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -344,7 +349,7 @@ impl Daemon {
     pub fn create_sandbox(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
         // Validate everything before reserving anything.
         let name: ImageName = req.image.parse().map_err(|e| ApiError::invalid(&e))?;
-        let launch = self.launch_spec(crate::api::types::LaunchRequest {
+        let launch = crate::api::types::LaunchRequest {
             memory: req.memory,
             pids: req.pids,
             cpus: req.cpus,
@@ -353,7 +358,11 @@ impl Daemon {
             count: None,
             scratch: req.scratch,
             cache: req.cache,
-        })?;
+        };
+        if let Some(key) = &req.baseline {
+            return self.create_from_baseline(key, &req.image, req.work_context.as_deref(), launch);
+        }
+        let launch = self.launch_spec(launch)?;
         let image = lock(&self.db)
             .image_by_name(&name)?
             .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))?;

@@ -391,6 +391,8 @@ pub struct SnapshotRow {
     pub work_context: Option<String>,
     pub sequence: Option<i64>,
     pub predecessor_id: Option<String>,
+    /// A baseline's key, commit and validation evidence.
+    pub baseline: Option<Baseline>,
     /// The id of its own delta layer (its directory under `layers/`).
     pub layer: String,
     /// diff_id hex of that layer; `None` while a suspend's layer is sealing.
@@ -403,6 +405,18 @@ pub struct SnapshotRow {
     /// Capture statistics and timings (JSON).
     pub info: serde_json::Value,
     pub created_at: i64,
+}
+
+/// What makes a snapshot a baseline: its key (owner, repo, the snapshot's
+/// image, canonical ref), the commit it was validated at, and the evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Baseline {
+    pub owner: String,
+    pub repo: String,
+    #[serde(rename = "ref")]
+    pub git_ref: String,
+    pub commit: String,
+    pub evidence: serde_json::Value,
 }
 
 /// One lineage (a work context).
@@ -527,6 +541,45 @@ fn insert_layer(tx: &rusqlite::Transaction<'_>, layer: &LayerRow) -> Result<(), 
         params![layer.id, layer.diff_id, layer.size as i64, layer.entries as i64, now()],
     )
     .map_err(q("insert layer"))?;
+    Ok(())
+}
+
+/// Insert a snapshot row as it is (its class, state, lineage and baseline
+/// fields set by the caller; the schema's CHECKs keep them consistent).
+fn insert_snapshot_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow, info: &str) -> Result<(), DbError> {
+    let b = snap.baseline.as_ref();
+    let evidence = b
+        .map(|b| serde_json::to_string(&b.evidence))
+        .transpose()
+        .map_err(|source| DbError::Decode { what: "baseline evidence", source })?;
+    tx.execute(
+        "INSERT INTO snapshots (id, image_id, parent_id, layer_id, blob_digest, blob_size, compression, class, state, \
+         work_context, sequence, predecessor_id, owner, repo, ref, commit_id, evidence, source_sandbox, info, \
+         created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+        params![
+            snap.id,
+            snap.image_id,
+            snap.parent_id,
+            snap.layer,
+            snap.blob_digest,
+            snap.blob_size as i64,
+            snap.compression,
+            snap.class,
+            snap.state,
+            snap.work_context,
+            snap.sequence,
+            snap.predecessor_id,
+            b.map(|b| &b.owner),
+            b.map(|b| &b.repo),
+            b.map(|b| &b.git_ref),
+            b.map(|b| &b.commit),
+            evidence,
+            snap.source_sandbox,
+            info,
+            snap.created_at
+        ],
+    )
+    .map_err(q("insert snapshot"))?;
     Ok(())
 }
 
@@ -805,34 +858,15 @@ impl Db {
         }
         insert_layer(&tx, layer)?;
         if let Some(h) = &head {
-            tx.execute("UPDATE snapshots SET state = 'superseded' WHERE id = ?1", [h]).map_err(q("supersede head"))?;
+            tx.execute("UPDATE snapshots SET state = 'superseded', retired_at = ?2 WHERE id = ?1", params![h, now()])
+                .map_err(q("supersede head"))?;
         }
         snap.class = "checkpoint".into();
         snap.state = "ready".into();
         snap.work_context = Some(wc.clone());
         snap.sequence = Some(seq + 1);
         snap.predecessor_id = head;
-        tx.execute(
-            "INSERT INTO snapshots (id, image_id, parent_id, layer_id, blob_digest, blob_size, compression, class, \
-             state, work_context, sequence, predecessor_id, source_sandbox, info, created_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'checkpoint', 'ready', ?8, ?9, ?10, ?11, ?12, ?13)",
-            params![
-                snap.id,
-                snap.image_id,
-                snap.parent_id,
-                snap.layer,
-                snap.blob_digest,
-                snap.blob_size as i64,
-                snap.compression,
-                wc,
-                seq + 1,
-                snap.predecessor_id,
-                snap.source_sandbox,
-                info,
-                snap.created_at
-            ],
-        )
-        .map_err(q("insert snapshot"))?;
+        insert_snapshot_row(&tx, snap, &info)?;
         tx.execute(
             "UPDATE work_contexts SET head_id = ?2, head_seq = ?3, used_at = ?4 WHERE id = ?1",
             params![wc, snap.id, seq + 1, now()],
@@ -857,7 +891,8 @@ impl Db {
 
     const SNAP_SELECT: &'static str = "SELECT s.id, s.image_id, s.parent_id, s.layer_id, l.diff_id, s.blob_digest, \
          s.blob_size, s.compression, s.source_sandbox, s.info, s.created_at, s.class, s.state, s.work_context, \
-         s.sequence, s.predecessor_id FROM snapshots s JOIN layers l ON l.id = s.layer_id";
+         s.sequence, s.predecessor_id, s.owner, s.repo, s.ref, s.commit_id, s.evidence \
+         FROM snapshots s JOIN layers l ON l.id = s.layer_id";
 
     fn snapshot_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SnapshotRow, String)> {
         Ok((
@@ -878,6 +913,16 @@ impl Db {
                 work_context: r.get(13)?,
                 sequence: r.get(14)?,
                 predecessor_id: r.get(15)?,
+                baseline: match (r.get::<_, Option<String>>(16)?, r.get::<_, Option<String>>(20)?) {
+                    (Some(owner), Some(evidence)) => Some(Baseline {
+                        owner,
+                        repo: r.get(17)?,
+                        git_ref: r.get(18)?,
+                        commit: r.get(19)?,
+                        evidence: serde_json::from_str(&evidence).unwrap_or(serde_json::Value::Null),
+                    }),
+                    _ => None,
+                },
             },
             r.get(9)?,
         ))
@@ -1164,6 +1209,89 @@ impl Db {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .map_err(q("sandbox lineage"))
+    }
+
+    /// The ready baseline for a key, if any.
+    pub fn ready_baseline(
+        &self,
+        owner: &str,
+        repo: &str,
+        image_id: i64,
+        git_ref: &str,
+    ) -> Result<Option<String>, DbError> {
+        self.conn
+            .query_row(
+                "SELECT id FROM snapshots WHERE class = 'baseline' AND state = 'ready' \
+                 AND owner = ?1 AND repo = ?2 AND image_id = ?3 AND ref = ?4",
+                params![owner, repo, image_id, git_ref],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(q("ready baseline"))
+    }
+
+    /// Publish a baseline as the ready one for its key: a compare-and-swap
+    /// on the ready baseline the publisher observed when it began. If
+    /// another publisher replaced it meanwhile, `Ok(Err(current))` and
+    /// nothing is written; else the old one is superseded and `snap` (with
+    /// its layer) recorded, in one transaction.
+    pub fn publish_baseline(
+        &mut self,
+        snap: &mut SnapshotRow,
+        layer: &LayerRow,
+        observed: Option<&str>,
+    ) -> Result<Result<(), Option<String>>, DbError> {
+        let b = snap.baseline.clone().expect("publish_baseline needs a baseline row");
+        let info =
+            serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin publish"))?;
+        let current: Option<String> = tx
+            .query_row(
+                "SELECT id FROM snapshots WHERE class = 'baseline' AND state = 'ready' \
+                 AND owner = ?1 AND repo = ?2 AND image_id = ?3 AND ref = ?4",
+                params![b.owner, b.repo, snap.image_id, b.git_ref],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(q("ready baseline"))?;
+        if current.as_deref() != observed {
+            return Ok(Err(current));
+        }
+        insert_layer(&tx, layer)?;
+        if let Some(c) = &current {
+            tx.execute("UPDATE snapshots SET state = 'superseded', retired_at = ?2 WHERE id = ?1", params![c, now()])
+                .map_err(q("supersede baseline"))?;
+        }
+        snap.class = "baseline".into();
+        snap.state = "ready".into();
+        insert_snapshot_row(&tx, snap, &info)?;
+        tx.commit().map_err(q("commit publish"))?;
+        Ok(Ok(()))
+    }
+
+    /// Snapshots out of restore position (superseded, retired, failed) since
+    /// before `cutoff` (unix seconds), newest first (children before
+    /// parents).
+    pub fn gc_candidates(&self, cutoff: i64) -> Result<Vec<String>, DbError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT id FROM snapshots WHERE state IN ('superseded', 'retired', 'failed') \
+                 AND COALESCE(retired_at, created_at) <= ?1 ORDER BY created_at DESC, id",
+            )
+            .map_err(q("gc candidates"))?;
+        let rows = st.query_map([cutoff], |r| r.get(0)).map_err(q("gc candidates"))?;
+        rows.collect::<Result<_, _>>().map_err(q("gc candidates"))
+    }
+
+    /// Active lineages neither captured nor restored since `cutoff`.
+    pub fn stale_lineages(&self, cutoff: i64) -> Result<Vec<String>, DbError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT id FROM work_contexts WHERE state = 'active' AND used_at <= ?1 ORDER BY id")
+            .map_err(q("stale lineages"))?;
+        let rows = st.query_map([cutoff], |r| r.get(0)).map_err(q("stale lineages"))?;
+        rows.collect::<Result<_, _>>().map_err(q("stale lineages"))
     }
 
     // ---- exec log ----

@@ -1,34 +1,67 @@
-//! Named pauses in the daemon's multi-step work, for crash tests:
+//! Named pauses in the daemon's multi-step work, for crash and race tests:
 //! `STRATA_FAILPOINTS=name[,name...]` in the daemon's environment makes it
 //! log `failpoint NAME reached` and stop there (sleep until killed) when it
-//! gets to one. The crash tests kill the daemon at each point and check what
-//! a restart finds. Unset, a point costs one load of an initialised static.
+//! gets to one; `name=sleep-once:MS` makes only the first arrival wait MS
+//! milliseconds and go on. Unset, a point costs one load of an initialised
+//! static.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
-static POINTS: OnceLock<Vec<String>> = OnceLock::new();
+enum Action {
+    Stop,
+    SleepOnce(Duration, AtomicBool),
+}
 
-/// Stop here (until killed) if `name` is armed.
+static POINTS: OnceLock<Vec<(String, Action)>> = OnceLock::new();
+
+/// Stop or wait here if `name` is armed.
 pub fn hit(name: &str) {
-    let armed =
-        POINTS.get_or_init(|| std::env::var("STRATA_FAILPOINTS").map(|v| parse(&v)).unwrap_or_default());
-    if armed.iter().any(|p| p == name) {
+    let armed = POINTS.get_or_init(|| std::env::var("STRATA_FAILPOINTS").map(|v| parse(&v)).unwrap_or_default());
+    for (point, action) in armed {
+        if point != name {
+            continue;
+        }
         tracing::warn!("failpoint {name} reached");
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
+        match action {
+            Action::Stop => loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            },
+            Action::SleepOnce(d, done) => {
+                if !done.swap(true, Ordering::AcqRel) {
+                    std::thread::sleep(*d);
+                }
+            }
         }
     }
 }
 
-fn parse(v: &str) -> Vec<String> {
-    v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect()
+fn parse(v: &str) -> Vec<(String, Action)> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s.split_once("=sleep-once:") {
+            Some((name, ms)) => {
+                let ms = ms.parse().unwrap_or(0);
+                (name.to_string(), Action::SleepOnce(Duration::from_millis(ms), AtomicBool::new(false)))
+            }
+            None => (s.to_string(), Action::Stop),
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn parses_a_list() {
-        assert_eq!(super::parse(" a, b,,c "), vec!["a", "b", "c"]);
-        assert!(super::parse("").is_empty());
+        let p = parse(" a, b=sleep-once:250,,c ");
+        let names: Vec<&str> = p.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert!(matches!(p[1].1, Action::SleepOnce(d, _) if d == Duration::from_millis(250)));
+        assert!(matches!(p[0].1, Action::Stop));
+        assert!(parse("").is_empty());
     }
 }

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod baseline;
 pub mod cgroups;
 pub mod cli;
 pub mod client;
@@ -19,6 +20,7 @@ pub mod diff;
 pub mod error;
 pub mod export;
 pub mod failpoint;
+pub mod gc;
 pub mod ids;
 pub mod image;
 pub mod lineage;

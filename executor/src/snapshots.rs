@@ -78,17 +78,31 @@ impl Daemon {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
         let work = self.rt.store.new_tmp("checkpoint").map_err(store_err)?;
-        let result = self.checkpoint_in(&sb, &work, compression, started);
+        // Appended to the sandbox's lineage, fenced on the head it observed.
+        let append = |db: &mut crate::db::Db, row: &mut SnapshotRow, layer: &LayerRow| match db
+            .append_checkpoint(&sb.id, row, layer, false, false)?
+        {
+            Ok(()) => Ok(()),
+            Err(fence) => Err(ApiError::new(ErrorKind::Conflict, format!("checkpoint refused: {fence}"))),
+        };
+        let result = self.capture_in(&sb, &work, compression, started, None, &append);
         let _ = remove_tree(&work);
         result
     }
 
-    fn checkpoint_in(
+    /// Capture a running sandbox's changes as a snapshot and hand the row
+    /// and its layer to `record`, which writes them to the database (a
+    /// checkpoint's fenced append, a baseline's compare-and-swap), after
+    /// `check` (if any) passed. If either refuses, everything the capture
+    /// made is reclaimed.
+    pub(crate) fn capture_in(
         &self,
         sb: &crate::sandbox::Sandbox,
         work: &Path,
         compression: BlobCompression,
         started: Instant,
+        check: Option<&dyn Fn() -> Result<(), ApiError>>,
+        record: &dyn Fn(&mut crate::db::Db, &mut SnapshotRow, &LayerRow) -> Result<(), ApiError>,
     ) -> Result<SnapshotInfo, ApiError> {
         let store = &self.rt.store;
         let dirs = store.sandbox_dirs(&sb.id);
@@ -198,6 +212,7 @@ impl Daemon {
             work_context: None,
             sequence: None,
             predecessor_id: None,
+            baseline: None,
             layer: sealed.diff_id.clone(),
             diff_id: Some(sealed.diff_id.clone()),
             blob_digest: format!("sha256:{blob_hex}"),
@@ -208,19 +223,15 @@ impl Daemon {
             created_at: crate::db::now(),
         };
         let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
+        let checked = check.map_or(Ok(()), |c| c());
         let mut db = lock(&self.db);
-        let appended = db.append_checkpoint(&sb.id, &mut row, &layer, false, false);
-        if !matches!(appended, Ok(Ok(()))) {
-            // Reclaim what this checkpoint made; the sandbox runs on.
+        if let Err(e) = checked.and_then(|()| record(&mut db, &mut row, &layer)) {
+            // Reclaim what this capture made; the sandbox runs on.
             let knows = db.layer_exists(&sealed.diff_id).unwrap_or(true);
             drop(db);
             undo_layer(knows);
             forget_blob(&blob_hex);
-            return Err(match appended {
-                Ok(Err(fence)) => ApiError::new(ErrorKind::Conflict, format!("checkpoint refused: {fence}")),
-                Err(e) => e.into(),
-                Ok(Ok(())) => unreachable!(),
-            });
+            return Err(e);
         }
         drop(db);
         crate::failpoint::hit("checkpoint:appended");
@@ -302,6 +313,7 @@ impl Daemon {
             work_context: row.work_context.clone(),
             sequence: row.sequence,
             predecessor: row.predecessor_id.clone(),
+            baseline: row.baseline.clone(),
             image: image.name,
             parent: row.parent_id.clone(),
             layers: layers.collect(),
@@ -359,6 +371,14 @@ impl Daemon {
         let row = self.snapshot_row(id)?;
         let _pin = self.pin_snapshot(&row.id)?;
         let mut base = self.snapshot_base(&row)?;
+        if row.class == "baseline" {
+            // New work from a baseline: a lineage of its own.
+            let wc = self.new_lineage(None, base.image.id, "baseline", Some(&row.id))?;
+            (base.work_context, base.observed_head, base.rung) = (wc.clone(), None, "baseline");
+            return self.launch(&base, launch).map(|sb| sandbox_info(&sb)).inspect_err(|_| {
+                let _ = lock(&self.db).delete_unused_work_context(&wc);
+            });
+        }
         // It continues the snapshot's own lineage, fenced on its head now.
         let wc = self.eligible_lineage(&row)?;
         (base.work_context, base.observed_head) = (wc.id, wc.head_id);
@@ -394,16 +414,19 @@ impl Daemon {
                 ));
             }
         }
-        self.eligible_lineage(&row)?;
+        let start_kind = if row.class == "baseline" { "baseline" } else { "fork" };
+        if row.class != "baseline" {
+            self.eligible_lineage(&row)?;
+        }
         // Each child is an explicit branch: a lineage of its own, whose
         // origin is the snapshot.
         let mut made: Vec<Arc<crate::sandbox::Sandbox>> = Vec::new();
         for _ in 0..count {
-            let launched = self.new_lineage(None, base.image.id, "fork", Some(&row.id)).and_then(|wc| {
+            let launched = self.new_lineage(None, base.image.id, start_kind, Some(&row.id)).and_then(|wc| {
                 let child = Base {
                     work_context: wc.clone(),
                     observed_head: None,
-                    rung: "fork",
+                    rung: if start_kind == "baseline" { "baseline" } else { "fork" },
                     image: base.image.clone(),
                     layers: base.layers.clone(),
                     snapshot: base.snapshot.clone(),
@@ -580,6 +603,7 @@ impl Daemon {
                 work_context: None,
                 sequence: None,
                 predecessor_id: None,
+                baseline: None,
                 layer: layer.id.clone(),
                 diff_id: layer.diff_id.clone(),
                 blob_digest: String::new(),

@@ -30,26 +30,9 @@ for tool in tar gzip sha256sum stat sort; do
 	command -v "$tool" >/dev/null 2>&1 || die "required tool '$tool' not found"
 done
 
-case "$(uname -m)" in
-x86_64) ARCH=amd64 ;;
-aarch64 | arm64) ARCH=arm64 ;;
-*) die "unsupported machine architecture $(uname -m)" ;;
-esac
-
-# Refuse to clobber a directory that is not an OCI layout we could have written.
-if [[ -e $OUTDIR ]]; then
-	[[ -d $OUTDIR ]] || die "$OUTDIR exists and is not a directory"
-	if [[ ! -f $OUTDIR/oci-layout ]] && [[ -n "$(ls -A "$OUTDIR")" ]]; then
-		die "$OUTDIR exists, is not empty and is not an OCI layout; refusing to overwrite"
-	fi
-fi
-
-OUTPARENT=$(dirname "$OUTDIR")
-mkdir -p "$OUTPARENT"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/strata-busybox-build.XXXXXX")
-STAGE=$(mktemp -d "$OUTPARENT/.$(basename "$OUTDIR").tmp.XXXXXX")
 cleanup() {
-	rm -rf "$WORK" "$STAGE"
+	rm -rf "$WORK"
 }
 trap cleanup EXIT
 
@@ -93,70 +76,8 @@ EOF
 : >"$ROOTFS/etc/hostname"
 chmod 0644 "$ROOTFS/etc/passwd" "$ROOTFS/etc/group" "$ROOTFS/etc/hostname"
 
-# ---- layer ------------------------------------------------------------------
-# Entry names are relative ("bin/busybox", no "./" prefix) and sorted, owners
-# are 0:0, mtimes are the epoch, no atime/ctime/xattrs: same tree, same bytes.
-(cd "$ROOTFS" && find . -mindepth 1 -printf '%P\n' | sort) >"$WORK/files"
-tar --create --file="$WORK/layer.tar" --directory="$ROOTFS" \
-	--format=gnu --no-recursion --verbatim-files-from --files-from="$WORK/files" \
-	--sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
-	--no-acls --no-xattrs --no-selinux
-gzip -n -9 -c "$WORK/layer.tar" >"$WORK/layer.tar.gz"
-
-sha() { sha256sum "$1" | cut -d' ' -f1; }
-size() { stat -c %s "$1"; }
-
-BLOBS=$STAGE/blobs/sha256
-mkdir -p "$BLOBS"
-
-DIFF_ID=$(sha "$WORK/layer.tar")
-LAYER_DIGEST=$(sha "$WORK/layer.tar.gz")
-LAYER_SIZE=$(size "$WORK/layer.tar.gz")
-mv "$WORK/layer.tar.gz" "$BLOBS/$LAYER_DIGEST"
-
-# ---- config, manifest, index ------------------------------------------------
-# Written as compact JSON by printf: fixed key order, so fixed digests.
-printf '%s' \
-	'{"created":"1970-01-01T00:00:00Z",' \
-	'"architecture":"'"$ARCH"'","os":"linux",' \
-	'"config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","HOME=/root"],' \
-	'"Cmd":["sh"],"WorkingDir":"/"},' \
-	'"rootfs":{"type":"layers","diff_ids":["sha256:'"$DIFF_ID"'"]},' \
-	'"history":[{"created":"1970-01-01T00:00:00Z","created_by":"images/busybox/build.sh"}]}' \
-	>"$WORK/config.json"
-CONFIG_DIGEST=$(sha "$WORK/config.json")
-CONFIG_SIZE=$(size "$WORK/config.json")
-mv "$WORK/config.json" "$BLOBS/$CONFIG_DIGEST"
-
-printf '%s' \
-	'{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json",' \
-	'"config":{"mediaType":"application/vnd.oci.image.config.v1+json",' \
-	'"digest":"sha256:'"$CONFIG_DIGEST"'","size":'"$CONFIG_SIZE"'},' \
-	'"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip",' \
-	'"digest":"sha256:'"$LAYER_DIGEST"'","size":'"$LAYER_SIZE"'}]}' \
-	>"$WORK/manifest.json"
-MANIFEST_DIGEST=$(sha "$WORK/manifest.json")
-MANIFEST_SIZE=$(size "$WORK/manifest.json")
-mv "$WORK/manifest.json" "$BLOBS/$MANIFEST_DIGEST"
-
-printf '%s' \
-	'{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json",' \
-	'"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json",' \
-	'"digest":"sha256:'"$MANIFEST_DIGEST"'","size":'"$MANIFEST_SIZE"',' \
-	'"platform":{"architecture":"'"$ARCH"'","os":"linux"},' \
-	'"annotations":{"org.opencontainers.image.ref.name":"latest"}}]}' \
-	>"$STAGE/index.json"
-printf '%s' '{"imageLayoutVersion":"1.0.0"}' >"$STAGE/oci-layout"
-
-find "$STAGE" -type d -exec chmod 0755 {} +
-find "$STAGE" -type f -exec chmod 0644 {} +
-
-# ---- publish ----------------------------------------------------------------
-# Swap the finished layout into place; readers never see a half-written one.
-rm -rf "$OUTDIR"
-mv "$STAGE" "$OUTDIR"
-
-echo "busybox image: $OUTDIR (tag latest)"
-echo "  manifest sha256:$MANIFEST_DIGEST"
-echo "  config   sha256:$CONFIG_DIGEST"
-echo "  layer    sha256:$LAYER_DIGEST ($LAYER_SIZE bytes, diff_id sha256:$DIFF_ID, $applets applets)"
+# ---- layout -----------------------------------------------------------------
+# shellcheck source=images/lib/layout.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/layout.sh"
+echo "busybox image: $OUTDIR (tag latest, $applets applets)"
+write_oci_layout "$ROOTFS" "$OUTDIR" "images/busybox/build.sh" '["sh"]'

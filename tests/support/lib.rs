@@ -208,8 +208,13 @@ impl TestEnv {
     }
 
     pub fn import_busybox(&self) {
-        let dir = image("busybox");
-        self.cli_ok(&["image", "import", dir.to_str().unwrap(), "--name", "busybox:latest"]);
+        self.import_image("busybox");
+    }
+
+    /// Import test image `name` (built under images/out if missing) as `name:latest`.
+    pub fn import_image(&self, name: &str) {
+        let dir = image(name);
+        self.cli_ok(&["image", "import", dir.to_str().unwrap(), "--name", &format!("{name}:latest")]);
     }
 
     /// Cgroup directories of this env, in every mounted hierarchy.

@@ -234,6 +234,19 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             "POST" => json(201, &d.resume(id, body_or_default(req)?)?),
             _ => Err(not_allowed()),
         },
+        ["sandboxes", id, "baseline"] => match m {
+            "POST" => json(201, &d.publish_baseline(id, body(req)?)?),
+            _ => Err(not_allowed()),
+        },
+        ["gc"] => match m {
+            "POST" => {
+                let r: crate::api::types::GcRequest = body_or_default(req)?;
+                let secs = |v: Option<u64>, d: Duration| v.map(Duration::from_secs).unwrap_or(d);
+                let retention = secs(r.retention_secs, d.cfg.retention);
+                json(200, &d.gc(retention, secs(r.stale_after_secs, d.cfg.stale_after))?)
+            }
+            _ => Err(not_allowed()),
+        },
         ["lineages", id] => match m {
             "GET" => json(200, &d.lineage(id)?),
             _ => Err(not_allowed()),

@@ -49,6 +49,10 @@ pub struct CreateRequest {
     /// `[A-Za-z0-9._-]`), or a new one with a random id if absent.
     #[serde(default)]
     pub work_context: Option<String>,
+    /// Start from the ready baseline `OWNER/REPO@REF` of this image instead
+    /// of the bare image.
+    #[serde(default)]
+    pub baseline: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -177,6 +181,9 @@ pub struct SnapshotInfo {
     pub work_context: Option<String>,
     pub sequence: Option<i64>,
     pub predecessor: Option<String>,
+    /// A baseline's key, commit and validation evidence.
+    #[serde(default)]
+    pub baseline: Option<crate::db::Baseline>,
     pub image: String,
     pub parent: Option<String>,
     /// The whole chain a resume mounts, bottom first (`sha256:<hex>`
@@ -231,4 +238,16 @@ pub struct LineageInfo {
     /// Its checkpoints, in append order.
     pub checkpoints: Vec<SnapshotInfo>,
     pub restores: Vec<crate::db::RestoreRow>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct GcRequest {
+    /// Keep snapshots out of restore position this long (default: the
+    /// daemon's `--retention`).
+    #[serde(default)]
+    pub retention_secs: Option<u64>,
+    /// Retire lineages idle this long (default: the daemon's `--stale-after`).
+    #[serde(default)]
+    pub stale_after_secs: Option<u64>,
 }
