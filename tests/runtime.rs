@@ -700,6 +700,12 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
     let other = create(&env, json!({"image": "busybox"}));
     let r = env.client().request("POST", &format!("/v1/sandboxes/{other}/rollback"), Some(&json!({"to": child})));
     assert_eq!(status_of(r), 409, "rollback across lineages");
+    // Rollbacks are recorded in the lineage, and do not move its head.
+    let l: Value = env.client().call("GET", &format!("/v1/lineages/{lineage}"), None::<&()>).unwrap();
+    let rolled: Vec<&Value> = l["restores"].as_array().unwrap().iter().filter(|r| r["rung"] == "rollback").collect();
+    assert_eq!(rolled.len(), 2, "{l}");
+    assert_eq!(rolled[0]["snapshot_id"], child.as_str());
+    assert_eq!(l["head"], child.as_str(), "{l}");
 
     // A paused sandbox can be checkpointed and stays paused.
     env.cli_ok(&["pause", &grand]);

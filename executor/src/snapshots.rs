@@ -118,7 +118,8 @@ impl Daemon {
                 let follow = crate::sandbox::TarFollower::new(&tar, progress.clone());
                 s.spawn(move || {
                     let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
-                    let r = store.write_blob(compression, |w| std::io::copy(&mut follow, w));
+                    // Made durable with the layer, by one syncfs before the row.
+                    let r = store.write_blob(compression, false, |w| std::io::copy(&mut follow, w));
                     let diff_id = follow.into_inner().diff_id();
                     (r.map(|(_, hex, size)| (diff_id, hex, size)), started.elapsed())
                 })
@@ -180,7 +181,7 @@ impl Daemon {
         let blob = match blob {
             Some(b) => Ok(b),
             None => store
-                .write_blob(compression, |w| std::io::copy(&mut std::fs::File::open(&sealed.tar)?, w))
+                .write_blob(compression, false, |w| std::io::copy(&mut std::fs::File::open(&sealed.tar)?, w))
                 .map(|(_, hex, size)| (hex, size, started.elapsed())),
         };
         let (blob_hex, blob_size, blob_at) = match blob {
@@ -223,7 +224,8 @@ impl Daemon {
             created_at: crate::db::now(),
         };
         let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
-        let checked = check.map_or(Ok(()), |c| c());
+        // Layer and blob are on disk before any row names them.
+        let checked = store.sync().map_err(store_err).and_then(|()| check.map_or(Ok(()), |c| c()));
         let mut db = lock(&self.db);
         if let Err(e) = checked.and_then(|()| record(&mut db, &mut row, &layer)) {
             // Reclaim what this capture made; the sandbox runs on.
@@ -293,7 +295,8 @@ impl Daemon {
             sealed.stats = c.stats;
             sealed.compacted = true;
         }
-        sealed.new_layer = self.rt.store.commit_layer(&layer_dir, &sealed.diff_id, true).map_err(store_err)?;
+        // Synced with the blob, before the row is written (capture_in).
+        sealed.new_layer = self.rt.store.commit_layer(&layer_dir, &sealed.diff_id, false).map_err(store_err)?;
         Ok(sealed)
     }
 
@@ -705,7 +708,9 @@ impl Daemon {
         // One pass: serialise the layer straight into the compressor.
         let fs = dir.join("fs");
         let ((stats, hex), bhex, size) = store
-            .write_blob(BlobCompression::Zstd, |w| crate::diff::write_delta(&fs, w).map_err(std::io::Error::other))
+            .write_blob(BlobCompression::Zstd, true, |w| {
+                crate::diff::write_delta(&fs, w).map_err(std::io::Error::other)
+            })
             .map_err(store_err)?;
         crate::failpoint::hit("seal:blob-written");
         if row.diff_id.as_ref().is_some_and(|d| *d != hex) {

@@ -35,11 +35,13 @@ fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 }
 
 /// Write what `produce` writes, compressed, into the new file `out`,
-/// hashing the compressed bytes; fsyncs `out`. Returns what `produce`
-/// returned and the sha256 hex and size of the file.
+/// hashing the compressed bytes; with `fsync`, fsyncs `out` (without, the
+/// caller makes it durable later, e.g. with one syncfs for several files).
+/// Returns what `produce` returned and the sha256 hex and size of the file.
 pub fn compress_with<T>(
     compression: BlobCompression,
     out: &Path,
+    fsync: bool,
     produce: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<T>,
 ) -> std::io::Result<(T, String, u64)> {
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(out)?;
@@ -62,14 +64,17 @@ pub fn compress_with<T>(
         }
     };
     let (inner, hex, n) = h.finish();
-    inner.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+    let file = inner.into_inner().map_err(|e| e.into_error())?;
+    if fsync {
+        file.sync_all()?;
+    }
     Ok((t, hex, n))
 }
 
 /// Compress `tar` into the new file `out` (see [`compress_with`]).
 pub fn compress_into(tar: &Path, compression: BlobCompression, out: &Path) -> std::io::Result<(String, u64)> {
     let mut src = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(tar)?);
-    compress_with(compression, out, |w| std::io::copy(&mut src, w)).map(|(_, hex, n)| (hex, n))
+    compress_with(compression, out, true, |w| std::io::copy(&mut src, w)).map(|(_, hex, n)| (hex, n))
 }
 
 /// How a snapshot's blob is compressed.
@@ -204,6 +209,12 @@ impl Store {
         Ok(())
     }
 
+    /// Flush the store's file system: layers, blobs and everything else
+    /// written so far (one syncfs, not one fsync per file).
+    pub fn sync(&self) -> Result<(), StoreError> {
+        self.sync_layer(&self.root)
+    }
+
     /// Flush a layer's file system (syncfs: one call, not one per file).
     pub fn sync_layer(&self, dir: &Path) -> Result<(), StoreError> {
         let f = std::fs::File::open(dir).map_err(io("open", dir))?;
@@ -263,16 +274,18 @@ impl Store {
     }
 
     /// Compress what `produce` writes into the blob store (zstd or gzip at
-    /// their fastest levels), hashing as it goes: write under `tmp/`, fsync,
-    /// rename. Returns what `produce` returned and the blob's digest hex and
-    /// size. On error nothing is left.
+    /// their fastest levels), hashing as it goes: write under `tmp/`, fsync
+    /// (unless the caller will [`Store::sync`] before recording it), rename.
+    /// Returns what `produce` returned and the blob's digest hex and size.
+    /// On error nothing is left.
     pub fn write_blob<T>(
         &self,
         compression: BlobCompression,
+        fsync: bool,
         produce: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<T>,
     ) -> Result<(T, String, u64), StoreError> {
         let tmp = self.tmp_dir().join(format!("blob-{:016x}", rand::random::<u64>()));
-        let (t, hex, size) = match compress_with(compression, &tmp, produce) {
+        let (t, hex, size) = match compress_with(compression, &tmp, fsync, produce) {
             Ok(r) => r,
             Err(source) => {
                 let _ = std::fs::remove_file(&tmp);
