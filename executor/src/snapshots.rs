@@ -3,11 +3,12 @@
 //! fork (start sandboxes on a snapshot's chain), and list/inspect/remove.
 //!
 //! A checkpoint is, in order: capture (frozen: upper → tar, see
-//! `sandbox/checkpoint.rs`; a thread hashes and compresses the tar into
+//! `sandbox/checkpoint.rs`; a thread compresses the tar into
 //! `blobs/sha256/<digest>` as it is written), then, with the sandbox running
 //! again, hydrate the tar into `tmp/` with the same per-entry checks imports
-//! use and rename it to `layers/<diff_id>`, and record layer + snapshot in
-//! one transaction. Any failure removes what this checkpoint made; `tmp/` is
+//! use (hashing it: the diff_id), rename it to `layers/<diff_id>`, make
+//! layer and blob durable with one syncfs, and record layer + snapshot in one
+//! transaction. Any failure removes what this checkpoint made; `tmp/` is
 //! swept at start for a daemon killed mid-way, and layer and blob files the
 //! database does not list are swept too.
 //!
@@ -108,9 +109,9 @@ impl Daemon {
         let dirs = store.sandbox_dirs(&sb.id);
         let tar = work.join("layer.tar");
         // A snapshot that compacts its chain gets the compacted layer's blob,
-        // written after the fold. Any other gets its blob (and its diff_id)
-        // from a thread that hashes and compresses the tar while the capture
-        // writes it, so that the frozen capture only copies.
+        // written after the fold. Any other gets its blob from a thread that
+        // compresses the tar while the capture writes it, so that the frozen
+        // capture only copies; the hydration hashes it (the diff_id).
         let deep = self.needs_compaction(sb.spec.snapshot.as_deref())?;
         let progress = Arc::new(crate::sandbox::TarProgress::default());
         let (unpacked, follower) = std::thread::scope(|s| {
@@ -120,22 +121,22 @@ impl Daemon {
                     let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
                     // Made durable with the layer, by one syncfs before the row.
                     let r = store.write_blob(compression, false, |w| std::io::copy(&mut follow, w));
-                    let diff_id = follow.into_inner().diff_id();
-                    (r.map(|(_, hex, size)| (diff_id, hex, size)), started.elapsed())
+                    (r.map(|(_, hex, size)| (hex, size)), started.elapsed())
                 })
             });
             let cap = sb.capture(&dirs.upper, &tar, follower.is_some().then(|| progress.clone()));
             progress.end(cap.is_ok());
             crate::failpoint::hit("checkpoint:captured");
             // Hydrate while the blob is being finished.
-            let unpacked = cap.map_err(ApiError::from).and_then(|cap| {
-                let u = self.unpack_capture(&cap, work)?;
+            let unpacked = cap.map_err(ApiError::from).and_then(|mut cap| {
+                let (u, diff_id) = self.unpack_capture(&cap, work)?;
+                cap.diff_id.get_or_insert(diff_id);
                 Ok((cap, u))
             });
             (unpacked, follower.map(|h| h.join()))
         });
         let follower = follower.map(|joined| match joined {
-            Ok((r, at)) => r.map(|(diff_id, hex, size)| (diff_id, hex, size, at)),
+            Ok((r, at)) => r.map(|(hex, size)| (hex, size, at)),
             Err(_) => Err(StoreError::Io {
                 step: "write blob",
                 path: tar.clone(),
@@ -153,19 +154,16 @@ impl Daemon {
         };
         let sealed = match (unpacked, follower) {
             (Ok((cap, layer)), None) => self.finish_capture(sb, cap, layer, work).map(|s| (s, None)),
-            (Ok((mut cap, layer)), Some(Ok((diff_id, hex, size, at)))) => {
-                cap.diff_id = Some(diff_id);
-                match self.finish_capture(sb, cap, layer, work) {
-                    Ok(s) => Ok((s, Some((hex, size, at)))),
-                    Err(e) => {
-                        forget_blob(&hex);
-                        Err(e)
-                    }
+            (Ok((cap, layer)), Some(Ok((hex, size, at)))) => match self.finish_capture(sb, cap, layer, work) {
+                Ok(s) => Ok((s, Some((hex, size, at)))),
+                Err(e) => {
+                    forget_blob(&hex);
+                    Err(e)
                 }
-            }
+            },
             (Ok(_), Some(Err(e))) => Err(store_err(e)),
             (Err(e), follower) => {
-                if let Some(Ok((_, hex, _, _))) = follower {
+                if let Some(Ok((hex, _, _))) = follower {
                     forget_blob(&hex);
                 }
                 Err(e)
@@ -249,12 +247,13 @@ impl Daemon {
     }
 
     /// Unpack a captured tar into `work/layer/fs` with the same per-entry
-    /// checks as image layers. Returns `work/layer` and what was unpacked.
+    /// checks as image layers. Returns `work/layer`, what was unpacked, and
+    /// the tar's sha256 hex (its diff_id).
     fn unpack_capture(
         &self,
         cap: &crate::sandbox::Capture,
         work: &Path,
-    ) -> Result<(std::path::PathBuf, oci::UnpackStats), ApiError> {
+    ) -> Result<((std::path::PathBuf, oci::UnpackStats), String), ApiError> {
         let layer_dir = work.join("layer");
         let fs_dir = layer_dir.join("fs");
         std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
@@ -264,7 +263,8 @@ impl Daemon {
             let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Conflict };
             ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
         })?;
-        Ok((layer_dir, unpacked))
+        let (unpacked, diff_id) = unpacked;
+        Ok(((layer_dir, unpacked), diff_id.hex().to_string()))
     }
 
     /// Put an unpacked capture in place under `layers/<diff_id>` (or reuse

@@ -231,14 +231,15 @@ pub fn unpack_layer(layer: &LayerSource, dest: &Path) -> Result<UnpackStats, Unp
 
 /// Unpacks an uncompressed tar this daemon wrote itself (a checkpoint's
 /// capture, under the root-only `tmp/`) into `dest`: every entry gets the
-/// same checks as an image layer's, but there is no digest to verify and
-/// nothing is hashed (the capture's diff_id is computed beside it).
-pub fn unpack_own_tar(tar: &Path, dest: &Path) -> Result<UnpackStats, UnpackError> {
+/// same checks as an image layer's, but there is no digest to verify; the
+/// tar's sha256 (its diff_id) is returned.
+pub fn unpack_own_tar(tar: &Path, dest: &Path) -> Result<(UnpackStats, Digest), UnpackError> {
     let name = LayerName::Capture;
     let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(tar).map_err(|source| {
         UnpackError::Io { digest: name.clone(), step: "open captured tar", path: tar.to_owned(), source }
     })?;
-    extract(&name, file, Compression::None, dest, false).map(|(stats, _)| stats)
+    let (stats, digest) = extract(&name, file, Compression::None, dest, true)?;
+    Ok((stats, digest.unwrap_or_else(|| Digest::sha256(b""))))
 }
 
 /// Extracts the (compressed) tar in `blob` into `dest`, checking every

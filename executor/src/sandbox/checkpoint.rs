@@ -1,11 +1,11 @@
 //! Checkpoint capture: quiesce the sandbox, write its upper dir as an
 //! uncompressed OCI layer tar, resume it. Only this part runs frozen, and
 //! it only copies: another thread follows the tar as it grows
-//! ([`TarFollower`]), hashing it (the diff_id) and compressing it into the
-//! blob. The follower never slows the writer down (it reads what is already
-//! written, from the page cache), so neither hashing nor compression
-//! lengthens the pause, yet the blob is finished about when the tar is.
-//! Turning the tar into a hydrated lower happens after the thaw (see
+//! ([`TarFollower`]) and compresses it into the blob. The follower never
+//! slows the writer down (it reads what is already written, from the page
+//! cache), so compression never lengthens the pause, yet the blob is
+//! finished about when the tar is. Hydrating the tar into a lower (which
+//! also hashes it: the diff_id) happens after the thaw (see
 //! `snapshots.rs`).
 //!
 //! A plain copy of the upper is the floor for the frozen time (the delta must
@@ -78,23 +78,16 @@ impl TarProgress {
 /// Reads a capture's tar while it is being written: blocks until more is
 /// final, ends when the capture has ended, fails if it failed. Bytes past
 /// the file's current end are a hole the writer skipped: zeros.
-/// It hashes what it reads: the tar's diff_id.
 pub struct TarFollower {
     path: PathBuf,
     file: Option<std::fs::File>,
     pos: u64,
     progress: Arc<TarProgress>,
-    hash: sha2::Sha256,
 }
 
 impl TarFollower {
     pub fn new(path: &Path, progress: Arc<TarProgress>) -> TarFollower {
-        TarFollower { path: path.to_path_buf(), file: None, pos: 0, progress, hash: sha2::Digest::new() }
-    }
-
-    /// sha256 hex of everything read (the diff_id, once read to the end).
-    pub fn diff_id(self) -> String {
-        hex::encode(sha2::Digest::finalize(self.hash))
+        TarFollower { path: path.to_path_buf(), file: None, pos: 0, progress }
     }
 }
 
@@ -127,7 +120,6 @@ impl std::io::Read for TarFollower {
             n => n,
         };
         self.pos += n as u64;
-        sha2::Digest::update(&mut self.hash, &buf[..n]);
         Ok(n)
     }
 }
@@ -161,7 +153,8 @@ impl std::io::Write for SparseFile {
 #[derive(Debug, Clone)]
 pub struct Capture {
     pub tar: PathBuf,
-    /// sha256 hex of the tar; `None` if a [`TarFollower`] hashes it.
+    /// sha256 hex of the tar; `None` if it was not hashed while frozen
+    /// (the hydration hashes it).
     pub diff_id: Option<String>,
     pub stats: DeltaStats,
     /// How long the sandbox was frozen (zero if it was paused already).
@@ -211,7 +204,8 @@ impl Sandbox {
             std::fs::File::create(tar)
                 .map_err(|source| SandboxError::Io { step: "create checkpoint tar", source })
                 .and_then(|f| {
-                    // With a follower, the capture only copies: it hashes.
+                    // With a follower, the capture only copies (the
+                    // hydration hashes the tar after the thaw).
                     let followed = progress.is_some();
                     let mut w = BufWriter::with_capacity(1 << 20, SparseFile::new(f, progress));
                     let r = if followed {
