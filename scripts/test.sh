@@ -70,6 +70,27 @@ leftovers() {
 	return "$found"
 }
 
+# After a timeout (the test process was killed, so no test cleaned up): end
+# the processes this tree's binaries run and those in the suite's cgroups
+# (by pid, nothing else), unmount what the suite mounted, remove its cgroups.
+reclaim() {
+	local pid exe dir m
+	for pid in /proc/[0-9]*; do
+		exe=$(readlink "$pid/exe" 2>/dev/null) || continue
+		[[ $exe == "$REPO_ROOT/target/"* ]] && kill -9 "${pid#/proc/}" 2>/dev/null
+	done
+	for dir in /sys/fs/cgroup/"$MARKER"* /sys/fs/cgroup/*/"$MARKER"* /sys/fs/cgroup/*/*/"$MARKER"*; do
+		[[ -d $dir ]] || continue
+		find "$dir" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
+	done
+	sleep 1
+	awk -v m="$MARKER" '$5 ~ m {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m"; done
+	for dir in /sys/fs/cgroup/"$MARKER"* /sys/fs/cgroup/*/"$MARKER"* /sys/fs/cgroup/*/*/"$MARKER"*; do
+		[[ -d $dir ]] && find "$dir" -depth -type d -exec rmdir {} \; 2>/dev/null
+	done
+	return 0
+}
+
 step "check the host is clean before testing"
 if ! leftovers; then
 	die "the host has leftovers from an earlier run (listed above); clean them up first"
@@ -96,7 +117,14 @@ step "integration tests (root): cargo test -p strata-tests -- --test-threads=1"
 export STRATA_TEST_IMAGES="$REPO_ROOT/images/out"
 echo "STRATA_TEST_IMAGES=$STRATA_TEST_IMAGES"
 integration=0
-RUST_BACKTRACE=${RUST_BACKTRACE:-1} cargo test -p strata-tests -- --test-threads=1 || integration=$?
+# A hung test must not hold CI for its whole budget (TEST_TIMEOUT seconds).
+RUST_BACKTRACE=${RUST_BACKTRACE:-1} timeout --kill-after=10 "${TEST_TIMEOUT:-1800}" \
+	cargo test -p strata-tests -- --test-threads=1 || integration=$?
+if [[ $integration -eq 124 || $integration -eq 137 ]]; then
+	echo "integration tests timed out after ${TEST_TIMEOUT:-1800} s; reclaiming what they left" >&2
+	leftovers || true
+	reclaim
+fi
 
 # Check for leftovers even when the tests failed: a failing test must not leak either.
 step "check for leftover mounts, cgroups and processes"
