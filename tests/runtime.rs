@@ -131,6 +131,46 @@ fn sandbox_is_isolated_and_writes_stay_in_its_upper() {
 }
 
 #[test]
+fn kernel_interfaces_are_masked_or_read_only() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox", "hostname": "masked"}));
+    // Masked: host memory, keys, timers, scheduler internals, firmware read
+    // as empty.
+    let v = sh(
+        &env,
+        &id,
+        "for f in /proc/kcore /proc/keys /proc/timer_list /proc/sched_debug; do \
+           [ -e $f ] && printf '%s=%s ' $f $(wc -c < $f); done; echo; ls -A /sys/firmware | wc -l",
+    );
+    let out = stdout(&v);
+    // (Which of them exist depends on the kernel's configuration.)
+    assert!(out.contains("/proc/keys=0 ") || out.contains("/proc/timer_list=0 "), "{out}");
+    assert!(!out.split_whitespace().any(|w| w.contains('=') && !w.ends_with("=0")), "{out}");
+    assert!(out.ends_with("\n0\n"), "/sys/firmware is not empty: {out}");
+    // Read-only: sysctls, sysrq, irq, bus. (The write tried is to the
+    // sandbox's own UTS hostname: harmless even if it went through.)
+    let v = sh(
+        &env,
+        &id,
+        "(echo other > /proc/sys/kernel/hostname) 2>&1; echo rc=$?; hostname; n=0; \
+         for p in /proc/sys /proc/sysrq-trigger /proc/irq /proc/bus; do [ -e $p ] && n=$((n+1)); done; \
+         ro=$(awk '$5 ~ /^\\/proc\\/(sys|sysrq-trigger|irq|bus)$/ && $6 ~ /^ro/' /proc/self/mountinfo | wc -l); \
+         echo present=$n ro=$ro",
+    );
+    let out = stdout(&v);
+    assert!(out.contains("Read-only file system") && out.contains("rc=1\nmasked\n"), "{out}");
+    let counts: Vec<&str> = out.lines().last().unwrap().split(' ').map(|kv| kv.split('=').nth(1).unwrap()).collect();
+    assert_eq!(counts[0], counts[1], "not every read-only path is read-only: {out}");
+    assert_ne!(counts[0], "0");
+    // Readable still, and the masks cannot be lifted from inside.
+    assert_eq!(stdout(&sh(&env, &id, "cat /proc/sys/kernel/hostname")), "masked\n");
+    let v = sh(&env, &id, "umount /proc/kcore 2>&1; echo rc=$?; umount /proc/sys 2>&1; echo rc=$?");
+    assert!(!stdout(&v).contains("rc=0"), "a mask was lifted: {v}");
+    env.finish();
+}
+
+#[test]
 fn exec_semantics() {
     let env = TestEnv::start();
     env.import_busybox();

@@ -53,6 +53,27 @@ pub enum SetupError {
     Extra(String, #[source] Errno),
 }
 
+/// Kernel interfaces a sandbox must not read (host memory, keys, timers
+/// and scheduler internals, firmware): as Docker and runc, a file is covered
+/// by /dev/null and a directory by an empty read-only tmpfs.
+const MASKED_PATHS: [&str; 11] = [
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/sys/devices/virtual/powercap",
+    "/sys/firmware",
+];
+
+/// Kernel interfaces a sandbox may read but not write (sysctls, sysrq,
+/// interrupts, buses), as Docker and runc.
+const READONLY_PATHS: [&str; 5] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+
 /// Device nodes of the minimal /dev: (name, major, minor), all mode 0666.
 const DEVICES: [(&str, u64, u64); 6] =
     [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
@@ -159,6 +180,10 @@ pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
         }
     }
 
+    // 6c. Masked and read-only kernel interfaces (after pivot_root: these
+    //     are the sandbox's own /proc and /sys, no image path is involved).
+    mask_kernel_paths()?;
+
     // 7. Identity and network: own hostname, loopback only.
     nix::unistd::sethostname(&spec.hostname).map_err(|e| SetupError::Hostname(spec.hostname.clone(), e))?;
     sys::loopback_up().map_err(SetupError::Loopback)?;
@@ -167,6 +192,31 @@ pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
     //    keeps only what it needs to spawn commands as other users.
     sys::restrict_capabilities(&sys::DEFAULT_CAPS).map_err(SetupError::Capabilities)?;
     nix::sys::prctl::set_no_new_privs().map_err(SetupError::NoNewPrivs)?;
+    Ok(())
+}
+
+/// Cover [`MASKED_PATHS`] and make [`READONLY_PATHS`] read-only; a path
+/// this kernel does not have is skipped.
+fn mask_kernel_paths() -> Result<(), SetupError> {
+    let err = |p: &'static str| move |e| SetupError::Extra(p.to_string(), e);
+    let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    for p in MASKED_PATHS {
+        let Ok(meta) = std::fs::symlink_metadata(p) else { continue };
+        if meta.is_dir() {
+            let flags = nosuid_nodev_noexec | MsFlags::MS_RDONLY;
+            mount(Some("tmpfs"), p, Some("tmpfs"), flags, Some("size=0,mode=0555")).map_err(err(p))?;
+        } else {
+            mount(Some("/dev/null"), p, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(err(p))?;
+        }
+    }
+    for p in READONLY_PATHS {
+        if std::fs::symlink_metadata(p).is_err() {
+            continue;
+        }
+        mount(Some(p), p, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>).map_err(err(p))?;
+        let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev_noexec;
+        mount(None::<&str>, p, None::<&str>, ro, None::<&str>).map_err(err(p))?;
+    }
     Ok(())
 }
 
