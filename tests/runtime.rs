@@ -171,6 +171,26 @@ fn kernel_interfaces_are_masked_or_read_only() {
 }
 
 #[test]
+fn seccomp_denies_user_namespaces_unless_unconfined() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let probe = "unshare -U true 2>&1; echo rc=$?; grep -E '^Seccomp(_filters)?:' /proc/self/status";
+    let id = create(&env, json!({"image": "busybox"}));
+    let out = stdout(&sh(&env, &id, probe));
+    assert!(out.contains("Operation not permitted\nrc=1\n"), "a user namespace was made: {out}");
+    assert!(out.contains("Seccomp:\t2\nSeccomp_filters:\t2\n"), "{out}");
+    let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    assert_eq!(info["seccomp"], "default");
+    // Relaxed explicitly, per sandbox.
+    let u = create(&env, json!({"image": "busybox", "seccomp": "unconfined"}));
+    let out = stdout(&sh(&env, &u, probe));
+    assert!(out.starts_with("rc=0\nSeccomp:\t0\n"), "{out}");
+    let bad = env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "seccomp": "off"})));
+    assert_eq!(status_of(bad), 400);
+    env.finish();
+}
+
+#[test]
 fn exec_semantics() {
     let env = TestEnv::start();
     env.import_busybox();

@@ -246,6 +246,9 @@ pub struct LaunchArgs {
     /// Named host cache, NAME:PATH (repeatable); never captured.
     #[arg(long)]
     pub cache: Vec<String>,
+    /// `default` (the seccomp filter) or `unconfined` (no filter).
+    #[arg(long, value_parser = ["default", "unconfined"])]
+    pub seccomp: Option<String>,
 }
 
 impl LaunchArgs {
@@ -259,6 +262,7 @@ impl LaunchArgs {
             count,
             scratch: self.scratch.clone(),
             cache: self.cache.clone(),
+            seccomp: self.seccomp.clone(),
         }
     }
 }
@@ -353,6 +357,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 hostname: l.hostname,
                 scratch: l.scratch,
                 cache: l.cache,
+                seccomp: l.seccomp,
                 work_context: a.work_context.clone(),
                 baseline: a.baseline.clone(),
             };

@@ -80,6 +80,8 @@ pub struct LaunchSpec {
     pub env: Vec<String>,
     pub hostname: Option<String>,
     pub mounts: Vec<sandbox::MountDecl>,
+    /// `--seccomp unconfined`: no seccomp filter.
+    pub seccomp_unconfined: bool,
 }
 
 /// Live sandboxes plus slots reserved by creates in flight, under one lock so
@@ -358,6 +360,7 @@ impl Daemon {
             count: None,
             scratch: req.scratch,
             cache: req.cache,
+            seccomp: req.seccomp,
         };
         if let Some(key) = &req.baseline {
             return self.create_from_baseline(key, &req.image, req.work_context.as_deref(), launch);
@@ -386,7 +389,17 @@ impl Daemon {
 
     /// Validate what every way of starting a sandbox takes.
     pub fn launch_spec(&self, req: crate::api::types::LaunchRequest) -> Result<LaunchSpec, ApiError> {
-        let crate::api::types::LaunchRequest { memory, pids, cpus, env, hostname, scratch, cache, .. } = req;
+        let crate::api::types::LaunchRequest { memory, pids, cpus, env, hostname, scratch, cache, seccomp, .. } = req;
+        let seccomp_unconfined = match seccomp.as_deref() {
+            None | Some("default") => false,
+            Some("unconfined") => true,
+            Some(other) => {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("seccomp {other:?} must be \"default\" or \"unconfined\""),
+                ))
+            }
+        };
         let limits = Limits { memory, pids, cpus };
         limits.validate(self.host_cpus).map_err(|e| ApiError::invalid(&e))?;
         for e in &env {
@@ -415,7 +428,7 @@ impl Daemon {
                 return Err(bad(format!("two mounts at {}", m.path())));
             }
         }
-        Ok(LaunchSpec { limits, env, hostname, mounts })
+        Ok(LaunchSpec { limits, env, hostname, mounts, seccomp_unconfined })
     }
 
     /// Start one sandbox on `base`, within the pool's bound.
@@ -467,6 +480,7 @@ impl Daemon {
             hostname,
             cgroup: self.rt.cgroup_path(&id),
             mounts: launch.mounts,
+            seccomp_unconfined: launch.seccomp_unconfined,
         };
         let defaults = self.exec_defaults(&base.image, &spec)?;
         let sb = match warm {
@@ -667,5 +681,6 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
         mounts: s.spec.mounts.clone(),
         work_context: s.spec.work_context.clone(),
         restored: s.spec.restored.clone(),
+        seccomp: if s.spec.seccomp_unconfined { "unconfined" } else { "default" }.into(),
     }
 }

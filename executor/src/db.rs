@@ -345,6 +345,9 @@ pub struct SandboxSpec {
     /// Scratch and cache mounts (never captured).
     #[serde(default)]
     pub mounts: Vec<crate::sandbox::MountDecl>,
+    /// Started without the seccomp filter (`--seccomp unconfined`).
+    #[serde(default)]
+    pub seccomp_unconfined: bool,
     pub limits: crate::cgroups::Limits,
     pub env: Vec<String>,
     pub hostname: String,

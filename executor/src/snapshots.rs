@@ -783,6 +783,7 @@ impl Daemon {
                 env: sb.spec.env.clone(),
                 hostname: Some(sb.spec.hostname.clone()),
                 mounts: sb.spec.mounts.clone(),
+                seccomp_unconfined: sb.spec.seccomp_unconfined,
             };
             self.launch_reserved(&base, launch, Some(sb.id.clone()))
         })();

@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+mod seccomp;
 mod setup;
 mod supervise;
 

@@ -36,6 +36,13 @@ pub struct SetupSpec {
     /// Mounts that are never captured in a snapshot.
     #[serde(default)]
     pub mounts: Vec<ExtraMount>,
+    /// Install the default seccomp filter (false: `--seccomp unconfined`).
+    #[serde(default = "yes")]
+    pub seccomp: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// A mount on top of the sandbox's root that is not part of its upper.

@@ -51,6 +51,8 @@ pub enum SetupError {
     NoNewPrivs(#[source] Errno),
     #[error("mount {0}")]
     Extra(String, #[source] Errno),
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
 }
 
 /// Kernel interfaces a sandbox must not read (host memory, keys, timers
@@ -192,6 +194,11 @@ pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
     //    keeps only what it needs to spawn commands as other users.
     sys::restrict_capabilities(&sys::DEFAULT_CAPS).map_err(SetupError::Capabilities)?;
     nix::sys::prctl::set_no_new_privs().map_err(SetupError::NoNewPrivs)?;
+
+    // 9. The seccomp filter, last: everything above needed calls it denies.
+    if spec.seccomp {
+        crate::seccomp::install()?;
+    }
     Ok(())
 }
 

@@ -45,6 +45,9 @@ pub struct CreateRequest {
     /// them; never captured.
     #[serde(default)]
     pub cache: Vec<String>,
+    /// `default` (the seccomp filter) or `unconfined` (none).
+    #[serde(default)]
+    pub seccomp: Option<String>,
     /// The lineage to work for: a new one with this id (1-64 chars of
     /// `[A-Za-z0-9._-]`), or a new one with a random id if absent.
     #[serde(default)]
@@ -74,6 +77,9 @@ pub struct SandboxInfo {
     /// How it was started: the restore ladder's rung and the snapshot used.
     #[serde(default)]
     pub restored: Option<crate::db::Restored>,
+    /// `default` or `unconfined`.
+    #[serde(default)]
+    pub seccomp: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
@@ -164,6 +170,9 @@ pub struct LaunchRequest {
     pub scratch: Vec<String>,
     #[serde(default)]
     pub cache: Vec<String>,
+    /// `default` (the filter) or `unconfined` (none).
+    #[serde(default)]
+    pub seccomp: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -184,6 +184,7 @@ pub fn start(
                 }),
             })
             .collect::<Result<_, SandboxError>>()?,
+        seccomp: !spec.seccomp_unconfined,
     };
     shim_client::setup(conn, &setup, SETUP_TIMEOUT)
         .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;
