@@ -1440,54 +1440,12 @@ fn crash_at(point: &str) {
         let mut c = Client::connect(&socket).unwrap();
         c.request("POST", &format!("/v1/sandboxes/{sid}/{op}"), None::<&()>).map(|_| ())
     });
-    let start = Instant::now();
-    while !env.daemon_log().contains(&format!("failpoint {point} reached")) {
-        assert!(start.elapsed() < Duration::from_secs(30), "{point} never reached:\n{}", env.daemon_log());
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    env.kill_daemon();
+    kill_at_failpoint(&mut env, point);
     let answered = t.join().unwrap();
     assert_eq!(answered.is_ok(), point == "seal:blob-written", "{point}: {answered:?}");
-    env.daemon_env.clear();
-    env.start_daemon();
-
-    // Every snapshot is whole; every file in the store is the database's.
+    let snaps = store_matches_database(&env, "busybox:latest", point);
     let mut c = env.client();
     let none = None::<&()>;
-    let snaps: Vec<Value> = c.call("GET", "/v1/snapshots", none).unwrap();
-    let wait_sealed = |s: &Value| -> Value {
-        let start = Instant::now();
-        loop {
-            let v: Value =
-                env.client().call("GET", &format!("/v1/snapshots/{}", s["id"].as_str().unwrap()), none).unwrap();
-            if v["sealing"] == false {
-                return v;
-            }
-            assert!(start.elapsed() < Duration::from_secs(30), "{point}: never sealed: {v}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    let snaps: Vec<Value> = snaps.iter().map(wait_sealed).collect();
-    let names = |sub: &str| -> std::collections::BTreeSet<String> {
-        std::fs::read_dir(env.root.join(sub)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
-    };
-    let image: Value = c.call("GET", "/v1/images/busybox:latest", none).unwrap();
-    let mut want_layers: std::collections::BTreeSet<String> = image["layers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap().trim_start_matches("sha256:").to_string())
-        .collect();
-    let mut want_blobs = std::collections::BTreeSet::new();
-    for s in &snaps {
-        want_layers.insert(s["layer"].as_str().unwrap().to_string());
-        let blob = s["blob_digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
-        let len = std::fs::metadata(env.root.join("blobs/sha256").join(&blob)).map(|m| m.len());
-        assert_eq!(len.ok(), s["blob_size"].as_u64(), "{point}: blob of {s}");
-        want_blobs.insert(blob);
-    }
-    assert_eq!(names("layers"), want_layers, "{point}: layers");
-    assert_eq!(names("blobs/sha256"), want_blobs, "{point}: blobs");
     // The head moved at most once, to a whole snapshot.
     let l: Value = c.call("GET", "/v1/lineages/crash", none).unwrap();
     match snaps.as_slice() {
@@ -1510,11 +1468,109 @@ fn crash_at(point: &str) {
         assert_eq!(stdout(&sh(&env, &id, "cat /data/f1")), "1\n", "{point}");
     }
     let start = Instant::now();
+    let names = |sub: &str| -> Vec<String> {
+        std::fs::read_dir(env.root.join(sub)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+    };
     while !names("tmp").is_empty() {
         assert!(start.elapsed() < Duration::from_secs(10), "{point}: tmp/ not emptied: {:?}", names("tmp"));
         std::thread::sleep(Duration::from_millis(20));
     }
     env.finish();
+}
+
+/// Wait until the daemon reports reaching `point`, kill it, and restart it
+/// without failpoints.
+fn kill_at_failpoint(env: &mut TestEnv, point: &str) {
+    let start = Instant::now();
+    while !env.daemon_log().contains(&format!("failpoint {point} reached")) {
+        assert!(start.elapsed() < Duration::from_secs(60), "{point} never reached:\n{}", env.daemon_log());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    env.kill_daemon();
+    env.daemon_env.clear();
+    env.start_daemon();
+}
+
+/// After a restart: every snapshot is whole (sealed, its blob the recorded
+/// size) and every layer and blob in the store is the database's. Returns
+/// the snapshots.
+fn store_matches_database(env: &TestEnv, image: &str, point: &str) -> Vec<Value> {
+    let mut c = env.client();
+    let none = None::<&()>;
+    let snaps: Vec<Value> = c.call("GET", "/v1/snapshots", none).unwrap();
+    let wait_sealed = |s: &Value| -> Value {
+        let start = Instant::now();
+        loop {
+            let v: Value =
+                env.client().call("GET", &format!("/v1/snapshots/{}", s["id"].as_str().unwrap()), none).unwrap();
+            if v["sealing"] == false {
+                return v;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "{point}: never sealed: {v}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let snaps: Vec<Value> = snaps.iter().map(wait_sealed).collect();
+    let names = |sub: &str| -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(env.root.join(sub)).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect()
+    };
+    let image: Value = c.call("GET", &format!("/v1/images/{image}"), none).unwrap();
+    let mut want_layers: std::collections::BTreeSet<String> = image["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().trim_start_matches("sha256:").to_string())
+        .collect();
+    let mut want_blobs = std::collections::BTreeSet::new();
+    for s in &snaps {
+        want_layers.insert(s["layer"].as_str().unwrap().to_string());
+        let blob = s["blob_digest"].as_str().unwrap().trim_start_matches("sha256:").to_string();
+        let len = std::fs::metadata(env.root.join("blobs/sha256").join(&blob)).map(|m| m.len());
+        assert_eq!(len.ok(), s["blob_size"].as_u64(), "{point}: blob of {s}");
+        want_blobs.insert(blob);
+    }
+    assert_eq!(names("layers"), want_layers, "{point}: layers");
+    assert_eq!(names("blobs/sha256"), want_blobs, "{point}: blobs");
+    snaps
+}
+
+#[test]
+fn a_daemon_killed_while_publishing_a_baseline_leaves_it_whole_or_gone() {
+    for point in ["baseline:validated", "checkpoint:layer-committed", "checkpoint:appended"] {
+        let mut env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", point)]);
+        env.import_image("debian-git");
+        let p = create(&env, json!({"image": "debian-git"}));
+        assert_eq!(sh(&env, &p, CLEAN_REPO)["exit_code"], 0);
+        let socket = env.socket.clone();
+        let pid = p.clone();
+        let t = std::thread::spawn(move || {
+            let body = json!({"repo": "/src/app", "ref": "main", "owner": "acme"});
+            Client::connect(&socket).unwrap().request("POST", &format!("/v1/sandboxes/{pid}/baseline"), Some(&body))
+        });
+        kill_at_failpoint(&mut env, point);
+        assert!(t.join().unwrap().is_err(), "{point}: the publish answered before the kill");
+        let snaps = store_matches_database(&env, "debian-git:latest", point);
+        let create_from = || {
+            env.client().request(
+                "POST",
+                "/v1/sandboxes",
+                Some(&json!({"image": "debian-git", "baseline": "acme/app@main"})),
+            )
+        };
+        if point == "checkpoint:appended" {
+            // Recorded before the kill: whole, ready, and new work starts from it.
+            assert_eq!(snaps.len(), 1, "{point}: {snaps:?}");
+            assert_eq!((snaps[0]["class"].as_str(), snaps[0]["state"].as_str()), (Some("baseline"), Some("ready")));
+            let made: Value = serde_json::from_slice(&create_from().unwrap()).unwrap();
+            assert_eq!(stdout(&sh(&env, made["id"].as_str().unwrap(), "cat /src/app/a")), "v1\n", "{point}");
+        } else {
+            assert!(snaps.is_empty(), "{point}: {snaps:?}");
+            assert_eq!(status_of(create_from()), 404, "{point}: a baseline appeared");
+        }
+        // The publisher's sandbox runs on (re-adopted).
+        assert_eq!(stdout(&sh(&env, &p, "cat /src/app/a")), "v1\n", "{point}");
+        env.finish();
+    }
 }
 
 #[test]
