@@ -185,7 +185,7 @@ impl Daemon {
         if !failed.is_empty() {
             return Err(ApiError::new(
                 ErrorKind::Conflict,
-                format!("baseline refused, the repository is not clean: {}", failed.join("; ")),
+                format!("baseline refused, failed checks: {}", failed.join("; ")),
             ));
         }
         crate::failpoint::hit("baseline:validated");

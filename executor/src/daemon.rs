@@ -491,20 +491,16 @@ impl Daemon {
         // a sandbox dir and cgroup without a row: the start-up sweep ends its
         // processes and removes both.
         let start = sandbox::process_start_time(sb.shim_pid).unwrap_or(0);
-        let recorded = {
-            let db = lock(&self.db);
-            db.insert_running_sandbox(&id, base.image.id, &spec, sb.shim_pid, start).and_then(|()| {
-                db.record_restore(
-                    &base.work_context,
-                    &id,
-                    base.rung,
-                    base.snapshot.as_deref(),
-                    base.observed_head.as_deref(),
-                )
-            })
-        };
+        let recorded = lock(&self.db).activate_sandbox(
+            &id,
+            base.image.id,
+            &spec,
+            sb.shim_pid,
+            start,
+            base.rung,
+            base.snapshot.as_deref(),
+        );
         if let Err(e) = recorded {
-            let _ = lock(&self.db).delete_sandbox(&id);
             let _ = sb.destroy(&self.rt.store);
             return Err(e.into());
         }

@@ -410,6 +410,40 @@ pub struct SnapshotRow {
     pub created_at: i64,
 }
 
+impl SnapshotRow {
+    /// A new snapshot of `layer`, taken from sandbox `source` (which ran on
+    /// `parent`). Its class, state and lineage or baseline fields are set
+    /// when it is recorded (`append_checkpoint`, `publish_baseline`); its
+    /// blob fields once the blob is written.
+    pub fn new(
+        image_id: i64,
+        parent_id: Option<String>,
+        layer: &LayerRow,
+        source: &SandboxId,
+        info: serde_json::Value,
+    ) -> SnapshotRow {
+        SnapshotRow {
+            id: SandboxId::random().to_string(),
+            image_id,
+            parent_id,
+            class: "checkpoint".into(),
+            state: "ready".into(),
+            work_context: None,
+            sequence: None,
+            predecessor_id: None,
+            baseline: None,
+            layer: layer.id.clone(),
+            diff_id: layer.diff_id.clone(),
+            blob_digest: String::new(),
+            blob_size: 0,
+            compression: "zstd".into(),
+            source_sandbox: source.to_string(),
+            info,
+            created_at: now(),
+        }
+    }
+}
+
 /// What makes a snapshot a baseline: its key (owner, repo, the snapshot's
 /// image, canonical ref), the commit it was validated at, and the evidence.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -545,6 +579,53 @@ fn insert_layer(tx: &rusqlite::Transaction<'_>, layer: &LayerRow) -> Result<(), 
     )
     .map_err(q("insert layer"))?;
     Ok(())
+}
+
+/// A live sandbox's lineage and the head it observed, as its row says.
+fn sandbox_lineage_in(conn: &Connection, id: &SandboxId) -> Result<(Option<String>, Option<String>), DbError> {
+    conn.query_row(
+        "SELECT json_extract(spec, '$.work_context'), json_extract(spec, '$.observed_head') FROM sandboxes WHERE id = ?1",
+        [id.as_str()],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .map_err(q("sandbox lineage"))
+}
+
+/// A lineage's head, its sequence number and its state.
+fn lineage_head_in(conn: &Connection, wc: &str) -> Result<(Option<String>, i64, String), DbError> {
+    conn.query_row("SELECT head_id, head_seq, state FROM work_contexts WHERE id = ?1", [wc], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+    })
+    .map_err(q("work context head"))
+}
+
+/// The fence an append to lineage `wc` by a sandbox that observed
+/// `observed` meets, given the lineage's `head` and `state`.
+fn fence(wc: &str, observed: &Option<String>, head: &Option<String>, state: &str) -> Option<Fence> {
+    if state != "active" {
+        Some(Fence::Retired { work_context: wc.into() })
+    } else if head != observed {
+        Some(Fence::Moved { work_context: wc.into(), observed: observed.clone(), head: head.clone() })
+    } else {
+        None
+    }
+}
+
+fn ready_baseline_in(
+    conn: &Connection,
+    owner: &str,
+    repo: &str,
+    image_id: i64,
+    git_ref: &str,
+) -> Result<Option<String>, DbError> {
+    conn.query_row(
+        "SELECT id FROM snapshots WHERE class = 'baseline' AND state = 'ready' \
+         AND owner = ?1 AND repo = ?2 AND image_id = ?3 AND ref = ?4",
+        params![owner, repo, image_id, git_ref],
+        |r| r.get(0),
+    )
+    .optional()
+    .map_err(q("ready baseline"))
 }
 
 /// Insert a snapshot row as it is (its class, state, lineage and baseline
@@ -827,14 +908,7 @@ impl Db {
         let info =
             serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin append"))?;
-        let (wc, observed): (Option<String>, Option<String>) = tx
-            .query_row(
-                "SELECT json_extract(spec, '$.work_context'), json_extract(spec, '$.observed_head') \
-                 FROM sandboxes WHERE id = ?1",
-                [sandbox.as_str()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .map_err(q("sandbox lineage"))?;
+        let (wc, observed) = sandbox_lineage_in(&tx, sandbox)?;
         let wc = match wc {
             Some(wc) => wc,
             None => {
@@ -848,16 +922,9 @@ impl Db {
                 sandbox.to_string()
             }
         };
-        let (head, seq, state): (Option<String>, i64, String) = tx
-            .query_row("SELECT head_id, head_seq, state FROM work_contexts WHERE id = ?1", [&wc], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .map_err(q("work context head"))?;
-        if state != "active" {
-            return Ok(Err(Fence::Retired { work_context: wc }));
-        }
-        if head != observed {
-            return Ok(Err(Fence::Moved { work_context: wc, observed, head }));
+        let (head, seq, state) = lineage_head_in(&tx, &wc)?;
+        if let Some(fence) = fence(&wc, &observed, &head, &state) {
+            return Ok(Err(fence));
         }
         insert_layer(&tx, layer)?;
         if let Some(h) = &head {
@@ -1125,7 +1192,27 @@ impl Db {
     }
 
     /// Record that `sandbox` was activated for a lineage.
-    pub fn record_restore(
+    /// Record a started sandbox and its activation of a lineage in one
+    /// transaction (one commit on the create path, not three).
+    #[allow(clippy::too_many_arguments)]
+    pub fn activate_sandbox(
+        &self,
+        id: &SandboxId,
+        image_id: i64,
+        spec: &SandboxSpec,
+        shim_pid: i32,
+        shim_start: u64,
+        rung: &str,
+        snapshot: Option<&str>,
+    ) -> Result<(), DbError> {
+        let wc = spec.work_context.as_deref().unwrap_or(id.as_str());
+        let tx = self.conn.unchecked_transaction().map_err(q("begin activate sandbox"))?;
+        self.insert_running_sandbox(id, image_id, spec, shim_pid, shim_start)?;
+        self.record_restore(wc, id, rung, snapshot, spec.observed_head.as_deref())?;
+        tx.commit().map_err(q("commit activate sandbox"))
+    }
+
+    fn record_restore(
         &self,
         work_context: &str,
         sandbox: &SandboxId,
@@ -1204,14 +1291,15 @@ impl Db {
 
     /// The lineage and observed head a live sandbox's row holds now.
     pub fn sandbox_lineage(&self, id: &SandboxId) -> Result<(Option<String>, Option<String>), DbError> {
-        self.conn
-            .query_row(
-                "SELECT json_extract(spec, '$.work_context'), json_extract(spec, '$.observed_head') \
-                 FROM sandboxes WHERE id = ?1",
-                [id.as_str()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .map_err(q("sandbox lineage"))
+        sandbox_lineage_in(&self.conn, id)
+    }
+
+    /// Why an append by `sandbox` would be refused now, if it would (the
+    /// append checks again in its transaction).
+    pub fn append_fence(&self, sandbox: &SandboxId) -> Result<Option<Fence>, DbError> {
+        let (Some(wc), observed) = sandbox_lineage_in(&self.conn, sandbox)? else { return Ok(None) };
+        let (head, _, state) = lineage_head_in(&self.conn, &wc)?;
+        Ok(fence(&wc, &observed, &head, &state))
     }
 
     /// The ready baseline for a key, if any.
@@ -1222,15 +1310,7 @@ impl Db {
         image_id: i64,
         git_ref: &str,
     ) -> Result<Option<String>, DbError> {
-        self.conn
-            .query_row(
-                "SELECT id FROM snapshots WHERE class = 'baseline' AND state = 'ready' \
-                 AND owner = ?1 AND repo = ?2 AND image_id = ?3 AND ref = ?4",
-                params![owner, repo, image_id, git_ref],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(q("ready baseline"))
+        ready_baseline_in(&self.conn, owner, repo, image_id, git_ref)
     }
 
     /// Publish a baseline as the ready one for its key: a compare-and-swap
@@ -1248,15 +1328,7 @@ impl Db {
         let info =
             serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin publish"))?;
-        let current: Option<String> = tx
-            .query_row(
-                "SELECT id FROM snapshots WHERE class = 'baseline' AND state = 'ready' \
-                 AND owner = ?1 AND repo = ?2 AND image_id = ?3 AND ref = ?4",
-                params![b.owner, b.repo, snap.image_id, b.git_ref],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(q("ready baseline"))?;
+        let current = ready_baseline_in(&tx, &b.owner, &b.repo, snap.image_id, &b.git_ref)?;
         if current.as_deref() != observed {
             return Ok(Err(current));
         }

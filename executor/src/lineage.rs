@@ -83,19 +83,8 @@ impl Daemon {
 
     /// Refuse early if an append for this sandbox would be refused.
     pub(crate) fn check_fence(&self, sandbox: &SandboxId) -> Result<(), ApiError> {
-        let db = lock(&self.db);
-        let (wc, observed) = db.sandbox_lineage(sandbox)?;
-        let Some(wc) = wc else { return Ok(()) };
-        let Some(row) = db.work_context(&wc)? else { return Ok(()) };
-        let fence = if row.state != "active" {
-            Some(crate::db::Fence::Retired { work_context: wc })
-        } else if row.head_id != observed {
-            Some(crate::db::Fence::Moved { work_context: wc, observed, head: row.head_id })
-        } else {
-            None
-        };
-        match fence {
-            Some(f) => Err(ApiError::new(ErrorKind::Conflict, format!("refused: {f}"))),
+        match lock(&self.db).append_fence(sandbox)? {
+            Some(f) => Err(ApiError::new(ErrorKind::Conflict, format!("suspend refused: {f}"))),
             None => Ok(()),
         }
     }
@@ -112,7 +101,8 @@ impl Daemon {
             return Err(ApiError::new(ErrorKind::Conflict, format!("work context {id} is retired")));
         }
         // Rungs 1 and 2: the head, else the snapshot the lineage began from.
-        let rungs = [(wc.head_id.as_deref(), "head"), (wc.start_id.as_deref(), wc.start_kind.as_str())];
+        let start_rung = if wc.start_kind == "baseline" { "baseline" } else { "fork" };
+        let rungs = [(wc.head_id.as_deref(), "head"), (wc.start_id.as_deref(), start_rung)];
         for (snap, rung) in rungs {
             let Some(snap) = snap else { continue };
             let Some(row) = lock(&self.db).snapshot(snap)? else { continue };
@@ -120,13 +110,7 @@ impl Daemon {
             let mut base = self.snapshot_base(&row)?;
             base.work_context = wc.id.clone();
             base.observed_head = wc.head_id.clone();
-            base.rung = if rung == "head" {
-                "head"
-            } else if rung == "baseline" {
-                "baseline"
-            } else {
-                "fork"
-            };
+            base.rung = rung;
             return Ok(sandbox_info(&*self.launch(&base, launch)?));
         }
         // Rung 3: a cold start from the lineage's image.

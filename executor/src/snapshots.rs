@@ -202,26 +202,10 @@ impl Daemon {
             "compacted": sealed.compacted,
         });
         merge_stats(&mut info, stats);
-        let mut row = SnapshotRow {
-            id: SandboxId::random().to_string(),
-            image_id: image.id,
-            parent_id: sb.spec.snapshot.clone(),
-            class: "checkpoint".into(),
-            state: "ready".into(),
-            work_context: None,
-            sequence: None,
-            predecessor_id: None,
-            baseline: None,
-            layer: sealed.diff_id.clone(),
-            diff_id: Some(sealed.diff_id.clone()),
-            blob_digest: format!("sha256:{blob_hex}"),
-            blob_size,
-            compression: compression.as_str().into(),
-            source_sandbox: sb.id.to_string(),
-            info,
-            created_at: crate::db::now(),
-        };
         let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
+        let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
+        (row.blob_digest, row.blob_size, row.compression) =
+            (format!("sha256:{blob_hex}"), blob_size, compression.as_str().into());
         // Layer and blob are on disk before any row names them.
         let checked = store.sync().map_err(store_err).and_then(|()| check.map_or(Ok(()), |c| c()));
         let mut db = lock(&self.db);
@@ -597,25 +581,8 @@ impl Daemon {
             if let Some(c) = &compacted {
                 merge_stats(&mut info, &c.stats);
             }
-            let mut row = SnapshotRow {
-                id: snap_id,
-                image_id,
-                parent_id: sb.spec.snapshot.clone(),
-                class: "checkpoint".into(),
-                state: "ready".into(),
-                work_context: None,
-                sequence: None,
-                predecessor_id: None,
-                baseline: None,
-                layer: layer.id.clone(),
-                diff_id: layer.diff_id.clone(),
-                blob_digest: String::new(),
-                blob_size: 0,
-                compression: BlobCompression::Zstd.as_str().into(),
-                source_sandbox: sb.id.to_string(),
-                info,
-                created_at: crate::db::now(),
-            };
+            let mut row = SnapshotRow::new(image_id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
+            row.id = snap_id; // the id its layer is named by
             let mut db = lock(&self.db);
             let appended = db.append_checkpoint(&sb.id, &mut row, &layer, true, true);
             let inserted = match appended {

@@ -54,7 +54,7 @@ impl MeterState {
 /// Hashes and counts the bytes read through it.
 pub struct Meter<'s, R> {
     inner: R,
-    hasher: Option<Sha256>,
+    hasher: Sha256,
     count: u64,
     state: &'s MeterState,
 }
@@ -62,12 +62,7 @@ pub struct Meter<'s, R> {
 impl<'s, R: Read> Meter<'s, R> {
     /// A meter over `inner`, reporting through `state`.
     pub fn new(inner: R, state: &'s MeterState) -> Self {
-        Meter { inner, hasher: Some(Sha256::new()), count: 0, state }
-    }
-
-    /// A meter that only counts (for a stream with no digest to check).
-    pub fn unhashed(inner: R, state: &'s MeterState) -> Self {
-        Meter { inner, hasher: None, count: 0, state }
+        Meter { inner, hasher: Sha256::new(), count: 0, state }
     }
 
     /// Reads the rest of the stream, so that trailers (gzip CRC and length)
@@ -77,9 +72,9 @@ impl<'s, R: Read> Meter<'s, R> {
         io::copy(self, &mut io::sink())
     }
 
-    /// The digest (if hashed) and the byte count of everything read.
-    pub fn finish(self) -> (Option<Digest>, u64) {
-        (self.hasher.map(Digest::from_hasher), self.count)
+    /// The digest and the byte count of everything read.
+    pub fn finish(self) -> (Digest, u64) {
+        (Digest::from_hasher(self.hasher), self.count)
     }
 }
 
@@ -106,9 +101,7 @@ impl<R: Read> Read for Meter<'_, R> {
         if let Some(left) = budget {
             self.state.budget.set(Some(left - n as u64));
         }
-        if let Some(h) = &mut self.hasher {
-            h.update(&buf[..n]);
-        }
+        self.hasher.update(&buf[..n]);
         self.count += n as u64;
         Ok(n)
     }
@@ -132,6 +125,6 @@ mod tests {
         assert_eq!(m.drain().unwrap(), 10);
         let (digest, count) = m.finish();
         assert_eq!(count, data.len() as u64);
-        assert_eq!(digest, Some(Digest::sha256(&data)));
+        assert_eq!(digest, Digest::sha256(&data));
     }
 }

@@ -221,9 +221,8 @@ pub fn unpack_layer(layer: &LayerSource, dest: &Path) -> Result<UnpackStats, Unp
         .map_err(blob_io("open blob"))?;
     verify_blob(layer, &mut blob)?;
     blob.seek(SeekFrom::Start(0)).map_err(blob_io("rewind blob"))?;
-    let (stats, actual) = extract(&name, blob, layer.compression, dest, true)?;
-    if actual.as_ref() != Some(&layer.diff_id) {
-        let actual = actual.unwrap_or_else(|| Digest::sha256(b""));
+    let (stats, actual) = extract(&name, blob, layer.compression, dest)?;
+    if actual != layer.diff_id {
         return Err(UnpackError::DiffIdMismatch { digest: name, expected: layer.diff_id.clone(), actual });
     }
     Ok(stats)
@@ -238,19 +237,17 @@ pub fn unpack_own_tar(tar: &Path, dest: &Path) -> Result<(UnpackStats, Digest), 
     let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(tar).map_err(|source| {
         UnpackError::Io { digest: name.clone(), step: "open captured tar", path: tar.to_owned(), source }
     })?;
-    let (stats, digest) = extract(&name, file, Compression::None, dest, true)?;
-    Ok((stats, digest.unwrap_or_else(|| Digest::sha256(b""))))
+    extract(&name, file, Compression::None, dest)
 }
 
 /// Extracts the (compressed) tar in `blob` into `dest`, checking every
-/// entry; with `hash`, also returns the uncompressed stream's sha256.
+/// entry; returns the uncompressed stream's sha256 too.
 fn extract(
     name: &LayerName,
     blob: File,
     compression: Compression,
     dest: &Path,
-    hash: bool,
-) -> Result<(UnpackStats, Option<Digest>), UnpackError> {
+) -> Result<(UnpackStats, Digest), UnpackError> {
     let root = open_dest(name, dest)?;
     let state = MeterState::default();
     let decompress = |source| UnpackError::Decompress { digest: name.clone(), compression, source };
@@ -261,8 +258,7 @@ fn extract(
         Compression::Gzip => Box::new(MultiGzDecoder::new(blob)),
         Compression::Zstd => Box::new(zstd::Decoder::with_buffer(blob).map_err(decompress)?),
     };
-    let meter = if hash { Meter::new(stream, &state) } else { Meter::unhashed(stream, &state) };
-    let mut archive = tar::Archive::new(meter);
+    let mut archive = tar::Archive::new(Meter::new(stream, &state));
     let mut ex = Extractor {
         digest: name,
         compression,
