@@ -35,6 +35,7 @@ PACKAGES=(
 	busybox-static umoci skopeo runc crun bubblewrap
 	hyperfine iproute2 python3 jq tar gzip shellcheck
 	qemu-system-x86 xz-utils debootstrap
+	docker-registry apache2-utils
 )
 
 installed() {
@@ -56,6 +57,12 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 	log "apt-get install ${missing[*]}"
 	apt-get update
 	apt-get install -y --no-install-recommends "${missing[@]}"
+	# The tests start their own loopback registries (tests/support/registry.rs);
+	# the packaged service, listening on :5000 on every interface, is not wanted.
+	if [[ " ${missing[*]} " == *" docker-registry "* ]] && [[ -d /run/systemd/system ]]; then
+		log "systemctl disable --now docker-registry.service"
+		systemctl disable --now docker-registry.service || true
+	fi
 else
 	log "system packages already installed"
 fi

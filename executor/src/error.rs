@@ -18,6 +18,9 @@ pub enum ErrorKind {
     Internal,
     /// The store's file system or quota is full (507).
     NoSpace,
+    /// A registry (or other upstream server) failed, refused the
+    /// credentials or served bad data (502).
+    Upstream,
 }
 
 impl ErrorKind {
@@ -30,6 +33,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => 405,
             ErrorKind::Internal => 500,
             ErrorKind::NoSpace => 507,
+            ErrorKind::Upstream => 502,
         }
     }
 
@@ -42,6 +46,7 @@ impl ErrorKind {
             ErrorKind::MethodNotAllowed => "method_not_allowed",
             ErrorKind::Internal => "internal",
             ErrorKind::NoSpace => "no_space",
+            ErrorKind::Upstream => "upstream",
         }
     }
 

@@ -25,6 +25,7 @@ pub mod ids;
 pub mod image;
 pub mod lineage;
 pub mod oci;
+pub mod registry;
 pub mod sandbox;
 pub mod shim_client;
 pub mod snapshots;

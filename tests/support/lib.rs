@@ -5,6 +5,7 @@
 //! was left behind.
 
 pub mod corpus;
+pub mod registry;
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
