@@ -159,10 +159,79 @@ pub enum ImageCmd {
         #[arg(long)]
         name: String,
     },
+    /// Pull an image from an OCI registry, fetching only the layers this
+    /// host lacks.
+    Pull {
+        reference: String,
+        /// Local name (default: REPOSITORY:TAG of the reference).
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
     /// List images.
     Ls,
     /// Remove an image (refused while a sandbox uses it).
     Rm { name: String },
+}
+
+/// How to reach a registry.
+#[derive(Args, Debug)]
+pub struct RegistryArgs {
+    /// Speak plain HTTP to the registry (a local test registry).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Registry user name (basic auth, or for a bearer token).
+    #[arg(long, env = "STRATA_REGISTRY_USERNAME")]
+    pub username: Option<String>,
+    /// Read the registry password from standard input.
+    #[arg(long)]
+    pub password_stdin: bool,
+    /// No progress lines on standard error.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+impl RegistryArgs {
+    fn request(&self, reference: &str, name: Option<String>) -> Result<crate::api::types::RegistryRequest> {
+        let password = if self.password_stdin {
+            let mut p = String::new();
+            std::io::stdin().read_line(&mut p).context("read password from stdin")?;
+            Some(p.trim_end_matches(['\r', '\n']).to_string())
+        } else {
+            std::env::var("STRATA_REGISTRY_PASSWORD").ok()
+        };
+        if password.is_some() && self.username.is_none() {
+            bail!("a password needs --username (or STRATA_REGISTRY_USERNAME)");
+        }
+        if self.username.is_some() && password.is_none() {
+            bail!("--username needs --password-stdin (or STRATA_REGISTRY_PASSWORD)");
+        }
+        Ok(crate::api::types::RegistryRequest {
+            reference: reference.to_string(),
+            insecure: self.insecure,
+            username: self.username.clone(),
+            password,
+            name,
+            progress: true,
+        })
+    }
+
+    /// A progress printer for standard error.
+    fn printer(&self) -> impl FnMut(crate::api::types::Progress) {
+        let quiet = self.quiet;
+        move |p| {
+            if quiet {
+                return;
+            }
+            let short: String = p.digest.trim_start_matches("sha256:").chars().take(12).collect();
+            let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+            match p.action.as_str() {
+                "fetch" => eprintln!("fetch   {short}  {:>8.1} / {:.1} MiB", mib(p.done), mib(p.size)),
+                a => eprintln!("{a:<7} {short}  {:.1} MiB", mib(p.size)),
+            }
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -214,6 +283,20 @@ pub enum SnapshotCmd {
     Inspect { id: String },
     /// Remove a snapshot (refused while a sandbox or a child snapshot uses it).
     Rm { id: String },
+    /// Push a snapshot (its image and chain) to an OCI registry as an
+    /// ordinary image; blobs the registry has are not sent again.
+    Push {
+        id: String,
+        reference: String,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Pull a pushed snapshot and recreate it here (same ids and digests).
+    Pull {
+        reference: String,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
     /// Write a snapshot's whole chain as an OCI image layout in a new directory.
     Export {
         id: String,
@@ -331,6 +414,14 @@ pub fn run(cli: Cli) -> Result<i32> {
             let req = ImportRequest { path: path.to_string_lossy().into_owned(), name: name.clone() };
             let info: ImageInfo = client(&cli)?.call("POST", "/v1/images/import", Some(&req))?;
             println!("{}", info.name);
+            Ok(0)
+        }
+        Command::Image(ImageCmd::Pull { reference, name, registry }) => {
+            let req = registry.request(reference, name.clone())?;
+            let r: crate::api::types::PullResult =
+                client(&cli)?.call_streamed("/v1/images/pull", &req, &mut registry.printer())?;
+            eprintln!("fetched {} blobs, {} bytes; {} layers reused", r.fetched_blobs, r.fetched_bytes, r.reused_layers);
+            println!("{}", r.image.name);
             Ok(0)
         }
         Command::Image(ImageCmd::Ls) => {
@@ -533,6 +624,25 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Snapshot(SnapshotCmd::Inspect { id }) => {
             let s: SnapshotInfo = client(&cli)?.call("GET", &format!("/v1/snapshots/{id}"), NO_BODY)?;
             println!("{}", serde_json::to_string_pretty(&s)?);
+            Ok(0)
+        }
+        Command::Snapshot(SnapshotCmd::Push { id, reference, registry }) => {
+            let req = registry.request(reference, None)?;
+            let r: crate::api::types::PushResult =
+                client(&cli)?.call_streamed(&format!("/v1/snapshots/{id}/push"), &req, &mut registry.printer())?;
+            eprintln!(
+                "uploaded {} blobs ({} bytes); {} present, {} mounted",
+                r.uploaded_blobs, r.uploaded_bytes, r.present_blobs, r.mounted_blobs
+            );
+            println!("{}@{}", r.reference, r.manifest_digest);
+            Ok(0)
+        }
+        Command::Snapshot(SnapshotCmd::Pull { reference, registry }) => {
+            let req = registry.request(reference, None)?;
+            let r: crate::api::types::PullResult =
+                client(&cli)?.call_streamed("/v1/snapshots/pull", &req, &mut registry.printer())?;
+            eprintln!("fetched {} blobs, {} bytes; {} layers reused", r.fetched_blobs, r.fetched_bytes, r.reused_layers);
+            println!("{}", r.snapshot.map(|s| s.id).unwrap_or_default());
             Ok(0)
         }
         Command::Snapshot(SnapshotCmd::Export { id, dir, compression }) => {

@@ -67,6 +67,74 @@ impl Client {
     }
 
     fn read_response(&mut self) -> Result<Response, ClientError> {
+        let (status, headers) = self.read_head()?;
+        let len = headers
+            .iter()
+            .find(|(k, _)| k == "content-length")
+            .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; if status == 101 { 0 } else { len }];
+        self.reader.read_exact(&mut body)?;
+        Ok(Response { status, headers, body })
+    }
+
+    /// A request answered with a progress stream (`progress: true` on push
+    /// and pull): `on_progress` sees each progress line, the last line is
+    /// the result (or the error).
+    pub fn call_streamed<T: DeserializeOwned>(
+        &mut self,
+        path: &str,
+        body: &impl Serialize,
+        on_progress: &mut dyn FnMut(crate::api::types::Progress),
+    ) -> Result<T, ClientError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: strata\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            bytes.len()
+        );
+        self.writer.write_all(head.as_bytes())?;
+        self.writer.write_all(&bytes)?;
+        let (status, headers) = self.read_head()?;
+        let ndjson = headers.iter().any(|(k, v)| k == "content-type" && v.starts_with("application/x-ndjson"));
+        if !ndjson {
+            let len = headers
+                .iter()
+                .find(|(k, _)| k == "content-length")
+                .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            let mut body = vec![0; len];
+            self.reader.read_exact(&mut body)?;
+            let b = check(Response { status, headers, body })?;
+            return serde_json::from_slice(&b).map_err(|e| ClientError::Protocol(format!("decode response: {e}")));
+        }
+        #[derive(serde::Deserialize)]
+        struct Line {
+            progress: Option<crate::api::types::Progress>,
+            status: Option<u16>,
+            result: Option<serde_json::Value>,
+            error: Option<crate::api::types::ErrorDetail>,
+        }
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.reader.read_line(&mut line)? == 0 {
+                return Err(ClientError::Protocol("progress stream ended without a result".into()));
+            }
+            let l: Line =
+                serde_json::from_str(&line).map_err(|e| ClientError::Protocol(format!("decode progress: {e}")))?;
+            if let Some(p) = l.progress {
+                on_progress(p);
+                continue;
+            }
+            if let Some(e) = l.error {
+                return Err(ClientError::Api { status: l.status.unwrap_or(500), code: e.code, message: e.message });
+            }
+            let v = l.result.unwrap_or_default();
+            return serde_json::from_value(v).map_err(|e| ClientError::Protocol(format!("decode response: {e}")));
+        }
+    }
+
+    fn read_head(&mut self) -> Result<(u16, Vec<(String, String)>), ClientError> {
         let mut head = Vec::new();
         loop {
             let n = self.reader.read_until(b'\n', &mut head)?;
@@ -89,14 +157,7 @@ impl Client {
             .iter()
             .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
             .collect();
-        let len = headers
-            .iter()
-            .find(|(k, _)| k == "content-length")
-            .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-            .unwrap_or(0);
-        let mut body = vec![0; if status == 101 { 0 } else { len }];
-        self.reader.read_exact(&mut body)?;
-        Ok(Response { status, headers, body })
+        Ok((status, headers))
     }
 
     /// One request; a non-2xx answer becomes [`ClientError::Api`].

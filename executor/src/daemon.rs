@@ -149,7 +149,7 @@ pub struct Daemon {
     pub(crate) pool: Mutex<Pool>,
     max_sandboxes: usize,
     host_cpus: usize,
-    import_lock: Mutex<()>,
+    pub(crate) import_lock: Mutex<()>,
     _lock: Flock<File>,
 }
 
@@ -288,11 +288,8 @@ impl Daemon {
         }
         self.rt.store.sweep(&known_layers, &known_sandboxes)?;
         // Blobs the database does not list (a checkpoint cut short).
-        let known_blobs: HashSet<String> = lock(&self.db)
-            .list_snapshots()?
-            .into_iter()
-            .map(|s| s.blob_digest.trim_start_matches("sha256:").to_string())
-            .collect();
+        let known_blobs: HashSet<String> =
+            lock(&self.db).all_blobs()?.iter().map(|d| d.trim_start_matches("sha256:").to_string()).collect();
         self.rt.store.sweep_blobs(&known_blobs)?;
         Ok(())
     }
@@ -654,7 +651,7 @@ impl Daemon {
     }
 }
 
-fn image_info(r: &ImageRow) -> ImageInfo {
+pub(crate) fn image_info(r: &ImageRow) -> ImageInfo {
     ImageInfo {
         name: r.name.clone(),
         manifest_digest: r.manifest_digest.clone(),

@@ -35,6 +35,8 @@ pub enum DbError {
         #[source]
         source: rusqlite::Error,
     },
+    #[error("refused to record {0}")]
+    Invalid(String),
     #[error("decode stored {what}")]
     Decode {
         what: &'static str,
@@ -315,6 +317,9 @@ pub struct ImageRow {
     pub config: ImageConfig,
     /// Layer diff_ids (also their layer ids), bottom first (OCI order).
     pub layers: Vec<String>,
+    /// The `sha256:<hex>` of each layer's compressed blob, as imported or
+    /// pulled (kept in `blobs/` since imports keep them).
+    pub blobs: Vec<String>,
     pub created_at: i64,
 }
 
@@ -667,6 +672,67 @@ fn insert_snapshot_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow, info:
     Ok(())
 }
 
+fn insert_image_in(
+    tx: &rusqlite::Transaction<'_>,
+    name: &ImageName,
+    manifest_digest: &str,
+    config_digest: &str,
+    config: &str,
+    layers: &[(LayerRow, String)],
+) -> Result<i64, DbError> {
+    tx.execute(
+        "INSERT INTO images (name, manifest_digest, config_digest, config, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![name.as_str(), manifest_digest, config_digest, config, now()],
+    )
+    .map_err(q("insert image"))?;
+    let image_id = tx.last_insert_rowid();
+    for (pos, (layer, blob)) in layers.iter().enumerate() {
+        insert_layer(tx, layer)?;
+        tx.execute(
+            "INSERT INTO image_layers (image_id, position, layer_id, blob_digest) VALUES (?1, ?2, ?3, ?4)",
+            params![image_id, pos as i64, layer.id, blob],
+        )
+        .map_err(q("insert image layer"))?;
+    }
+    Ok(image_id)
+}
+
+/// The image a pull recreates: found by manifest digest and layers, or
+/// inserted under `name` (or `name`'s repository with the manifest digest's
+/// first 12 hex digits as tag, if `name` is taken by another image).
+pub struct PulledImage {
+    pub name: ImageName,
+    pub manifest_digest: String,
+    pub config_digest: String,
+    pub config: ImageConfig,
+    pub layers: Vec<(LayerRow, String)>,
+}
+
+/// A snapshot a pull recreates, with its layer and its lineage's start.
+pub struct PulledSnapshot {
+    pub row: SnapshotRow,
+    pub layer: LayerRow,
+    pub start_kind: String,
+    pub start_id: Option<String>,
+}
+
+/// Why a pull cannot be recorded on this host.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PullConflict {
+    #[error("snapshot {id} exists on this host with other content (layer {here}, pulled {pulled})")]
+    Differs { id: String, here: String, pulled: String },
+    #[error("lineage {work_context} has another checkpoint ({here}) at sequence {sequence} on this host: the lineages diverged")]
+    Diverged { work_context: String, sequence: i64, here: String },
+    #[error("image names {0:?} are taken by other images")]
+    ImageName(Vec<String>),
+}
+
+fn insert_pulled_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow) -> Result<(), DbError> {
+    let info =
+        serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
+    insert_snapshot_row(tx, snap, &info)
+}
+
 /// Delete a layer's row if no image or snapshot lists it; true if deleted.
 fn delete_layer_if_unused(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool, DbError> {
     let used = tx
@@ -762,6 +828,17 @@ impl Db {
             .map_err(q("layer exists"))
     }
 
+    /// Every blob digest (`sha256:<hex>`) a snapshot or an image layer
+    /// refers to.
+    pub fn all_blobs(&self) -> Result<std::collections::HashSet<String>, DbError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT blob_digest FROM snapshots UNION SELECT blob_digest FROM image_layers")
+            .map_err(q("list blobs"))?;
+        let rows = st.query_map([], |r| r.get(0)).map_err(q("list blobs"))?;
+        rows.collect::<Result<_, _>>().map_err(q("list blobs"))
+    }
+
     pub fn all_layers(&self) -> Result<Vec<String>, DbError> {
         let mut st = self.conn.prepare("SELECT id FROM layers").map_err(q("list layers"))?;
         let rows = st.query_map([], |r| r.get(0)).map_err(q("list layers"))?;
@@ -781,20 +858,7 @@ impl Db {
         let config =
             serde_json::to_string(config).map_err(|source| DbError::Decode { what: "image config", source })?;
         let tx = self.conn.transaction().map_err(q("begin insert image"))?;
-        tx.execute(
-            "INSERT INTO images (name, manifest_digest, config_digest, config, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![name.as_str(), manifest_digest, config_digest, config, now()],
-        )
-        .map_err(q("insert image"))?;
-        let image_id = tx.last_insert_rowid();
-        for (pos, (layer, blob)) in layers.iter().enumerate() {
-            insert_layer(&tx, layer)?;
-            tx.execute(
-                "INSERT INTO image_layers (image_id, position, layer_id, blob_digest) VALUES (?1, ?2, ?3, ?4)",
-                params![image_id, pos as i64, layer.id, blob],
-            )
-            .map_err(q("insert image layer"))?;
-        }
+        let image_id = insert_image_in(&tx, name, manifest_digest, config_digest, &config, layers)?;
         tx.commit().map_err(q("commit insert image"))?;
         Ok(image_id)
     }
@@ -805,14 +869,15 @@ impl Db {
             serde_json::from_str(&config).map_err(|source| DbError::Decode { what: "image config", source })?;
         let mut st = self
             .conn
-            .prepare_cached("SELECT layer_id FROM image_layers WHERE image_id = ?1 ORDER BY position")
+            .prepare_cached("SELECT layer_id, blob_digest FROM image_layers WHERE image_id = ?1 ORDER BY position")
             .map_err(q("image layers"))?;
-        let layers = st
-            .query_map([id], |r| r.get(0))
+        let pairs: Vec<(String, String)> = st
+            .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))
             .map_err(q("image layers"))?
             .collect::<Result<_, _>>()
             .map_err(q("image layers"))?;
-        Ok(ImageRow { id, name, manifest_digest, config_digest, config, layers, created_at })
+        let (layers, blobs) = pairs.into_iter().unzip();
+        Ok(ImageRow { id, name, manifest_digest, config_digest, config, layers, blobs, created_at })
     }
 
     const IMAGE_COLS: &'static str = "id, name, manifest_digest, config_digest, config, created_at";
@@ -957,6 +1022,142 @@ impl Db {
         }
         tx.commit().map_err(q("commit append"))?;
         Ok(Ok(()))
+    }
+
+    /// Record a pulled chain in one transaction: its image (found or
+    /// inserted), layers, lineages and snapshots (root first, same ids).
+    /// Snapshots the host has are checked, not rewritten. A pulled
+    /// checkpoint becomes its lineage's head only if it is further along
+    /// than the host's head; a baseline is ready unless its key already has
+    /// a ready one. The first snapshot's parent is kept only if the host
+    /// has it (a compacted layer needs nothing below it).
+    pub fn record_pull(
+        &mut self,
+        image: &PulledImage,
+        snaps: &mut [PulledSnapshot],
+    ) -> Result<Result<i64, PullConflict>, DbError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin pull"))?;
+        let want: Vec<&str> = image.layers.iter().map(|(l, _)| l.id.as_str()).collect();
+        let candidates: Vec<i64> = {
+            let mut st = tx.prepare("SELECT id FROM images WHERE manifest_digest = ?1").map_err(q("find image"))?;
+            let rows = st.query_map([&image.manifest_digest], |r| r.get(0)).map_err(q("find image"))?;
+            rows.collect::<Result<_, _>>().map_err(q("find image"))?
+        };
+        let mut image_id = None;
+        for id in candidates {
+            let mut st = tx
+                .prepare("SELECT layer_id FROM image_layers WHERE image_id = ?1 ORDER BY position")
+                .map_err(q("image layers"))?;
+            let layers: Vec<String> = st
+                .query_map([id], |r| r.get(0))
+                .map_err(q("image layers"))?
+                .collect::<Result<_, _>>()
+                .map_err(q("image layers"))?;
+            if layers == want {
+                image_id = Some(id);
+                break;
+            }
+        }
+        let image_id = match image_id {
+            Some(id) => id,
+            None => {
+                let hex12: String =
+                    image.manifest_digest.trim_start_matches("sha256:").chars().take(12).collect();
+                let base = image.name.as_str().rsplit_once(':').map_or(image.name.as_str(), |(n, _)| n);
+                let names: Vec<String> = vec![image.name.to_string(), format!("{base}:{hex12}")];
+                let free = names.iter().find(|n| {
+                    tx.query_row("SELECT 1 FROM images WHERE name = ?1", [n], |_| Ok(())).optional().ok()
+                        == Some(None)
+                });
+                let Some(free) = free else {
+                    return Ok(Err(PullConflict::ImageName(names)));
+                };
+                let name: ImageName = free.parse().map_err(|_| DbError::Invalid(format!("image name {free:?}")))?;
+                let config = serde_json::to_string(&image.config)
+                    .map_err(|source| DbError::Decode { what: "image config", source })?;
+                insert_image_in(&tx, &name, &image.manifest_digest, &image.config_digest, &config, &image.layers)?
+            }
+        };
+        for p in snaps.iter_mut() {
+            let pulled = p.layer.id.clone();
+            let here: Option<Option<String>> = tx
+                .query_row(
+                    "SELECT l.diff_id FROM snapshots s JOIN layers l ON l.id = s.layer_id WHERE s.id = ?1",
+                    [&p.row.id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(q("pulled snapshot"))?;
+            if let Some(here) = here {
+                if here.as_deref() != Some(pulled.as_str()) {
+                    let here = here.unwrap_or_else(|| "sealing".into());
+                    return Ok(Err(PullConflict::Differs { id: p.row.id.clone(), here, pulled }));
+                }
+                continue;
+            }
+            if let Some(parent) = &p.row.parent_id {
+                let known = tx
+                    .query_row("SELECT 1 FROM snapshots WHERE id = ?1", [parent], |_| Ok(()))
+                    .optional()
+                    .map_err(q("pulled parent"))?;
+                if known.is_none() {
+                    p.row.parent_id = None;
+                }
+            }
+            insert_layer(&tx, &p.layer)?;
+            p.row.image_id = image_id;
+            p.row.layer = p.layer.id.clone();
+            p.row.diff_id = p.layer.diff_id.clone();
+            match (&p.row.work_context, p.row.sequence, &p.row.baseline) {
+                (Some(wc), Some(seq), _) => {
+                    tx.execute(
+                        "INSERT OR IGNORE INTO work_contexts (id, image_id, start_kind, start_id, state, created_at, \
+                         used_at) VALUES (?1, ?2, ?3, ?4, 'active', ?5, ?5)",
+                        params![wc, image_id, p.start_kind, p.start_id, now()],
+                    )
+                    .map_err(q("pulled lineage"))?;
+                    let other: Option<String> = tx
+                        .query_row(
+                            "SELECT id FROM snapshots WHERE work_context = ?1 AND sequence = ?2",
+                            params![wc, seq],
+                            |r| r.get(0),
+                        )
+                        .optional()
+                        .map_err(q("pulled sequence"))?;
+                    if let Some(here) = other {
+                        return Ok(Err(PullConflict::Diverged { work_context: wc.clone(), sequence: seq, here }));
+                    }
+                    let (head, head_seq, state) = lineage_head_in(&tx, wc)?;
+                    if state == "active" && seq > head_seq {
+                        if let Some(h) = &head {
+                            tx.execute(
+                                "UPDATE snapshots SET state = 'superseded', retired_at = ?2 WHERE id = ?1",
+                                params![h, now()],
+                            )
+                            .map_err(q("supersede head"))?;
+                        }
+                        p.row.state = "ready".into();
+                        insert_pulled_row(&tx, &p.row)?;
+                        tx.execute(
+                            "UPDATE work_contexts SET head_id = ?2, head_seq = ?3, used_at = ?4 WHERE id = ?1",
+                            params![wc, p.row.id, seq, now()],
+                        )
+                        .map_err(q("advance head"))?;
+                    } else {
+                        p.row.state = "superseded".into();
+                        insert_pulled_row(&tx, &p.row)?;
+                    }
+                }
+                (_, _, Some(b)) => {
+                    let ready = ready_baseline_in(&tx, &b.owner, &b.repo, image_id, &b.git_ref)?;
+                    p.row.state = if ready.is_some() { "superseded" } else { "ready" }.into();
+                    insert_pulled_row(&tx, &p.row)?;
+                }
+                _ => return Err(DbError::Invalid(format!("pulled snapshot {} has neither lineage nor key", p.row.id))),
+            }
+        }
+        tx.commit().map_err(q("commit pull"))?;
+        Ok(Ok(image_id))
     }
 
     const SNAP_SELECT: &'static str = "SELECT s.id, s.image_id, s.parent_id, s.layer_id, l.diff_id, s.blob_digest, \

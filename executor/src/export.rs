@@ -53,7 +53,7 @@ pub struct Exported {
     pub layers: usize,
 }
 
-fn layer_media_type(c: BlobCompression) -> &'static str {
+pub(crate) fn layer_media_type(c: BlobCompression) -> &'static str {
     match c {
         BlobCompression::Zstd => "application/vnd.oci.image.layer.v1.tar+zstd",
         BlobCompression::Gzip => "application/vnd.oci.image.layer.v1.tar+gzip",
@@ -160,70 +160,25 @@ fn write_layout(
                 (s.blob_digest.clone(), s.blob_size, diff_id)
             }
             _ => {
-                // Serialise the hydrated tree again, then compress.
-                let tar = work.join(format!("{hex}.tar"));
-                let f = std::fs::File::create(&tar).map_err(io("create", &tar))?;
-                let mut w = std::io::BufWriter::new(f);
-                let (_, diff_id) = diff::write_delta(&store.layer_dir(hex).join("fs"), &mut w)
-                    .map_err(|source| ExportError::Layer { hex: hex.clone(), source })?;
-                w.flush().map_err(io("write", &tar))?;
-                drop(w);
-                let part = work.join(format!("{hex}.blob"));
-                let (bhex, size) = compress_into(&tar, compression, &part).map_err(io("compress", &tar))?;
-                let _ = std::fs::remove_file(&tar);
-                let dst = blobs.join(&bhex);
-                std::fs::rename(&part, &dst).map_err(io("move blob", &dst))?;
-                (format!("sha256:{bhex}"), size, diff_id)
+                let l = serialise_layer(store, hex, work, compression)?;
+                let dst = blobs.join(&l.digest_hex);
+                std::fs::rename(&l.path, &dst).map_err(io("move blob", &dst))?;
+                (format!("sha256:{}", l.digest_hex), l.size, l.diff_id)
             }
         };
         diff_ids.push(format!("sha256:{diff_id}"));
         layers.push(json!({"mediaType": layer_media_type(compression), "digest": digest, "size": size}));
     }
 
-    let c = &image.config;
-    let mut cfg = serde_json::Map::new();
-    if !c.env.is_empty() {
-        cfg.insert("Env".into(), json!(c.env));
-    }
-    if let Some(w) = &c.working_dir {
-        cfg.insert("WorkingDir".into(), json!(w));
-    }
-    if let Some(u) = &c.user {
-        cfg.insert("User".into(), json!(u));
-    }
-    if !c.entrypoint.is_empty() {
-        cfg.insert("Entrypoint".into(), json!(c.entrypoint));
-    }
-    if !c.cmd.is_empty() {
-        cfg.insert("Cmd".into(), json!(c.cmd));
-    }
-    let config = json!({
-        "architecture": oci_arch(),
-        "os": "linux",
-        "config": cfg,
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-    });
+    let config = config_document(image, &diff_ids, serde_json::Map::new());
     let config_bytes = serde_json::to_vec(&config).map_err(|e| ExportError::Io {
         step: "encode config",
         path: dir.clone(),
         source: e.into(),
     })?;
     let config_digest = put_blob(&dir, &config_bytes)?;
-
-    let mut annotations = serde_json::Map::new();
-    annotations.insert("dev.strata.image".into(), json!(image.name));
-    if let Some(top) = chain.last() {
-        annotations.insert("dev.strata.snapshot.id".into(), json!(top.id));
-        annotations.insert("dev.strata.snapshot.parent".into(), json!(top.parent_id));
-        annotations.insert("dev.strata.snapshot.source-sandbox".into(), json!(top.source_sandbox));
-    }
-    let manifest = json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_bytes.len()},
-        "layers": layers,
-        "annotations": annotations,
-    });
+    let count = layers.len();
+    let manifest = manifest_document(&config_digest, config_bytes.len(), layers, chain_annotations(image, chain));
     let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| ExportError::Io {
         step: "encode manifest",
         path: dir.clone(),
@@ -242,5 +197,98 @@ fn write_layout(
     });
     let index_path = dir.join("index.json");
     std::fs::write(&index_path, serde_json::to_vec(&index).unwrap_or_default()).map_err(io("write", &index_path))?;
-    Ok(Exported { path: String::new(), manifest_digest, layers: layers.len() })
+    Ok(Exported { path: String::new(), manifest_digest, layers: count })
+}
+
+/// A layer serialised again from its hydrated tree and compressed, in `work`.
+pub(crate) struct Serialised {
+    pub path: PathBuf,
+    pub digest_hex: String,
+    pub size: u64,
+    pub diff_id: String,
+}
+
+/// Serialise layer `id` from its tree (`diff::write_delta`, deterministic)
+/// and compress it into a blob file under `work`.
+pub(crate) fn serialise_layer(
+    store: &Store,
+    id: &str,
+    work: &Path,
+    compression: BlobCompression,
+) -> Result<Serialised, ExportError> {
+    let tar = work.join(format!("{id}.tar"));
+    let f = std::fs::File::create(&tar).map_err(io("create", &tar))?;
+    let mut w = std::io::BufWriter::new(f);
+    let (_, diff_id) = diff::write_delta(&store.layer_dir(id).join("fs"), &mut w)
+        .map_err(|source| ExportError::Layer { hex: id.to_string(), source })?;
+    w.flush().map_err(io("write", &tar))?;
+    drop(w);
+    let path = work.join(format!("{id}.blob"));
+    let compressed = compress_into(&tar, compression, &path).map_err(io("compress", &tar));
+    let _ = std::fs::remove_file(&tar);
+    let (digest_hex, size) = compressed?;
+    Ok(Serialised { path, digest_hex, size, diff_id })
+}
+
+/// The OCI image config of an image plus layers: the image's process
+/// settings, `diff_ids` and `labels`.
+pub(crate) fn config_document(
+    image: &ImageRow,
+    diff_ids: &[String],
+    labels: serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Value {
+    let c = &image.config;
+    let mut cfg = serde_json::Map::new();
+    if !c.env.is_empty() {
+        cfg.insert("Env".into(), json!(c.env));
+    }
+    if let Some(w) = &c.working_dir {
+        cfg.insert("WorkingDir".into(), json!(w));
+    }
+    if let Some(u) = &c.user {
+        cfg.insert("User".into(), json!(u));
+    }
+    if !c.entrypoint.is_empty() {
+        cfg.insert("Entrypoint".into(), json!(c.entrypoint));
+    }
+    if !c.cmd.is_empty() {
+        cfg.insert("Cmd".into(), json!(c.cmd));
+    }
+    if !labels.is_empty() {
+        cfg.insert("Labels".into(), serde_json::Value::Object(labels));
+    }
+    json!({
+        "architecture": oci_arch(),
+        "os": "linux",
+        "config": cfg,
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    })
+}
+
+/// The manifest's annotations: the image's name and the top snapshot.
+pub(crate) fn chain_annotations(image: &ImageRow, chain: &[SnapshotRow]) -> serde_json::Map<String, serde_json::Value> {
+    let mut annotations = serde_json::Map::new();
+    annotations.insert("dev.strata.image".into(), json!(image.name));
+    if let Some(top) = chain.last() {
+        annotations.insert("dev.strata.snapshot.id".into(), json!(top.id));
+        annotations.insert("dev.strata.snapshot.parent".into(), json!(top.parent_id));
+        annotations.insert("dev.strata.snapshot.source-sandbox".into(), json!(top.source_sandbox));
+    }
+    annotations
+}
+
+/// An OCI image manifest.
+pub(crate) fn manifest_document(
+    config_digest: &str,
+    config_size: usize,
+    layers: Vec<serde_json::Value>,
+    annotations: serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Value {
+    json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
+        "layers": layers,
+        "annotations": annotations,
+    })
 }

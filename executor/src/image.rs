@@ -66,24 +66,33 @@ pub fn import(store: &Store, db: &std::sync::Mutex<Db>, path: &Path, name: &Imag
         return Err(ImageError::Exists(name.to_string()));
     }
     let work = store.new_tmp("import")?;
-    let result = import_into(store, db, path, name, &work);
+    let result = (|| {
+        let scratch = work.join("src");
+        std::fs::create_dir(&scratch).map_err(|source| StoreError::Io {
+            step: "create",
+            path: scratch.clone(),
+            source,
+        })?;
+        let src = oci::open(path, &scratch, None)
+            .map_err(|source| ImageError::Layout { path: path.display().to_string(), source })?;
+        import_source(store, db, &src, name, &work)
+    })();
     // Whatever happened, tmp/ holds nothing of this import afterwards.
     crate::store::remove_tree(&work)?;
     result
 }
 
-fn import_into(
+/// Import an opened image as `name`, using `work` (under `tmp/`) for the
+/// unpacked layers. Layers this host has are not unpacked again (their
+/// blobs may be absent from `src`); the blobs of the others are kept in
+/// `blobs/` so that a push can send them as they are.
+pub(crate) fn import_source(
     store: &Store,
     db: &std::sync::Mutex<Db>,
-    path: &Path,
+    src: &oci::ImageSource,
     name: &ImageName,
     work: &Path,
 ) -> Result<ImageRow, ImageError> {
-    let scratch = work.join("src");
-    std::fs::create_dir(&scratch).map_err(|source| StoreError::Io { step: "create", path: scratch.clone(), source })?;
-    let src = oci::open(path, &scratch, None)
-        .map_err(|source| ImageError::Layout { path: path.display().to_string(), source })?;
-
     // Unpack every layer this host lacks into tmp/ first.
     let mut rows = Vec::with_capacity(src.layers.len());
     let mut fresh = Vec::new();
@@ -111,31 +120,62 @@ fn import_into(
         rows.push((row, layer.digest.to_string()));
     }
 
-    // All layers are good: move them into place, then record the image.
+    // All layers are good: move them and their blobs into place, then
+    // record the image.
     let mut committed = Vec::new();
-    for (hex, dir) in &fresh {
-        if store.commit_layer(dir, hex, true)? {
-            committed.push(hex.clone());
+    let mut blobs = Vec::new();
+    let result = (|| {
+        for (hex, dir) in &fresh {
+            if store.commit_layer(dir, hex, true)? {
+                committed.push(hex.clone());
+            }
+        }
+        for (index, layer) in src.layers.iter().enumerate() {
+            let bhex = layer.digest.hex();
+            if store.blob_path(bhex).is_file() || !layer.blob_path.is_file() {
+                continue;
+            }
+            let copy = work.join(format!("blob-{index}"));
+            if layer.blob_path.starts_with(work) {
+                std::fs::rename(&layer.blob_path, &copy)
+            } else {
+                std::fs::copy(&layer.blob_path, &copy).map(drop)
+            }
+            .map_err(|source| StoreError::Io { step: "keep blob", path: copy.clone(), source })?;
+            if store.adopt_blob(&copy, bhex, true)? {
+                blobs.push(bhex.to_string());
+            }
+        }
+        let mut db = lock(db);
+        let id = db.insert_image(
+            name,
+            &src.manifest_digest.to_string(),
+            &src.config_digest.to_string(),
+            &src.config,
+            &rows,
+        )?;
+        Ok(db.image_by_id(id)?.ok_or_else(|| ImageError::NotFound(name.to_string()))?)
+    })();
+    if result.is_err() {
+        // Roll back layers and blobs that this import added and no row
+        // refers to.
+        let db = lock(db);
+        for hex in committed {
+            if !db.layer_exists(&hex)? {
+                store.remove_layer(&hex)?;
+            }
+        }
+        let used = db.all_blobs()?;
+        for bhex in blobs {
+            if !used.contains(&format!("sha256:{bhex}")) {
+                store.remove_blob(&bhex)?;
+            }
+        }
+        if db.image_by_name(name)?.is_some() {
+            return Err(ImageError::Exists(name.to_string()));
         }
     }
-    let mut db = lock(db);
-    let inserted =
-        db.insert_image(name, &src.manifest_digest.to_string(), &src.config_digest.to_string(), &src.config, &rows);
-    match inserted {
-        Ok(id) => Ok(db.image_by_id(id)?.ok_or_else(|| ImageError::NotFound(name.to_string()))?),
-        Err(e) => {
-            // Roll back layers that this import added and no row refers to.
-            for hex in committed {
-                if !db.layer_exists(&hex)? {
-                    store.remove_layer(&hex)?;
-                }
-            }
-            if db.image_by_name(name)?.is_some() {
-                return Err(ImageError::Exists(name.to_string()));
-            }
-            Err(e.into())
-        }
-    }
+    result
 }
 
 /// Remove an image; refused while a sandbox uses it. Layers no other image
@@ -146,9 +186,13 @@ pub fn remove(store: &Store, db: &std::sync::Mutex<Db>, name: &ImageName) -> Res
     match db.delete_image(image.id)? {
         Err(users) => Err(ImageError::InUse { name: name.to_string(), users }),
         Ok(orphans) => {
+            let used = db.all_blobs()?;
             drop(db);
             for hex in orphans {
                 store.remove_layer(&hex)?;
+            }
+            for blob in image.blobs.iter().filter(|b| !used.contains(*b)) {
+                store.remove_blob(blob.trim_start_matches("sha256:"))?;
             }
             Ok(())
         }

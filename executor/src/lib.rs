@@ -17,6 +17,7 @@ pub mod client;
 pub mod daemon;
 pub mod db;
 pub mod diff;
+pub mod distribution;
 pub mod error;
 pub mod export;
 pub mod failpoint;

@@ -315,7 +315,7 @@ impl Daemon {
         })
     }
 
-    fn snapshot_row(&self, id: &str) -> Result<SnapshotRow, ApiError> {
+    pub(crate) fn snapshot_row(&self, id: &str) -> Result<SnapshotRow, ApiError> {
         let not_found = || ApiError::new(ErrorKind::NotFound, format!("snapshot {id:?} not found"));
         let id: SandboxId = id.parse().map_err(|_| not_found())?;
         lock(&self.db).snapshot(id.as_str())?.ok_or_else(not_found)
@@ -831,7 +831,7 @@ impl Daemon {
             }
             Ok(orphan) => orphan,
         };
-        let blob_used = db.list_snapshots()?.iter().any(|s| s.blob_digest == row.blob_digest);
+        let blob_used = db.all_blobs()?.contains(&row.blob_digest);
         drop(db);
         if let Some(hex) = orphan {
             self.rt.store.remove_layer(&hex).map_err(store_err)?;

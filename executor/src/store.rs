@@ -300,7 +300,23 @@ impl Store {
         Ok((t, hex, size))
     }
 
-    /// Remove blobs no snapshot row lists.
+    /// Move the verified blob file `src` (under `tmp/`) into `blobs/` as
+    /// `digest_hex`, synced first when `durable`. Returns false (and removes
+    /// `src`) if the store has it already.
+    pub fn adopt_blob(&self, src: &Path, digest_hex: &str, durable: bool) -> Result<bool, StoreError> {
+        let dst = self.blob_path(digest_hex);
+        if dst.is_file() {
+            let _ = std::fs::remove_file(src);
+            return Ok(false);
+        }
+        if durable {
+            std::fs::File::open(src).and_then(|f| f.sync_all()).map_err(io("sync blob", src))?;
+        }
+        std::fs::rename(src, &dst).map_err(io("rename blob into place", &dst))?;
+        Ok(true)
+    }
+
+    /// Remove blobs no snapshot or image row lists.
     pub fn sweep_blobs(&self, known: &HashSet<String>) -> Result<(), StoreError> {
         let dir = self.root.join("blobs/sha256");
         for entry in std::fs::read_dir(&dir).map_err(io("read", &dir))? {

@@ -71,8 +71,38 @@ impl From<crate::db::DbError> for ApiError {
     }
 }
 
+/// A registry transfer whose progress is streamed (`progress: true`).
+pub enum StreamOp {
+    PullImage(types::RegistryRequest),
+    PullSnapshot(types::RegistryRequest),
+    PushSnapshot(String, types::RegistryRequest),
+}
+
+impl StreamOp {
+    fn run(self, d: &Daemon, progress: &mut dyn FnMut(types::Progress)) -> Result<Reply, ApiError> {
+        match self {
+            StreamOp::PullImage(r) => json(201, &d.pull_image(&r, progress)?),
+            StreamOp::PullSnapshot(r) => json(201, &d.pull_snapshot(&r, progress)?),
+            StreamOp::PushSnapshot(id, r) => json(200, &d.push_snapshot(&id, &r, progress)?),
+        }
+    }
+
+    /// Run it now, or (with `progress`) once the stream is open.
+    fn reply(self, d: &Daemon, progress: bool) -> Result<Reply, ApiError> {
+        if progress {
+            Ok(Reply::Stream(self))
+        } else {
+            self.run(d, &mut |_| {})
+        }
+    }
+}
+
 /// What a request resolved to.
 pub enum Reply {
+    /// A 200 `application/x-ndjson` stream of `{"progress": ...}` lines,
+    /// then one `{"status": N, "result": ...}` or `{"status": N, "error":
+    /// ...}` line; the connection closes after it.
+    Stream(StreamOp),
     Json(u16, Vec<u8>),
     Empty(u16),
     /// Hand the connection to an attached exec (after a 101 response).
@@ -153,6 +183,14 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             "GET" => json(200, &d.list_images()?),
             _ => Err(not_allowed()),
         },
+        ["images", "pull"] => match m {
+            "POST" => {
+                let b: types::RegistryRequest = body(req)?;
+                let p = b.progress;
+                StreamOp::PullImage(b).reply(d, p)
+            }
+            _ => Err(not_allowed()),
+        },
         ["images", "import"] => match m {
             "POST" => {
                 let b: ImportRequest = body(req)?;
@@ -193,6 +231,22 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
         },
         ["snapshots"] => match m {
             "GET" => json(200, &d.list_snapshots()?),
+            _ => Err(not_allowed()),
+        },
+        ["snapshots", "pull"] => match m {
+            "POST" => {
+                let b: types::RegistryRequest = body(req)?;
+                let p = b.progress;
+                StreamOp::PullSnapshot(b).reply(d, p)
+            }
+            _ => Err(not_allowed()),
+        },
+        ["snapshots", id, "push"] => match m {
+            "POST" => {
+                let b: types::RegistryRequest = body(req)?;
+                let p = b.progress;
+                StreamOp::PushSnapshot(id.to_string(), b).reply(d, p)
+            }
             _ => Err(not_allowed()),
         },
         ["snapshots", id] => match m {
@@ -311,6 +365,37 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
     }
 }
 
+/// Run `op`, streaming its progress as JSON lines, then its result.
+/// The operation runs to the end even if the client goes away.
+fn stream_reply(d: &Daemon, op: StreamOp, w: &mut UnixStream) -> std::io::Result<()> {
+    use std::io::Write;
+    w.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nConnection: close\r\n\r\n")?;
+    let mut gone = false;
+    let mut line = |v: serde_json::Value, w: &mut UnixStream| {
+        if !gone {
+            let mut b = serde_json::to_vec(&v).unwrap_or_default();
+            b.push(b'\n');
+            gone = w.write_all(&b).is_err();
+        }
+    };
+    let mut out = w.try_clone()?;
+    let last = match op.run(d, &mut |p| line(serde_json::json!({ "progress": p }), &mut out)) {
+        Ok(Reply::Json(status, body)) => {
+            let result: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            serde_json::json!({"status": status, "result": result})
+        }
+        Ok(_) => serde_json::json!({"status": 204}),
+        Err(e) => {
+            if e.kind == ErrorKind::Internal {
+                tracing::error!("stream: {}", e.message);
+            }
+            serde_json::json!({"status": e.status(), "error": {"code": e.kind.code(), "message": e.message}})
+        }
+    };
+    line(last, w);
+    w.flush()
+}
+
 /// Serve one connection until the client closes it.
 pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
     let Ok(mut writer) = stream.try_clone() else { return };
@@ -330,6 +415,10 @@ pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
         let result = match reply {
             Ok(Reply::Json(status, b)) => http::write_response(&mut writer, status, &b, keep),
             Ok(Reply::Empty(status)) => http::write_response(&mut writer, status, &[], keep),
+            Ok(Reply::Stream(op)) => {
+                let _ = stream_reply(&d, op, &mut writer);
+                return;
+            }
             Ok(Reply::Attach { sandbox, req: ereq }) => {
                 // The connection now belongs to the exec; buffered bytes past
                 // the request head would be lost, so refuse pipelined data.

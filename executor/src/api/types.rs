@@ -260,3 +260,66 @@ pub struct GcRequest {
     #[serde(default)]
     pub stale_after_secs: Option<u64>,
 }
+
+/// Where and how to reach a registry, for push and pull.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryRequest {
+    /// `[registry[:port]/]repository[:tag][@sha256:...]`.
+    pub reference: String,
+    /// Speak plain HTTP (a local test registry).
+    #[serde(default)]
+    pub insecure: bool,
+    /// Basic-auth credentials (also sent to a bearer-token endpoint).
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Image pull only: the local name (default: repository:tag).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Stream progress as JSON lines before the result.
+    #[serde(default)]
+    pub progress: bool,
+}
+
+/// What a push sent.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PushResult {
+    pub reference: String,
+    pub manifest_digest: String,
+    /// Blobs in the manifest (config included).
+    pub blobs: usize,
+    pub uploaded_blobs: usize,
+    pub uploaded_bytes: u64,
+    /// Blobs the repository had already (HEAD) or mounted from another.
+    pub present_blobs: usize,
+    pub mounted_blobs: usize,
+}
+
+/// What a pull fetched and recorded.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PullResult {
+    pub reference: String,
+    pub manifest_digest: String,
+    pub image: ImageInfo,
+    /// The recreated snapshot (snapshot pull only).
+    #[serde(default)]
+    pub snapshot: Option<SnapshotInfo>,
+    pub fetched_blobs: usize,
+    /// Bytes of layer and config blobs downloaded (manifests not counted).
+    pub fetched_bytes: u64,
+    /// Layers this host had already (not fetched).
+    pub reused_layers: usize,
+}
+
+/// One progress line of a streamed push or pull.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Progress {
+    /// `fetch`, `reuse`, `upload`, `present`, `mount`, `unpack`.
+    pub action: String,
+    pub digest: String,
+    pub size: u64,
+    /// Bytes done so far (fetch).
+    pub done: u64,
+}

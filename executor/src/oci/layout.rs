@@ -379,6 +379,13 @@ pub fn open(path: &Path, scratch: &Path, tag: Option<&str>) -> Result<ImageSourc
 
 /// Reads an image layout directory (see `open`).
 pub fn open_dir(root: &Path, tag: Option<&str>) -> Result<ImageSource, LayoutError> {
+    open_dir_lacking(root, tag, &|_| false)
+}
+
+/// Reads an image layout directory in which the blobs of layers whose
+/// diff_id satisfies `have` may be missing (a pull fetches only the layers
+/// a host lacks). Their `LayerSource::blob_path` then names no file.
+pub fn open_dir_lacking(root: &Path, tag: Option<&str>, have: &dyn Fn(&Digest) -> bool) -> Result<ImageSource, LayoutError> {
     let layout_path = root.join("oci-layout");
     let layout: OciLayoutFile = parse("oci-layout", &layout_path, &read_small(&layout_path)?)?;
     if layout.version != "1.0.0" {
@@ -409,7 +416,7 @@ pub fn open_dir(root: &Path, tag: Option<&str>) -> Result<ImageSource, LayoutErr
         .layers
         .iter()
         .zip(&diff_ids)
-        .map(|(desc, diff_id)| layer_source(root, desc, diff_id))
+        .map(|(desc, diff_id)| layer_source(root, desc, diff_id, have))
         .collect::<Result<Vec<_>, _>>()?;
 
     Ok(ImageSource {
@@ -592,13 +599,21 @@ fn image_config(c: Option<ContainerConfig>) -> ImageConfig {
     }
 }
 
-fn layer_source(root: &Path, desc: &Descriptor, diff_id: &str) -> Result<LayerSource, LayoutError> {
+fn layer_source(
+    root: &Path,
+    desc: &Descriptor,
+    diff_id: &str,
+    have: &dyn Fn(&Digest) -> bool,
+) -> Result<LayerSource, LayoutError> {
     let digest = parse_digest(&desc.digest, "layer descriptor")?;
     let diff_id = parse_digest(diff_id, "config diff_id")?;
     let media_type = desc.media_type.clone().unwrap_or_default();
     let compression = Compression::from_media_type(&media_type)
         .ok_or_else(|| LayoutError::MediaType { what: "layer", media_type: media_type.clone() })?;
     let path = blob_path(root, &digest);
+    if have(&diff_id) && fs::symlink_metadata(&path).is_err() {
+        return Ok(LayerSource { blob_path: path, digest, size: desc.size, media_type, diff_id, compression });
+    }
     let meta = fs::symlink_metadata(&path).map_err(|source| LayoutError::OpenBlob {
         what: "layer",
         path: path.clone(),

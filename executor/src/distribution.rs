@@ -1,0 +1,830 @@
+//! Snapshots and images through an OCI registry: `image pull`, `snapshot
+//! push` and `snapshot pull`.
+//!
+//! A pushed snapshot is an ordinary OCI image: its image's layers, then one
+//! layer per snapshot of its layer chain (the blobs as sealed, never
+//! recaptured), and a config whose `dev.strata.chain` label carries the
+//! chain's metadata (ids, class, lineage and sequence, baseline key,
+//! provenance). A pull on another host fetches only the blobs it lacks,
+//! verifies every digest and diff_id, unpacks under `tmp/`, and records
+//! image, layers, lineages and snapshots in one transaction with the same
+//! ids: all or nothing.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::types::{Progress, PullResult, PushResult, RegistryRequest};
+use crate::api::ApiError;
+use crate::daemon::Daemon;
+use crate::db::{Baseline, LayerRow, PulledImage, PulledSnapshot, SnapshotRow};
+use crate::error::ErrorKind;
+use crate::ids::ImageName;
+use crate::oci::{self, Compression, Digest, ImageConfig};
+use crate::registry::{Client, Credentials, Pushed, Reference, RegistryError};
+use crate::store::{BlobCompression, StoreError};
+
+/// The config label that makes an image a Strata snapshot.
+pub const CHAIN_LABEL: &str = "dev.strata.chain";
+/// Largest config accepted from a registry.
+const MAX_CONFIG: u64 = 8 << 20;
+/// How long a push waits for a suspended snapshot's blob to be sealed.
+const SEAL_WAIT: Duration = Duration::from_secs(1800);
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        ApiError::new(e.kind(), crate::error::chain(&e))
+    }
+}
+
+fn store_err(e: StoreError) -> ApiError {
+    ApiError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e))
+}
+
+fn invalid(msg: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorKind::InvalidArgument, msg)
+}
+
+/// The chain's metadata, as the `dev.strata.chain` label's JSON.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ChainMeta {
+    version: u32,
+    image: ImageMeta,
+    /// Root first; one per layer after the image's.
+    snapshots: Vec<SnapshotMeta>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ImageMeta {
+    name: String,
+    manifest_digest: String,
+    config_digest: String,
+    config: ImageConfig,
+    layers: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SnapshotMeta {
+    id: String,
+    parent_id: Option<String>,
+    class: String,
+    work_context: Option<String>,
+    /// How its lineage began (`image`, `baseline`, `fork`) and from what.
+    start_kind: Option<String>,
+    start_id: Option<String>,
+    sequence: Option<i64>,
+    predecessor_id: Option<String>,
+    baseline: Option<Baseline>,
+    source_sandbox: String,
+    info: serde_json::Value,
+    created_at: i64,
+}
+
+/// A layer blob to push.
+struct PushBlob {
+    path: PathBuf,
+    digest: Digest,
+    size: u64,
+    media_type: &'static str,
+    diff_id: String,
+}
+
+fn media_type(c: Compression) -> &'static str {
+    match c {
+        Compression::None => "application/vnd.oci.image.layer.v1.tar",
+        Compression::Gzip => "application/vnd.oci.image.layer.v1.tar+gzip",
+        Compression::Zstd => "application/vnd.oci.image.layer.v1.tar+zstd",
+    }
+}
+
+/// A stored image blob's compression, from its first bytes.
+fn sniff(path: &Path) -> std::io::Result<Compression> {
+    let mut head = [0u8; 4];
+    let mut f = std::fs::File::open(path)?;
+    let n = f.read(&mut head)?;
+    Ok(match &head[..n] {
+        [0x1f, 0x8b, ..] => Compression::Gzip,
+        [0x28, 0xb5, 0x2f, 0xfd] => Compression::Zstd,
+        _ => Compression::None,
+    })
+}
+
+fn client(req: &RegistryRequest, reference: &Reference) -> Result<Client, ApiError> {
+    let credentials = match (&req.username, &req.password) {
+        (Some(u), Some(p)) => Some(Credentials { username: u.clone(), password: p.clone() }),
+        (None, None) => None,
+        _ => return Err(invalid("give both username and password, or neither")),
+    };
+    Ok(Client::new(&reference.registry, req.insecure, credentials))
+}
+
+fn parse_reference(s: &str) -> Result<Reference, ApiError> {
+    Reference::parse(s).map_err(|e| invalid(e.to_string()))
+}
+
+// --- wire formats read back from a registry ---
+
+#[derive(Deserialize)]
+struct WireDescriptor {
+    #[serde(rename = "mediaType", default)]
+    media_type: String,
+    digest: String,
+    size: u64,
+    #[serde(default)]
+    platform: Option<WirePlatform>,
+}
+
+#[derive(Deserialize)]
+struct WirePlatform {
+    #[serde(default)]
+    os: String,
+    #[serde(default)]
+    architecture: String,
+}
+
+#[derive(Deserialize)]
+struct WireManifest {
+    config: Option<WireDescriptor>,
+    #[serde(default)]
+    layers: Vec<WireDescriptor>,
+    #[serde(default)]
+    manifests: Vec<WireDescriptor>,
+}
+
+#[derive(Deserialize)]
+struct WireConfig {
+    #[serde(default)]
+    config: Option<WireContainerConfig>,
+    rootfs: WireRootfs,
+}
+
+#[derive(Deserialize)]
+struct WireContainerConfig {
+    #[serde(rename = "Labels", default)]
+    labels: Option<std::collections::HashMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+struct WireRootfs {
+    #[serde(default)]
+    diff_ids: Vec<String>,
+}
+
+fn parse_digest(s: &str, what: &str) -> Result<Digest, ApiError> {
+    s.parse().map_err(|e| invalid(format!("{what}: {e}")))
+}
+
+impl Daemon {
+    // ---- push ----
+
+    /// Push snapshot `id` (its image's layers and its layer chain) to
+    /// `req.reference`. Blobs the repository has are not sent again, so a
+    /// push that failed half-way is resumed by running it again.
+    pub fn push_snapshot(
+        &self,
+        id: &str,
+        req: &RegistryRequest,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<PushResult, ApiError> {
+        let reference = parse_reference(&req.reference)?;
+        let Some(tag) = reference.tag.clone().filter(|_| reference.digest.is_none()) else {
+            return Err(invalid("a push needs a tag, not a digest (the registry computes the digest)"));
+        };
+        let row = self.snapshot_row(id)?;
+        let _pin = self.pin_snapshot(&row.id)?;
+        let (image, chain) = self.sealed_chain(&row)?;
+        let client = client(req, &reference)?;
+        let work = self.rt.store.new_tmp("push").map_err(store_err)?;
+        let result = (|| {
+            let blobs = self.push_blobs(&image, &chain, &work)?;
+            let repo = &reference.repository;
+            let mut result = PushResult {
+                reference: reference.to_string(),
+                manifest_digest: String::new(),
+                blobs: blobs.len() + 1,
+                uploaded_blobs: 0,
+                uploaded_bytes: 0,
+                present_blobs: 0,
+                mounted_blobs: 0,
+            };
+            for b in &blobs {
+                let outcome = client.push_blob(repo, &b.digest, &b.path, b.size, None)?;
+                crate::failpoint::hit("push.blob-sent");
+                let action = match outcome {
+                    Pushed::Present => {
+                        result.present_blobs += 1;
+                        "present"
+                    }
+                    Pushed::Mounted => {
+                        result.mounted_blobs += 1;
+                        "mount"
+                    }
+                    Pushed::Uploaded => {
+                        result.uploaded_blobs += 1;
+                        result.uploaded_bytes += b.size;
+                        "upload"
+                    }
+                };
+                progress(Progress { action: action.into(), digest: b.digest.to_string(), size: b.size, done: b.size });
+            }
+            let meta = self.chain_meta(&image, &chain)?;
+            let mut labels = serde_json::Map::new();
+            labels.insert(
+                CHAIN_LABEL.into(),
+                serde_json::Value::String(serde_json::to_string(&meta).map_err(|e| ApiError::internal(&e))?),
+            );
+            labels.insert("dev.strata.snapshot".into(), serde_json::Value::String(row.id.clone()));
+            let diff_ids: Vec<String> = blobs.iter().map(|b| format!("sha256:{}", b.diff_id)).collect();
+            let config = crate::export::config_document(&image, &diff_ids, labels);
+            let config_bytes = serde_json::to_vec(&config).map_err(|e| ApiError::internal(&e))?;
+            let config_digest = Digest::sha256(&config_bytes);
+            if client.push_bytes(repo, &config_digest, &config_bytes)? == Pushed::Uploaded {
+                result.uploaded_blobs += 1;
+                result.uploaded_bytes += config_bytes.len() as u64;
+            } else {
+                result.present_blobs += 1;
+            }
+            let layers = blobs
+                .iter()
+                .map(|b| serde_json::json!({"mediaType": b.media_type, "digest": b.digest, "size": b.size}))
+                .collect();
+            let manifest = crate::export::manifest_document(
+                config_digest.as_str(),
+                config_bytes.len(),
+                layers,
+                crate::export::chain_annotations(&image, &chain),
+            );
+            let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| ApiError::internal(&e))?;
+            client.put_manifest(repo, &tag, oci::layout::MEDIA_OCI_MANIFEST, &manifest_bytes)?;
+            result.manifest_digest = Digest::sha256(&manifest_bytes).to_string();
+            tracing::info!("pushed snapshot {} to {} ({})", row.id, result.reference, result.manifest_digest);
+            Ok(result)
+        })();
+        let _ = crate::store::remove_tree(&work);
+        result
+    }
+
+    /// The snapshot's image and layer chain once every blob of the chain is
+    /// sealed (a suspend seals in the background).
+    fn sealed_chain(&self, row: &SnapshotRow) -> Result<(crate::db::ImageRow, Vec<SnapshotRow>), ApiError> {
+        let started = Instant::now();
+        loop {
+            let (image, chain, pending) = {
+                let db = lock(&self.db);
+                let image = db
+                    .image_by_id(row.image_id)?
+                    .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+                let chain = db.snapshot_layer_chain(&row.id)?;
+                let mut pending = false;
+                for s in &chain {
+                    pending |= db.blob_pending(&s.id)?;
+                }
+                (image, chain, pending)
+            };
+            if !pending {
+                return Ok((image, chain));
+            }
+            if started.elapsed() > SEAL_WAIT {
+                return Err(ApiError::new(ErrorKind::Conflict, format!("snapshot {} is still sealing; retry", row.id)));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The blobs of the image's layers and the chain, bottom first. An image
+    /// imported before imports kept blobs is serialised again (its diff_ids
+    /// then differ from the image's).
+    fn push_blobs(
+        &self,
+        image: &crate::db::ImageRow,
+        chain: &[SnapshotRow],
+        work: &Path,
+    ) -> Result<Vec<PushBlob>, ApiError> {
+        let store = &self.rt.store;
+        let mut out = Vec::new();
+        for (layer, blob) in image.layers.iter().zip(&image.blobs) {
+            let digest = parse_digest(blob, "image layer blob")?;
+            let path = store.blob_path(digest.hex());
+            if path.is_file() {
+                let size = path.metadata().map_err(|e| ApiError::internal(&e))?.len();
+                let c = sniff(&path).map_err(|e| ApiError::internal(&e))?;
+                out.push(PushBlob { path, digest, size, media_type: media_type(c), diff_id: layer.clone() });
+            } else {
+                let s = crate::export::serialise_layer(store, layer, work, BlobCompression::Zstd)
+                    .map_err(|e| ApiError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e)))?;
+                let digest = parse_digest(&format!("sha256:{}", s.digest_hex), "serialised layer")?;
+                out.push(PushBlob {
+                    path: s.path,
+                    digest,
+                    size: s.size,
+                    media_type: media_type(Compression::Zstd),
+                    diff_id: s.diff_id,
+                });
+            }
+        }
+        for s in chain {
+            let digest = parse_digest(&s.blob_digest, "snapshot blob")?;
+            let c = match s.compression.as_str() {
+                "gzip" => Compression::Gzip,
+                _ => Compression::Zstd,
+            };
+            let diff_id = s.diff_id.clone().ok_or_else(|| ApiError::new(ErrorKind::Internal, "sealed snapshot without diff_id"))?;
+            out.push(PushBlob {
+                path: store.blob_path(digest.hex()),
+                digest,
+                size: s.blob_size,
+                media_type: media_type(c),
+                diff_id,
+            });
+        }
+        Ok(out)
+    }
+
+    fn chain_meta(&self, image: &crate::db::ImageRow, chain: &[SnapshotRow]) -> Result<ChainMeta, ApiError> {
+        let db = lock(&self.db);
+        let mut snapshots = Vec::new();
+        for s in chain {
+            let wc = match &s.work_context {
+                Some(w) => db.work_context(w)?,
+                None => None,
+            };
+            snapshots.push(SnapshotMeta {
+                id: s.id.clone(),
+                parent_id: s.parent_id.clone(),
+                class: s.class.clone(),
+                work_context: s.work_context.clone(),
+                start_kind: wc.as_ref().map(|w| w.start_kind.clone()),
+                start_id: wc.and_then(|w| w.start_id),
+                sequence: s.sequence,
+                predecessor_id: s.predecessor_id.clone(),
+                baseline: s.baseline.clone(),
+                source_sandbox: s.source_sandbox.clone(),
+                info: s.info.clone(),
+                created_at: s.created_at,
+            });
+        }
+        Ok(ChainMeta {
+            version: 1,
+            image: ImageMeta {
+                name: image.name.clone(),
+                manifest_digest: image.manifest_digest.clone(),
+                config_digest: image.config_digest.clone(),
+                config: image.config.clone(),
+                layers: image.layers.len(),
+            },
+            snapshots,
+        })
+    }
+
+    // ---- pull ----
+
+    /// Fetch the manifest and config at `reference`: the manifest's digest,
+    /// its layers, the config's diff_ids and labels.
+    fn fetch_documents(
+        &self,
+        client: &Client,
+        reference: &Reference,
+        work: &Path,
+        fetched: &mut u64,
+    ) -> Result<Documents, ApiError> {
+        let repo = &reference.repository;
+        let (_, mut bytes, mut digest) = client.get_manifest(repo, &reference.manifest_ref())?;
+        let mut parsed: WireManifest = serde_json::from_slice(&bytes)
+            .map_err(|e| upstream(client, format!("manifest {reference} is not valid JSON: {e}")))?;
+        let mut index = None;
+        if !parsed.manifests.is_empty() {
+            // An image index: this host's platform.
+            let arch = match std::env::consts::ARCH {
+                "x86_64" => "amd64",
+                "aarch64" => "arm64",
+                other => other,
+            };
+            let chosen = parsed
+                .manifests
+                .iter()
+                .find(|d| d.platform.as_ref().is_some_and(|p| p.os == "linux" && p.architecture == arch))
+                .or(if parsed.manifests.len() == 1 { parsed.manifests.first() } else { None })
+                .ok_or_else(|| invalid(format!("{reference} has no manifest for linux/{arch}")))?;
+            let child = parse_digest(&chosen.digest, "index entry")?;
+            index = Some((digest.clone(), bytes.clone(), chosen.media_type.clone(), chosen.size));
+            (_, bytes, digest) = client.get_manifest(repo, child.as_str())?;
+            if digest != child {
+                return Err(upstream(client, format!("manifest {child} came back as {digest}")));
+            }
+            parsed = serde_json::from_slice(&bytes)
+                .map_err(|e| upstream(client, format!("manifest {child} is not valid JSON: {e}")))?;
+        }
+        let config_desc =
+            parsed.config.as_ref().ok_or_else(|| invalid(format!("{reference} is not an image manifest")))?;
+        if config_desc.size > MAX_CONFIG {
+            return Err(invalid(format!("{reference}: config of {} bytes is over the limit", config_desc.size)));
+        }
+        let config_digest = parse_digest(&config_desc.digest, "config descriptor")?;
+        let mut config = Vec::new();
+        client.get_blob(repo, &config_digest, config_desc.size, &mut config, &mut |_| {})?;
+        *fetched += config.len() as u64;
+        let cfg: WireConfig = serde_json::from_slice(&config)
+            .map_err(|e| upstream(client, format!("config {config_digest} is not an image config: {e}")))?;
+        if cfg.rootfs.diff_ids.len() != parsed.layers.len() {
+            return Err(upstream(
+                client,
+                format!(
+                    "manifest {digest} has {} layers but its config {} diff_ids",
+                    parsed.layers.len(),
+                    cfg.rootfs.diff_ids.len()
+                ),
+            ));
+        }
+        let mut layers = Vec::new();
+        for (d, diff) in parsed.layers.iter().zip(&cfg.rootfs.diff_ids) {
+            let compression = Compression::from_media_type(&d.media_type)
+                .ok_or_else(|| invalid(format!("layer {} has media type {:?}", d.digest, d.media_type)))?;
+            layers.push(WireLayer {
+                digest: parse_digest(&d.digest, "layer descriptor")?,
+                size: d.size,
+                media_type: d.media_type.clone(),
+                compression,
+                diff_id: parse_digest(diff, "config diff_id")?,
+            });
+        }
+        let labels = cfg.config.and_then(|c| c.labels).unwrap_or_default();
+        let _ = work;
+        Ok(Documents { digest, manifest: bytes, index, config_digest, config, layers, labels })
+    }
+
+    /// Download the layers this host lacks into `work`: returns, per layer,
+    /// the downloaded blob (or none: the host has the layer and its blob).
+    fn fetch_layers(
+        &self,
+        client: &Client,
+        repo: &str,
+        layers: &[WireLayer],
+        work: &Path,
+        fetched: &mut (usize, u64),
+        reused: &mut usize,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<Option<PathBuf>>, ApiError> {
+        let store = &self.rt.store;
+        let mut out = Vec::new();
+        for (i, l) in layers.iter().enumerate() {
+            let hex = l.diff_id.hex();
+            let have_layer = lock(&self.db).layer_exists(hex)? && store.layer_dir(hex).join("fs").is_dir();
+            let have_blob = store.blob_path(l.digest.hex()).is_file();
+            if have_layer {
+                *reused += 1;
+                progress(Progress { action: "reuse".into(), digest: l.digest.to_string(), size: l.size, done: 0 });
+            }
+            if have_layer && have_blob || out.iter().flatten().any(|p: &PathBuf| p.ends_with(l.digest.hex())) {
+                out.push(None);
+                continue;
+            }
+            if have_blob {
+                out.push(None);
+                continue;
+            }
+            let path = work.join(l.digest.hex());
+            let file = std::fs::File::create(&path).map_err(|e| ApiError::internal(&e))?;
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
+            let mut done = 0u64;
+            let mut last = Instant::now();
+            let digest = l.digest.to_string();
+            client.get_blob(repo, &l.digest, l.size, &mut w, &mut |n| {
+                done += n;
+                if last.elapsed() > Duration::from_millis(200) || done == l.size {
+                    last = Instant::now();
+                    progress(Progress { action: "fetch".into(), digest: digest.clone(), size: l.size, done });
+                }
+            })?;
+            std::io::Write::flush(&mut w).map_err(|e| store_err(StoreError::Io { step: "write", path: path.clone(), source: e }))?;
+            fetched.0 += 1;
+            fetched.1 += l.size;
+            let _ = i;
+            out.push(Some(path));
+        }
+        Ok(out)
+    }
+
+    /// Pull an image from a registry; only layers the host lacks are fetched.
+    pub fn pull_image(&self, req: &RegistryRequest, progress: &mut dyn FnMut(Progress)) -> Result<PullResult, ApiError> {
+        let reference = parse_reference(&req.reference)?;
+        let name = match &req.name {
+            Some(n) => n.clone(),
+            None => match (&reference.tag, &reference.digest) {
+                (Some(t), _) => format!("{}:{t}", reference.repository),
+                (None, Some(d)) => format!("{}:{}", reference.repository, &d.hex()[..12]),
+                (None, None) => reference.repository.clone(),
+            },
+        };
+        let name: ImageName = name.parse().map_err(|e| ApiError::invalid(&e))?;
+        if lock(&self.db).image_by_name(&name)?.is_some() {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("image {name} already exists")));
+        }
+        let client = client(req, &reference)?;
+        let _serial = lock(&self.import_lock);
+        let work = self.rt.store.new_tmp("pull").map_err(store_err)?;
+        let result = (|| {
+            let mut config_bytes = 0;
+            let docs = self.fetch_documents(&client, &reference, &work, &mut config_bytes)?;
+            if docs.labels.contains_key(CHAIN_LABEL) {
+                tracing::info!("{reference} is a Strata snapshot; pulling it as a plain image");
+            }
+            // An OCI layout of what was fetched, so the import checks it
+            // exactly as it checks a layout on disk.
+            let layout = work.join("layout");
+            let blobs = layout.join("blobs/sha256");
+            std::fs::create_dir_all(&blobs).map_err(|e| ApiError::internal(&e))?;
+            let write = |name: &str, bytes: &[u8]| {
+                std::fs::write(blobs.join(name), bytes).map_err(|e| {
+                    store_err(StoreError::Io { step: "write", path: blobs.join(name), source: e })
+                })
+            };
+            write(docs.digest.hex(), &docs.manifest)?;
+            write(docs.config_digest.hex(), &docs.config)?;
+            // index.json points at what the reference named.
+            let top = match &docs.index {
+                Some((d, bytes, mt, _)) => {
+                    write(d.hex(), bytes)?;
+                    serde_json::json!({"mediaType": mt_or(mt, oci::layout::MEDIA_OCI_INDEX), "digest": d, "size": bytes.len()})
+                }
+                None => serde_json::json!({
+                    "mediaType": oci::layout::MEDIA_OCI_MANIFEST, "digest": docs.digest, "size": docs.manifest.len()
+                }),
+            };
+            std::fs::write(layout.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
+                .map_err(|e| ApiError::internal(&e))?;
+            std::fs::write(layout.join("index.json"), serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2, "manifests": [top]})).unwrap_or_default())
+            .map_err(|e| ApiError::internal(&e))?;
+            let mut fetched = (0usize, config_bytes);
+            let mut reused = 0;
+            let paths = self.fetch_layers(
+                &client,
+                &reference.repository,
+                &docs.layers,
+                &layout,
+                &mut fetched,
+                &mut reused,
+                progress,
+            )?;
+            // A blob the host has but the layout lacks: link it in.
+            for (l, p) in docs.layers.iter().zip(&paths) {
+                let stored = self.rt.store.blob_path(l.digest.hex());
+                let dst = blobs.join(l.digest.hex());
+                if p.is_none() && stored.is_file() && !dst.exists() {
+                    std::fs::copy(&stored, &dst).map_err(|e| ApiError::internal(&e))?;
+                }
+            }
+            let have = |d: &Digest| lock(&self.db).layer_exists(d.hex()).unwrap_or(false);
+            let src = oci::layout::open_dir_lacking(&layout, None, &have).map_err(|e| {
+                ApiError::new(ErrorKind::Upstream, format!("{reference} from {}: {}", client.registry(), crate::error::chain(&e)))
+            })?;
+            let row = crate::image::import_source(&self.rt.store, &self.db, &src, &name, &work)?;
+            Ok(PullResult {
+                reference: reference.to_string(),
+                manifest_digest: docs.digest.to_string(),
+                image: crate::daemon::image_info(&row),
+                snapshot: None,
+                fetched_blobs: fetched.0 + 1,
+                fetched_bytes: fetched.1,
+                reused_layers: reused,
+            })
+        })();
+        let _ = crate::store::remove_tree(&work);
+        result
+    }
+
+    /// Pull a snapshot pushed by `push_snapshot` (on any host) and recreate
+    /// it here with the same ids and digests.
+    pub fn pull_snapshot(
+        &self,
+        req: &RegistryRequest,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<PullResult, ApiError> {
+        let reference = parse_reference(&req.reference)?;
+        if req.name.is_some() {
+            return Err(invalid("name applies to image pull only"));
+        }
+        let client = client(req, &reference)?;
+        let _serial = lock(&self.import_lock);
+        let work = self.rt.store.new_tmp("pull").map_err(store_err)?;
+        let mut committed: Vec<String> = Vec::new();
+        let mut adopted: Vec<String> = Vec::new();
+        let result = (|| {
+            let mut config_bytes = 0;
+            let docs = self.fetch_documents(&client, &reference, &work, &mut config_bytes)?;
+            let meta: ChainMeta = match docs.labels.get(CHAIN_LABEL) {
+                Some(m) => serde_json::from_str(m).map_err(|e| invalid(format!("{reference}: bad {CHAIN_LABEL} label: {e}")))?,
+                None => {
+                    return Err(invalid(format!(
+                        "{reference} is not a Strata snapshot (its config has no {CHAIN_LABEL} label); use `strata image pull`"
+                    )))
+                }
+            };
+            let n_image = meta.image.layers;
+            if meta.version != 1 || n_image + meta.snapshots.len() != docs.layers.len() || meta.snapshots.is_empty() {
+                return Err(invalid(format!(
+                    "{reference}: the {CHAIN_LABEL} label names {} + {} layers, the manifest has {}",
+                    n_image,
+                    meta.snapshots.len(),
+                    docs.layers.len()
+                )));
+            }
+            if docs.layers[n_image..].iter().any(|l| l.compression == Compression::None) {
+                return Err(invalid(format!("{reference}: snapshot layers must be compressed (zstd or gzip)")));
+            }
+            for s in &meta.snapshots {
+                s.id.parse::<crate::ids::SandboxId>().map_err(|_| invalid(format!("bad snapshot id {:?}", s.id)))?;
+                if s.work_context.as_ref().is_some_and(|w| w.is_empty() || w.len() > 64) {
+                    return Err(invalid(format!("bad work context of snapshot {}", s.id)));
+                }
+            }
+            let mut fetched = (0usize, config_bytes);
+            let mut reused = 0;
+            let paths = self.fetch_layers(
+                &client,
+                &reference.repository,
+                &docs.layers,
+                &work,
+                &mut fetched,
+                &mut reused,
+                progress,
+            )?;
+            // Unpack what the host lacks, checking blob digest and diff_id.
+            let store = &self.rt.store;
+            let mut rows = Vec::new();
+            let mut fresh = Vec::new();
+            for (i, (l, p)) in docs.layers.iter().zip(&paths).enumerate() {
+                let hex = l.diff_id.hex().to_string();
+                let mut row = LayerRow::content(&hex, 0, 0);
+                let have = lock(&self.db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
+                if !have && !fresh.iter().any(|(h, _): &(String, PathBuf)| *h == hex) {
+                    let blob = p.clone().unwrap_or_else(|| {
+                        paths.iter().flatten().find(|q| q.ends_with(l.digest.hex())).cloned()
+                            .unwrap_or_else(|| store.blob_path(l.digest.hex()))
+                    });
+                    let dir = work.join(format!("layer-{i}"));
+                    let fs = dir.join("fs");
+                    std::fs::create_dir_all(&fs).map_err(|e| ApiError::internal(&e))?;
+                    progress(Progress { action: "unpack".into(), digest: l.digest.to_string(), size: l.size, done: 0 });
+                    let src = oci::LayerSource {
+                        blob_path: blob,
+                        digest: l.digest.clone(),
+                        size: l.size,
+                        media_type: l.media_type.clone(),
+                        diff_id: l.diff_id.clone(),
+                        compression: l.compression,
+                    };
+                    let stats = oci::unpack_layer(&src, &fs).map_err(|e| {
+                        let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Upstream };
+                        ApiError::new(
+                            kind,
+                            format!("layer {} from {}: {}", l.digest, client.registry(), crate::error::chain(&e)),
+                        )
+                    })?;
+                    row.size = stats.bytes;
+                    row.entries = stats.entries;
+                    fresh.push((hex, dir));
+                }
+                rows.push(row);
+            }
+            // Move layers and blobs into place, then record in one go.
+            for (hex, dir) in &fresh {
+                if store.commit_layer(dir, hex, true).map_err(store_err)? {
+                    committed.push(hex.clone());
+                }
+            }
+            for (l, p) in docs.layers.iter().zip(&paths) {
+                if let Some(p) = p {
+                    if store.adopt_blob(p, l.digest.hex(), true).map_err(store_err)? {
+                        adopted.push(l.digest.hex().to_string());
+                    }
+                }
+            }
+            let name: ImageName = meta.image.name.parse().map_err(|e| ApiError::invalid(&e))?;
+            let image = PulledImage {
+                name,
+                manifest_digest: meta.image.manifest_digest.clone(),
+                config_digest: meta.image.config_digest.clone(),
+                config: meta.image.config.clone(),
+                layers: rows[..n_image]
+                    .iter()
+                    .cloned()
+                    .zip(docs.layers[..n_image].iter().map(|l| l.digest.to_string()))
+                    .collect(),
+            };
+            let mut snaps: Vec<PulledSnapshot> = meta
+                .snapshots
+                .iter()
+                .zip(&docs.layers[n_image..])
+                .zip(&rows[n_image..])
+                .map(|((m, l), layer)| {
+                    let mut info = m.info.clone();
+                    if let Some(o) = info.as_object_mut() {
+                        o.insert("pulled_from".into(), serde_json::Value::String(reference.to_string()));
+                    }
+                    PulledSnapshot {
+                        row: SnapshotRow {
+                            id: m.id.clone(),
+                            image_id: 0,
+                            parent_id: m.parent_id.clone(),
+                            class: m.class.clone(),
+                            state: String::new(),
+                            work_context: m.work_context.clone(),
+                            sequence: m.sequence,
+                            predecessor_id: m.predecessor_id.clone(),
+                            baseline: m.baseline.clone(),
+                            layer: layer.id.clone(),
+                            diff_id: layer.diff_id.clone(),
+                            blob_digest: l.digest.to_string(),
+                            blob_size: l.size,
+                            compression: match l.compression {
+                                Compression::Gzip => "gzip".into(),
+                                _ => "zstd".into(),
+                            },
+                            source_sandbox: m.source_sandbox.clone(),
+                            info,
+                            created_at: m.created_at,
+                        },
+                        layer: layer.clone(),
+                        start_kind: m.start_kind.clone().unwrap_or_else(|| "image".into()),
+                        start_id: m.start_id.clone(),
+                    }
+                })
+                .collect();
+            let recorded = lock(&self.db).record_pull(&image, &mut snaps)?;
+            let image_id = recorded.map_err(|c| ApiError::new(ErrorKind::Conflict, c.to_string()))?;
+            let top = &snaps[snaps.len() - 1].row.id;
+            let db = lock(&self.db);
+            let image = db.image_by_id(image_id)?.ok_or_else(|| ApiError::new(ErrorKind::Internal, "pulled image row is missing"))?;
+            let top = db.snapshot(top)?.ok_or_else(|| ApiError::new(ErrorKind::Internal, "pulled snapshot row is missing"))?;
+            let snapshot = self.snapshot_info_locked(&db, &top)?;
+            tracing::info!("pulled snapshot {} from {reference} ({} bytes fetched)", top.id, fetched.1);
+            Ok(PullResult {
+                reference: reference.to_string(),
+                manifest_digest: docs.digest.to_string(),
+                image: crate::daemon::image_info(&image),
+                snapshot: Some(snapshot),
+                fetched_blobs: fetched.0 + 1,
+                fetched_bytes: fetched.1,
+                reused_layers: reused,
+            })
+        })();
+        if result.is_err() {
+            // Nothing partial: layers and blobs this pull moved in that no
+            // row lists go again.
+            let db = lock(&self.db);
+            let used = db.all_blobs().unwrap_or_default();
+            for hex in &committed {
+                if !db.layer_exists(hex).unwrap_or(true) {
+                    let _ = self.rt.store.remove_layer(hex);
+                }
+            }
+            for hex in &adopted {
+                if !used.contains(&format!("sha256:{hex}")) {
+                    let _ = self.rt.store.remove_blob(hex);
+                }
+            }
+        }
+        let _ = crate::store::remove_tree(&work);
+        result
+    }
+}
+
+fn mt_or<'a>(mt: &'a str, default: &'a str) -> &'a str {
+    if mt.is_empty() {
+        default
+    } else {
+        mt
+    }
+}
+
+fn upstream(client: &Client, what: String) -> ApiError {
+    ApiError::new(ErrorKind::Upstream, format!("registry {}: {what}", client.registry()))
+}
+
+struct WireLayer {
+    digest: Digest,
+    size: u64,
+    media_type: String,
+    compression: Compression,
+    diff_id: Digest,
+}
+
+/// The documents of a fetched reference.
+struct Documents {
+    /// The image manifest's digest and bytes.
+    digest: Digest,
+    manifest: Vec<u8>,
+    /// The index the reference named, if any: digest, bytes, media type, size.
+    index: Option<(Digest, Vec<u8>, String, u64)>,
+    config_digest: Digest,
+    config: Vec<u8>,
+    layers: Vec<WireLayer>,
+    labels: std::collections::HashMap<String, String>,
+}
