@@ -420,7 +420,10 @@ pub fn run(cli: Cli) -> Result<i32> {
             let req = registry.request(reference, name.clone())?;
             let r: crate::api::types::PullResult =
                 client(&cli)?.call_streamed("/v1/images/pull", &req, &mut registry.printer())?;
-            eprintln!("fetched {} blobs, {} bytes; {} layers reused", r.fetched_blobs, r.fetched_bytes, r.reused_layers);
+            eprintln!(
+                "fetched {} blobs, {} bytes; {} layers reused",
+                r.fetched_blobs, r.fetched_bytes, r.reused_layers
+            );
             println!("{}", r.image.name);
             Ok(0)
         }
@@ -641,7 +644,10 @@ pub fn run(cli: Cli) -> Result<i32> {
             let req = registry.request(reference, None)?;
             let r: crate::api::types::PullResult =
                 client(&cli)?.call_streamed("/v1/snapshots/pull", &req, &mut registry.printer())?;
-            eprintln!("fetched {} blobs, {} bytes; {} layers reused", r.fetched_blobs, r.fetched_bytes, r.reused_layers);
+            eprintln!(
+                "fetched {} blobs, {} bytes; {} layers reused",
+                r.fetched_blobs, r.fetched_bytes, r.reused_layers
+            );
             println!("{}", r.snapshot.map(|s| s.id).unwrap_or_default());
             Ok(0)
         }

@@ -728,8 +728,7 @@ pub enum PullConflict {
 }
 
 fn insert_pulled_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow) -> Result<(), DbError> {
-    let info =
-        serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
+    let info = serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
     insert_snapshot_row(tx, snap, &info)
 }
 
@@ -1061,13 +1060,11 @@ impl Db {
         let image_id = match image_id {
             Some(id) => id,
             None => {
-                let hex12: String =
-                    image.manifest_digest.trim_start_matches("sha256:").chars().take(12).collect();
+                let hex12: String = image.manifest_digest.trim_start_matches("sha256:").chars().take(12).collect();
                 let base = image.name.as_str().rsplit_once(':').map_or(image.name.as_str(), |(n, _)| n);
                 let names: Vec<String> = vec![image.name.to_string(), format!("{base}:{hex12}")];
                 let free = names.iter().find(|n| {
-                    tx.query_row("SELECT 1 FROM images WHERE name = ?1", [n], |_| Ok(())).optional().ok()
-                        == Some(None)
+                    tx.query_row("SELECT 1 FROM images WHERE name = ?1", [n], |_| Ok(())).optional().ok() == Some(None)
                 });
                 let Some(free) = free else {
                     return Ok(Err(PullConflict::ImageName(names)));

@@ -334,7 +334,10 @@ impl Daemon {
                 "gzip" => Compression::Gzip,
                 _ => Compression::Zstd,
             };
-            let diff_id = s.diff_id.clone().ok_or_else(|| ApiError::new(ErrorKind::Internal, "sealed snapshot without diff_id"))?;
+            let diff_id = s
+                .diff_id
+                .clone()
+                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "sealed snapshot without diff_id"))?;
             out.push(PushBlob {
                 path: store.blob_path(digest.hex()),
                 digest,
@@ -390,7 +393,6 @@ impl Daemon {
         &self,
         client: &Client,
         reference: &Reference,
-        work: &Path,
         fetched: &mut u64,
     ) -> Result<Documents, ApiError> {
         let repo = &reference.repository;
@@ -454,37 +456,33 @@ impl Daemon {
             });
         }
         let labels = cfg.config.and_then(|c| c.labels).unwrap_or_default();
-        let _ = work;
         Ok(Documents { digest, manifest: bytes, index, config_digest, config, layers, labels })
     }
 
-    /// Download the layers this host lacks into `work`: returns, per layer,
-    /// the downloaded blob (or none: the host has the layer and its blob).
+    /// Download the blobs of the layers this host lacks into `work`:
+    /// returns, per layer, the downloaded file (none if not fetched).
     fn fetch_layers(
         &self,
         client: &Client,
         repo: &str,
         layers: &[WireLayer],
         work: &Path,
-        fetched: &mut (usize, u64),
-        reused: &mut usize,
+        tally: &mut Tally,
         progress: &mut dyn FnMut(Progress),
     ) -> Result<Vec<Option<PathBuf>>, ApiError> {
         let store = &self.rt.store;
         let mut out = Vec::new();
-        for (i, l) in layers.iter().enumerate() {
+        for l in layers {
             let hex = l.diff_id.hex();
             let have_layer = lock(&self.db).layer_exists(hex)? && store.layer_dir(hex).join("fs").is_dir();
             let have_blob = store.blob_path(l.digest.hex()).is_file();
             if have_layer {
-                *reused += 1;
+                tally.reused += 1;
                 progress(Progress { action: "reuse".into(), digest: l.digest.to_string(), size: l.size, done: 0 });
             }
-            if have_layer && have_blob || out.iter().flatten().any(|p: &PathBuf| p.ends_with(l.digest.hex())) {
-                out.push(None);
-                continue;
-            }
-            if have_blob {
+            // A layer the host has is not fetched (even if its blob is not
+            // kept here); nor is a blob the store has, or one fetched above.
+            if have_layer || have_blob || out.iter().flatten().any(|p: &PathBuf| p.ends_with(l.digest.hex())) {
                 out.push(None);
                 continue;
             }
@@ -501,17 +499,21 @@ impl Daemon {
                     progress(Progress { action: "fetch".into(), digest: digest.clone(), size: l.size, done });
                 }
             })?;
-            std::io::Write::flush(&mut w).map_err(|e| store_err(StoreError::Io { step: "write", path: path.clone(), source: e }))?;
-            fetched.0 += 1;
-            fetched.1 += l.size;
-            let _ = i;
+            std::io::Write::flush(&mut w)
+                .map_err(|e| store_err(StoreError::Io { step: "write", path: path.clone(), source: e }))?;
+            tally.blobs += 1;
+            tally.bytes += l.size;
             out.push(Some(path));
         }
         Ok(out)
     }
 
     /// Pull an image from a registry; only layers the host lacks are fetched.
-    pub fn pull_image(&self, req: &RegistryRequest, progress: &mut dyn FnMut(Progress)) -> Result<PullResult, ApiError> {
+    pub fn pull_image(
+        &self,
+        req: &RegistryRequest,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<PullResult, ApiError> {
         let reference = parse_reference(&req.reference)?;
         let name = match &req.name {
             Some(n) => n.clone(),
@@ -530,7 +532,7 @@ impl Daemon {
         let work = self.rt.store.new_tmp("pull").map_err(store_err)?;
         let result = (|| {
             let mut config_bytes = 0;
-            let docs = self.fetch_documents(&client, &reference, &work, &mut config_bytes)?;
+            let docs = self.fetch_documents(&client, &reference, &mut config_bytes)?;
             if docs.labels.contains_key(CHAIN_LABEL) {
                 tracing::info!("{reference} is a Strata snapshot; pulling it as a plain image");
             }
@@ -540,9 +542,8 @@ impl Daemon {
             let blobs = layout.join("blobs/sha256");
             std::fs::create_dir_all(&blobs).map_err(|e| ApiError::internal(&e))?;
             let write = |name: &str, bytes: &[u8]| {
-                std::fs::write(blobs.join(name), bytes).map_err(|e| {
-                    store_err(StoreError::Io { step: "write", path: blobs.join(name), source: e })
-                })
+                std::fs::write(blobs.join(name), bytes)
+                    .map_err(|e| store_err(StoreError::Io { step: "write", path: blobs.join(name), source: e }))
             };
             write(docs.digest.hex(), &docs.manifest)?;
             write(docs.config_digest.hex(), &docs.config)?;
@@ -558,20 +559,16 @@ impl Daemon {
             };
             std::fs::write(layout.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
                 .map_err(|e| ApiError::internal(&e))?;
-            std::fs::write(layout.join("index.json"), serde_json::to_vec(&serde_json::json!({
-                "schemaVersion": 2, "manifests": [top]})).unwrap_or_default())
+            std::fs::write(
+                layout.join("index.json"),
+                serde_json::to_vec(&serde_json::json!({
+                "schemaVersion": 2, "manifests": [top]}))
+                .unwrap_or_default(),
+            )
             .map_err(|e| ApiError::internal(&e))?;
-            let mut fetched = (0usize, config_bytes);
-            let mut reused = 0;
-            let paths = self.fetch_layers(
-                &client,
-                &reference.repository,
-                &docs.layers,
-                &layout,
-                &mut fetched,
-                &mut reused,
-                progress,
-            )?;
+            let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
+            let paths =
+                self.fetch_layers(&client, &reference.repository, &docs.layers, &blobs, &mut tally, progress)?;
             // A blob the host has but the layout lacks: link it in.
             for (l, p) in docs.layers.iter().zip(&paths) {
                 let stored = self.rt.store.blob_path(l.digest.hex());
@@ -582,7 +579,10 @@ impl Daemon {
             }
             let have = |d: &Digest| lock(&self.db).layer_exists(d.hex()).unwrap_or(false);
             let src = oci::layout::open_dir_lacking(&layout, None, &have).map_err(|e| {
-                ApiError::new(ErrorKind::Upstream, format!("{reference} from {}: {}", client.registry(), crate::error::chain(&e)))
+                ApiError::new(
+                    ErrorKind::Upstream,
+                    format!("{reference} from {}: {}", client.registry(), crate::error::chain(&e)),
+                )
             })?;
             let row = crate::image::import_source(&self.rt.store, &self.db, &src, &name, &work)?;
             Ok(PullResult {
@@ -590,9 +590,9 @@ impl Daemon {
                 manifest_digest: docs.digest.to_string(),
                 image: crate::daemon::image_info(&row),
                 snapshot: None,
-                fetched_blobs: fetched.0 + 1,
-                fetched_bytes: fetched.1,
-                reused_layers: reused,
+                fetched_blobs: tally.blobs,
+                fetched_bytes: tally.bytes,
+                reused_layers: tally.reused,
             })
         })();
         let _ = crate::store::remove_tree(&work);
@@ -617,7 +617,7 @@ impl Daemon {
         let mut adopted: Vec<String> = Vec::new();
         let result = (|| {
             let mut config_bytes = 0;
-            let docs = self.fetch_documents(&client, &reference, &work, &mut config_bytes)?;
+            let docs = self.fetch_documents(&client, &reference, &mut config_bytes)?;
             let meta: ChainMeta = match docs.labels.get(CHAIN_LABEL) {
                 Some(m) => serde_json::from_str(m).map_err(|e| invalid(format!("{reference}: bad {CHAIN_LABEL} label: {e}")))?,
                 None => {
@@ -644,17 +644,8 @@ impl Daemon {
                     return Err(invalid(format!("bad work context of snapshot {}", s.id)));
                 }
             }
-            let mut fetched = (0usize, config_bytes);
-            let mut reused = 0;
-            let paths = self.fetch_layers(
-                &client,
-                &reference.repository,
-                &docs.layers,
-                &work,
-                &mut fetched,
-                &mut reused,
-                progress,
-            )?;
+            let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
+            let paths = self.fetch_layers(&client, &reference.repository, &docs.layers, &work, &mut tally, progress)?;
             // Unpack what the host lacks, checking blob digest and diff_id.
             let store = &self.rt.store;
             let mut rows = Vec::new();
@@ -665,7 +656,11 @@ impl Daemon {
                 let have = lock(&self.db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
                 if !have && !fresh.iter().any(|(h, _): &(String, PathBuf)| *h == hex) {
                     let blob = p.clone().unwrap_or_else(|| {
-                        paths.iter().flatten().find(|q| q.ends_with(l.digest.hex())).cloned()
+                        paths
+                            .iter()
+                            .flatten()
+                            .find(|q| q.ends_with(l.digest.hex()))
+                            .cloned()
                             .unwrap_or_else(|| store.blob_path(l.digest.hex()))
                     });
                     let dir = work.join(format!("layer-{i}"));
@@ -761,18 +756,22 @@ impl Daemon {
             let image_id = recorded.map_err(|c| ApiError::new(ErrorKind::Conflict, c.to_string()))?;
             let top = &snaps[snaps.len() - 1].row.id;
             let db = lock(&self.db);
-            let image = db.image_by_id(image_id)?.ok_or_else(|| ApiError::new(ErrorKind::Internal, "pulled image row is missing"))?;
-            let top = db.snapshot(top)?.ok_or_else(|| ApiError::new(ErrorKind::Internal, "pulled snapshot row is missing"))?;
+            let image = db
+                .image_by_id(image_id)?
+                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "pulled image row is missing"))?;
+            let top = db
+                .snapshot(top)?
+                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "pulled snapshot row is missing"))?;
             let snapshot = self.snapshot_info_locked(&db, &top)?;
-            tracing::info!("pulled snapshot {} from {reference} ({} bytes fetched)", top.id, fetched.1);
+            tracing::info!("pulled snapshot {} from {reference} ({} bytes fetched)", top.id, tally.bytes);
             Ok(PullResult {
                 reference: reference.to_string(),
                 manifest_digest: docs.digest.to_string(),
                 image: crate::daemon::image_info(&image),
                 snapshot: Some(snapshot),
-                fetched_blobs: fetched.0 + 1,
-                fetched_bytes: fetched.1,
-                reused_layers: reused,
+                fetched_blobs: tally.blobs,
+                fetched_bytes: tally.bytes,
+                reused_layers: tally.reused,
             })
         })();
         if result.is_err() {
@@ -806,6 +805,13 @@ fn mt_or<'a>(mt: &'a str, default: &'a str) -> &'a str {
 
 fn upstream(client: &Client, what: String) -> ApiError {
     ApiError::new(ErrorKind::Upstream, format!("registry {}: {what}", client.registry()))
+}
+
+/// What a pull fetched (the config counts as one blob) and reused.
+struct Tally {
+    blobs: usize,
+    bytes: u64,
+    reused: usize,
 }
 
 struct WireLayer {

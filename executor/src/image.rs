@@ -154,7 +154,7 @@ pub(crate) fn import_source(
             &src.config,
             &rows,
         )?;
-        Ok(db.image_by_id(id)?.ok_or_else(|| ImageError::NotFound(name.to_string()))?)
+        db.image_by_id(id)?.ok_or_else(|| ImageError::NotFound(name.to_string()))
     })();
     if result.is_err() {
         // Roll back layers and blobs that this import added and no row

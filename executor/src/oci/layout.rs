@@ -385,7 +385,11 @@ pub fn open_dir(root: &Path, tag: Option<&str>) -> Result<ImageSource, LayoutErr
 /// Reads an image layout directory in which the blobs of layers whose
 /// diff_id satisfies `have` may be missing (a pull fetches only the layers
 /// a host lacks). Their `LayerSource::blob_path` then names no file.
-pub fn open_dir_lacking(root: &Path, tag: Option<&str>, have: &dyn Fn(&Digest) -> bool) -> Result<ImageSource, LayoutError> {
+pub fn open_dir_lacking(
+    root: &Path,
+    tag: Option<&str>,
+    have: &dyn Fn(&Digest) -> bool,
+) -> Result<ImageSource, LayoutError> {
     let layout_path = root.join("oci-layout");
     let layout: OciLayoutFile = parse("oci-layout", &layout_path, &read_small(&layout_path)?)?;
     if layout.version != "1.0.0" {

@@ -275,9 +275,8 @@ impl Client {
             token: Option<String>,
             access_token: Option<String>,
         }
-        let t: Token = serde_json::from_reader(resp.into_reader().take(1 << 20)).map_err(|e| RegistryError::Protocol {
-            registry: self.registry.clone(),
-            what: format!("token response: {e}"),
+        let t: Token = serde_json::from_reader(resp.into_reader().take(1 << 20)).map_err(|e| {
+            RegistryError::Protocol { registry: self.registry.clone(), what: format!("token response: {e}") }
         })?;
         t.token.or(t.access_token).filter(|t| !t.is_empty()).ok_or_else(|| RegistryError::Protocol {
             registry: self.registry.clone(),
@@ -289,15 +288,14 @@ impl Client {
     /// A reference by digest is checked against it.
     pub fn get_manifest(&self, repo: &str, reference: &str) -> Result<(String, Vec<u8>, Digest), RegistryError> {
         let path = format!("/v2/{repo}/manifests/{reference}");
-        let resp = self.send("GET", &path, &[("Accept", MANIFEST_ACCEPT)], Body::Empty, &[200]).map_err(|e| {
-            match e {
+        let resp =
+            self.send("GET", &path, &[("Accept", MANIFEST_ACCEPT)], Body::Empty, &[200]).map_err(|e| match e {
                 RegistryError::Status { status: 404, .. } => RegistryError::NotFound {
                     registry: self.registry.clone(),
                     what: format!("manifest {repo}:{reference}"),
                 },
                 e => e,
-            }
-        })?;
+            })?;
         let media_type = resp.content_type().to_string();
         let what = format!("manifest {repo}:{reference}");
         let mut bytes = Vec::new();
@@ -342,7 +340,8 @@ impl Client {
             }
             e => e,
         })?;
-        let io_err = |step, source| RegistryError::Io { registry: self.registry.clone(), step, what: what.clone(), source };
+        let io_err =
+            |step, source| RegistryError::Io { registry: self.registry.clone(), step, what: what.clone(), source };
         let mut reader = resp.into_reader().take(size + 1);
         let mut hasher = Sha256::new();
         let mut buf = vec![0u8; 1 << 20];
@@ -356,7 +355,12 @@ impl Client {
             };
             total += n as u64;
             if total > size {
-                return Err(RegistryError::Size { registry: self.registry.clone(), what, expected: size, actual: total });
+                return Err(RegistryError::Size {
+                    registry: self.registry.clone(),
+                    what,
+                    expected: size,
+                    actual: total,
+                });
             }
             hasher.update(&buf[..n]);
             out.write_all(&buf[..n]).map_err(|e| io_err("write", e))?;
@@ -468,7 +472,9 @@ fn error_message(resp: ureq::Response) -> String {
         Ok(e) if !e.errors.is_empty() => e
             .errors
             .iter()
-            .map(|x| format!("{} {}", x.code.as_deref().unwrap_or(""), x.message.as_deref().unwrap_or("")).trim().to_string())
+            .map(|x| {
+                format!("{} {}", x.code.as_deref().unwrap_or(""), x.message.as_deref().unwrap_or("")).trim().to_string()
+            })
             .collect::<Vec<_>>()
             .join("; "),
         _ => body.chars().take(200).collect::<String>().trim().to_string(),
@@ -588,7 +594,11 @@ mod tests {
                     return reply("200 OK", &[], r#"{"token":"t0k"}"#);
                 }
                 if auth == "Bearer t0k" {
-                    return reply("200 OK", &["Content-Type: application/vnd.oci.image.manifest.v1+json".into()], manifest);
+                    return reply(
+                        "200 OK",
+                        &["Content-Type: application/vnd.oci.image.manifest.v1+json".into()],
+                        manifest,
+                    );
                 }
                 let realm = format!("http://{}/token", a2.lock().unwrap());
                 reply(

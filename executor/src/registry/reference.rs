@@ -121,7 +121,10 @@ mod tests {
     #[test]
     fn parses_registries_ports_tags_and_digests() {
         let r = p("127.0.0.1:5000/strata/snap:v1");
-        assert_eq!((r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()), ("127.0.0.1:5000", "strata/snap", Some("v1")));
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()),
+            ("127.0.0.1:5000", "strata/snap", Some("v1"))
+        );
         let r = p("localhost/a");
         assert_eq!((r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()), ("localhost", "a", Some("latest")));
         let r = p("busybox");
