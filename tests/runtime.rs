@@ -1875,6 +1875,12 @@ fn a_snapshot_pushed_from_one_host_forks_on_another() {
     assert_eq!(pulled3["snapshot"]["parent"], json!(snap), "{pulled3}");
     let r: Value = b.client().call("POST", &format!("/v1/snapshots/{snap3}/resume"), Some(&json!({}))).unwrap();
     assert_eq!(stdout(&sh(&b, r["id"].as_str().unwrap(), "cat /tmp/one /tmp/three")), "one\nthree\n");
+    // B pushes what it pulled to another repository of the same registry:
+    // the blobs are mounted from the first, not uploaded (the config is new:
+    // it records where the chain was pulled from).
+    let moved: Value = push_snapshot(&b, &reg, &snap, "strata/elsewhere:v1").unwrap();
+    assert_eq!(moved["mounted_blobs"], image_layers + 1, "{moved}");
+    assert_eq!(moved["uploaded_blobs"], 1, "{moved}");
     // Pulling what B has is a no-op that fetches no layer.
     let again = pull_snapshot(&b, &reg, "strata/moved:v1").unwrap();
     assert_eq!(again["fetched_blobs"], 1, "{again}");

@@ -213,8 +213,14 @@ impl Daemon {
                 present_blobs: 0,
                 mounted_blobs: 0,
             };
+            // A chain pulled from this registry: its blobs are mounted from
+            // the repository it came from instead of uploaded again.
+            let mount_from = chain.iter().rev().find_map(|s| {
+                let r = Reference::parse(s.info["pulled_from"].as_str()?).ok()?;
+                (r.registry == reference.registry).then_some(r.repository)
+            });
             for b in &blobs {
-                let outcome = client.push_blob(repo, &b.digest, &b.path, b.size, None)?;
+                let outcome = client.push_blob(repo, &b.digest, &b.path, b.size, mount_from.as_deref())?;
                 crate::failpoint::hit("push.blob-sent");
                 let action = match outcome {
                     Pushed::Present => {
