@@ -1841,6 +1841,16 @@ fn a_snapshot_pushed_from_one_host_forks_on_another() {
     }
     assert_eq!(s["state"], "ready", "{s}");
     assert_eq!(pulled["image"]["name"], "busybox:latest", "{pulled}");
+    // Its layer is unpacked in the background; the pull did not wait.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let info: Value = b.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+        if info["hydrating"] == false {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still hydrating: {info}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // Three forks on B see exactly the tree A checkpointed.
     let forks: Vec<Value> =
@@ -2055,4 +2065,83 @@ fn images_pull_from_registries_with_and_without_credentials() {
     let local: Value = env.client().call("GET", "/v1/images/library/busybox:1", None::<&()>).unwrap();
     assert_eq!(local["layers"], again["image"]["layers"]);
     env.finish();
+}
+
+#[test]
+fn a_pulled_layer_that_lies_or_is_hostile_is_refused() {
+    use strata::registry::Client as Registry;
+    let reg = registry::Registry::start();
+    let a = TestEnv::start();
+    let b = TestEnv::start();
+    a.import_busybox();
+    b.import_busybox();
+    let id = create(&a, json!({"image": "busybox"}));
+    assert_eq!(sh(&a, &id, "echo fine > /tmp/fine")["exit_code"], 0);
+    let snap = a.cli_ok(&["checkpoint", &id, "--compression", "gzip"]).trim().to_string();
+    push_snapshot(&a, &reg, &snap, "s/real:1").unwrap();
+
+    // Forge snapshots from the real one: its last layer replaced by `tar`,
+    // its config claiming `diff_id`, under a new snapshot id.
+    let client = Registry::new(&reg.addr(), true, None);
+    let (_, manifest, _) = client.get_manifest("s/real", "1").unwrap();
+    let manifest: Value = serde_json::from_slice(&manifest).unwrap();
+    let cdesc = &manifest["config"];
+    let mut config = Vec::new();
+    let cdigest: strata::oci::Digest = cdesc["digest"].as_str().unwrap().parse().unwrap();
+    client.get_blob("s/real", &cdigest, cdesc["size"].as_u64().unwrap(), &mut config, &mut |_| {}).unwrap();
+    let forge = |tag: &str, snapshot_id: &str, tar: &[u8], diff_id: &str| {
+        let blob = corpus::gzip(tar);
+        let digest: strata::oci::Digest = corpus::sha256(&blob).parse().unwrap();
+        client.push_bytes("s/real", &digest, &blob).unwrap();
+        let mut cfg: Value = serde_json::from_slice(&config).unwrap();
+        let n = cfg["rootfs"]["diff_ids"].as_array().unwrap().len();
+        cfg["rootfs"]["diff_ids"][n - 1] = json!(diff_id);
+        let mut chain: Value =
+            serde_json::from_str(cfg["config"]["Labels"]["dev.strata.chain"].as_str().unwrap()).unwrap();
+        let last = chain["snapshots"].as_array().unwrap().len() - 1;
+        chain["snapshots"][last]["id"] = json!(snapshot_id);
+        chain["snapshots"][last]["work_context"] = json!(format!("forged-{tag}"));
+        cfg["config"]["Labels"]["dev.strata.chain"] = json!(chain.to_string());
+        let cfg = serde_json::to_vec(&cfg).unwrap();
+        let cd: strata::oci::Digest = corpus::sha256(&cfg).parse().unwrap();
+        client.push_bytes("s/real", &cd, &cfg).unwrap();
+        let mut m = manifest.clone();
+        m["config"] = json!({"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cfg.len()});
+        let n = m["layers"].as_array().unwrap().len();
+        m["layers"][n - 1] =
+            json!({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": digest, "size": blob.len()});
+        client
+            .put_manifest("s/real", tag, "application/vnd.oci.image.manifest.v1+json", &serde_json::to_vec(&m).unwrap())
+            .unwrap();
+    };
+    let before = (store_entries(&b, "layers"), store_entries(&b, "blobs/sha256"));
+
+    // A layer whose content is not what the config says: refused by the
+    // pull itself, naming the registry; nothing recorded or left.
+    let tar = corpus::TarBuilder::new().file("tmp/x", b"x\n").finish();
+    forge("lies", "00000000000000a1", &tar, &corpus::sha256(b"something else"));
+    let e = pull_snapshot(&b, &reg, "s/real:lies").unwrap_err();
+    assert_eq!(e.status(), Some(502), "{e}");
+    assert!(e.to_string().contains("diff_id") && e.to_string().contains(&reg.addr()), "{e}");
+    assert_eq!((store_entries(&b, "layers"), store_entries(&b, "blobs/sha256")), before);
+
+    // A hostile layer (an entry climbing out of the tree) that is what its
+    // config says: the pull records it, its unpack refuses it, a resume is
+    // refused with the reason, and nothing of it is unpacked anywhere.
+    let tar = corpus::TarBuilder::new().file("../escaped", b"x\n").finish();
+    forge("hostile", "00000000000000a2", &tar, &corpus::sha256(&tar));
+    let pulled = pull_snapshot(&b, &reg, "s/real:hostile").unwrap();
+    assert_eq!(pulled["snapshot"]["id"], "00000000000000a2", "{pulled}");
+    let e = b.client().call::<Value>("POST", "/v1/snapshots/00000000000000a2/resume", Some(&json!({}))).unwrap_err();
+    assert_eq!(e.status(), Some(400), "{e}");
+    assert!(e.to_string().contains("cannot be unpacked"), "{e}");
+    let layer = corpus::sha256(&tar)[7..].to_string();
+    assert!(!b.root.join("layers").join(&layer).exists());
+    assert!(!b.root.join("escaped").exists() && !b.root.join("layers/escaped").exists());
+    // It can be removed like any snapshot, and then nothing of it is left.
+    b.client().call::<Value>("POST", "/v1/lineages/forged-hostile/retire", None::<&()>).unwrap();
+    b.client().request("DELETE", "/v1/snapshots/00000000000000a2", None::<&()>).unwrap();
+    assert_eq!((store_entries(&b, "layers"), store_entries(&b, "blobs/sha256")), before);
+    a.finish();
+    b.finish();
 }

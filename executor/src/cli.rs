@@ -717,6 +717,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
     }
     daemon.start_warm_pool();
     daemon.start_blob_writer();
+    daemon.start_hydrator();
     daemon.start_gc(a.gc_interval, a.retention, a.stale_after);
     crate::api::serve(daemon.clone(), listener, stop);
     let _ = std::fs::remove_file(&cfg.socket);

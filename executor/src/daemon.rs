@@ -150,6 +150,12 @@ pub struct Daemon {
     max_sandboxes: usize,
     host_cpus: usize,
     pub(crate) import_lock: Mutex<()>,
+    /// Pulled layers being unpacked now (see `distribution::hydrate_layer`),
+    /// and the condition their waiters wait on.
+    pub(crate) hydrating: Mutex<std::collections::HashSet<String>>,
+    pub(crate) hydrated: std::sync::Condvar,
+    /// Layer ids the background hydrator must unpack.
+    pub(crate) hydrator: Mutex<Option<std::sync::mpsc::Sender<String>>>,
     _lock: Flock<File>,
 }
 
@@ -231,6 +237,9 @@ impl Daemon {
             max_sandboxes,
             host_cpus,
             import_lock: Mutex::new(()),
+            hydrating: Mutex::new(Default::default()),
+            hydrated: std::sync::Condvar::new(),
+            hydrator: Mutex::new(None),
             _lock: flock,
         };
         d.recover()?;

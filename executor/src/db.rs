@@ -279,6 +279,18 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX restores_work_context ON restores(work_context, id);
     "#,
+    // 8: layers a pull recorded before hydrating them (their blob is in
+    // blobs/, verified against digest and diff_id; the tree is unpacked in
+    // the background or by the first launch that needs it). `error` holds
+    // why an unpack failed.
+    r#"
+    CREATE TABLE layer_hydration (
+        layer_id    TEXT PRIMARY KEY REFERENCES layers(id) ON DELETE CASCADE,
+        blob_digest TEXT NOT NULL,
+        compression TEXT NOT NULL CHECK (compression IN ('gzip', 'zstd')),
+        error       TEXT
+    );
+    "#,
 ];
 
 pub struct Db {
@@ -716,6 +728,16 @@ pub struct PulledSnapshot {
     pub start_id: Option<String>,
 }
 
+/// A pulled layer whose tree is not unpacked yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhydrated {
+    pub layer_id: String,
+    pub blob_digest: String,
+    /// `gzip` or `zstd`.
+    pub compression: String,
+    pub error: Option<String>,
+}
+
 /// Why a pull cannot be recorded on this host.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PullConflict {
@@ -1034,6 +1056,7 @@ impl Db {
         &mut self,
         image: &PulledImage,
         snaps: &mut [PulledSnapshot],
+        unhydrated: &[Unhydrated],
     ) -> Result<Result<i64, PullConflict>, DbError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin pull"))?;
         let want: Vec<&str> = image.layers.iter().map(|(l, _)| l.id.as_str()).collect();
@@ -1153,8 +1176,73 @@ impl Db {
                 _ => return Err(DbError::Invalid(format!("pulled snapshot {} has neither lineage nor key", p.row.id))),
             }
         }
+        for u in unhydrated {
+            let used = tx
+                .query_row("SELECT 1 FROM layers WHERE id = ?1", [&u.layer_id], |_| Ok(()))
+                .optional()
+                .map_err(q("unhydrated layer"))?;
+            if used.is_some() {
+                tx.execute(
+                    "INSERT OR IGNORE INTO layer_hydration (layer_id, blob_digest, compression) VALUES (?1, ?2, ?3)",
+                    params![u.layer_id, u.blob_digest, u.compression],
+                )
+                .map_err(q("mark layer unhydrated"))?;
+            }
+        }
         tx.commit().map_err(q("commit pull"))?;
         Ok(Ok(image_id))
+    }
+
+    /// A layer still to be hydrated: its blob digest, compression and the
+    /// last unpack error.
+    pub fn unhydrated(&self, layer_id: &str) -> Result<Option<Unhydrated>, DbError> {
+        self.conn
+            .query_row(
+                "SELECT layer_id, blob_digest, compression, error FROM layer_hydration WHERE layer_id = ?1",
+                [layer_id],
+                |r| {
+                    Ok(Unhydrated {
+                        layer_id: r.get(0)?,
+                        blob_digest: r.get(1)?,
+                        compression: r.get(2)?,
+                        error: r.get(3)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(q("unhydrated layer"))
+    }
+
+    /// Every layer still to be hydrated (without an unpack error).
+    pub fn unhydrated_layers(&self) -> Result<Vec<String>, DbError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT layer_id FROM layer_hydration WHERE error IS NULL")
+            .map_err(q("unhydrated layers"))?;
+        let rows = st.query_map([], |r| r.get(0)).map_err(q("unhydrated layers"))?;
+        rows.collect::<Result<_, _>>().map_err(q("unhydrated layers"))
+    }
+
+    /// A layer's tree is in place: record its size and entries. False if
+    /// the layer is gone (its snapshot was removed meanwhile).
+    pub fn hydrated(&mut self, layer_id: &str, size: u64, entries: u64) -> Result<bool, DbError> {
+        let tx = self.conn.transaction().map_err(q("begin hydrated"))?;
+        let n = tx
+            .execute(
+                "UPDATE layers SET size = ?2, entries = ?3 WHERE id = ?1",
+                params![layer_id, size as i64, entries as i64],
+            )
+            .map_err(q("hydrated layer"))?;
+        tx.execute("DELETE FROM layer_hydration WHERE layer_id = ?1", [layer_id]).map_err(q("hydrated layer"))?;
+        tx.commit().map_err(q("commit hydrated"))?;
+        Ok(n == 1)
+    }
+
+    pub fn hydration_failed(&self, layer_id: &str, error: &str) -> Result<(), DbError> {
+        self.conn
+            .execute("UPDATE layer_hydration SET error = ?2 WHERE layer_id = ?1", params![layer_id, error])
+            .map_err(q("hydration failed"))?;
+        Ok(())
     }
 
     const SNAP_SELECT: &'static str = "SELECT s.id, s.image_id, s.parent_id, s.layer_id, l.diff_id, s.blob_digest, \

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::types::{Progress, PullResult, PushResult, RegistryRequest};
 use crate::api::ApiError;
 use crate::daemon::Daemon;
-use crate::db::{Baseline, LayerRow, PulledImage, PulledSnapshot, SnapshotRow};
+use crate::db::{Baseline, LayerRow, PulledImage, PulledSnapshot, SnapshotRow, Unhydrated};
 use crate::error::ErrorKind;
 use crate::ids::ImageName;
 use crate::oci::{self, Compression, Digest, ImageConfig};
@@ -652,15 +652,22 @@ impl Daemon {
             }
             let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
             let paths = self.fetch_layers(&client, &reference.repository, &docs.layers, &work, &mut tally, progress)?;
-            // Unpack what the host lacks, checking blob digest and diff_id.
+            // The image's layers the host lacks are unpacked now (a plain
+            // create from the image must find them); the snapshots' layers
+            // are checked (blob digest while fetched, diff_id here) and
+            // recorded, and unpacked in the background or by the first
+            // launch that needs them.
             let store = &self.rt.store;
             let mut rows = Vec::new();
             let mut fresh = Vec::new();
+            let mut unhydrated = Vec::new();
             for (i, (l, p)) in docs.layers.iter().zip(&paths).enumerate() {
                 let hex = l.diff_id.hex().to_string();
                 let mut row = LayerRow::content(&hex, 0, 0);
                 let have = lock(&self.db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
-                if !have && !fresh.iter().any(|(h, _): &(String, PathBuf)| *h == hex) {
+                let seen = fresh.iter().any(|(h, _): &(String, PathBuf)| *h == hex)
+                    || unhydrated.iter().any(|u: &Unhydrated| u.layer_id == hex);
+                if !have && !seen {
                     let blob = p.clone().unwrap_or_else(|| {
                         paths
                             .iter()
@@ -669,28 +676,43 @@ impl Daemon {
                             .cloned()
                             .unwrap_or_else(|| store.blob_path(l.digest.hex()))
                     });
-                    let dir = work.join(format!("layer-{i}"));
-                    let fs = dir.join("fs");
-                    std::fs::create_dir_all(&fs).map_err(|e| ApiError::internal(&e))?;
-                    progress(Progress { action: "unpack".into(), digest: l.digest.to_string(), size: l.size, done: 0 });
-                    let src = oci::LayerSource {
-                        blob_path: blob,
-                        digest: l.digest.clone(),
-                        size: l.size,
-                        media_type: l.media_type.clone(),
-                        diff_id: l.diff_id.clone(),
-                        compression: l.compression,
-                    };
-                    let stats = oci::unpack_layer(&src, &fs).map_err(|e| {
-                        let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Upstream };
-                        ApiError::new(
-                            kind,
-                            format!("layer {} from {}: {}", l.digest, client.registry(), crate::error::chain(&e)),
-                        )
-                    })?;
-                    row.size = stats.bytes;
-                    row.entries = stats.entries;
-                    fresh.push((hex, dir));
+                    if i >= n_image {
+                        progress(Progress {
+                            action: "verify".into(),
+                            digest: l.digest.to_string(),
+                            size: l.size,
+                            done: 0,
+                        });
+                        check_diff_id(&blob, l).map_err(|e| {
+                            ApiError::new(ErrorKind::Upstream, format!("registry {}: {e}", client.registry()))
+                        })?;
+                        unhydrated.push(Unhydrated {
+                            layer_id: hex.clone(),
+                            blob_digest: l.digest.to_string(),
+                            compression: compression_name(l.compression).into(),
+                            error: None,
+                        });
+                    } else {
+                        let dir = work.join(format!("layer-{i}"));
+                        let fs = dir.join("fs");
+                        std::fs::create_dir_all(&fs).map_err(|e| ApiError::internal(&e))?;
+                        progress(Progress {
+                            action: "unpack".into(),
+                            digest: l.digest.to_string(),
+                            size: l.size,
+                            done: 0,
+                        });
+                        let stats = oci::unpack_layer(&layer_source(&blob, l), &fs).map_err(|e| {
+                            let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Upstream };
+                            ApiError::new(
+                                kind,
+                                format!("layer {} from {}: {}", l.digest, client.registry(), crate::error::chain(&e)),
+                            )
+                        })?;
+                        row.size = stats.bytes;
+                        row.entries = stats.entries;
+                        fresh.push((hex, dir));
+                    }
                 }
                 rows.push(row);
             }
@@ -744,10 +766,7 @@ impl Daemon {
                             diff_id: layer.diff_id.clone(),
                             blob_digest: l.digest.to_string(),
                             blob_size: l.size,
-                            compression: match l.compression {
-                                Compression::Gzip => "gzip".into(),
-                                _ => "zstd".into(),
-                            },
+                            compression: compression_name(l.compression).into(),
                             source_sandbox: m.source_sandbox.clone(),
                             info,
                             created_at: m.created_at,
@@ -758,7 +777,7 @@ impl Daemon {
                     }
                 })
                 .collect();
-            let recorded = lock(&self.db).record_pull(&image, &mut snaps)?;
+            let recorded = lock(&self.db).record_pull(&image, &mut snaps, &unhydrated)?;
             let image_id = recorded.map_err(|c| ApiError::new(ErrorKind::Conflict, c.to_string()))?;
             let top = &snaps[snaps.len() - 1].row.id;
             let db = lock(&self.db);
@@ -769,6 +788,10 @@ impl Daemon {
                 .snapshot(top)?
                 .ok_or_else(|| ApiError::new(ErrorKind::Internal, "pulled snapshot row is missing"))?;
             let snapshot = self.snapshot_info_locked(&db, &top)?;
+            drop(db);
+            for u in &unhydrated {
+                self.queue_hydration(&u.layer_id);
+            }
             tracing::info!("pulled snapshot {} from {reference} ({} bytes fetched)", top.id, tally.bytes);
             Ok(PullResult {
                 reference: reference.to_string(),
@@ -839,4 +862,152 @@ struct Documents {
     config: Vec<u8>,
     layers: Vec<WireLayer>,
     labels: std::collections::HashMap<String, String>,
+}
+
+fn compression_name(c: Compression) -> &'static str {
+    match c {
+        Compression::Gzip => "gzip",
+        Compression::Zstd => "zstd",
+        Compression::None => "none",
+    }
+}
+
+fn layer_source(blob: &Path, l: &WireLayer) -> oci::LayerSource {
+    oci::LayerSource {
+        blob_path: blob.to_path_buf(),
+        digest: l.digest.clone(),
+        size: l.size,
+        media_type: l.media_type.clone(),
+        diff_id: l.diff_id.clone(),
+        compression: l.compression,
+    }
+}
+
+/// Decompress the blob at `path` and check that the tar's sha256 is the
+/// layer's diff_id (without unpacking it).
+fn check_diff_id(path: &Path, l: &WireLayer) -> Result<(), String> {
+    use sha2::Digest as _;
+    let f = std::fs::File::open(path).map_err(|e| format!("open blob {}: {e}", l.digest))?;
+    let r = std::io::BufReader::with_capacity(1 << 20, f);
+    let mut stream: Box<dyn Read> = match l.compression {
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(r)),
+        Compression::Zstd => {
+            Box::new(zstd::Decoder::with_buffer(r).map_err(|e| format!("decompress blob {}: {e}", l.digest))?)
+        }
+        Compression::None => Box::new(r),
+    };
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("decompress blob {}: {e}", l.digest)),
+        }
+    }
+    let actual = Digest::from_hasher(hasher);
+    if actual != l.diff_id {
+        return Err(format!("layer {} unpacks to diff_id {actual}, its config says {}", l.digest, l.diff_id));
+    }
+    Ok(())
+}
+
+impl Daemon {
+    /// Start the background hydrator (pulled layers' trees) and queue the
+    /// layers a previous daemon left unhydrated.
+    pub fn start_hydrator(self: &std::sync::Arc<Self>) {
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let d = self.clone();
+        let spawned = std::thread::Builder::new().name("hydrator".into()).spawn(move || {
+            let _ = strata_shim::sys::set_thread_nice(10);
+            for id in rx {
+                if let Err(e) = d.hydrate_layer(&id) {
+                    tracing::error!("hydrate layer {id}: {}", e.message);
+                }
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::error!("start hydrator: {e}");
+            return;
+        }
+        if let Ok(pending) = lock(&self.db).unhydrated_layers() {
+            for id in pending {
+                let _ = tx.send(id);
+            }
+        }
+        *lock(&self.hydrator) = Some(tx);
+    }
+
+    fn queue_hydration(&self, id: &str) {
+        if let Some(tx) = lock(&self.hydrator).as_ref() {
+            let _ = tx.send(id.to_string());
+        }
+    }
+
+    /// Make sure layer `id`'s tree is in place: unpack it now if a pull
+    /// left it to be hydrated, or wait for the unpack in progress. A layer
+    /// whose unpack failed is refused with the reason.
+    pub(crate) fn hydrate_layer(&self, id: &str) -> Result<(), ApiError> {
+        let mut busy = lock(&self.hydrating);
+        while busy.contains(id) {
+            busy = self.hydrated.wait(busy).unwrap_or_else(|p| p.into_inner());
+        }
+        let Some(u) = lock(&self.db).unhydrated(id)? else { return Ok(()) };
+        if let Some(e) = &u.error {
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("pulled layer {id} cannot be unpacked: {e}"),
+            ));
+        }
+        busy.insert(id.to_string());
+        drop(busy);
+        let r = self.unpack_pulled(&u);
+        lock(&self.hydrating).remove(id);
+        self.hydrated.notify_all();
+        r
+    }
+
+    fn unpack_pulled(&self, u: &Unhydrated) -> Result<(), ApiError> {
+        let store = &self.rt.store;
+        let digest = parse_digest(&u.blob_digest, "pulled blob")?;
+        let diff_id = parse_digest(&format!("sha256:{}", u.layer_id), "pulled layer")?;
+        let compression = if u.compression == "gzip" { Compression::Gzip } else { Compression::Zstd };
+        let blob = store.blob_path(digest.hex());
+        if store.layer_dir(&u.layer_id).join("fs").is_dir() {
+            // Unpacked before a crash, not yet recorded.
+            lock(&self.db).hydrated(&u.layer_id, 0, 0)?;
+            return Ok(());
+        }
+        let size = blob.metadata().map_err(|e| ApiError::internal(&e))?.len();
+        let work = store.new_tmp("hydrate").map_err(store_err)?;
+        let result = (|| {
+            let dir = work.join("layer");
+            std::fs::create_dir_all(dir.join("fs")).map_err(|e| ApiError::internal(&e))?;
+            let l = WireLayer { digest, size, media_type: media_type(compression).into(), compression, diff_id };
+            let stats = match oci::unpack_layer(&layer_source(&blob, &l), &dir.join("fs")) {
+                Ok(s) => s,
+                Err(e) if e.is_io() => {
+                    return Err(ApiError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e)))
+                }
+                Err(e) => {
+                    let msg = crate::error::chain(&e);
+                    lock(&self.db).hydration_failed(&u.layer_id, &msg)?;
+                    return Err(ApiError::new(
+                        ErrorKind::InvalidArgument,
+                        format!("pulled layer {} cannot be unpacked: {msg}", u.layer_id),
+                    ));
+                }
+            };
+            store.commit_layer(&dir, &u.layer_id, true).map_err(store_err)?;
+            if !lock(&self.db).hydrated(&u.layer_id, stats.bytes, stats.entries)? {
+                // Its snapshot was removed meanwhile.
+                store.remove_layer(&u.layer_id).map_err(store_err)?;
+            }
+            tracing::info!("hydrated pulled layer {} ({} entries)", u.layer_id, stats.entries);
+            Ok(())
+        })();
+        let _ = crate::store::remove_tree(&work);
+        result
+    }
 }

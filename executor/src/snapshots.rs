@@ -297,6 +297,12 @@ impl Daemon {
             class: row.class.clone(),
             state: row.state.clone(),
             sealing: db.blob_pending(&row.id)?,
+            hydrating: chain
+                .iter()
+                .map(|s| db.unhydrated(&s.layer))
+                .collect::<Result<Vec<_>, _>>()?
+                .iter()
+                .any(Option::is_some),
             work_context: row.work_context.clone(),
             sequence: row.sequence,
             predecessor: row.predecessor_id.clone(),
@@ -339,6 +345,11 @@ impl Daemon {
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
         let mut layers = image.layers.clone();
         layers.extend(db.snapshot_layer_chain(&row.id)?.into_iter().map(|s| s.layer));
+        drop(db);
+        // A pulled chain may not be unpacked yet.
+        for l in &layers {
+            self.hydrate_layer(l)?;
+        }
         Ok(Base {
             image,
             layers,
@@ -777,6 +788,9 @@ impl Daemon {
                 .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
             (image, db.snapshot_layer_chain(&row.id)?)
         };
+        for s in &chain {
+            self.hydrate_layer(&s.layer)?;
+        }
         crate::export::export(&self.rt.store, &image, &chain, Path::new(path), compression).map_err(|e| {
             let kind = match e {
                 crate::export::ExportError::Relative(_) => ErrorKind::InvalidArgument,

@@ -186,6 +186,10 @@ pub struct SnapshotInfo {
     /// True while a suspended sandbox's layer is hashed, synced and
     /// compressed (resume and fork work meanwhile).
     pub sealing: bool,
+    /// A pulled layer of its chain is still being unpacked; a launch from
+    /// it waits for that.
+    #[serde(default)]
+    pub hydrating: bool,
     /// A checkpoint's lineage, its place in it and the head it replaced.
     pub work_context: Option<String>,
     pub sequence: Option<i64>,
@@ -316,7 +320,7 @@ pub struct PullResult {
 /// One progress line of a streamed push or pull.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Progress {
-    /// `fetch`, `reuse`, `upload`, `present`, `mount`, `unpack`.
+    /// `fetch`, `reuse`, `verify` (a diff_id), `unpack`, `upload`, `present`, `mount`.
     pub action: String,
     pub digest: String,
     pub size: u64,
