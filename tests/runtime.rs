@@ -8,23 +8,6 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use strata_tests::*;
 
-fn exec(env: &TestEnv, id: &str, body: Value) -> Value {
-    env.client().call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&body)).expect("exec")
-}
-
-fn sh(env: &TestEnv, id: &str, script: &str) -> Value {
-    exec(env, id, json!({"argv": ["sh", "-c", script]}))
-}
-
-fn stdout(v: &Value) -> String {
-    v["stdout"].as_str().unwrap().to_string()
-}
-
-fn create(env: &TestEnv, body: Value) -> String {
-    let v: Value = env.client().call("POST", "/v1/sandboxes", Some(&body)).expect("create");
-    v["id"].as_str().unwrap().to_string()
-}
-
 /// A live (not zombie) process. After a daemon restart the shim is not our
 /// child; a zombie waits for whatever reaper the host has.
 fn alive(pid: i32) -> bool {
@@ -2170,4 +2153,44 @@ fn a_pulled_layer_that_lies_or_is_hostile_is_refused() {
     assert_eq!((store_entries(&b, "layers"), store_entries(&b, "blobs/sha256")), before);
     a.finish();
     b.finish();
+}
+
+#[test]
+fn the_api_socket_admits_root_and_its_group_only() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let env = TestEnv::start_with(&["--socket-group", "4242"]);
+    let meta = std::fs::metadata(&env.socket).unwrap();
+    assert_eq!(meta.mode() & 0o777, 0o660, "socket mode");
+    assert_eq!((meta.uid(), meta.gid()), (0, 4242), "socket owner");
+    // Let others reach the socket and (for this test only) open its file
+    // to everyone, so that what refuses below is the daemon's check of the
+    // peer's credentials, not the file mode.
+    let dir = env.socket.parent().unwrap();
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&env.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let as_nobody = |gid: &str, groups: &str| {
+        std::process::Command::new("setpriv")
+            .args(["--reuid", "65534", "--regid", gid])
+            .args(if groups.is_empty() { vec!["--clear-groups"] } else { vec!["--groups", groups] })
+            .arg(strata_bin())
+            .arg("--socket")
+            .arg(&env.socket)
+            .arg("ps")
+            .output()
+            .unwrap()
+    };
+    // In the group by its gid, or by a supplementary group: admitted.
+    let out = as_nobody("4242", "");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = as_nobody("4243", "4242");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Neither: refused with 403, saying why.
+    let out = as_nobody("4243", "4244");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not root and not in the socket group 4242"), "{err}");
+    assert!(env.daemon_log().contains("refused API request GET /v1/sandboxes"), "{}", env.daemon_log());
+    // Root always is.
+    env.cli_ok(&["ps"]);
+    env.finish();
 }

@@ -149,6 +149,11 @@ pub struct DaemonArgs {
     /// Run the collector this often (0 disables the periodic run).
     #[arg(long, default_value = "1h", value_parser = crate::gc::parse_duration)]
     pub gc_interval: std::time::Duration,
+    /// Group (name or gid) whose members may use the API socket; without
+    /// it only root may. The socket is root:GROUP, mode 0660, and every
+    /// connection's peer credentials (SO_PEERCRED) are checked.
+    #[arg(long)]
+    pub socket_group: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -679,9 +684,21 @@ pub fn run(cli: Cli) -> Result<i32> {
 }
 
 fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
+    let socket_gid = match &a.socket_group {
+        None => None,
+        Some(g) => Some(match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => nix::unistd::Group::from_name(g)
+                .with_context(|| format!("look up group {g}"))?
+                .with_context(|| format!("no group named {g}"))?
+                .gid
+                .as_raw(),
+        }),
+    };
     let cfg = DaemonConfig {
         root: a.root.clone(),
         socket: cli.socket.clone(),
+        socket_gid,
         max_sandboxes: a.max_sandboxes,
         cgroup_parent: a.cgroup_parent.clone(),
         shim: a.shim.clone(),
@@ -697,7 +714,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
     sigs.add(nix::sys::signal::Signal::SIGINT);
     sigs.thread_block()?;
     let daemon = Arc::new(Daemon::open(cfg.clone())?);
-    let listener = bind_socket(&cfg.socket)?;
+    let listener = bind_socket(&cfg.socket, cfg.socket_gid)?;
     tracing::info!(
         "strata daemon on {} (root {}, max {} sandboxes)",
         cfg.socket.display(),
@@ -725,7 +742,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn bind_socket(path: &std::path::Path) -> Result<std::os::unix::net::UnixListener> {
+fn bind_socket(path: &std::path::Path, gid: Option<u32>) -> Result<std::os::unix::net::UnixListener> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
@@ -737,7 +754,14 @@ fn bind_socket(path: &std::path::Path) -> Result<std::os::unix::net::UnixListene
         }
         std::fs::remove_file(path).with_context(|| format!("remove stale socket {}", path.display()))?;
     }
-    let l = std::os::unix::net::UnixListener::bind(path).with_context(|| format!("bind {}", path.display()))?;
+    // Bound with umask 0177 so the socket is never, even for a moment,
+    // connectable by others; then root:GROUP 0660.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = std::os::unix::net::UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let l = bound.with_context(|| format!("bind {}", path.display()))?;
+    std::os::unix::fs::chown(path, Some(0), Some(gid.unwrap_or(0)))
+        .with_context(|| format!("chown {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     Ok(l)
 }

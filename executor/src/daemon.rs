@@ -26,6 +26,9 @@ use crate::store::{Store, StoreError};
 pub struct DaemonConfig {
     pub root: PathBuf,
     pub socket: PathBuf,
+    /// The group that may use the API socket (besides root); the socket is
+    /// `root:<group>` mode 0660 and every connection's peer is checked.
+    pub socket_gid: Option<u32>,
     /// Cap on live sandboxes; `None` sizes it from host memory.
     pub max_sandboxes: Option<usize>,
     /// Parent cgroup name; must be named for Strata.

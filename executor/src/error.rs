@@ -18,6 +18,8 @@ pub enum ErrorKind {
     Internal,
     /// The store's file system or quota is full (507).
     NoSpace,
+    /// The API peer is not allowed to use the daemon (403).
+    PermissionDenied,
     /// A registry (or other upstream server) failed, refused the
     /// credentials or served bad data (502).
     Upstream,
@@ -34,6 +36,7 @@ impl ErrorKind {
             ErrorKind::Internal => 500,
             ErrorKind::NoSpace => 507,
             ErrorKind::Upstream => 502,
+            ErrorKind::PermissionDenied => 403,
         }
     }
 
@@ -47,6 +50,7 @@ impl ErrorKind {
             ErrorKind::Internal => "internal",
             ErrorKind::NoSpace => "no_space",
             ErrorKind::Upstream => "upstream",
+            ErrorKind::PermissionDenied => "permission_denied",
         }
     }
 

@@ -48,6 +48,12 @@ fn chain(e: &dyn std::error::Error) -> Vec<String> {
 }
 
 fn main() -> ExitCode {
+    // Not dumpable: the sandbox's processes (uid 0 too, but without
+    // CAP_SYS_PTRACE) cannot ptrace the shim or open its /proc files (fds,
+    // memory, environ); children are dumpable again once they exec.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("strata-shim: PR_SET_DUMPABLE: {e}");
+    }
     let listener = match strata_shim::sys::inherited_listener() {
         Ok(l) => l,
         Err(e) => {

@@ -126,6 +126,36 @@ pub fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// The supplementary groups of a Unix socket's peer as they were when it
+/// connected (SO_PEERGROUPS, Linux 4.13): unlike the peer's /proc status,
+/// immune to the peer exiting and its pid being reused.
+pub fn peer_groups(sock: BorrowedFd<'_>) -> Result<Vec<u32>, Errno> {
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: `groups` is a writable buffer of `len` bytes that outlives
+        // the call; the kernel writes at most `len` bytes and sets `len`.
+        let r = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast::<libc::c_void>(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        match r {
+            0 => {
+                groups.truncate(n);
+                return Ok(groups);
+            }
+            _ if Errno::last() == Errno::ERANGE && n > groups.len() => groups.resize(n, 0),
+            _ => return Err(Errno::last()),
+        }
+    }
+}
+
 /// Signal the process behind a pidfd; immune to pid reuse.
 pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: i32) -> Result<(), Errno> {
     // SAFETY: plain syscall; a null siginfo means "as kill(2) would".

@@ -394,3 +394,24 @@ pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {
     }
     out
 }
+
+/// A buffered exec in sandbox `id` (POST /v1/sandboxes/{id}/exec).
+pub fn exec(env: &TestEnv, id: &str, body: serde_json::Value) -> serde_json::Value {
+    env.client().call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&body)).expect("exec")
+}
+
+/// `sh -c script` in sandbox `id`.
+pub fn sh(env: &TestEnv, id: &str, script: &str) -> serde_json::Value {
+    exec(env, id, serde_json::json!({"argv": ["sh", "-c", script]}))
+}
+
+/// An exec result's stdout.
+pub fn stdout(v: &serde_json::Value) -> String {
+    v["stdout"].as_str().unwrap().to_string()
+}
+
+/// Create a sandbox; returns its id.
+pub fn create(env: &TestEnv, body: serde_json::Value) -> String {
+    let v: serde_json::Value = env.client().call("POST", "/v1/sandboxes", Some(&body)).expect("create");
+    v["id"].as_str().unwrap().to_string()
+}

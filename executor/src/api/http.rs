@@ -144,6 +144,7 @@ pub fn reason(status: u16) -> &'static str {
         201 => "Created",
         204 => "No Content",
         400 => "Bad Request",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         409 => "Conflict",
@@ -151,6 +152,8 @@ pub fn reason(status: u16) -> &'static str {
         413 => "Payload Too Large",
         429 => "Too Many Requests",
         431 => "Request Header Fields Too Large",
+        502 => "Bad Gateway",
+        507 => "Insufficient Storage",
         _ => "Internal Server Error",
     }
 }

@@ -398,6 +398,7 @@ fn stream_reply(d: &Daemon, op: StreamOp, w: &mut UnixStream) -> std::io::Result
 
 /// Serve one connection until the client closes it.
 pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
+    let denied = peer_allowed(&stream, d.cfg.socket_gid).err();
     let Ok(mut writer) = stream.try_clone() else { return };
     let mut reader = BufReader::new(stream);
     loop {
@@ -410,6 +411,14 @@ pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
             }
             Err(_) => return,
         };
+        // A peer that may not use the API gets its answer after its request
+        // is read (so that it sees the answer, not a broken pipe).
+        if let Some(why) = &denied {
+            tracing::warn!("refused API request {} {}: {why}", req.method, req.path);
+            let e = ApiError::new(ErrorKind::PermissionDenied, why.clone());
+            let _ = http::write_response(&mut writer, e.status(), &e.body(), false);
+            return;
+        }
         let keep = req.keep_alive;
         let reply = route(&d, &req);
         let result = match reply {
@@ -457,6 +466,30 @@ pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
             return;
         }
     }
+}
+
+/// Whether the peer of `s` may use the API: root, or a process whose
+/// group (SO_PEERCRED) or supplementary groups (SO_PEERGROUPS) include
+/// `gid`, as they were when it connected.
+fn peer_allowed(s: &UnixStream, gid: Option<u32>) -> Result<(), String> {
+    let cred = nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| format!("read peer credentials: {e}"))?;
+    if cred.uid() == 0 {
+        return Ok(());
+    }
+    let who = format!("pid {} (uid {}, gid {})", cred.pid(), cred.uid(), cred.gid());
+    let Some(gid) = gid else {
+        return Err(format!("{who} is not root, and the daemon has no --socket-group"));
+    };
+    if cred.gid() == gid {
+        return Ok(());
+    }
+    use std::os::fd::AsFd;
+    let groups = strata_shim::sys::peer_groups(s.as_fd()).map_err(|e| format!("read peer groups: {e}"))?;
+    if groups.contains(&gid) {
+        return Ok(());
+    }
+    Err(format!("{who} is not root and not in the socket group {gid}"))
 }
 
 /// Accept connections until `stop` is set (then one wake-up connection ends the loop).

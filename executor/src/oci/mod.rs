@@ -16,6 +16,7 @@ pub mod unpack;
 
 pub use digest::{Digest, DigestError};
 pub use layout::{open, Compression, ImageConfig, ImageSource, LayerSource, LayoutError};
+pub use sys::read_in_tree;
 pub use tarpath::PathError;
 pub use unpack::{unpack_layer, unpack_own_tar, LayerName, UnpackError, UnpackStats};
 

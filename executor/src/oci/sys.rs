@@ -29,6 +29,34 @@ pub fn create_file_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> Result<Fil
     strata_shim::sys::openat(dir, &c_name(name)?, flags, mode).map(File::from)
 }
 
+/// The regular file at `comps` under the tree `root`, read without
+/// following a symlink anywhere on the way (a layer's `etc -> /etc` must
+/// not make the daemon read a host file) and without blocking on a FIFO;
+/// at most `limit` bytes. `None` if it is absent or not a regular file.
+pub fn read_in_tree(root: &std::path::Path, comps: &[&str], limit: u64) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let (last, dirs) = comps.split_last()?;
+    let mut dir: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(root)
+        .ok()?
+        .into();
+    for c in dirs {
+        dir = open_dir_at(dir.as_fd(), c.as_bytes()).ok()?;
+    }
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    let file = File::from(strata_shim::sys::openat(dir.as_fd(), &c_name(last.as_bytes()).ok()?, flags, 0).ok()?);
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut data = Vec::new();
+    file.take(limit).read_to_end(&mut data).ok()?;
+    Some(data)
+}
+
 /// `fsetxattr(fd, name, value, 0)`.
 pub fn fsetxattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Errno> {
     strata_shim::sys::fsetxattr(fd, name, value)

@@ -195,7 +195,10 @@ pub fn parse_user(user: &str, lookup: impl Fn(&str) -> Option<(u32, u32)>) -> Re
 /// Find `name` (or a numeric uid) in the topmost layer that has an
 /// `etc/passwd`. `layers` are layer `fs` dirs, topmost first.
 pub fn passwd_lookup(layers: &[PathBuf], name: &str) -> Option<(u32, u32)> {
-    let text = layers.iter().find_map(|l| std::fs::read_to_string(l.join("etc/passwd")).ok())?;
+    // Read on the host from the image's layer trees: never through a
+    // symlink the image planted (`etc/passwd -> /etc/shadow`), never a FIFO.
+    let bytes = layers.iter().find_map(|l| crate::oci::read_in_tree(l, &["etc", "passwd"], 4 << 20))?;
+    let text = String::from_utf8_lossy(&bytes);
     text.lines().find_map(|line| {
         let f: Vec<&str> = line.split(':').collect();
         if f.len() >= 4 && (f[0] == name || f[2] == name) {
@@ -427,6 +430,25 @@ mod tests {
         std::fs::create_dir_all(&top).unwrap();
         std::fs::write(bottom.join("etc/passwd"), "root:x:0:0::/root:/bin/sh\napp:x:100:101::/:/bin/sh\n").unwrap();
         assert_eq!(passwd_lookup(&[top, bottom], "app"), Some((100, 101)));
+    }
+
+    #[test]
+    fn passwd_is_never_read_through_a_symlink_or_from_a_fifo() {
+        let t = tempfile::tempdir().unwrap();
+        let host = t.path().join("host");
+        std::fs::create_dir_all(host.join("etc")).unwrap();
+        std::fs::write(host.join("etc/passwd"), "app:x:7:7::/:/bin/sh\n").unwrap();
+        // A layer whose etc is a symlink out, one whose passwd is, one FIFO.
+        let (a, b, c) = (t.path().join("a"), t.path().join("b"), t.path().join("c"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::os::unix::fs::symlink(host.join("etc"), a.join("etc")).unwrap();
+        std::fs::create_dir_all(b.join("etc")).unwrap();
+        std::os::unix::fs::symlink(host.join("etc/passwd"), b.join("etc/passwd")).unwrap();
+        std::fs::create_dir_all(c.join("etc")).unwrap();
+        nix::unistd::mkfifo(&c.join("etc/passwd"), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        for layer in [a, b, c] {
+            assert_eq!(passwd_lookup(std::slice::from_ref(&layer), "app"), None, "{}", layer.display());
+        }
     }
 
     #[test]
