@@ -1750,6 +1750,40 @@ fn a_checkpoint_of_unsealable_changes_is_refused_and_the_sandbox_runs_on() {
 /// Runs last (tests run in name order with --test-threads=1): the whole
 /// suite left no mount, cgroup or process behind.
 #[test]
+fn device_nodes_outside_the_minimal_set_cannot_be_opened() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    let shim = info["shim_pid"].as_i64().unwrap();
+    // Host root plants /dev/fuse (10:229) in the sandbox's /dev: layers
+    // cannot carry device nodes and the sandbox cannot mknod, so this
+    // stands for a node that got in some other way. The devices cgroup (v1)
+    // or eBPF filter (v2) refuses it with EPERM before any driver is asked
+    // (without it: opened on the host, ENODEV where no fuse module is).
+    let planted = format!("/proc/{shim}/root/dev/fuse");
+    nix::sys::stat::mknod(
+        planted.as_str(),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(10, 229),
+    )
+    .unwrap();
+    let v = sh(&env, &id, "exec 3<>/dev/fuse && echo opened");
+    assert_ne!(v["exit_code"], 0, "fuse opened: {v}");
+    assert!(v["stderr"].as_str().unwrap().contains("not permitted"), "{v}");
+    // The minimal set works: null, zero, urandom, and a pty.
+    let v = sh(
+        &env,
+        &id,
+        "echo x > /dev/null && head -c4 /dev/zero | wc -c && head -c4 /dev/urandom | wc -c && exec 3<>/dev/ptmx && echo pty",
+    );
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(stdout(&v), "4\n4\npty\n");
+    env.finish();
+}
+
+#[test]
 fn zz_suite_leaves_nothing_behind() {
     require_root();
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();

@@ -114,12 +114,83 @@ pub enum CgroupError {
     },
     #[error("cgroup {path} did not reach the frozen state within {waited:?} (still {state})")]
     FreezeTimeout { path: String, waited: Duration, state: String },
+    #[error("restrict the devices of cgroup {path}")]
+    Devices {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("remove cgroup {path}")]
     Remove {
         path: String,
         #[source]
         source: cgroups_rs::error::Error,
     },
+}
+
+/// A device a sandbox may open: `c` or `b`, major, minor (`None`: any).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRule {
+    pub kind: char,
+    pub major: u32,
+    pub minor: Option<u32>,
+}
+
+const fn char_dev(major: u32, minor: Option<u32>) -> DeviceRule {
+    DeviceRule { kind: 'c', major, minor }
+}
+
+/// The devices a sandbox may use, all others refused (EPERM) by the
+/// devices controller (v1) or an eBPF device filter (v2): the shim's
+/// minimal `/dev` (null, zero, full, random, urandom, tty) and
+/// pseudo-terminals (ptmx 5:2, pts 136:*). A node that reaches a sandbox
+/// any other way (a layer cannot carry one; CAP_MKNOD is dropped) cannot be
+/// opened.
+pub const ALLOWED_DEVICES: [DeviceRule; 8] = [
+    char_dev(1, Some(3)),
+    char_dev(1, Some(5)),
+    char_dev(1, Some(7)),
+    char_dev(1, Some(8)),
+    char_dev(1, Some(9)),
+    char_dev(5, Some(0)),
+    char_dev(5, Some(2)),
+    char_dev(136, None),
+];
+
+/// The cgroup v2 device filter for `rules`: allow (1) a device whose type,
+/// major and minor match a rule, refuse (0) any other. The context is
+/// `struct bpf_cgroup_dev_ctx { u32 access_type; u32 major; u32 minor; }`,
+/// the device type in the low 16 bits of `access_type` (1 block, 2 char).
+pub fn device_program(rules: &[DeviceRule]) -> Vec<strata_shim::sys::BpfInsn> {
+    use strata_shim::sys::BpfInsn;
+    const LDX_W: u8 = 0x61; // BPF_LDX | BPF_MEM | BPF_W
+    const AND32_K: u8 = 0x54; // BPF_ALU | BPF_AND | BPF_K
+    const JNE_K: u8 = 0x55; // BPF_JMP | BPF_JNE | BPF_K
+    const MOV64_K: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
+    const EXIT: u8 = 0x95; // BPF_JMP | BPF_EXIT
+    let ins = |code, dst: u8, src: u8, off: i16, imm: i32| BpfInsn { code, regs: dst | (src << 4), off, imm };
+    let mut p = vec![
+        ins(LDX_W, 2, 1, 0, 0),        // r2 = ctx->access_type
+        ins(AND32_K, 2, 0, 0, 0xffff), // w2 &= 0xffff: the device type
+        ins(LDX_W, 4, 1, 4, 0),        // r4 = ctx->major
+        ins(LDX_W, 5, 1, 8, 0),        // r5 = ctx->minor
+    ];
+    for r in rules {
+        let kind = if r.kind == 'b' { 1 } else { 2 };
+        // Each rule is a block of checks then "return 1"; a failed check
+        // jumps past the block (a jump skips `off` instructions).
+        let block = 2 + usize::from(r.minor.is_some()) + 2;
+        p.push(ins(JNE_K, 2, 0, (block - 1) as i16, kind));
+        p.push(ins(JNE_K, 4, 0, (block - 2) as i16, r.major as i32));
+        if let Some(minor) = r.minor {
+            p.push(ins(JNE_K, 5, 0, (block - 3) as i16, minor as i32));
+        }
+        p.push(ins(MOV64_K, 0, 0, 0, 1));
+        p.push(ins(EXIT, 0, 0, 0, 0));
+    }
+    p.push(ins(MOV64_K, 0, 0, 0, 0));
+    p.push(ins(EXIT, 0, 0, 0, 0));
+    p
 }
 
 /// One sandbox's cgroup.
@@ -129,7 +200,8 @@ pub struct SandboxCgroup {
 }
 
 fn controllers(v2: bool) -> Vec<String> {
-    let list: &[&str] = if v2 { &["cpu", "memory", "pids"] } else { &["cpu", "cpuacct", "memory", "pids", "freezer"] };
+    let list: &[&str] =
+        if v2 { &["cpu", "memory", "pids"] } else { &["cpu", "cpuacct", "memory", "pids", "freezer", "devices"] };
     list.iter().map(|s| s.to_string()).collect()
 }
 
@@ -147,7 +219,7 @@ impl SandboxCgroup {
         let cg = Cgroup::new_with_specified_controllers(hier, path, Some(controllers(v2)))
             .map_err(|source| CgroupError::Create { path: path.into(), source })?;
         let this = SandboxCgroup { cg, path: path.to_string() };
-        if let Err(e) = this.apply(limits) {
+        if let Err(e) = this.restrict_devices().and_then(|()| this.apply(limits)) {
             let _ = this.cg.delete();
             return Err(e);
         }
@@ -164,6 +236,25 @@ impl SandboxCgroup {
 
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// Allow only [`ALLOWED_DEVICES`]: v1 writes the devices controller's
+    /// lists (deny all, then allow each), v2 attaches an eBPF filter.
+    fn restrict_devices(&self) -> Result<(), CgroupError> {
+        let err = |source| CgroupError::Devices { path: self.path.clone(), source };
+        if self.cg.v2() {
+            let dir = std::fs::File::open(self.v2_dir()).map_err(err)?;
+            use std::os::fd::AsFd;
+            return strata_shim::sys::attach_device_filter(dir.as_fd(), &device_program(&ALLOWED_DEVICES))
+                .map_err(|e| err(e.into()));
+        }
+        let dir = std::path::Path::new("/sys/fs/cgroup/devices").join(&self.path);
+        std::fs::write(dir.join("devices.deny"), "a").map_err(err)?;
+        for r in ALLOWED_DEVICES {
+            let minor = r.minor.map_or("*".to_string(), |m| m.to_string());
+            std::fs::write(dir.join("devices.allow"), format!("{} {}:{minor} rwm", r.kind, r.major)).map_err(err)?;
+        }
+        Ok(())
     }
 
     /// Write the limits (only those that are set).
@@ -322,6 +413,41 @@ mod tests {
         assert_eq!(l.validate(2), Err(LimitsError::PidsTooLarge(MAX_PIDS + 1)));
         let l = Limits { memory: Some(MIN_MEMORY), pids: Some(1), cpus: Some(2.0) };
         assert!(l.validate(2).is_ok());
+    }
+
+    #[test]
+    fn the_device_program_allows_the_listed_devices_only() {
+        // A tiny interpreter of the instructions device_program emits.
+        let p = device_program(&ALLOWED_DEVICES);
+        let run = |kind: u32, major: u32, minor: u32| -> i64 {
+            let ctx = [(2u32 << 16) | kind, major, minor];
+            let mut r = [0i64; 11];
+            let mut pc = 0usize;
+            loop {
+                let i = p[pc];
+                let (dst, src) = ((i.regs & 0xf) as usize, (i.regs >> 4) as usize);
+                assert_eq!(src == 1, i.code == 0x61, "only loads read r1");
+                match i.code {
+                    0x61 => r[dst] = ctx[i.off as usize / 4] as i64,
+                    0x54 => r[dst] &= i.imm as i64,
+                    0x55 if r[dst] != i.imm as i64 => pc += i.off as usize,
+                    0x55 => {}
+                    0xb7 => r[dst] = i.imm as i64,
+                    0x95 => return r[0],
+                    c => panic!("unexpected opcode {c:#x}"),
+                }
+                pc += 1;
+            }
+        };
+        assert_eq!(run(2, 1, 3), 1, "/dev/null");
+        assert_eq!(run(2, 1, 9), 1, "/dev/urandom");
+        assert_eq!(run(2, 136, 7), 1, "a pty");
+        assert_eq!(run(2, 5, 2), 1, "ptmx");
+        assert_eq!(run(2, 1, 11), 0, "kmsg");
+        assert_eq!(run(2, 1, 1), 0, "/dev/mem");
+        assert_eq!(run(1, 8, 0), 0, "a disk");
+        assert_eq!(run(1, 1, 3), 0, "a block device 1:3");
+        assert_eq!(run(2, 4, 0), 0, "tty0");
     }
 
     #[test]
