@@ -85,6 +85,10 @@ pub enum Command {
     },
     /// The exec log of a sandbox, or the one sealed with a snapshot.
     Logs { id: String },
+    /// Copy files or trees between the host and a sandbox: `cp SRC ID:DST`
+    /// or `cp ID:SRC DST`; `-` on the host side is a tar stream on
+    /// stdin/stdout. Sandbox paths resolve inside its root only.
+    Cp { src: String, dst: String },
     /// Added (A), changed (C) and deleted (D) paths of a sandbox's or a
     /// snapshot's delta, like `docker diff`.
     Diff { id: String },
@@ -671,6 +675,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             client(&cli)?.request("DELETE", &format!("/v1/snapshots/{id}"), NO_BODY)?;
             Ok(0)
         }
+        Command::Cp { src, dst } => run_cp(&cli, src, dst),
         Command::Pause { id } => {
             client(&cli)?.request("POST", &format!("/v1/sandboxes/{id}/pause"), NO_BODY)?;
             Ok(0)
@@ -739,6 +744,95 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
     crate::api::serve(daemon.clone(), listener, stop);
     let _ = std::fs::remove_file(&cfg.socket);
     daemon.shutdown();
+    Ok(0)
+}
+
+/// `ID:PATH` with a 16-hex-digit sandbox id, else a host path.
+fn sandbox_side(arg: &str) -> Option<(&str, &str)> {
+    let (id, path) = arg.split_once(':')?;
+    (id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some((id, path))
+}
+
+fn run_cp(cli: &Cli, src: &str, dst: &str) -> Result<i32> {
+    use crate::copy::{Copied, CopyRequest, Direction};
+    let staging = || -> Result<PathBuf> {
+        let dir = std::env::temp_dir().join(format!("strata-cp-{:016x}", rand::random::<u64>()));
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&dir)
+            .with_context(|| format!("create {}", dir.display()))?;
+        Ok(dir)
+    };
+    let absolute = |p: &str| -> Result<String> {
+        let p = std::path::Path::new(p);
+        let abs = if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir()?.join(p) };
+        Ok(abs.to_string_lossy().into_owned())
+    };
+    let mut c = client(cli)?;
+    let mut call = |id: &str, req: CopyRequest| -> Result<Copied> {
+        Ok(c.call("POST", &format!("/v1/sandboxes/{id}/copy"), Some(&req))?)
+    };
+    let total = match (sandbox_side(src), sandbox_side(dst)) {
+        (None, Some((id, path))) if src == "-" => {
+            // A tar stream on stdin: unpacked into a private staging
+            // directory (the tar crate keeps entries inside it), then each
+            // top-level entry copied into the sandbox directory `path`.
+            let stage = staging()?;
+            let r = (|| -> Result<Copied> {
+                tar::Archive::new(std::io::stdin().lock()).unpack(&stage).context("unpack the tar from stdin")?;
+                let mut sum = Copied::default();
+                for e in std::fs::read_dir(&stage)? {
+                    let e = e?;
+                    let req = CopyRequest {
+                        direction: Direction::In,
+                        path: path.to_string(),
+                        host_path: e.path().to_string_lossy().into_owned(),
+                    };
+                    let one = call(id, req)?;
+                    (sum.files, sum.dirs, sum.symlinks, sum.bytes) = (
+                        sum.files + one.files,
+                        sum.dirs + one.dirs,
+                        sum.symlinks + one.symlinks,
+                        sum.bytes + one.bytes,
+                    );
+                }
+                Ok(sum)
+            })();
+            let _ = std::fs::remove_dir_all(&stage);
+            r?
+        }
+        (None, Some((id, path))) => {
+            call(id, CopyRequest { direction: Direction::In, path: path.to_string(), host_path: absolute(src)? })?
+        }
+        (Some((id, path)), None) if dst == "-" => {
+            let stage = staging()?;
+            let r = (|| -> Result<Copied> {
+                let name = std::path::Path::new(path).file_name().context("the sandbox path names no file")?.to_owned();
+                let host = stage.join(&name);
+                let req = CopyRequest {
+                    direction: Direction::Out,
+                    path: path.to_string(),
+                    host_path: host.to_string_lossy().into_owned(),
+                };
+                let copied = call(id, req)?;
+                let mut b = tar::Builder::new(std::io::stdout().lock());
+                b.follow_symlinks(false);
+                if host.is_dir() {
+                    b.append_dir_all(&name, &host)?;
+                } else {
+                    b.append_path_with_name(&host, &name)?;
+                }
+                b.finish()?;
+                Ok(copied)
+            })();
+            let _ = std::fs::remove_dir_all(&stage);
+            r?
+        }
+        (Some((id, path)), None) => {
+            call(id, CopyRequest { direction: Direction::Out, path: path.to_string(), host_path: absolute(dst)? })?
+        }
+        _ => bail!("exactly one of SRC and DST must be ID:PATH (a sandbox id, 16 hex digits)"),
+    };
+    eprintln!("copied {} files, {} dirs, {} symlinks, {} bytes", total.files, total.dirs, total.symlinks, total.bytes);
     Ok(0)
 }
 

@@ -14,6 +14,7 @@ pub mod baseline;
 pub mod cgroups;
 pub mod cli;
 pub mod client;
+pub mod copy;
 pub mod daemon;
 pub mod db;
 pub mod diff;

@@ -649,6 +649,49 @@ pub fn openat(dir: BorrowedFd<'_>, name: &CStr, flags: libc::c_int, mode: libc::
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// `struct open_how` of openat2(2).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// `RESOLVE_NO_XDEV`, `RESOLVE_NO_MAGICLINKS`, `RESOLVE_IN_ROOT`
+/// (uapi/linux/openat2.h).
+pub const RESOLVE_NO_XDEV: u64 = 0x01;
+pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+pub const RESOLVE_IN_ROOT: u64 = 0x10;
+
+/// `openat2(dir, path, {flags | O_CLOEXEC, mode, resolve})` (Linux 5.6):
+/// with `RESOLVE_IN_ROOT`, `path` and every symlink met on the way resolve
+/// as if `dir` were `/` (`..` stops there, absolute targets start there).
+pub fn openat2(
+    dir: BorrowedFd<'_>,
+    path: &CStr,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+    resolve: u64,
+) -> Result<OwnedFd, Errno> {
+    let how = OpenHow { flags: (flags | libc::O_CLOEXEC) as u64, mode: u64::from(mode), resolve };
+    // SAFETY: `path` is NUL-terminated and `how` a valid open_how of the
+    // size passed; both outlive the call; `dir` is open for the borrow.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the kernel returned a new descriptor that we alone own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// `fsetxattr(fd, name, value, 0)`: create or replace one attribute.
 pub fn fsetxattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Errno> {
     // SAFETY: `name` is NUL-terminated, `value` a live slice of its length;

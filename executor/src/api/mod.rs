@@ -317,6 +317,13 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             "POST" => json(201, &d.fork(id, body_or_default(req)?)?),
             _ => Err(not_allowed()),
         },
+        ["sandboxes", id, "copy"] => match m {
+            "POST" => {
+                let b: crate::copy::CopyRequest = body(req)?;
+                json(200, &d.copy(id, &b)?)
+            }
+            _ => Err(not_allowed()),
+        },
         ["sandboxes", id, "pause"] => match m {
             "POST" => d.pause_sandbox(id).map(|()| Reply::Empty(204)),
             _ => Err(not_allowed()),
