@@ -214,3 +214,31 @@ fn cp_never_leaves_the_sandbox_root() {
     assert!(wrote + read > 0, "the race never let a copy through: the test proves nothing");
     env.finish();
 }
+
+#[test]
+fn a_deep_tree_in_a_sandbox_cannot_crash_the_daemon() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    // 4000 levels (8 KiB of path, twice PATH_MAX), made from inside in
+    // steps: walkers that recurse or join host paths meet a depth their
+    // stack or PATH_MAX cannot take.
+    let v = sh(
+        &env,
+        &id,
+        "set -e; p=$(printf 'd/%.0s' $(seq 500)); cd /tmp; for i in 1 2 3 4 5 6 7 8; do mkdir -p $p; cd -P $p; done; \
+         echo bottom > f; echo ok",
+    );
+    assert_eq!(stdout(&v), "ok\n", "{v}");
+    // A checkpoint and a diff are refused (409, saying why); the daemon
+    // lives on and the sandbox keeps running.
+    for (method, route) in [("POST", "checkpoint"), ("GET", "diff")] {
+        let e = env.client().request(method, &format!("/v1/sandboxes/{id}/{route}"), None::<&()>).unwrap_err();
+        let log = env.daemon_log();
+        let tail: String = log.chars().rev().take(2000).collect::<Vec<_>>().into_iter().rev().collect();
+        assert_eq!(e.status(), Some(409), "{route}: {e}\ndaemon log:\n{tail}");
+        assert!(e.to_string().contains("directories deep"), "{route}: {e}");
+    }
+    assert_eq!(stdout(&sh(&env, &id, "echo alive")), "alive\n");
+    env.finish();
+}

@@ -52,6 +52,34 @@ pub enum DiffError {
     },
     #[error("{path} is a device node ({kind}); device nodes are not captured in a snapshot")]
     DeviceNode { path: PathBuf, kind: &'static str },
+    #[error("{path} is more than {MAX_DEPTH} directories deep; such trees are not captured")]
+    TooDeep { path: PathBuf },
+}
+
+/// The deepest directory a capture, diff or compaction descends into. The
+/// walkers recurse once per level; a sandbox can nest directories far
+/// deeper than any thread's stack allows (and past PATH_MAX), so deeper
+/// trees are refused with an error instead of crashing the daemon.
+pub const MAX_DEPTH: usize = 512;
+
+impl DiffError {
+    /// Whether the tree itself cannot be captured (what a sandbox put
+    /// there), rather than the host failing.
+    pub fn is_content(&self) -> bool {
+        match self {
+            DiffError::DeviceNode { .. } | DiffError::TooDeep { .. } => true,
+            DiffError::Read { source, .. } => source.raw_os_error() == Some(libc::ENAMETOOLONG),
+            DiffError::Write { .. } => false,
+        }
+    }
+}
+
+/// Refuse to descend below `rel` if it is already [`MAX_DEPTH`] deep.
+fn descend(rel: &Path) -> Result<(), DiffError> {
+    if rel.components().count() >= MAX_DEPTH {
+        return Err(DiffError::TooDeep { path: rel.to_path_buf() });
+    }
+    Ok(())
 }
 
 /// What a delta contains.
@@ -216,6 +244,7 @@ impl<W: Write> Writer<W> {
 
     /// Children of `dir` (host path) whose archive path is `rel`, sorted by name bytes.
     fn dir_children(&mut self, dir: &Path, rel: &Path) -> Result<(), DiffError> {
+        descend(rel)?;
         let names = sorted_names(dir)?;
         for name in names {
             self.entry(&dir.join(&name), &rel.join(&name), &name)?;
@@ -622,6 +651,7 @@ fn lower_children(lowers: &[PathBuf], rel: &Path) -> Vec<std::ffi::OsString> {
 /// (layer trees, topmost first), sorted by path.
 pub fn changes(upper: &Path, lowers: &[PathBuf]) -> Result<Vec<Change>, DiffError> {
     fn walk(upper: &Path, rel: &Path, lowers: &[PathBuf], out: &mut Vec<Change>) -> Result<(), DiffError> {
+        descend(rel)?;
         let dir = upper.join(rel);
         let names = sorted_names(&dir)?;
         for name in names {
@@ -713,6 +743,7 @@ fn apply(
     links: &mut HashMap<(u64, u64), PathBuf>,
     copied: &mut u64,
 ) -> Result<(), DiffError> {
+    descend(rel)?;
     let dir = layer.join(rel);
     let names = sorted_names(&dir)?;
     let mut dirs = Vec::new();

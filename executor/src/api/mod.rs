@@ -508,8 +508,12 @@ pub fn serve(d: Arc<Daemon>, listener: UnixListener, stop: Arc<std::sync::atomic
         match conn {
             Ok(s) => {
                 let d = d.clone();
-                if let Err(e) =
-                    std::thread::Builder::new().name("api-conn".into()).spawn(move || serve_connection(d, s))
+                // 8 MiB of stack (reserved, not committed): request
+                // handlers walk trees (bounded by diff::MAX_DEPTH).
+                if let Err(e) = std::thread::Builder::new()
+                    .name("api-conn".into())
+                    .stack_size(8 << 20)
+                    .spawn(move || serve_connection(d, s))
                 {
                     tracing::error!("spawn connection thread: {e}");
                 }

@@ -81,6 +81,7 @@ impl SandboxError {
         match self {
             SandboxError::Stopping(_) | SandboxError::Dead(_) | SandboxError::State { .. } => ErrorKind::Conflict,
             SandboxError::BadExec(_) => ErrorKind::InvalidArgument,
+            SandboxError::Capture(e) if e.is_content() => ErrorKind::Conflict,
             _ => ErrorKind::Internal,
         }
     }
