@@ -56,11 +56,12 @@ pub enum DiffError {
     TooDeep { path: PathBuf },
 }
 
-/// The deepest directory a capture, diff or compaction descends into. The
-/// walkers recurse once per level; a sandbox can nest directories far
-/// deeper than any thread's stack allows (and past PATH_MAX), so deeper
-/// trees are refused with an error instead of crashing the daemon.
-pub const MAX_DEPTH: usize = 512;
+/// The deepest directory a capture, diff or compaction descends into (the
+/// same limit as for layer entries). The walkers recurse once per level; a
+/// sandbox can nest directories far deeper than any thread's stack allows
+/// (and past PATH_MAX), so deeper trees are refused with an error instead
+/// of crashing the daemon.
+pub use crate::oci::MAX_DEPTH;
 
 impl DiffError {
     /// Whether the tree itself cannot be captured (what a sandbox put

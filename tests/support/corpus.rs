@@ -486,6 +486,8 @@ pub fn hostile_cases() -> Vec<HostileCase> {
         ("whiteout-empty-name", vec![TarBuilder::new().file("a/.wh.", b"").finish()], None),
         ("nul-in-name", vec![TarBuilder::new().file("a\0b", b"x").finish()], None),
         ("name-too-long", vec![TarBuilder::new().file(&"n".repeat(300), b"x").finish()], None),
+        ("path-too-long", vec![TarBuilder::new().file(&[&"p".repeat(200)[..]; 25].join("/"), b"x").finish()], None),
+        ("too-deep", vec![TarBuilder::new().file(&format!("{}f", "d/".repeat(600)), b"x").finish()], None),
         ("huge-pax-header", vec![TarBuilder::new().entry(huge_pax).finish()], None),
     ]
 }
@@ -506,7 +508,8 @@ pub fn expected_message(case: &str) -> &'static str {
         "trusted-xattr" => "trusted namespace",
         "whiteout-dotdot" | "whiteout-empty-name" => "not a valid whiteout",
         "nul-in-name" => "NUL byte",
-        "name-too-long" => "longer than",
+        "name-too-long" | "path-too-long" => "longer than",
+        "too-deep" => "deeper than 512",
         "huge-pax-header" => "exceed",
         _ => "",
     }

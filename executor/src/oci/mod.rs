@@ -17,7 +17,7 @@ pub mod unpack;
 pub use digest::{Digest, DigestError};
 pub use layout::{open, Compression, ImageConfig, ImageSource, LayerSource, LayoutError};
 pub use sys::read_in_tree;
-pub use tarpath::PathError;
+pub use tarpath::{PathError, MAX_DEPTH};
 pub use unpack::{unpack_layer, unpack_own_tar, LayerName, UnpackError, UnpackStats};
 
 /// The hostile-layer corpus of the root integration tests, compiled into the

@@ -35,7 +35,15 @@ pub enum PathError {
     /// A component longer than `NAME_MAX`.
     #[error("has a path component longer than {NAME_MAX} bytes")]
     NameTooLong,
+    /// More than `MAX_DEPTH` components.
+    #[error("is nested deeper than {MAX_DEPTH} directories")]
+    TooDeep,
 }
+
+/// The deepest entry a layer may hold, and the deepest directory a capture,
+/// diff or compaction descends into (`diff` walks trees recursively; this
+/// keeps every walker far from the end of its stack).
+pub const MAX_DEPTH: usize = 512;
 
 /// Splits an entry name into its components. `.` components, repeated and
 /// trailing slashes are dropped (so `./a//b/` is `["a", "b"]`); `./` alone is
@@ -62,6 +70,9 @@ pub fn components(raw: &[u8]) -> Result<Vec<&[u8]>, PathError> {
             _ if c.len() > NAME_MAX => return Err(PathError::NameTooLong),
             _ => out.push(c),
         }
+    }
+    if out.len() > MAX_DEPTH {
+        return Err(PathError::TooDeep);
     }
     Ok(out)
 }
