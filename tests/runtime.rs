@@ -2196,6 +2196,9 @@ fn the_api_socket_admits_root_and_its_group_only() {
     let meta = std::fs::metadata(&env.socket).unwrap();
     assert_eq!(meta.mode() & 0o777, 0o660, "socket mode");
     assert_eq!((meta.uid(), meta.gid()), (0, 4242), "socket owner");
+    // The store (database with exec logs, layers, uppers) is root's alone.
+    let store = std::fs::metadata(&env.root).unwrap();
+    assert_eq!(store.mode() & 0o777, 0o700, "store root mode");
     // Let others reach the socket and (for this test only) open its file
     // to everyone, so that what refuses below is the daemon's check of the
     // peer's credentials, not the file mode.

@@ -124,6 +124,10 @@ impl Store {
             std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o700))
                 .map_err(io("chmod 0700", &p))?;
         }
+        // The root too: it holds strata.db (exec logs with argv and env)
+        // and caches/.
+        std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(io("chmod 0700", root))?;
         let root = std::fs::canonicalize(root).map_err(io("resolve", root))?;
         Ok(Store { root })
     }
