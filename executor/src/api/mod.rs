@@ -127,7 +127,8 @@ fn body<T: DeserializeOwned>(req: &http::Request) -> Result<T, ApiError> {
 
 /// A body that may be omitted entirely (all fields optional).
 fn body_or_default<T: DeserializeOwned + Default>(req: &http::Request) -> Result<T, ApiError> {
-    if req.body.iter().all(u8::is_ascii_whitespace) {
+    // No body at all is the defaults; anything else must be a JSON object.
+    if req.body.is_empty() {
         return Ok(T::default());
     }
     body(req)
@@ -295,6 +296,9 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
         ["gc"] => match m {
             "POST" => {
                 let r: crate::api::types::GcRequest = body_or_default(req)?;
+                if [r.retention_secs, r.stale_after_secs].iter().flatten().any(|v| *v > i64::MAX as u64) {
+                    return Err(ApiError::new(ErrorKind::InvalidArgument, "durations are int64 seconds"));
+                }
                 let secs = |v: Option<u64>, d: Duration| v.map(Duration::from_secs).unwrap_or(d);
                 let retention = secs(r.retention_secs, d.cfg.retention);
                 json(200, &d.gc(retention, secs(r.stale_after_secs, d.cfg.stale_after))?)
@@ -339,7 +343,16 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             let sb = d.sandbox(id)?;
             let b: ExecRequestBody = body(req)?;
             let ereq = exec_request(&b)?;
-            let upgrade = req.header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case(http::UPGRADE_PROTOCOL));
+            let upgrade = match req.header("upgrade") {
+                None => false,
+                Some(u) if u.eq_ignore_ascii_case(http::UPGRADE_PROTOCOL) => true,
+                Some(u) => {
+                    return Err(ApiError::new(
+                        ErrorKind::InvalidArgument,
+                        format!("cannot upgrade to {u:?}; the attached exec protocol is {}", http::UPGRADE_PROTOCOL),
+                    ))
+                }
+            };
             if upgrade {
                 if b.stdin.is_some() {
                     return Err(ApiError::new(
