@@ -47,6 +47,11 @@ fn store_err(e: StoreError) -> ApiError {
     ApiError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e))
 }
 
+/// A host file-system failure: 507 when the store is full, else 500.
+fn host_io(e: std::io::Error) -> ApiError {
+    ApiError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e))
+}
+
 fn invalid(msg: impl Into<String>) -> ApiError {
     ApiError::new(ErrorKind::InvalidArgument, msg)
 }
@@ -493,7 +498,8 @@ impl Daemon {
                 continue;
             }
             let path = work.join(l.digest.hex());
-            let file = std::fs::File::create(&path).map_err(|e| ApiError::internal(&e))?;
+            let file = std::fs::File::create(&path)
+                .map_err(|e| store_err(StoreError::Io { step: "create", path: path.clone(), source: e }))?;
             let mut w = std::io::BufWriter::with_capacity(1 << 20, file);
             let mut done = 0u64;
             let mut last = Instant::now();
@@ -546,7 +552,7 @@ impl Daemon {
             // exactly as it checks a layout on disk.
             let layout = work.join("layout");
             let blobs = layout.join("blobs/sha256");
-            std::fs::create_dir_all(&blobs).map_err(|e| ApiError::internal(&e))?;
+            std::fs::create_dir_all(&blobs).map_err(host_io)?;
             let write = |name: &str, bytes: &[u8]| {
                 std::fs::write(blobs.join(name), bytes)
                     .map_err(|e| store_err(StoreError::Io { step: "write", path: blobs.join(name), source: e }))
@@ -563,15 +569,14 @@ impl Daemon {
                     "mediaType": oci::layout::MEDIA_OCI_MANIFEST, "digest": docs.digest, "size": docs.manifest.len()
                 }),
             };
-            std::fs::write(layout.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
-                .map_err(|e| ApiError::internal(&e))?;
+            std::fs::write(layout.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).map_err(host_io)?;
             std::fs::write(
                 layout.join("index.json"),
                 serde_json::to_vec(&serde_json::json!({
                 "schemaVersion": 2, "manifests": [top]}))
                 .unwrap_or_default(),
             )
-            .map_err(|e| ApiError::internal(&e))?;
+            .map_err(host_io)?;
             let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
             let paths =
                 self.fetch_layers(&client, &reference.repository, &docs.layers, &blobs, &mut tally, progress)?;
@@ -580,7 +585,7 @@ impl Daemon {
                 let stored = self.rt.store.blob_path(l.digest.hex());
                 let dst = blobs.join(l.digest.hex());
                 if p.is_none() && stored.is_file() && !dst.exists() {
-                    std::fs::copy(&stored, &dst).map_err(|e| ApiError::internal(&e))?;
+                    std::fs::copy(&stored, &dst).map_err(host_io)?;
                 }
             }
             let have = |d: &Digest| lock(&self.db).layer_exists(d.hex()).unwrap_or(false);
@@ -695,7 +700,7 @@ impl Daemon {
                     } else {
                         let dir = work.join(format!("layer-{i}"));
                         let fs = dir.join("fs");
-                        std::fs::create_dir_all(&fs).map_err(|e| ApiError::internal(&e))?;
+                        std::fs::create_dir_all(&fs).map_err(host_io)?;
                         progress(Progress {
                             action: "unpack".into(),
                             digest: l.digest.to_string(),
@@ -983,7 +988,7 @@ impl Daemon {
         let work = store.new_tmp("hydrate").map_err(store_err)?;
         let result = (|| {
             let dir = work.join("layer");
-            std::fs::create_dir_all(dir.join("fs")).map_err(|e| ApiError::internal(&e))?;
+            std::fs::create_dir_all(dir.join("fs")).map_err(host_io)?;
             let l = WireLayer { digest, size, media_type: media_type(compression).into(), compression, diff_id };
             let stats = match oci::unpack_layer(&layer_source(&blob, &l), &dir.join("fs")) {
                 Ok(s) => s,
