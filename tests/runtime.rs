@@ -654,6 +654,23 @@ const TREE_SCRIPT: &str = "cd / && find . -xdev \\( -path ./proc -o -path ./sys 
                   printf '%s|%s|' \"$p\" \"$(stat -c \"$f\" \"$p\")\"; \
                   if [ -L \"$p\" ]; then readlink \"$p\"; elif [ -f \"$p\" ]; then md5sum < \"$p\"; else echo; fi; done";
 
+/// Unpack the OCI image `image` (`LAYOUT:TAG`) with umoci into `bundle`
+/// and list its root file system with [`TREE_SCRIPT`].
+fn umoci_tree(image: &str, bundle: &Path) -> String {
+    let st = std::process::Command::new("umoci")
+        .args(["unpack", "--image", image, bundle.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "umoci unpack: {}", String::from_utf8_lossy(&st.stderr));
+    let got = std::process::Command::new("chroot")
+        .arg(bundle.join("rootfs"))
+        .args(["/bin/sh", "-c", TREE_SCRIPT])
+        .output()
+        .unwrap();
+    assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
+    String::from_utf8_lossy(&got.stdout).into_owned()
+}
+
 #[test]
 fn checkpoint_resume_fork_and_remove_snapshots() {
     let env = TestEnv::start();
@@ -837,19 +854,7 @@ fn exported_snapshot_unpacks_with_umoci_to_the_same_tree() {
         if compression == "zstd" {
             continue; // umoci 0.4.7 reads gzip layers only
         }
-        let bundle = work.path().join("bundle");
-        let st = std::process::Command::new("umoci")
-            .args(["unpack", "--image", &format!("{}:latest", out.display()), bundle.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(st.status.success(), "umoci unpack: {}", String::from_utf8_lossy(&st.stderr));
-        let got = std::process::Command::new("chroot")
-            .arg(bundle.join("rootfs"))
-            .args(["/bin/sh", "-c", TREE_SCRIPT])
-            .output()
-            .unwrap();
-        assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
-        let got = String::from_utf8_lossy(&got.stdout).into_owned();
+        let got = umoci_tree(&format!("{}:latest", out.display()), &work.path().join("bundle"));
         if got != want {
             let diff: Vec<String> = want
                 .lines()
@@ -1952,19 +1957,8 @@ fn a_snapshot_pushed_from_one_host_forks_on_another() {
         .output()
         .unwrap();
     assert!(st.status.success(), "skopeo copy: {}", String::from_utf8_lossy(&st.stderr));
-    let bundle = work.path().join("bundle");
-    let st = std::process::Command::new("umoci")
-        .args(["unpack", "--image", &format!("{}:v1", layout.display()), bundle.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(st.status.success(), "umoci unpack: {}", String::from_utf8_lossy(&st.stderr));
-    let got = std::process::Command::new("chroot")
-        .arg(bundle.join("rootfs"))
-        .args(["/bin/sh", "-c", TREE_SCRIPT])
-        .output()
-        .unwrap();
-    assert!(got.status.success(), "{}", String::from_utf8_lossy(&got.stderr));
-    assert_eq!(String::from_utf8_lossy(&got.stdout), want, "umoci's tree differs from the sandbox's");
+    let got = umoci_tree(&format!("{}:v1", layout.display()), &work.path().join("bundle"));
+    assert_eq!(got, want, "umoci's tree differs from the sandbox's");
     a.finish();
     b.finish();
 }

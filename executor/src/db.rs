@@ -1213,12 +1213,15 @@ impl Db {
             .map_err(q("unhydrated layer"))
     }
 
-    /// Every layer still to be hydrated (without an unpack error).
-    pub fn unhydrated_layers(&self) -> Result<Vec<String>, DbError> {
-        let mut st = self
-            .conn
-            .prepare("SELECT layer_id FROM layer_hydration WHERE error IS NULL")
-            .map_err(q("unhydrated layers"))?;
+    /// Every layer still to be hydrated (with `errors`, also those whose
+    /// unpack failed).
+    pub fn unhydrated_layers_with(&self, errors: bool) -> Result<Vec<String>, DbError> {
+        let sql = if errors {
+            "SELECT layer_id FROM layer_hydration"
+        } else {
+            "SELECT layer_id FROM layer_hydration WHERE error IS NULL"
+        };
+        let mut st = self.conn.prepare_cached(sql).map_err(q("unhydrated layers"))?;
         let rows = st.query_map([], |r| r.get(0)).map_err(q("unhydrated layers"))?;
         rows.collect::<Result<_, _>>().map_err(q("unhydrated layers"))
     }

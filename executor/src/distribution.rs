@@ -936,7 +936,7 @@ impl Daemon {
             tracing::error!("start hydrator: {e}");
             return;
         }
-        if let Ok(pending) = lock(&self.db).unhydrated_layers() {
+        if let Ok(pending) = lock(&self.db).unhydrated_layers_with(false) {
             for id in pending {
                 let _ = tx.send(id);
             }

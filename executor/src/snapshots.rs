@@ -345,9 +345,11 @@ impl Daemon {
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
         let mut layers = image.layers.clone();
         layers.extend(db.snapshot_layer_chain(&row.id)?.into_iter().map(|s| s.layer));
+        // A pulled chain may not be unpacked yet (one query; usually none is
+        // waiting, and launches stay free of per-layer lookups).
+        let waiting = db.unhydrated_layers_with(true)?;
         drop(db);
-        // A pulled chain may not be unpacked yet.
-        for l in &layers {
+        for l in layers.iter().filter(|l| waiting.contains(l)) {
             self.hydrate_layer(l)?;
         }
         Ok(Base {
