@@ -40,7 +40,10 @@ cleanup() {
 			"$BIN/strata" --socket "$WORK/strata.sock" rm "$id" >/dev/null || true
 		done
 	fi
-	[[ -n $DAEMON_PID ]] && kill "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true
+	if [[ -n $DAEMON_PID ]]; then
+		kill "$DAEMON_PID" 2>/dev/null || true
+		wait "$DAEMON_PID" 2>/dev/null || true
+	fi
 	runc delete -f strata-bench-runc >/dev/null 2>&1 || true
 	crun delete -f strata-bench-crun >/dev/null 2>&1 || true
 	# Children first, then the parents; only cgroups named strata-bench.

@@ -35,7 +35,7 @@ PACKAGES=(
 	busybox-static umoci skopeo runc crun bubblewrap
 	hyperfine iproute2 python3 jq tar gzip shellcheck
 	qemu-system-x86 xz-utils debootstrap
-	docker-registry apache2-utils
+	docker-registry apache2-utils e2fsprogs socat python3-venv
 )
 
 installed() {
@@ -90,6 +90,17 @@ if command -v rustup >/dev/null 2>&1; then
 			rustup component add "$component"
 		fi
 	done
+fi
+
+# API fuzzing (scripts/fuzz-api.sh, run by scripts/test.sh): schemathesis
+# from PyPI in a venv of its own, pinned to a major version.
+FUZZ_VENV=/var/cache/strata-fuzz-venv
+if [[ ! -x $FUZZ_VENV/bin/st ]]; then
+	log "installing schemathesis into $FUZZ_VENV"
+	python3 -m venv "$FUZZ_VENV"
+	"$FUZZ_VENV/bin/pip" install -q 'schemathesis>=4,<5'
+else
+	log "schemathesis found: $FUZZ_VENV/bin/st"
 fi
 
 log "dependencies ready"

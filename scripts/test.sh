@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: build, build images, lint, unit tests, root integration
-# tests, then prove that nothing was left behind: no mount or cgroup named
-# strata-test*, no process running a binary from this tree's target/.
+# tests, API fuzzing, then prove that nothing was left behind: no mount,
+# cgroup or loop device named strata-test*, no process running a binary
+# from this tree's target/.
 #
 # usage: sudo scripts/test.sh
 set -euo pipefail
@@ -55,6 +56,16 @@ leftovers() {
 		[[ -d $dir ]] || continue
 		echo "leftover cgroup: $dir" >&2
 		found=1
+	done
+
+	# Loop devices of --disk sandboxes whose image is under a test root.
+	for dir in /sys/block/loop*; do
+		[[ -r $dir/loop/backing_file ]] || continue
+		read -r line <"$dir/loop/backing_file" || true
+		if [[ $line == *"$MARKER"* ]]; then
+			echo "leftover loop device: ${dir##*/} $line" >&2
+			found=1
+		fi
 	done
 
 	# Any live strata or strata-shim built in this tree was started by a test
@@ -126,6 +137,14 @@ if [[ $integration -eq 124 || $integration -eq 137 ]]; then
 	reclaim
 fi
 
+step "API fuzzing: scripts/fuzz-api.sh (schemathesis over docs/openapi.yaml, fixed seed)"
+fuzz=0
+if [[ $integration -eq 0 ]]; then
+	SEED=${FUZZ_SEED:-1} EXAMPLES=${FUZZ_EXAMPLES:-30} timeout --kill-after=10 900 scripts/fuzz-api.sh || fuzz=$?
+else
+	echo "skipped: the integration tests failed"
+fi
+
 # Check for leftovers even when the tests failed: a failing test must not leak either.
 step "check for leftover mounts, cgroups and processes"
 clean=0
@@ -133,6 +152,9 @@ leftovers || clean=1
 
 if [[ $integration -ne 0 ]]; then
 	die "integration tests failed (exit $integration)"
+fi
+if [[ $fuzz -ne 0 ]]; then
+	die "API fuzzing found problems (exit $fuzz; daemon log in ${TMPDIR:-/tmp}/strata-fuzz-daemon.log)"
 fi
 if [[ $clean -ne 0 ]]; then
 	die "tests left mounts, cgroups or processes behind (listed above)"

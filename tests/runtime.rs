@@ -161,7 +161,7 @@ fn seccomp_denies_user_namespaces_unless_unconfined() {
     let id = create(&env, json!({"image": "busybox"}));
     let out = stdout(&sh(&env, &id, probe));
     assert!(out.contains("Operation not permitted\nrc=1\n"), "a user namespace was made: {out}");
-    assert!(out.contains("Seccomp:\t2\nSeccomp_filters:\t2\n"), "{out}");
+    assert!(out.contains("Seccomp:\t2\nSeccomp_filters:\t3\n"), "{out}");
     let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
     assert_eq!(info["seccomp"], "default");
     // Relaxed explicitly, per sandbox.
@@ -334,6 +334,12 @@ fn api_errors() {
     assert_eq!(status_of(c.request("GET", "/v1images", none)), 404);
     // 405: a known path with the wrong method.
     assert_eq!(status_of(c.request("PUT", "/v1/sandboxes", none)), 405);
+    for (path, allow) in [("/v1/sandboxes", "GET, POST"), ("/v1/snapshots/0123456789abcdef", "GET, DELETE")] {
+        let r = c.raw("PATCH", path, b"", "").unwrap();
+        assert_eq!(r.status, 405);
+        let got = r.headers.iter().find(|(k, _)| k == "allow").map(|(_, v)| v.trim());
+        assert_eq!(got, Some(allow), "Allow header of {path}: {:?}", r.headers);
+    }
     // 400: malformed JSON, unknown field, bad values.
     let r = c.raw("POST", "/v1/sandboxes", b"{not json", "").unwrap();
     assert_eq!(r.status, 400);

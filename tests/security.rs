@@ -344,3 +344,189 @@ fn a_gzip_bomb_fills_nothing_but_the_store_and_leaves_nothing() {
     env.cli_ok(&["image", "ls"]);
     env.finish();
 }
+
+/// Bytes available to root on the file system of `path`.
+fn free_bytes(path: &std::path::Path) -> u64 {
+    let s = nix::sys::statvfs::statvfs(path).unwrap();
+    s.blocks_available() as u64 * s.fragment_size() as u64
+}
+
+#[test]
+fn a_disk_cap_gives_enospc_inside_and_spares_the_host_and_other_sandboxes() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    // Bad caps are refused before anything is made.
+    for bad in [json!(1000), json!(-1), json!("big"), json!(1u64 << 50)] {
+        let r = env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "disk": bad})));
+        assert!(matches!(r, Err(strata::client::ClientError::Api { status: 400, .. })), "disk {bad}: {r:?}");
+    }
+    assert!(!env.root.join("sandboxes").read_dir().unwrap().any(|e| {
+        let p = e.unwrap().path();
+        p.join("rw").exists() || p.join("disk.img").exists()
+    }));
+
+    let before = free_bytes(&env.root);
+    let a = create(&env, json!({"image": "busybox", "disk": 32 << 20}));
+    let b = create(&env, json!({"image": "busybox", "disk": 32 << 20}));
+    let c = create(&env, json!({"image": "busybox"}));
+    // A writes past its cap: ENOSPC inside, a file no larger than the cap.
+    let (code, out) = attempt(&env, &a, "dd if=/dev/zero of=/fill bs=1M count=64");
+    assert_ne!(code, 0, "wrote 64 MiB under a 32 MiB cap: {out}");
+    assert!(out.contains("No space left on device"), "{out}");
+    let size: u64 = stdout(&sh(&env, &a, "stat -c %s /fill")).trim().parse().unwrap();
+    assert!((24 << 20..=32 << 20).contains(&size), "filled {size} bytes of a 32 MiB cap");
+    // The other sandboxes write as before, with or without a cap of their own.
+    for id in [&b, &c] {
+        let (code, out) = attempt(&env, id, "dd if=/dev/zero of=/f bs=1M count=8 2>&1 && echo ok");
+        assert_eq!(code, 0, "{out}");
+    }
+    // The host lost what was written (the images are sparse), no more.
+    let used = before.saturating_sub(free_bytes(&env.root));
+    assert!(used < 72 << 20, "host free space dropped by {used} bytes for 48 MiB written");
+    // Room comes back when A deletes; A works on.
+    let (code, out) = attempt(&env, &a, "rm /fill && echo again > /again && cat /again");
+    assert_eq!((code, out.as_str()), (0, "again\n"));
+
+    // A checkpoint reads the upper off the disk; a suspend copies it off
+    // (another file system) and releases the disk.
+    sh(&env, &a, "mkdir -p /d && echo kept > /d/kept && rm /bin/true");
+    let cp = env.cli_ok(&["checkpoint", &a]).trim().to_string();
+    let snap = env.cli_ok(&["suspend", &a]).trim().to_string();
+    assert!(!env.root.join("sandboxes").join(&a).exists());
+    // Resumed with a cap again: same files, new empty disk.
+    let r = env.cli_ok(&["resume", &snap, "--disk", "16m"]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &r, "cat /d/kept /again; test -e /bin/true || echo gone")), "kept\nagain\ngone\n");
+    let (code, out) = attempt(&env, &r, "dd if=/dev/zero of=/fill bs=1M count=32");
+    assert!(code != 0 && out.contains("No space left on device"), "{out}");
+    // A rollback keeps the cap.
+    env.cli_ok(&["rollback", &r, "--to", &cp]);
+    let info: serde_json::Value = env.client().call("GET", &format!("/v1/sandboxes/{r}"), None::<&()>).unwrap();
+    assert_eq!(info["limits"]["disk"], 16 << 20, "{info}");
+    let (code, out) = attempt(&env, &r, "cat /d/kept; dd if=/dev/zero of=/fill bs=1M count=32");
+    assert!(code != 0 && out.starts_with("kept\n") && out.contains("No space left on device"), "{out}");
+    // Removing a capped sandbox unmounts its disk and frees its loop device,
+    // even when a warm shim was started (with a copy of the host's mounts,
+    // this disk's among them) after the disk was mounted.
+    let d = create(&env, json!({"image": "busybox"}));
+    std::thread::sleep(std::time::Duration::from_millis(500)); // the pool refills
+    let loops = loop_devices_under(&env.root);
+    assert_eq!(loops.len(), 2, "{loops:?}");
+    env.cli_ok(&["rm", &r]);
+    let start = std::time::Instant::now();
+    while loop_devices_under(&env.root).len() != 1 {
+        assert!(start.elapsed().as_secs() < 10, "disk of a removed sandbox still attached: {loops:?}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    env.cli_ok(&["rm", &b, &c, &d]);
+    assert!(mounts_under(&env.root).is_empty(), "{:?}", mounts_under(&env.root));
+    env.finish();
+}
+
+/// The `Uid:` line of /proc/<pid>/status: real, effective, saved, fs.
+fn host_uids(pid: i32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap().split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn userns_maps_root_to_an_unprivileged_host_range_and_keeps_layers_shared() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let plain = create(&env, json!({"image": "busybox"}));
+    let a = create(&env, json!({"image": "busybox", "userns": true}));
+    let b = create(&env, json!({"image": "busybox", "userns": true}));
+    let info = |id: &str| -> serde_json::Value {
+        env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap()
+    };
+    let (ia, ib) = (info(&a), info(&b));
+    let (base_a, base_b) = (ia["userns"]["host_id"].as_u64().unwrap(), ib["userns"]["host_id"].as_u64().unwrap());
+    assert!(base_a >= 65536 && base_b >= 65536 && base_a.abs_diff(base_b) >= 65536, "{ia} {ib}");
+    assert!(info(&plain).get("userns").is_none());
+
+    // Root inside; the shim and every command are the range's first id on
+    // the host.
+    assert_eq!(stdout(&sh(&env, &a, "id -u; id -g")), "0\n0\n");
+    let map = stdout(&sh(&env, &a, "cat /proc/self/uid_map"));
+    assert_eq!(map.split_whitespace().collect::<Vec<_>>(), ["0", &base_a.to_string(), "65536"], "{map}");
+    let shim = ia["shim_pid"].as_i64().unwrap() as i32;
+    assert_eq!(host_uids(shim), format!("{base_a} {base_a} {base_a} {base_a}"));
+    // The image's files are root's inside (layers are seen through an
+    // idmapped mount, not copied or chowned).
+    assert_eq!(stdout(&sh(&env, &a, "stat -c '%u:%g' /bin/busybox /")), "0:0\n0:0\n");
+    // What the sandbox writes is stored unshifted: owner 0 (and 1234) on disk.
+    let v = sh(&env, &a, "echo hi > /f && touch /g && chown 1234:5678 /g && mkdir -p /d && chmod 700 /d");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let upper = env.root.join("sandboxes").join(&a).join("rw/upper");
+    let meta = |p: &str| {
+        let m = std::fs::metadata(upper.join(p)).unwrap();
+        (std::os::unix::fs::MetadataExt::uid(&m), std::os::unix::fs::MetadataExt::gid(&m))
+    };
+    assert_eq!((meta("f"), meta("g"), meta("d")), ((0, 0), (1234, 5678), (0, 0)));
+    // Root inside has no power over host ids: ids outside the map cannot be
+    // set, and the layers on disk stayed root's.
+    let (code, out) = attempt(&env, &a, "chown 70000 /f");
+    assert_ne!(code, 0, "chown to an unmapped id worked: {out}");
+    let layer = std::fs::read_dir(env.root.join("layers")).unwrap().next().unwrap().unwrap().path();
+    let m = std::fs::metadata(layer.join("fs/bin/busybox")).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&m), 0);
+    // The plain sandbox shares the same layers and sees the same owners.
+    assert_eq!(stdout(&sh(&env, &plain, "stat -c '%u:%g' /bin/busybox")), "0:0\n");
+
+    // A checkpoint is the same as without a user namespace: resumed
+    // without one, the owners are the ones set inside.
+    let snap = env.cli_ok(&["checkpoint", &a]).trim().to_string();
+    let r = env.cli_ok(&["resume", &snap]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &r, "cat /f; stat -c '%u:%g' /g /d")), "hi\n1234:5678\n0:0\n");
+    // And resumed with one, too.
+    let r2 = env.cli_ok(&["resume", &snap, "--userns"]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &r2, "cat /f; stat -c '%u:%g' /g")), "hi\n1234:5678\n");
+
+    // Files in and out.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("in"), "copied\n").unwrap();
+    env.cli_ok(&["cp", tmp.path().join("in").to_str().unwrap(), &format!("{a}:/in")]);
+    assert_eq!(stdout(&sh(&env, &a, "cat /in; stat -c %u /in")), "copied\n0\n");
+    env.cli_ok(&["cp", &format!("{a}:/f"), tmp.path().join("out").to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(tmp.path().join("out")).unwrap(), "hi\n");
+
+    // Suspend and rollback keep working; a rollback keeps the range.
+    env.cli_ok(&["rollback", &a, "--to", &snap]);
+    assert_eq!(info(&a)["userns"]["host_id"].as_u64(), Some(base_a));
+    assert_eq!(stdout(&sh(&env, &a, "cat /f; id -u")), "hi\n0\n");
+    let s2 = env.cli_ok(&["suspend", &b]).trim().to_string();
+    let r3 = env.cli_ok(&["resume", &s2, "--userns"]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &r3, "id -u")), "0\n");
+
+    // Caches are host directories: refused with a user namespace.
+    let r = env.client().request(
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({"image": "busybox", "userns": true, "cache": ["c:/c"]})),
+    );
+    assert!(matches!(r, Err(strata::client::ClientError::Api { status: 400, .. })), "{r:?}");
+    env.finish();
+}
+
+#[test]
+fn idle_connections_cannot_exhaust_the_daemon() {
+    let env = TestEnv::start();
+    // Fill every connection slot with connections that never send anything.
+    let idle: Vec<std::os::unix::net::UnixStream> = (0..strata::api::MAX_CONNECTIONS)
+        .map(|_| std::os::unix::net::UnixStream::connect(&env.socket).unwrap())
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // One more is answered 429 at once (not left hanging) and closed.
+    let r = env.client().request("GET", "/v1/version", None::<&()>);
+    assert!(matches!(r, Err(strata::client::ClientError::Api { status: 429, .. })), "{r:?}");
+    // Slots come back when the idle ones go.
+    drop(idle);
+    let start = std::time::Instant::now();
+    loop {
+        match env.client().request("GET", "/v1/version", None::<&()>) {
+            Ok(_) => break,
+            Err(e) => assert!(start.elapsed().as_secs() < 10, "the daemon did not recover: {e}"),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    env.finish();
+}

@@ -24,6 +24,10 @@ pub struct Limits {
     pub pids: Option<u64>,
     /// CPU bandwidth in CPUs, e.g. 0.5 (cpu.cfs_quota_us / cpu.max).
     pub cpus: Option<f64>,
+    /// Cap on what the sandbox can write, in bytes: the size of its own
+    /// filesystem for the upper ([`crate::disk`]); not a cgroup limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<u64>,
 }
 
 /// CFS period used for every sandbox (the kernel default).
@@ -47,6 +51,8 @@ pub enum LimitsError {
     MemoryTooLarge(u64),
     #[error("cpus must be a finite number between 0.01 and {max}, got {got}")]
     Cpus { got: f64, max: f64 },
+    #[error("disk cap {0} bytes is outside {min}..={max} bytes", min = crate::disk::MIN_DISK, max = crate::disk::MAX_DISK)]
+    Disk(u64),
 }
 
 impl Limits {
@@ -68,6 +74,11 @@ impl Limits {
             let max = host_cpus as f64;
             if !c.is_finite() || !(0.01..=max).contains(&c) {
                 return Err(LimitsError::Cpus { got: c, max });
+            }
+        }
+        if let Some(d) = self.disk {
+            if !(crate::disk::MIN_DISK..=crate::disk::MAX_DISK).contains(&d) {
+                return Err(LimitsError::Disk(d));
             }
         }
         Ok(())
@@ -411,7 +422,11 @@ mod tests {
         assert_eq!(l.validate(2), Err(LimitsError::MemoryTooLarge(u64::MAX)));
         let l = Limits { pids: Some(MAX_PIDS + 1), ..Default::default() };
         assert_eq!(l.validate(2), Err(LimitsError::PidsTooLarge(MAX_PIDS + 1)));
-        let l = Limits { memory: Some(MIN_MEMORY), pids: Some(1), cpus: Some(2.0) };
+        for bad in [0, crate::disk::MIN_DISK - 1, crate::disk::MAX_DISK + 1] {
+            let l = Limits { disk: Some(bad), ..Default::default() };
+            assert_eq!(l.validate(2), Err(LimitsError::Disk(bad)));
+        }
+        let l = Limits { memory: Some(MIN_MEMORY), pids: Some(1), cpus: Some(2.0), disk: Some(crate::disk::MIN_DISK) };
         assert!(l.validate(2).is_ok());
     }
 

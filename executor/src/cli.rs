@@ -143,6 +143,10 @@ pub struct DaemonArgs {
     /// would make the chain longer than this.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=400))]
     pub compact_depth: u16,
+    /// First host id of the ranges `--userns` sandboxes map root to (65536
+    /// ids each, one range per live sandbox).
+    #[arg(long, default_value_t = crate::userns::DEFAULT_BASE, value_parser = clap::value_parser!(u32).range(65536..=4_000_000_000))]
+    pub userns_base: u32,
     /// Keep superseded, retired and failed snapshots this long (30s, 15m,
     /// 2h, 7d).
     #[arg(long, default_value = "7d", value_parser = crate::gc::parse_duration)]
@@ -327,6 +331,10 @@ pub struct LaunchArgs {
     /// CPU bandwidth in CPUs (e.g. 0.5).
     #[arg(long)]
     pub cpus: Option<f64>,
+    /// Cap on what the sandbox can write, in bytes (suffixes k, m, g): its
+    /// changes live on a filesystem of this size; past it, ENOSPC.
+    #[arg(long, value_parser = parse_bytes)]
+    pub disk: Option<u64>,
     /// Environment for every exec, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e')]
     pub env: Vec<String>,
@@ -341,6 +349,10 @@ pub struct LaunchArgs {
     /// `default` (the seccomp filter) or `unconfined` (no filter).
     #[arg(long, value_parser = ["default", "unconfined"])]
     pub seccomp: Option<String>,
+    /// Run in its own user namespace: root inside is an unprivileged host
+    /// id (a range of 65536 per sandbox).
+    #[arg(long)]
+    pub userns: bool,
 }
 
 impl LaunchArgs {
@@ -349,12 +361,14 @@ impl LaunchArgs {
             memory: self.memory,
             pids: self.pids,
             cpus: self.cpus,
+            disk: self.disk,
             env: self.env.clone(),
             hostname: self.hostname.clone(),
             count,
             scratch: self.scratch.clone(),
             cache: self.cache.clone(),
             seccomp: self.seccomp.clone(),
+            userns: self.userns,
         }
     }
 }
@@ -456,11 +470,13 @@ pub fn run(cli: Cli) -> Result<i32> {
                 memory: l.memory,
                 pids: l.pids,
                 cpus: l.cpus,
+                disk: l.disk,
                 env: l.env,
                 hostname: l.hostname,
                 scratch: l.scratch,
                 cache: l.cache,
                 seccomp: l.seccomp,
+                userns: l.userns,
                 work_context: a.work_context.clone(),
                 baseline: a.baseline.clone(),
             };
@@ -709,6 +725,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         shim: a.shim.clone(),
         warm_pool: a.warm_pool,
         compact_depth: usize::from(a.compact_depth),
+        userns_base: a.userns_base,
         retention: a.retention,
         stale_after: a.stale_after,
     };

@@ -45,6 +45,8 @@ pub struct DaemonConfig {
     /// An active lineage neither captured nor restored for this long is
     /// retired by the collector.
     pub stale_after: std::time::Duration,
+    /// First host id of the user namespace ranges (`--userns`).
+    pub userns_base: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +87,10 @@ pub struct LaunchSpec {
     pub mounts: Vec<sandbox::MountDecl>,
     /// `--seccomp unconfined`: no seccomp filter.
     pub seccomp_unconfined: bool,
+    /// `--userns`: its own user namespace.
+    pub userns: bool,
+    /// A rollback keeps the host range the sandbox had.
+    pub userns_map: Option<crate::userns::UsernsMap>,
 }
 
 /// Live sandboxes plus slots reserved by creates in flight, under one lock so
@@ -98,6 +104,8 @@ pub(crate) struct Pool {
     pub(crate) pinned: HashMap<String, usize>,
     /// Snapshots being removed: new pins on them are refused.
     pub(crate) doomed: std::collections::HashSet<String>,
+    /// Where the search for a free user namespace range starts next.
+    pub(crate) next_userns: u32,
 }
 
 /// A pin on a snapshot for as long as a launch from it is in flight (see
@@ -364,12 +372,14 @@ impl Daemon {
             memory: req.memory,
             pids: req.pids,
             cpus: req.cpus,
+            disk: req.disk,
             env: req.env,
             hostname: req.hostname,
             count: None,
             scratch: req.scratch,
             cache: req.cache,
             seccomp: req.seccomp,
+            userns: req.userns,
         };
         if let Some(key) = &req.baseline {
             return self.create_from_baseline(key, &req.image, req.work_context.as_deref(), launch);
@@ -398,7 +408,19 @@ impl Daemon {
 
     /// Validate what every way of starting a sandbox takes.
     pub fn launch_spec(&self, req: crate::api::types::LaunchRequest) -> Result<LaunchSpec, ApiError> {
-        let crate::api::types::LaunchRequest { memory, pids, cpus, env, hostname, scratch, cache, seccomp, .. } = req;
+        let crate::api::types::LaunchRequest {
+            memory,
+            pids,
+            cpus,
+            disk,
+            env,
+            hostname,
+            scratch,
+            cache,
+            seccomp,
+            userns,
+            ..
+        } = req;
         let seccomp_unconfined = match seccomp.as_deref() {
             None | Some("default") => false,
             Some("unconfined") => true,
@@ -409,7 +431,7 @@ impl Daemon {
                 ))
             }
         };
-        let limits = Limits { memory, pids, cpus };
+        let limits = Limits { memory, pids, cpus, disk };
         limits.validate(self.host_cpus).map_err(|e| ApiError::invalid(&e))?;
         for e in &env {
             if !e.contains('=') || e.starts_with('=') || e.contains('\0') {
@@ -437,7 +459,14 @@ impl Daemon {
                 return Err(bad(format!("two mounts at {}", m.path())));
             }
         }
-        Ok(LaunchSpec { limits, env, hostname, mounts, seccomp_unconfined })
+        if userns && !cache.is_empty() {
+            // A cache is a host directory owned by host ids: unusable
+            // (nobody-owned) in a user namespace until caches are idmapped.
+            return Err(bad(
+                "cache mounts are not available with userns (a cache's files are owned by host ids)".into()
+            ));
+        }
+        Ok(LaunchSpec { limits, env, hostname, mounts, seccomp_unconfined, userns, userns_map: None })
     }
 
     /// Start one sandbox on `base`, within the pool's bound.
@@ -473,7 +502,11 @@ impl Daemon {
         launch: LaunchSpec,
         fixed_id: Option<SandboxId>,
     ) -> Result<Arc<Sandbox>, ApiError> {
-        let warm = if fixed_id.is_some() { None } else { self.take_warm() };
+        // A sandbox with a disk cap needs its disk mounted before its shim
+        // is cloned (the shim's mount namespace is a copy of ours); one with
+        // a user namespace needs a shim cloned into one.
+        let cold = fixed_id.is_some() || launch.limits.disk.is_some() || launch.userns;
+        let warm = if cold { None } else { self.take_warm() };
         tracing::debug!("create: {} shim", if warm.is_some() { "warm" } else { "cold" });
         let id = fixed_id.or_else(|| warm.as_ref().map(|w| w.id.clone())).unwrap_or_else(SandboxId::random);
         let hostname = launch.hostname.unwrap_or_else(|| id.as_str()[..12].to_string());
@@ -490,6 +523,11 @@ impl Daemon {
             cgroup: self.rt.cgroup_path(&id),
             mounts: launch.mounts,
             seccomp_unconfined: launch.seccomp_unconfined,
+            userns: match (launch.userns, launch.userns_map) {
+                (false, _) => None,
+                (true, Some(map)) => Some(map),
+                (true, None) => Some(self.alloc_userns()?),
+            },
         };
         let defaults = self.exec_defaults(&base.image, &spec)?;
         let sb = match warm {
@@ -514,6 +552,26 @@ impl Daemon {
             return Err(e.into());
         }
         Ok(Arc::new(sb))
+    }
+
+    /// A host id range no live sandbox uses. Starts where the last search
+    /// ended, so launches in flight (not yet live) get different ranges.
+    fn alloc_userns(&self) -> Result<crate::userns::UsernsMap, ApiError> {
+        let base = self.cfg.userns_base;
+        let slots = crate::userns::slots(base).max(1);
+        let mut pool = lock(&self.pool);
+        let used: std::collections::HashSet<u32> =
+            pool.live.values().filter_map(|s| s.spec.userns.map(|m| m.host_id)).collect();
+        for _ in 0..slots {
+            let slot = pool.next_userns % slots;
+            pool.next_userns = (slot + 1) % slots;
+            if let Some(map) = crate::userns::range(base, slot) {
+                if !used.contains(&map.host_id) {
+                    return Ok(map);
+                }
+            }
+        }
+        Err(ApiError::new(ErrorKind::LimitReached, "every user namespace range is in use"))
     }
 
     fn take_warm(&self) -> Option<sandbox::Prepared> {
@@ -574,7 +632,7 @@ impl Daemon {
                 if d.warm.stop.load(Ordering::Acquire) {
                     return;
                 }
-                match sandbox::prepare(&d.rt, &SandboxId::random()) {
+                match sandbox::prepare(&d.rt, &SandboxId::random(), None, None) {
                     Ok(p) if !d.warm.stop.load(Ordering::Acquire) => lock(&d.warm.ready).push(p),
                     Ok(_) => return, // dropped: torn down
                     Err(e) => {
@@ -684,6 +742,7 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
         shim_pid: s.shim_pid,
         cgroup: s.cgroup_path().to_string(),
         mounts: s.spec.mounts.clone(),
+        userns: s.spec.userns,
         work_context: s.spec.work_context.clone(),
         restored: s.spec.restored.clone(),
         seccomp: if s.spec.seccomp_unconfined { "unconfined" } else { "default" }.into(),

@@ -365,6 +365,9 @@ pub struct SandboxSpec {
     /// Started without the seccomp filter (`--seccomp unconfined`).
     #[serde(default)]
     pub seccomp_unconfined: bool,
+    /// Its own user namespace (`--userns`) and the host range it maps to.
+    #[serde(default)]
+    pub userns: Option<crate::userns::UsernsMap>,
     pub limits: crate::cgroups::Limits,
     pub env: Vec<String>,
     pub hostname: String,

@@ -86,8 +86,10 @@ fn recv_timeout(sock: &OwnedFd, timeout: Duration) -> Result<Delivery, ShimError
 }
 
 /// Send the setup spec and wait for the shim to report the sandbox ready.
-pub fn setup(sock: &OwnedFd, spec: &SetupSpec, timeout: Duration) -> Result<(), ShimError> {
-    proto::send(sock, &ShimRequest::Setup(spec.clone()), &[])?;
+/// Hand the shim its spec, with `fds` (the root mount of a sandbox in a user
+/// namespace), and wait for it to be set up.
+pub fn setup(sock: &OwnedFd, spec: &SetupSpec, fds: &[RawFd], timeout: Duration) -> Result<(), ShimError> {
+    proto::send(sock, &ShimRequest::Setup(spec.clone()), fds)?;
     match recv_timeout(sock, timeout)?.event {
         ShimEvent::Ready => Ok(()),
         ShimEvent::SetupFailed { chain } => Err(ShimError::SetupFailed(chain)),

@@ -69,6 +69,33 @@ fn merge_stats(info: &mut serde_json::Value, stats: &crate::diff::DeltaStats) {
     }
 }
 
+/// Put a stopped sandbox's upper at `work/fs`: moved (no data read), or,
+/// when it is on its own disk (`--disk`, another filesystem), copied through
+/// its delta tar with the same checks as a checkpoint. Returns whether it
+/// was moved (and must be given back on failure).
+fn move_or_copy_upper(upper: &Path, work: &Path) -> Result<bool, ApiError> {
+    let fs_dir = work.join("fs");
+    match std::fs::rename(upper, &fs_dir) {
+        Ok(()) => return Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
+        Err(e) => return Err(ApiError::internal(&e)),
+    }
+    let tar = work.join("upper.tar");
+    let written = (|| {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tar)?);
+        crate::diff::write_delta(upper, &mut w).map_err(std::io::Error::other)?;
+        std::io::Write::flush(&mut w)
+    })();
+    written.map_err(|e| ApiError::new(ErrorKind::of_host_failure(&e), format!("copy the upper: {e}")))?;
+    std::fs::create_dir(&fs_dir).map_err(|e| ApiError::internal(&e))?;
+    oci::unpack_own_tar(&tar, &fs_dir).map_err(|e| {
+        let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Conflict };
+        ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
+    })?;
+    let _ = std::fs::remove_file(&tar);
+    Ok(false)
+}
+
 fn store_err(e: StoreError) -> ApiError {
     ApiError::internal(&e)
 }
@@ -106,7 +133,7 @@ impl Daemon {
         record: &dyn Fn(&mut crate::db::Db, &mut SnapshotRow, &LayerRow) -> Result<(), ApiError>,
     ) -> Result<SnapshotInfo, ApiError> {
         let store = &self.rt.store;
-        let dirs = store.sandbox_dirs(&sb.id);
+        let dirs = sb.dirs(store);
         let tar = work.join("layer.tar");
         // A snapshot that compacts its chain gets the compacted layer's blob,
         // written after the fold. Any other gets its blob from a thread that
@@ -493,7 +520,7 @@ impl Daemon {
     /// Added, changed and deleted paths of a live sandbox's upper.
     pub fn sandbox_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, ApiError> {
         let sb = self.sandbox(id)?;
-        let upper = self.rt.store.sandbox_dirs(&sb.id).upper;
+        let upper = sb.dirs(&self.rt.store).upper;
         let lowers = self.layer_fs(&sb.spec.layers);
         Ok(sb.while_frozen("diff", || {
             crate::diff::changes(&upper, &lowers).map_err(crate::sandbox::SandboxError::Capture)
@@ -550,7 +577,7 @@ impl Daemon {
     /// it was.
     fn seal_upper(&self, sb: &crate::sandbox::Sandbox, started: Instant) -> Result<SnapshotInfo, ApiError> {
         let store = &self.rt.store;
-        let upper = store.sandbox_dirs(&sb.id).upper;
+        let upper = sb.dirs(store).upper;
         let work = store.new_tmp("suspend").map_err(store_err)?;
         let result = (|| {
             let image_id = lock(&self.db)
@@ -565,9 +592,9 @@ impl Daemon {
             let (layer, layer_src, moved) = match &compacted {
                 Some(c) => (LayerRow::content(&c.diff_id, c.stats.bytes, c.stats.entries), c.dir.clone(), false),
                 None => {
-                    std::fs::rename(&upper, work.join("fs")).map_err(|e| ApiError::internal(&e))?;
+                    let moved = move_or_copy_upper(&upper, &work)?;
                     let id = LayerRow::suspended_id(&snap_id);
-                    (LayerRow { id, diff_id: None, size: 0, entries: 0 }, work.clone(), true)
+                    (LayerRow { id, diff_id: None, size: 0, entries: 0 }, work.clone(), moved)
                 }
             };
             let give_back = || {
@@ -764,6 +791,8 @@ impl Daemon {
                 hostname: Some(sb.spec.hostname.clone()),
                 mounts: sb.spec.mounts.clone(),
                 seccomp_unconfined: sb.spec.seccomp_unconfined,
+                userns: sb.spec.userns.is_some(),
+                userns_map: sb.spec.userns,
             };
             self.launch_reserved(&base, launch, Some(sb.id.clone()))
         })();

@@ -28,6 +28,17 @@ pub enum StoreError {
     },
     #[error("refusing to remove {path}: something is still mounted under it ({mount})")]
     StillMounted { path: PathBuf, mount: String },
+    #[error("sandbox disk")]
+    Disk(#[from] crate::disk::DiskError),
+}
+
+impl SandboxDirs {
+    /// The same sandbox with its upper and work dirs under `rw/`.
+    pub fn with_rw(mut self) -> SandboxDirs {
+        self.upper = self.rw.join("upper");
+        self.work = self.rw.join("work");
+        self
+    }
 }
 
 fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -100,6 +111,10 @@ impl BlobCompression {
 /// Paths of one sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxDirs {
+    /// `rw/`: holds upper and work when the sandbox has a disk cap (its own
+    /// file system is mounted here) or a user namespace (idmapped as one
+    /// tree); unused otherwise.
+    pub rw: PathBuf,
     pub dir: PathBuf,
     pub upper: PathBuf,
     pub work: PathBuf,
@@ -170,14 +185,36 @@ impl Store {
             rootfs: dir.join("rootfs"),
             socket: dir.join("shim.sock"),
             log: dir.join("shim.log"),
+            rw: crate::disk::mount_point(&dir),
             dir,
         }
     }
 
-    /// Create a sandbox's private directories.
-    pub fn prepare_sandbox(&self, id: &SandboxId) -> Result<SandboxDirs, StoreError> {
-        let d = self.sandbox_dirs(id);
+    /// Create a sandbox's private directories. With a disk cap its upper
+    /// and work dirs are on a file system of that size ([`crate::disk`])
+    /// mounted at `rw/`; with `separate_rw` (a user namespace) they are in
+    /// a plain `rw/`.
+    pub fn prepare_sandbox(
+        &self,
+        id: &SandboxId,
+        disk: Option<u64>,
+        separate_rw: bool,
+    ) -> Result<SandboxDirs, StoreError> {
+        let mut d = self.sandbox_dirs(id);
         std::fs::create_dir(&d.dir).map_err(io("create", &d.dir))?;
+        if let Some(bytes) = disk {
+            d = d.with_rw();
+            if let Err(e) = crate::disk::create(&d.dir, bytes) {
+                let _ = remove_tree(&d.dir);
+                return Err(StoreError::Disk(e));
+            }
+            std::fs::create_dir(&d.rootfs).map_err(io("create", &d.rootfs))?;
+            return Ok(d);
+        }
+        if separate_rw {
+            d = d.with_rw();
+            std::fs::create_dir(&d.rw).map_err(io("create", &d.rw))?;
+        }
         for p in [&d.upper, &d.work, &d.rootfs] {
             std::fs::create_dir(p).map_err(io("create", p))?;
         }
@@ -189,6 +226,7 @@ impl Store {
     /// through a bind mount it would delete someone else's files.
     pub fn remove_sandbox(&self, id: &SandboxId) -> Result<(), StoreError> {
         let d = self.sandbox_dirs(id);
+        crate::disk::release(&d.dir)?;
         remove_tree(&d.dir)
     }
 
@@ -197,6 +235,7 @@ impl Store {
     /// start, so a crash cannot leak it) and delete it on a background thread.
     pub fn discard_sandbox(&self, id: &SandboxId) -> Result<(), StoreError> {
         let d = self.sandbox_dirs(id);
+        crate::disk::release(&d.dir)?;
         if let Some(mount) = mounts_under(&d.dir).into_iter().next() {
             return Err(StoreError::StillMounted { path: d.dir, mount });
         }
@@ -355,6 +394,7 @@ impl Store {
                     continue;
                 }
                 tracing::info!("sweep: removing {}", entry.path().display());
+                crate::disk::release(&entry.path())?;
                 remove_tree(&entry.path())?;
             }
         }
@@ -362,14 +402,34 @@ impl Store {
     }
 }
 
-/// Mount points at or below `path`, from /proc/self/mountinfo.
+/// The kernel escapes space, tab, newline and backslash in mount points as
+/// `\ooo` octal.
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Mount points at or below `path` in the caller's mount namespace, in
+/// mount order (a later one may sit on an earlier one).
 pub fn mounts_under(path: &Path) -> Vec<String> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return vec![] };
     let prefix = path.to_string_lossy().into_owned();
+    let below = format!("{}/", prefix.trim_end_matches('/'));
     info.lines()
         .filter_map(|l| l.split(' ').nth(4))
-        .filter(|mp| *mp == prefix || mp.starts_with(&format!("{prefix}/")))
-        .map(str::to_string)
+        .map(unescape)
+        .filter(|mp| *mp == prefix || mp.starts_with(&below))
         .collect()
 }
 
@@ -398,7 +458,7 @@ mod tests {
         std::fs::create_dir_all(s.layer_dir("aa").join("fs")).unwrap();
         std::fs::create_dir_all(s.layer_dir("bb").join("fs")).unwrap();
         let id = SandboxId::random();
-        s.prepare_sandbox(&id).unwrap();
+        s.prepare_sandbox(&id, None, false).unwrap();
         let known: HashSet<String> = ["aa".to_string()].into();
         s.sweep(&known, &HashSet::new()).unwrap();
         assert!(!tmp.exists());
@@ -418,6 +478,13 @@ mod tests {
             assert!(!tmp.exists());
         }
         assert!(s.layer_dir("cc").join("fs").is_dir());
+    }
+
+    #[test]
+    fn octal_escapes_are_decoded() {
+        assert_eq!(unescape(r"/a\040b\011c\134d"), "/a b\tc\\d");
+        assert_eq!(unescape(r"/plain"), "/plain");
+        assert_eq!(unescape(r"/short\04"), r"/short\04");
     }
 
     #[test]

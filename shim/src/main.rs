@@ -68,8 +68,8 @@ fn main() -> ExitCode {
             return ShimExit::Handshake.into();
         }
     };
-    let spec = match proto::recv::<ShimRequest>(&conn) {
-        Ok((ShimRequest::Setup(spec), _)) => spec,
+    let (spec, rootfs) = match proto::recv::<ShimRequest>(&conn) {
+        Ok((ShimRequest::Setup(spec), fds)) => (spec, fds.into_iter().next()),
         Ok((other, _)) => {
             eprintln!("strata-shim: expected Setup, got {other:?}");
             return ShimExit::Handshake.into();
@@ -86,7 +86,7 @@ fn main() -> ExitCode {
     if let Err(e) = strata_shim::sys::clear_parent_death_signal() {
         eprintln!("strata-shim: clear parent death signal: {e}");
     }
-    if let Err(e) = setup::run(&spec) {
+    if let Err(e) = setup::run(&spec, rootfs) {
         let chain = chain(&e);
         eprintln!("strata-shim: setup failed: {}", chain.join(": "));
         let _ = proto::send(&conn, &ShimEvent::SetupFailed { chain }, &[]);

@@ -39,6 +39,13 @@ pub struct SetupSpec {
     /// Install the default seccomp filter (false: `--seccomp unconfined`).
     #[serde(default = "yes")]
     pub seccomp: bool,
+    /// The shim runs in its own user namespace (`--userns`): the root
+    /// overlay arrives ready-made as a mount fd with this request (the
+    /// daemon builds it over idmapped layers; see the executor's
+    /// `userns.rs`) instead of being mounted from `lowers`/`upper`/`work`,
+    /// and device nodes are bound from the host's /dev (no mknod there).
+    #[serde(default)]
+    pub userns: bool,
 }
 
 fn yes() -> bool {

@@ -9,6 +9,7 @@
 //! made recursively private, so none of it is visible on the host and all of
 //! it disappears with the namespace when the sandbox's last process exits.
 
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -80,20 +81,39 @@ const READONLY_PATHS: [&str; 5] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/
 const DEVICES: [(&str, u64, u64); 6] =
     [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
 
-pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
+pub fn run(spec: &SetupSpec, rootfs: Option<OwnedFd>) -> Result<(), SetupError> {
     // 1. Nothing we mount may propagate back to the host.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .map_err(SetupError::PrivateRoot)?;
 
-    // 2. The root filesystem: image layers (read-only) + private upper.
-    sys::mount_overlay(&sys::OverlayMount {
-        layers_dir: &spec.layers_dir,
-        lowers: &spec.lowers,
-        upper: &spec.upper,
-        work: &spec.work,
-        target: &spec.rootfs,
-    })?;
-    let root = spec.rootfs.as_path();
+    // 2. The root filesystem: image layers (read-only) + private upper. In
+    //    a user namespace the daemon made it (over idmapped layers, which
+    //    only the host's root may create) and sent it as a mount fd. We are
+    //    not host root there, so the store's 0700 dirs (and `spec.rootfs`)
+    //    are closed to us: attach the tree on top of `/` (our private view;
+    //    absolute paths still resolve in the host's tree underneath, for the
+    //    device binds) and work relative to it as our cwd until pivot_root.
+    let root: &Path = match (spec.userns, rootfs) {
+        (false, _) => {
+            sys::mount_overlay(&sys::OverlayMount {
+                layers_dir: &spec.layers_dir,
+                lowers: &spec.lowers,
+                upper: &spec.upper,
+                work: &spec.work,
+                target: &spec.rootfs,
+            })?;
+            spec.rootfs.as_path()
+        }
+        (true, Some(tree)) => {
+            let err = |e| SetupError::Mount { what: "root overlay", target: "/".into(), source: e };
+            sys::attach_tree(tree.as_fd(), Path::new("/")).map_err(err)?;
+            nix::unistd::fchdir(tree.as_raw_fd()).map_err(err)?;
+            Path::new(".")
+        }
+        (true, None) => {
+            return Err(SetupError::Mount { what: "root overlay", target: spec.rootfs.clone(), source: Errno::EBADF })
+        }
+    };
 
     // 3. /proc of the new PID namespace (we are its PID 1).
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
@@ -105,8 +125,17 @@ pub fn run(spec: &SetupSpec) -> Result<(), SetupError> {
     let old_umask = nix::sys::stat::umask(Mode::empty());
     for (name, major, minor) in DEVICES {
         let p = dev.join(name);
-        mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), nix::sys::stat::makedev(major, minor))
-            .map_err(|e| SetupError::DeviceNode(p.clone(), e))?;
+        if spec.userns {
+            // mknod needs CAP_MKNOD in the host's namespace: bind the
+            // host's node instead (as rootless runtimes do).
+            std::fs::File::create(&p).map_err(|e| SetupError::MountPoint(p.clone(), e))?;
+            let host = Path::new("/dev").join(name);
+            mount(Some(&host), &p, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .map_err(|e| SetupError::DeviceNode(p.clone(), e))?;
+        } else {
+            mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), nix::sys::stat::makedev(major, minor))
+                .map_err(|e| SetupError::DeviceNode(p.clone(), e))?;
+        }
     }
     nix::sys::stat::umask(old_umask);
     mount_fs(

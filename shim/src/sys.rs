@@ -1,6 +1,7 @@
 //! The raw syscalls Strata needs that `nix` does not wrap: `clone3` into new
 //! namespaces, the new mount API (`fsopen`/`fsconfig`/`fsmount`/`move_mount`),
-//! pidfds, loopback bring-up, capability sets and tty ioctls.
+//! idmapped mounts, pidfds, loopback bring-up, capability sets, tty and
+//! loop-device ioctls.
 //!
 //! This is the one module of the workspace that contains `unsafe`; every block
 //! says which invariants it relies on. Everything else is `forbid(unsafe_code)`.
@@ -44,6 +45,11 @@ pub struct SpawnPlan {
     /// Becomes stdout and stderr in the child (stdin is /dev/null).
     pub log: OwnedFd,
     pub devnull: OwnedFd,
+    /// With `CLONE_NEWUSER`: the read end of a pipe. The child waits for
+    /// one byte on it (the parent has written its uid/gid maps), becomes
+    /// root of its namespace (setgroups, setresgid, setresuid to 0) and
+    /// only then execs, so the exec keeps the namespace's capabilities.
+    pub userns_gate: Option<OwnedFd>,
 }
 
 /// A started process: its pid in our namespace and a pidfd that stays valid
@@ -99,6 +105,20 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan, namespaces: u64) -> Result<Spawned,
             // before this line: in a new PID namespace it returns 0.)
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
             libc::setsid();
+            if let Some(gate) = &plan.userns_gate {
+                let mut byte = 0u8;
+                if libc::read(gate.as_raw_fd(), &mut byte as *mut u8 as *mut libc::c_void, 1) != 1 {
+                    libc::_exit(124);
+                }
+                // Raw syscalls: glibc's wrappers would try to signal the
+                // parent's other threads, which this child does not have.
+                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
+                    || libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
+                    || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0
+                {
+                    libc::_exit(124);
+                }
+            }
             if libc::dup2(devnull.as_raw_fd(), 0) < 0
                 || libc::dup2(log.as_raw_fd(), 1) < 0
                 || libc::dup2(log.as_raw_fd(), 2) < 0
@@ -526,23 +546,62 @@ pub fn restrict_capabilities(keep: &[u32]) -> Result<(), Errno> {
     for &cap in keep {
         mask[(cap / 32) as usize] |= 1 << (cap % 32);
     }
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    let header = Header { version: 0x2008_0522, pid: 0 };
-    let data = [0, 1].map(|i| Data { effective: mask[i], permitted: mask[i], inheritable: mask[i] });
+    let header = CapHeader { version: CAP_V3, pid: 0 };
+    let data = [0, 1].map(|i| CapData { effective: mask[i], permitted: mask[i], inheritable: mask[i] });
     // SAFETY: header and data are the v3 layout capset(2) expects (two u32 words).
-    if unsafe { libc::syscall(libc::SYS_capset, &header as *const Header, data.as_ptr()) } < 0 {
+    if unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) } < 0 {
         return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// `_LINUX_CAPABILITY_VERSION_3`.
+const CAP_V3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// For the calling thread only: file system ids `uid`/`gid` (what files it
+/// creates are owned by, what access checks compare), with its capabilities
+/// kept effective (the kernel clears the file system ones when fsuid leaves
+/// 0). Used by a short-lived thread whose credentials a mount records.
+pub fn set_thread_fs_ids(uid: u32, gid: u32) -> Result<(), Errno> {
+    // SAFETY: plain syscalls with integer arguments; they act on this
+    // thread's credentials only (raw, unlike glibc's setxid broadcast).
+    unsafe {
+        libc::syscall(libc::SYS_setfsgid, gid);
+        libc::syscall(libc::SYS_setfsuid, uid);
+    }
+    let header = CapHeader { version: CAP_V3, pid: 0 };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: header and data are the v3 layout capget(2) fills.
+    if unsafe { libc::syscall(libc::SYS_capget, &header as *const CapHeader, data.as_mut_ptr()) } < 0 {
+        return Err(Errno::last());
+    }
+    for d in &mut data {
+        d.effective = d.permitted;
+    }
+    // SAFETY: as above, for capset(2).
+    if unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) } < 0 {
+        return Err(Errno::last());
+    }
+    // setfsuid reports the previous id, not errors: check the result.
+    // SAFETY: -1 is an invalid id, so these only read the current ids.
+    let (now_uid, now_gid) =
+        unsafe { (libc::syscall(libc::SYS_setfsuid, u32::MAX), libc::syscall(libc::SYS_setfsgid, u32::MAX)) };
+    if (now_uid as u32, now_gid as u32) != (uid, gid) {
+        return Err(Errno::EPERM);
     }
     Ok(())
 }
@@ -772,6 +831,41 @@ pub fn clone_tree(path: &Path) -> Result<OwnedFd, Errno> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
+/// `struct mount_attr` from `<linux/mount.h>` (`mount_setattr(2)`).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// A detached copy of the mount at `path` whose ownership is seen through
+/// the user namespace `userns` (an idmapped mount, Linux 5.12; overlayfs
+/// takes them as layers from 5.19): a file owned by `n` on disk appears
+/// owned by whatever `n` maps to in `userns`, and a file created through it
+/// by that id is stored as `n`. Fails with EINVAL where the file system
+/// does not support idmapped mounts.
+pub fn idmapped_tree(path: &Path, userns: BorrowedFd<'_>) -> Result<OwnedFd, Errno> {
+    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+    let tree = clone_tree(path)?;
+    let attr =
+        MountAttr { attr_set: MOUNT_ATTR_IDMAP, attr_clr: 0, propagation: 0, userns_fd: userns.as_raw_fd() as u64 };
+    // SAFETY: `attr` is a valid mount_attr of the size passed; the empty path
+    // with AT_EMPTY_PATH names the detached tree we own.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    Errno::result(r).map(|_| tree)
+}
+
 /// Attach a tree from [`clone_tree`] at `target`.
 pub fn attach_tree(tree: BorrowedFd<'_>, target: &Path) -> Result<(), Errno> {
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
@@ -790,9 +884,105 @@ pub fn attach_tree(tree: BorrowedFd<'_>, target: &Path) -> Result<(), Errno> {
     Errno::result(r).map(drop)
 }
 
+/// `struct loop_info64` from `<linux/loop.h>`.
+#[repr(C)]
+struct LoopInfo64 {
+    device: u64,
+    inode: u64,
+    rdevice: u64,
+    offset: u64,
+    sizelimit: u64,
+    number: u32,
+    encrypt_type: u32,
+    encrypt_key_size: u32,
+    flags: u32,
+    file_name: [u8; 64],
+    crypt_name: [u8; 64],
+    encrypt_key: [u8; 32],
+    init: [u64; 2],
+}
+
+/// `struct loop_config` from `<linux/loop.h>` (LOOP_CONFIGURE, Linux 5.8).
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+/// Bind `backing` (an open regular file) to a free loop device with
+/// `LO_FLAGS_AUTOCLEAR`: the device detaches itself when its last user
+/// (the returned fd, then the filesystem mounted from it) lets go, so a
+/// crash cannot leak it. Returns the device's path and an open fd on it.
+pub fn attach_loop(backing: BorrowedFd<'_>) -> Result<(PathBuf, OwnedFd), Errno> {
+    let ctl = nix::fcntl::open(
+        "/dev/loop-control",
+        nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    // SAFETY: open returned a new descriptor that we alone own.
+    let ctl = unsafe { OwnedFd::from_raw_fd(ctl) };
+    // Another process may take the device between GET_FREE and CONFIGURE
+    // (EBUSY): ask again.
+    for _ in 0..32 {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a number.
+        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        let n = Errno::result(n)?;
+        let path = PathBuf::from(format!("/dev/loop{n}"));
+        let dev = nix::fcntl::open(
+            &path,
+            nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )?;
+        // SAFETY: open returned a new descriptor that we alone own.
+        let dev = unsafe { OwnedFd::from_raw_fd(dev) };
+        let cfg = LoopConfig {
+            fd: backing.as_raw_fd() as u32,
+            block_size: 0,
+            info: LoopInfo64 {
+                device: 0,
+                inode: 0,
+                rdevice: 0,
+                offset: 0,
+                sizelimit: 0,
+                number: 0,
+                encrypt_type: 0,
+                encrypt_key_size: 0,
+                flags: LO_FLAGS_AUTOCLEAR,
+                file_name: [0; 64],
+                crypt_name: [0; 64],
+                encrypt_key: [0; 32],
+                init: [0; 2],
+            },
+            reserved: [0; 8],
+        };
+        // SAFETY: `cfg` is a valid `struct loop_config` that outlives the call;
+        // the kernel only reads it.
+        let r = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &cfg as *const LoopConfig) };
+        match Errno::result(r) {
+            Ok(_) => return Ok((path, dev)),
+            Err(Errno::EBUSY) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Errno::EBUSY)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loop_structs_match_the_kernel_abi() {
+        assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
+        assert_eq!(std::mem::size_of::<LoopConfig>(), 304);
+        assert_eq!(std::mem::size_of::<MountAttr>(), 32);
+    }
 
     #[test]
     fn legacy_options_are_relative_and_complete() {

@@ -319,7 +319,18 @@ impl TestEnv {
                 std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default().contains(&self.cgroup_parent)
             })
             .collect();
+        // Loop devices of --disk sandboxes detach themselves after the
+        // last unmount (the kernel may take a moment).
+        let mut loops = loop_devices_under(&self.root);
+        for _ in 0..50 {
+            if loops.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            loops = loop_devices_under(&self.root);
+        }
         self.cleanup();
+        assert!(loops.is_empty(), "loop devices left: {loops:?}");
         assert!(cgroups.is_empty(), "sandbox cgroups left after removing every sandbox: {cgroups:?}");
         assert!(mounts.is_empty(), "mounts left under {}: {mounts:?}", self.root.display());
         assert!(shims.is_empty(), "shims left running: {shims:?}");
@@ -331,6 +342,18 @@ impl Drop for TestEnv {
     fn drop(&mut self) {
         self.cleanup();
     }
+}
+
+/// Loop devices whose backing file is under `root` (`--disk` images).
+pub fn loop_devices_under(root: &Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/sys/block") else { return vec![] };
+    let root = root.display().to_string();
+    dir.flatten()
+        .filter_map(|e| {
+            let backing = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+            backing.starts_with(&root).then(|| format!("{}: {}", e.file_name().to_string_lossy(), backing.trim()))
+        })
+        .collect()
 }
 
 /// `<mount>/<name>` for every cgroup hierarchy (v1 controllers and v2).

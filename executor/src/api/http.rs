@@ -159,7 +159,21 @@ pub fn reason(status: u16) -> &'static str {
 }
 
 pub fn write_response(w: &mut impl Write, status: u16, body: &[u8], keep_alive: bool) -> std::io::Result<()> {
+    write_response_with(w, status, body, keep_alive, &[])
+}
+
+/// [`write_response`] with extra headers (e.g. `Allow` on a 405).
+pub fn write_response_with(
+    w: &mut impl Write,
+    status: u16,
+    body: &[u8],
+    keep_alive: bool,
+    extra: &[(&str, &str)],
+) -> std::io::Result<()> {
     let mut head = format!("HTTP/1.1 {status} {}\r\n", reason(status));
+    for (k, v) in extra {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
     if !body.is_empty() {
         head.push_str("Content-Type: application/json\r\n");
     }

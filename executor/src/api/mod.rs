@@ -25,11 +25,13 @@ pub const API_VERSION: &str = "v1";
 pub struct ApiError {
     pub kind: ErrorKind,
     pub message: String,
+    /// For 405: the methods the path takes (the `Allow` header).
+    pub allow: Option<&'static str>,
 }
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> ApiError {
-        ApiError { kind, message: message.into() }
+        ApiError { kind, message: message.into(), allow: None }
     }
     pub fn invalid(e: &dyn std::error::Error) -> ApiError {
         ApiError::new(ErrorKind::InvalidArgument, chain(e))
@@ -167,7 +169,13 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
     };
     let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let m = req.method.as_str();
-    let not_allowed = || ApiError::new(ErrorKind::MethodNotAllowed, format!("method {m} not allowed on {}", req.path));
+    let not_allowed = |allow: &'static str| ApiError {
+        allow: Some(allow),
+        ..ApiError::new(
+            ErrorKind::MethodNotAllowed,
+            format!("method {m} not allowed on {} (allowed: {allow})", req.path),
+        )
+    };
     match segs.as_slice() {
         ["version"] => match m {
             "GET" => json(
@@ -178,11 +186,11 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                     cgroup: if crate::cgroups::is_v2() { "v2" } else { "v1" }.into(),
                 },
             ),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("GET")),
         },
         ["images"] => match m {
             "GET" => json(200, &d.list_images()?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("GET")),
         },
         ["images", "pull"] => match m {
             "POST" => {
@@ -190,21 +198,21 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                 let p = b.progress;
                 StreamOp::PullImage(b).reply(d, p)
             }
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["images", "import"] => match m {
             "POST" => {
                 let b: ImportRequest = body(req)?;
                 json(201, &d.import_image(&b.path, &b.name)?)
             }
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["images", ..] => {
             let name = http::percent_decode(rest.strip_prefix("/images/").unwrap_or(""));
             match m {
                 "GET" => json(200, &d.get_image(&name)?),
                 "DELETE" => d.remove_image(&name).map(|()| Reply::Empty(204)),
-                _ => Err(not_allowed()),
+                _ => Err(not_allowed("GET, DELETE")),
             }
         }
         ["sandboxes"] => match m {
@@ -213,7 +221,7 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                 let b: CreateRequest = body(req)?;
                 json(201, &d.create_sandbox(b)?)
             }
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("GET, POST")),
         },
         ["sandboxes", id] => match m {
             "GET" => {
@@ -221,18 +229,18 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                 json(200, &crate::daemon::sandbox_info(&sb))
             }
             "DELETE" => d.remove_sandbox(id).map(|()| Reply::Empty(204)),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("GET, DELETE")),
         },
         ["sandboxes", id, "checkpoint"] => match m {
             "POST" => {
                 let b: types::CheckpointRequest = body_or_default(req)?;
                 json(201, &d.checkpoint(id, b.compression.unwrap_or_default())?)
             }
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["snapshots"] => match m {
             "GET" => json(200, &d.list_snapshots()?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("GET")),
         },
         ["snapshots", "pull"] => match m {
             "POST" => {
@@ -240,7 +248,7 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                 let p = b.progress;
                 StreamOp::PullSnapshot(b).reply(d, p)
             }
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["snapshots", id, "push"] => match m {
             "POST" => {
@@ -248,50 +256,50 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                 let p = b.progress;
                 StreamOp::PushSnapshot(id.to_string(), b).reply(d, p)
             }
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["snapshots", id] => match m {
             "GET" => json(200, &d.get_snapshot(id)?),
             "DELETE" => d.remove_snapshot(id).map(|()| Reply::Empty(204)),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("GET, DELETE")),
         },
         ["snapshots", id, "diff"] => match m {
             "GET" => json(200, &d.snapshot_diff(id)?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("GET")),
         },
         ["sandboxes", id, "suspend"] => match m {
             "POST" => json(201, &d.suspend(id)?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["sandboxes", id, "rollback"] => match m {
             "POST" => {
                 let b: types::RollbackRequest = body(req)?;
                 json(200, &d.rollback(id, &b.to)?)
             }
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["sandboxes", id, "logs"] | ["snapshots", id, "logs"] => match m {
             "GET" => json(200, &d.logs(id)?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("GET")),
         },
         ["sandboxes", id, "diff"] => match m {
             "GET" => json(200, &d.sandbox_diff(id)?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("GET")),
         },
         ["snapshots", id, "export"] => match m {
             "POST" => {
                 let b: types::ExportRequest = body(req)?;
                 json(201, &d.export_snapshot(id, &b.path, b.compression.unwrap_or_default())?)
             }
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["snapshots", id, "resume"] => match m {
             "POST" => json(201, &d.resume(id, body_or_default(req)?)?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["sandboxes", id, "baseline"] => match m {
             "POST" => json(201, &d.publish_baseline(id, body(req)?)?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["gc"] => match m {
             "POST" => {
@@ -303,42 +311,42 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                 let retention = secs(r.retention_secs, d.cfg.retention);
                 json(200, &d.gc(retention, secs(r.stale_after_secs, d.cfg.stale_after))?)
             }
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["lineages", id] => match m {
             "GET" => json(200, &d.lineage(id)?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("GET")),
         },
         ["lineages", id, "resume"] => match m {
             "POST" => json(201, &d.resume_lineage(id, body_or_default(req)?)?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["lineages", id, "retire"] => match m {
             "POST" => json(200, &d.retire_lineage(id)?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["snapshots", id, "fork"] => match m {
             "POST" => json(201, &d.fork(id, body_or_default(req)?)?),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["sandboxes", id, "copy"] => match m {
             "POST" => {
                 let b: crate::copy::CopyRequest = body(req)?;
                 json(200, &d.copy(id, &b)?)
             }
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["sandboxes", id, "pause"] => match m {
             "POST" => d.pause_sandbox(id).map(|()| Reply::Empty(204)),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["sandboxes", id, "unpause"] => match m {
             "POST" => d.unpause_sandbox(id).map(|()| Reply::Empty(204)),
-            _ => Err(not_allowed()),
+            _ => Err(not_allowed("POST")),
         },
         ["sandboxes", id, "exec"] => {
             if m != "POST" {
-                return Err(not_allowed());
+                return Err(not_allowed("POST"));
             }
             let sb = d.sandbox(id)?;
             let b: ExecRequestBody = body(req)?;
@@ -479,7 +487,8 @@ pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
                 if e.kind == ErrorKind::Internal {
                     tracing::error!("{} {}: {}", req.method, req.path, e.message);
                 }
-                http::write_response(&mut writer, e.status(), &e.body(), keep)
+                let allow: Vec<(&str, &str)> = e.allow.iter().map(|a| ("Allow", *a)).collect();
+                http::write_response_with(&mut writer, e.status(), &e.body(), keep, &allow)
             }
         };
         if result.is_err() || !keep {
@@ -512,22 +521,52 @@ fn peer_allowed(s: &UnixStream, gid: Option<u32>) -> Result<(), String> {
     Err(format!("{who} is not root and not in the socket group {gid}"))
 }
 
+/// Open API connections served at once (one thread each); past it a new
+/// connection gets 429 and is closed.
+pub const MAX_CONNECTIONS: usize = 512;
+
 /// Accept connections until `stop` is set (then one wake-up connection ends the loop).
 pub fn serve(d: Arc<Daemon>, listener: UnixListener, stop: Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let open = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
-        if stop.load(std::sync::atomic::Ordering::Acquire) {
+        if stop.load(Ordering::Acquire) {
             return;
         }
         match conn {
+            Ok(mut s) if open.load(Ordering::Acquire) >= MAX_CONNECTIONS => {
+                let e = ApiError::new(
+                    ErrorKind::LimitReached,
+                    format!("the daemon serves at most {MAX_CONNECTIONS} connections at once; retry later"),
+                );
+                // Read the request first (briefly) so the client sees the
+                // answer rather than a broken pipe.
+                let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+                if let Ok(r) = s.try_clone() {
+                    let _ = http::read_request(&mut BufReader::new(r));
+                }
+                let _ = http::write_response(&mut s, e.status(), &e.body(), false);
+            }
             Ok(s) => {
                 let d = d.clone();
+                // Counted until the thread ends, even by a panic.
+                struct Open(Arc<AtomicUsize>);
+                impl Drop for Open {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+                open.fetch_add(1, Ordering::AcqRel);
+                let counted = Open(open.clone());
                 // 8 MiB of stack (reserved, not committed): request
                 // handlers walk trees (bounded by diff::MAX_DEPTH).
-                if let Err(e) = std::thread::Builder::new()
-                    .name("api-conn".into())
-                    .stack_size(8 << 20)
-                    .spawn(move || serve_connection(d, s))
-                {
+                let spawned =
+                    std::thread::Builder::new().name("api-conn".into()).stack_size(8 << 20).spawn(move || {
+                        let _counted = counted;
+                        serve_connection(d, s);
+                    });
+                if let Err(e) = spawned {
                     tracing::error!("spawn connection thread: {e}");
                 }
             }

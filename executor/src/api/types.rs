@@ -34,6 +34,9 @@ pub struct CreateRequest {
     pub pids: Option<u64>,
     #[serde(default)]
     pub cpus: Option<f64>,
+    /// Cap on what the sandbox writes (its own filesystem of this size).
+    #[serde(default)]
+    pub disk: Option<u64>,
     #[serde(default)]
     pub env: Vec<String>,
     #[serde(default)]
@@ -48,6 +51,9 @@ pub struct CreateRequest {
     /// `default` (the seccomp filter) or `unconfined` (none).
     #[serde(default)]
     pub seccomp: Option<String>,
+    /// Run in its own user namespace: root inside is an unprivileged host id.
+    #[serde(default)]
+    pub userns: bool,
     /// The lineage to work for: a new one with this id (1-64 chars of
     /// `[A-Za-z0-9._-]`), or a new one with a random id if absent.
     #[serde(default)]
@@ -71,6 +77,9 @@ pub struct SandboxInfo {
     pub cgroup: String,
     /// Scratch and cache mounts.
     pub mounts: Vec<crate::sandbox::MountDecl>,
+    /// Its user namespace's host range, if it has one (`--userns`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub userns: Option<crate::userns::UsernsMap>,
     /// The lineage its checkpoints append to.
     #[serde(default)]
     pub work_context: Option<String>,
@@ -159,6 +168,9 @@ pub struct LaunchRequest {
     pub pids: Option<u64>,
     #[serde(default)]
     pub cpus: Option<f64>,
+    /// Cap on what the sandbox writes (its own filesystem of this size).
+    #[serde(default)]
+    pub disk: Option<u64>,
     #[serde(default)]
     pub env: Vec<String>,
     #[serde(default)]
@@ -173,6 +185,9 @@ pub struct LaunchRequest {
     /// `default` (the filter) or `unconfined` (none).
     #[serde(default)]
     pub seccomp: Option<String>,
+    /// Run in its own user namespace.
+    #[serde(default)]
+    pub userns: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

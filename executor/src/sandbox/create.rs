@@ -96,9 +96,16 @@ impl Drop for Prepared {
 
 /// Steps 1-4 (and the connection of step 5): everything that does not
 /// depend on the image or the limits.
-pub fn prepare(rt: &Runtime, id: &SandboxId) -> Result<Prepared, SandboxError> {
+/// With a disk cap the sandbox's disk is made and mounted first; with a
+/// user namespace map the shim is cloned into a new user namespace too.
+pub fn prepare(
+    rt: &Runtime,
+    id: &SandboxId,
+    disk: Option<u64>,
+    userns: Option<crate::userns::UsernsMap>,
+) -> Result<Prepared, SandboxError> {
     let mut t = super::Phases::start("prepare");
-    let dirs = rt.store.prepare_sandbox(id).map_err(SandboxError::Dirs)?;
+    let dirs = rt.store.prepare_sandbox(id, disk, userns.is_some()).map_err(SandboxError::Dirs)?;
     let mut prep = Prepared {
         id: id.clone(),
         parts: Some(PreparedParts { dirs: dirs.clone(), cgroup: None, shim: None, conn: None }),
@@ -120,20 +127,35 @@ pub fn prepare(rt: &Runtime, id: &SandboxId) -> Result<Prepared, SandboxError> {
     let devnull = std::fs::File::open("/dev/null").map_err(io("open /dev/null"))?;
     let exe = CString::new(rt.shim_exe.as_os_str().as_encoded_bytes())
         .map_err(|_| SandboxError::BadExec("shim path contains NUL".into()))?;
-    let plan = sys::SpawnPlan {
+    let mut plan = sys::SpawnPlan {
         argv: vec![CString::new("strata-shim").unwrap_or_default(), CString::new(id.as_str()).unwrap_or_default()],
         envp: vec![CString::new("PATH=/usr/sbin:/usr/bin:/sbin:/bin").unwrap_or_default()],
         exe,
         listener,
         log: log.into(),
         devnull: devnull.into(),
+        userns_gate: None,
     };
-    let spawned = sys::spawn_in_namespaces(&plan, sys::SANDBOX_NAMESPACES)
+    let gate = match userns {
+        Some(_) => {
+            let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(nix_io("create userns gate pipe"))?;
+            plan.userns_gate = Some(r);
+            Some(w)
+        }
+        None => None,
+    };
+    let namespaces = sys::SANDBOX_NAMESPACES | if userns.is_some() { libc::CLONE_NEWUSER as u64 } else { 0 };
+    let spawned = sys::spawn_in_namespaces(&plan, namespaces)
         .map_err(|source| SandboxError::Spawn { exe: rt.shim_exe.clone(), source })?;
     drop(plan);
     let pid = spawned.pid;
     parts.shim = Some((pid, spawned.pidfd));
     t.mark("spawn");
+    if let (Some(map), Some(gate)) = (&userns, gate) {
+        crate::userns::write_maps(pid, map).map_err(SandboxError::Userns)?;
+        nix::unistd::write(&gate, &[1]).map_err(nix_io("open the userns gate"))?;
+        t.mark("userns");
+    }
 
     if let Some(cg) = &parts.cgroup {
         cg.add(pid as u32).map_err(SandboxError::Cgroup)?;
@@ -165,6 +187,14 @@ pub fn start(
     cgroup.apply(&spec.limits).map_err(SandboxError::Cgroup)?;
     t.mark("limits");
     let dirs = &parts.dirs;
+    // In a user namespace the daemon builds the root (idmapped layers).
+    let root_tree = match (&spec.userns, &parts.shim) {
+        (Some(map), Some((pid, _))) => Some(
+            crate::userns::root_tree(*pid, map, &rt.store.layers_dir(), &rt.lowers(&spec.layers), dirs)
+                .map_err(SandboxError::Userns)?,
+        ),
+        _ => None,
+    };
     let setup = SetupSpec {
         rootfs: dirs.rootfs.clone(),
         layers_dir: rt.store.layers_dir(),
@@ -185,8 +215,10 @@ pub fn start(
             })
             .collect::<Result<_, SandboxError>>()?,
         seccomp: !spec.seccomp_unconfined,
+        userns: root_tree.is_some(),
     };
-    shim_client::setup(conn, &setup, SETUP_TIMEOUT)
+    let fds: Vec<i32> = root_tree.iter().map(|t| t.as_raw_fd()).collect();
+    shim_client::setup(conn, &setup, &fds, SETUP_TIMEOUT)
         .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;
     t.mark("shim_setup");
     t.log(&id);
@@ -217,7 +249,7 @@ pub fn create(
     spec: &SandboxSpec,
     defaults: ExecDefaults,
 ) -> Result<Sandbox, SandboxError> {
-    start(rt, prepare(rt, id)?, spec, defaults)
+    start(rt, prepare(rt, id, spec.limits.disk, spec.userns)?, spec, defaults)
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -74,6 +74,8 @@ pub enum SandboxError {
     KillTimeout { pid: i32, secs: u64 },
     #[error("remove sandbox files")]
     Remove(#[source] StoreError),
+    #[error("user namespace")]
+    Userns(#[source] crate::userns::UsernsError),
 }
 
 impl SandboxError {
@@ -297,6 +299,17 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// Its directories; with a disk cap or a user namespace, the upper and
+    /// work dirs are under `rw/`.
+    pub fn dirs(&self, store: &crate::store::Store) -> crate::store::SandboxDirs {
+        let dirs = store.sandbox_dirs(&self.id);
+        if self.spec.limits.disk.is_some() || self.spec.userns.is_some() {
+            dirs.with_rw()
+        } else {
+            dirs
+        }
+    }
+
     pub fn cgroup_path(&self) -> &str {
         self.cgroup.path()
     }
