@@ -1794,6 +1794,38 @@ fn device_nodes_outside_the_minimal_set_cannot_be_opened() {
     env.finish();
 }
 
+/// In the VM lane (6.1, store on tmpfs, which gets idmapped mounts only in
+/// 6.3) this takes the error branch; on this host the other.
+#[test]
+fn userns_works_where_idmapped_mounts_do_and_says_why_elsewhere() {
+    let env = TestEnv::start_with(&["--warm-pool", "0"]);
+    env.import_busybox();
+    let r: Result<Value, ClientError> =
+        env.client().call("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "userns": true})));
+    match r {
+        Ok(info) => {
+            let id = info["id"].as_str().unwrap();
+            let host_id = info["userns"]["host_id"].as_u64().unwrap();
+            let out = stdout(&sh(&env, id, "id -u; cat /proc/self/uid_map"));
+            let words: Vec<&str> = out.split_whitespace().collect();
+            assert_eq!(words, ["0", "0", &host_id.to_string(), "65536"], "{out}");
+        }
+        Err(e) => {
+            assert_eq!(e.status(), Some(500), "{e}");
+            let msg = e.to_string();
+            assert!(msg.contains("idmapped mount") && msg.contains("--userns needs"), "unclear error: {msg}");
+            // Nothing was left of the attempt.
+            let left: Vec<_> = std::fs::read_dir(env.root.join("sandboxes")).unwrap().collect();
+            assert!(left.is_empty(), "{left:?}");
+            assert!(mounts_under(&env.root).is_empty(), "{:?}", mounts_under(&env.root));
+        }
+    }
+    // Either way, sandboxes without a user namespace are unaffected.
+    let id = create(&env, json!({"image": "busybox"}));
+    assert_eq!(stdout(&sh(&env, &id, "id -u")), "0\n");
+    env.finish();
+}
+
 #[test]
 fn zz_suite_leaves_nothing_behind() {
     require_root();

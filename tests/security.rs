@@ -15,44 +15,57 @@ fn attempt(env: &TestEnv, id: &str, script: &str) -> (i64, String) {
 fn a_sandbox_cannot_reach_the_shim_the_daemon_or_host_processes() {
     let env = TestEnv::start();
     env.import_busybox();
-    let id = create(&env, json!({"image": "busybox"}));
+    // With and without a user namespace (there the shim and the commands
+    // are the same host id, so only non-dumpability keeps them apart).
+    for userns in [false, true] {
+        reach_attempts(&env, &create(&env, json!({"image": "busybox", "userns": userns})));
+    }
+    env.finish();
+}
+
+fn reach_attempts(env: &TestEnv, id: &str) {
     // The shim is PID 1 here: its memory, fds and environment are closed
     // to the sandbox's root (no CAP_SYS_PTRACE; the shim is not dumpable).
     for probe in ["cat /proc/1/environ", "readlink /proc/1/fd/0", "head -c1 /proc/1/mem", "readlink /proc/1/exe"] {
-        let (code, out) = attempt(&env, &id, &format!("{probe} >/dev/null"));
+        let (code, out) = attempt(env, id, &format!("{probe} >/dev/null"));
         assert_ne!(code, 0, "{probe} worked: {out}");
         assert!(out.is_empty() || out.contains("ermission denied") || out.contains("not permitted"), "{probe}: {out}");
     }
     // None of its descriptors (the daemon connection, the store's log) can
     // be followed or reopened.
-    let (code, out) = attempt(
-        &env,
-        &id,
-        "for f in /proc/1/fd/*; do readlink $f && exit 1; cat $f </dev/null && exit 1; done; exit 0",
-    );
+    let (code, out) =
+        attempt(env, id, "for f in /proc/1/fd/*; do readlink $f && exit 1; cat $f </dev/null && exit 1; done; exit 0");
     assert_eq!(code, 0, "a shim fd could be followed: {out}");
     // Host processes are not visible, so not signalled: the daemon's pid
     // (and the host's init) name nothing, or the sandbox's own PID 1.
     let daemon = env.daemon.as_ref().unwrap().id();
-    let (code, out) = attempt(&env, &id, &format!("kill -9 {daemon}"));
+    let (code, out) = attempt(env, id, &format!("kill -9 {daemon}"));
     assert_ne!(code, 0, "kill of the daemon's pid worked: {out}");
     assert!(std::path::Path::new(&format!("/proc/{daemon}")).exists(), "daemon died");
-    let (code, out) = attempt(&env, &id, "ps -o pid,comm | wc -l");
+    let (code, out) = attempt(env, id, "ps -o pid,comm | wc -l");
     assert_eq!(code, 0, "{out}");
     // ps, its shell and the shim (and a header line): nothing of the host.
     assert!(out.trim().parse::<u32>().unwrap() <= 5, "{out}");
     // The daemon's socket is not in the sandbox's file system.
-    let (_, out) = attempt(&env, &id, "find / -xdev -type s 2>/dev/null; echo end");
+    let (_, out) = attempt(env, id, "find / -xdev -type s 2>/dev/null; echo end");
     assert_eq!(out, "end\n", "sockets visible: {out}");
-    env.finish();
 }
 
 #[test]
 fn a_sandbox_cannot_mount_load_modules_or_write_kernel_settings() {
     let env = TestEnv::start();
     env.import_busybox();
-    let id = create(&env, json!({"image": "busybox"}));
     let host_hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    for userns in [false, true] {
+        let id = create(&env, json!({"image": "busybox", "userns": userns}));
+        mount_and_kernel_attempts(&env, &id);
+    }
+    // The host is unchanged.
+    assert_eq!(std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(), host_hostname);
+    env.finish();
+}
+
+fn mount_and_kernel_attempts(env: &TestEnv, id: &str) {
     for (what, script) in [
         ("mount a tmpfs", "mkdir -p /m && mount -t tmpfs none /m"),
         ("remount / read-write elsewhere", "mount -o remount,rw /"),
@@ -67,14 +80,11 @@ fn a_sandbox_cannot_mount_load_modules_or_write_kernel_settings() {
         ("unshare a user namespace", "unshare -U true"),
         ("chroot out via a new mount namespace", "unshare -m true"),
     ] {
-        let (code, out) = attempt(&env, &id, script);
+        let (code, out) = attempt(env, id, script);
         assert_ne!(code, 0, "{what}: it worked: {out}");
     }
-    // The host is unchanged.
-    assert_eq!(std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(), host_hostname);
     // And the sandbox still works.
-    assert_eq!(stdout(&sh(&env, &id, "echo ok")), "ok\n");
-    env.finish();
+    assert_eq!(stdout(&sh(env, id, "echo ok")), "ok\n");
 }
 
 /// `strata cp` with the CLI; returns (success, stderr).
@@ -496,6 +506,13 @@ fn userns_maps_root_to_an_unprivileged_host_range_and_keeps_layers_shared() {
     let s2 = env.cli_ok(&["suspend", &b]).trim().to_string();
     let r3 = env.cli_ok(&["resume", &s2, "--userns"]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &r3, "id -u")), "0\n");
+
+    // With a disk cap too: the idmapped upper is the disk's root.
+    let both = create(&env, json!({"image": "busybox", "userns": true, "disk": 32 << 20}));
+    let (code, out) = attempt(&env, &both, "echo x > /x && id -u && dd if=/dev/zero of=/fill bs=1M count=64");
+    assert!(code != 0 && out.starts_with("0\n") && out.contains("No space left on device"), "{out}");
+    let m = std::fs::metadata(env.root.join("sandboxes").join(&both).join("rw/upper/x")).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&m), 0);
 
     // Caches are host directories: refused with a user namespace.
     let r = env.client().request(
