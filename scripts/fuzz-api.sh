@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Fuzz the daemon's API from docs/openapi.yaml with schemathesis: a daemon on
-# a temporary root and socket, exposed on loopback through socat, with the
+# a temporary root and socket, exposed through socat on the loopback of a
+# network namespace of its own (so no other user of the host can reach the
+# root daemon through the TCP port while it runs), with the
 # busybox image imported; schemathesis generates requests (examples,
 # coverage and fuzzing phases) and checks every response against the spec
 # (no 5xx, documented status codes and content types, response schemas,
@@ -35,9 +37,7 @@ BIN=$REPO_ROOT/target/debug/strata
 WORK=$(mktemp -d /var/tmp/strata-test-fuzz.XXXXXX)
 SOCK=$WORK/api.sock
 PARENT=strata-test-fuzz-$$
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 DAEMON_PID=
-SOCAT_PID=
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
 	if [[ -n $DAEMON_PID ]]; then
@@ -46,9 +46,6 @@ cleanup() {
 		done
 		kill "$DAEMON_PID" 2>/dev/null || true
 		wait "$DAEMON_PID" 2>/dev/null || true
-	fi
-	if [[ -n $SOCAT_PID ]]; then
-		kill "$SOCAT_PID" 2>/dev/null || true
 	fi
 	for d in /sys/fs/cgroup/*/"$PARENT" /sys/fs/cgroup/"$PARENT"; do
 		if [[ -d $d ]]; then rmdir "$d" 2>/dev/null || true; fi
@@ -62,15 +59,21 @@ trap cleanup EXIT
 DAEMON_PID=$!
 for _ in $(seq 200); do [[ -S $SOCK ]] && break; sleep 0.05; done
 "$BIN" --socket "$SOCK" image import images/out/busybox --name busybox >/dev/null
-socat "TCP-LISTEN:$PORT,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:$SOCK" &
-SOCAT_PID=$!
-sleep 0.5
 
 rc=0
-"$VENV/bin/st" run docs/openapi.yaml --url "http://127.0.0.1:$PORT" \
-	-n "${EXAMPLES:-50}" --seed "${SEED:-1}" \
-	--checks all --exclude-checks positive_data_acceptance \
-	--phases examples,coverage,fuzzing --exclude-path-regex 'pull|push' || rc=$?
+# shellcheck disable=SC2016 # expanded by the inner shell
+unshare --net -- bash -c '
+	set -euo pipefail
+	ip link set lo up
+	socat TCP-LISTEN:8080,bind=127.0.0.1,reuseaddr,fork "UNIX-CONNECT:$1" &
+	socat_pid=$!
+	trap "kill $socat_pid" EXIT
+	sleep 0.5
+	"$2/bin/st" run docs/openapi.yaml --url http://127.0.0.1:8080 \
+		-n "$3" --seed "$4" \
+		--checks all --exclude-checks positive_data_acceptance \
+		--phases examples,coverage,fuzzing --exclude-path-regex "pull|push"
+' fuzz "$SOCK" "$VENV" "${EXAMPLES:-50}" "${SEED:-1}" || rc=$?
 if grep -qiE 'panicked|overflow' "$WORK/daemon.log"; then
 	echo "the daemon panicked:" >&2
 	grep -iE -A5 'panicked|overflow' "$WORK/daemon.log" >&2

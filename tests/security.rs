@@ -365,8 +365,11 @@ fn free_bytes(path: &std::path::Path) -> u64 {
 fn a_disk_cap_gives_enospc_inside_and_spares_the_host_and_other_sandboxes() {
     let env = TestEnv::start();
     env.import_busybox();
-    // Bad caps are refused before anything is made.
-    for bad in [json!(1000), json!(-1), json!("big"), json!(1u64 << 50)] {
+    // Bad caps are refused before anything is made: out of range, or past
+    // the size of the store's whole file system.
+    let st = nix::sys::statvfs::statvfs(&env.root).unwrap();
+    let store_size = st.blocks() as u64 * st.fragment_size() as u64;
+    for bad in [json!(1000), json!(-1), json!("big"), json!(1u64 << 50), json!(store_size + 4096)] {
         let r = env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "disk": bad})));
         assert!(matches!(r, Err(strata::client::ClientError::Api { status: 400, .. })), "disk {bad}: {r:?}");
     }
@@ -482,14 +485,23 @@ fn userns_maps_root_to_an_unprivileged_host_range_and_keeps_layers_shared() {
     // The plain sandbox shares the same layers and sees the same owners.
     assert_eq!(stdout(&sh(&env, &plain, "stat -c '%u:%g' /bin/busybox")), "0:0\n");
 
-    // A checkpoint is the same as without a user namespace: resumed
-    // without one, the owners are the ones set inside.
+    // What root wrote in a user namespace must never run as host root: a
+    // snapshot captured in one resumes, forks and continues only in one
+    // (inherited when not asked; refused when asked without).
     let snap = env.cli_ok(&["checkpoint", &a]).trim().to_string();
     let r = env.cli_ok(&["resume", &snap]).trim().to_string();
+    assert!(info(&r)["userns"]["host_id"].as_u64().is_some(), "{}", info(&r));
     assert_eq!(stdout(&sh(&env, &r, "cat /f; stat -c '%u:%g' /g /d")), "hi\n1234:5678\n0:0\n");
-    // And resumed with one, too.
+    for path in [format!("/v1/snapshots/{snap}/resume"), format!("/v1/snapshots/{snap}/fork")] {
+        let r = env.client().request("POST", &path, Some(&json!({"userns": false})));
+        assert!(matches!(r, Err(strata::client::ClientError::Api { status: 400, .. })), "{path}: {r:?}");
+    }
     let r2 = env.cli_ok(&["resume", &snap, "--userns"]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &r2, "cat /f; stat -c '%u:%g' /g")), "hi\n1234:5678\n");
+    // A later checkpoint of the plain sandbox is not affected.
+    let plain_snap = env.cli_ok(&["checkpoint", &plain]).trim().to_string();
+    let p2 = env.cli_ok(&["resume", &plain_snap]).trim().to_string();
+    assert!(info(&p2).get("userns").is_none());
 
     // Files in and out.
     let tmp = tempfile::tempdir().unwrap();

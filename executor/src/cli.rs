@@ -350,7 +350,8 @@ pub struct LaunchArgs {
     #[arg(long, value_parser = ["default", "unconfined"])]
     pub seccomp: Option<String>,
     /// Run in its own user namespace: root inside is an unprivileged host
-    /// id (a range of 65536 per sandbox).
+    /// id (a range of 65536 per sandbox). A snapshot captured in one always
+    /// runs in one.
     #[arg(long)]
     pub userns: bool,
 }
@@ -368,7 +369,7 @@ impl LaunchArgs {
             scratch: self.scratch.clone(),
             cache: self.cache.clone(),
             seccomp: self.seccomp.clone(),
-            userns: self.userns,
+            userns: self.userns.then_some(true),
         }
     }
 }
@@ -729,6 +730,12 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         retention: a.retention,
         stale_after: a.stale_after,
     };
+    for clash in crate::userns::host_ids_in_ranges(a.userns_base) {
+        tracing::warn!(
+            "--userns ranges from {} include a host id, {clash}: choose another --userns-base",
+            a.userns_base
+        );
+    }
     // Block the shutdown signals before any thread exists so only the
     // signal thread below receives them.
     let mut sigs = nix::sys::signal::SigSet::empty();

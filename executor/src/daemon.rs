@@ -87,8 +87,9 @@ pub struct LaunchSpec {
     pub mounts: Vec<sandbox::MountDecl>,
     /// `--seccomp unconfined`: no seccomp filter.
     pub seccomp_unconfined: bool,
-    /// `--userns`: its own user namespace.
-    pub userns: bool,
+    /// `--userns`: its own user namespace; `None`: as the base's chain was
+    /// captured (resolved by [`Daemon::launch`]).
+    pub userns: Option<bool>,
     /// A rollback keeps the host range the sandbox had.
     pub userns_map: Option<crate::userns::UsernsMap>,
 }
@@ -433,6 +434,19 @@ impl Daemon {
         };
         let limits = Limits { memory, pids, cpus, disk };
         limits.validate(self.host_cpus).map_err(|e| ApiError::invalid(&e))?;
+        if let Some(d) = limits.disk {
+            // A cap past the store's whole file system caps nothing, and
+            // formatting one costs time in proportion to its size.
+            let total = nix::sys::statvfs::statvfs(self.rt.store.root())
+                .map(|s| s.blocks() * s.fragment_size())
+                .map_err(|e| ApiError::internal(&e))?;
+            if d > total {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("disk cap {d} bytes is larger than the store's file system ({total} bytes)"),
+                ));
+            }
+        }
         for e in &env {
             if !e.contains('=') || e.starts_with('=') || e.contains('\0') {
                 return Err(ApiError::new(ErrorKind::InvalidArgument, format!("env entry {e:?} is not KEY=VALUE")));
@@ -459,18 +473,43 @@ impl Daemon {
                 return Err(bad(format!("two mounts at {}", m.path())));
             }
         }
-        if userns && !cache.is_empty() {
+        Ok(LaunchSpec { limits, env, hostname, mounts, seccomp_unconfined, userns, userns_map: None })
+    }
+
+    /// Settle whether a launch on `base` gets a user namespace. What a root
+    /// in a user namespace wrote (a setuid-root file, file capabilities,
+    /// /etc/ld.so.preload) is host root's once it runs without one, so a
+    /// chain with any snapshot captured in one runs only in one.
+    fn settle_userns(&self, base: &Base, mut launch: LaunchSpec) -> Result<LaunchSpec, ApiError> {
+        let captured_in_userns = match &base.snapshot {
+            Some(s) => lock(&self.db).snapshot_chain(s)?.iter().any(|r| r.info["userns"] == true),
+            None => false,
+        };
+        let userns = match (launch.userns, captured_in_userns) {
+            (Some(false), true) => {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    "this snapshot's chain was captured in a user namespace: it runs only in one (userns: true)",
+                ))
+            }
+            (Some(u), _) => u,
+            (None, c) => c,
+        };
+        if userns && launch.mounts.iter().any(|m| matches!(m, sandbox::MountDecl::Cache { .. })) {
             // A cache is a host directory owned by host ids: unusable
             // (nobody-owned) in a user namespace until caches are idmapped.
-            return Err(bad(
-                "cache mounts are not available with userns (a cache's files are owned by host ids)".into()
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                "cache mounts are not available with userns (a cache's files are owned by host ids)",
             ));
         }
-        Ok(LaunchSpec { limits, env, hostname, mounts, seccomp_unconfined, userns, userns_map: None })
+        launch.userns = Some(userns);
+        Ok(launch)
     }
 
     /// Start one sandbox on `base`, within the pool's bound.
     pub(crate) fn launch(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, ApiError> {
+        let launch = self.settle_userns(base, launch)?;
         // Reserve a slot: past the cap nothing is made.
         {
             let mut pool = lock(&self.pool);
@@ -505,7 +544,8 @@ impl Daemon {
         // A sandbox with a disk cap needs its disk mounted before its shim
         // is cloned (the shim's mount namespace is a copy of ours); one with
         // a user namespace needs a shim cloned into one.
-        let cold = fixed_id.is_some() || launch.limits.disk.is_some() || launch.userns;
+        let userns = launch.userns == Some(true);
+        let cold = fixed_id.is_some() || launch.limits.disk.is_some() || userns;
         let warm = if cold { None } else { self.take_warm() };
         tracing::debug!("create: {} shim", if warm.is_some() { "warm" } else { "cold" });
         let id = fixed_id.or_else(|| warm.as_ref().map(|w| w.id.clone())).unwrap_or_else(SandboxId::random);
@@ -523,7 +563,7 @@ impl Daemon {
             cgroup: self.rt.cgroup_path(&id),
             mounts: launch.mounts,
             seccomp_unconfined: launch.seccomp_unconfined,
-            userns: match (launch.userns, launch.userns_map) {
+            userns: match (userns, launch.userns_map) {
                 (false, _) => None,
                 (true, Some(map)) => Some(map),
                 (true, None) => Some(self.alloc_userns()?),
@@ -560,13 +600,20 @@ impl Daemon {
         let base = self.cfg.userns_base;
         let slots = crate::userns::slots(base).max(1);
         let mut pool = lock(&self.pool);
-        let used: std::collections::HashSet<u32> =
-            pool.live.values().filter_map(|s| s.spec.userns.map(|m| m.host_id)).collect();
+        // Ranges, not start ids: sandboxes adopted after a restart with
+        // another --userns-base may sit across the new slots.
+        let used: Vec<(u64, u64)> = pool
+            .live
+            .values()
+            .filter_map(|s| s.spec.userns)
+            .map(|m| (u64::from(m.host_id), u64::from(m.host_id) + u64::from(m.size)))
+            .collect();
         for _ in 0..slots {
             let slot = pool.next_userns % slots;
             pool.next_userns = (slot + 1) % slots;
             if let Some(map) = crate::userns::range(base, slot) {
-                if !used.contains(&map.host_id) {
+                let (start, end) = (u64::from(map.host_id), u64::from(map.host_id) + u64::from(map.size));
+                if !used.iter().any(|&(s, e)| start < e && s < end) {
                     return Ok(map);
                 }
             }

@@ -70,9 +70,10 @@ fn merge_stats(info: &mut serde_json::Value, stats: &crate::diff::DeltaStats) {
 }
 
 /// Put a stopped sandbox's upper at `work/fs`: moved (no data read), or,
-/// when it is on its own disk (`--disk`, another filesystem), copied through
-/// its delta tar with the same checks as a checkpoint. Returns whether it
-/// was moved (and must be given back on failure).
+/// when it is on its own disk (`--disk`, another file system), copied
+/// through its delta tar (streamed through a pipe, never on disk) with the
+/// same checks as a checkpoint. Returns whether it was moved (and must be
+/// given back on failure).
 fn move_or_copy_upper(upper: &Path, work: &Path) -> Result<bool, ApiError> {
     let fs_dir = work.join("fs");
     match std::fs::rename(upper, &fs_dir) {
@@ -80,20 +81,31 @@ fn move_or_copy_upper(upper: &Path, work: &Path) -> Result<bool, ApiError> {
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
         Err(e) => return Err(ApiError::internal(&e)),
     }
-    let tar = work.join("upper.tar");
-    let written = (|| {
-        let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(&tar)?);
-        crate::diff::write_delta(upper, &mut w).map_err(std::io::Error::other)?;
-        std::io::Write::flush(&mut w)
-    })();
-    written.map_err(|e| ApiError::new(ErrorKind::of_host_failure(&e), format!("copy the upper: {e}")))?;
     std::fs::create_dir(&fs_dir).map_err(|e| ApiError::internal(&e))?;
-    oci::unpack_own_tar(&tar, &fs_dir).map_err(|e| {
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ApiError::internal(&e))?;
+    let (written, unpacked) = std::thread::scope(|s| {
+        let writer = s.spawn(move || {
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::from(w));
+            crate::diff::write_delta(upper, &mut w).map_err(std::io::Error::other)?;
+            std::io::Write::flush(&mut w)
+        });
+        let unpacked = oci::unpack_own_stream(std::fs::File::from(r), &fs_dir);
+        (writer.join().unwrap_or_else(|_| Err(std::io::Error::other("the tar writer panicked"))), unpacked)
+    });
+    written.map_err(|e| ApiError::new(ErrorKind::of_host_failure(&e), format!("copy the upper: {e}")))?;
+    unpacked.map_err(|e| {
         let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Conflict };
         ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
     })?;
-    let _ = std::fs::remove_file(&tar);
     Ok(false)
+}
+
+/// Mark a snapshot captured in a user namespace: its chain then runs only
+/// in one (`Daemon::settle_userns`).
+fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
+    if sb.spec.userns.is_some() {
+        info["userns"] = serde_json::Value::Bool(true);
+    }
 }
 
 fn store_err(e: StoreError) -> ApiError {
@@ -229,6 +241,7 @@ impl Daemon {
             "compacted": sealed.compacted,
         });
         merge_stats(&mut info, stats);
+        mark_userns(&mut info, sb);
         let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
         let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
         (row.blob_digest, row.blob_size, row.compression) =
@@ -621,6 +634,7 @@ impl Daemon {
             if let Some(c) = &compacted {
                 merge_stats(&mut info, &c.stats);
             }
+            mark_userns(&mut info, sb);
             let mut row = SnapshotRow::new(image_id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
             row.id = snap_id; // the id its layer is named by
             let mut db = lock(&self.db);
@@ -791,7 +805,7 @@ impl Daemon {
                 hostname: Some(sb.spec.hostname.clone()),
                 mounts: sb.spec.mounts.clone(),
                 seccomp_unconfined: sb.spec.seccomp_unconfined,
-                userns: sb.spec.userns.is_some(),
+                userns: Some(sb.spec.userns.is_some()),
                 userns_map: sb.spec.userns,
             };
             self.launch_reserved(&base, launch, Some(sb.id.clone()))

@@ -208,7 +208,11 @@ impl Store {
                 let _ = remove_tree(&d.dir);
                 return Err(StoreError::Disk(e));
             }
-            std::fs::create_dir(&d.rootfs).map_err(io("create", &d.rootfs))?;
+            if let Err(e) = std::fs::create_dir(&d.rootfs) {
+                let _ = crate::disk::release(&d.dir);
+                let _ = remove_tree(&d.dir);
+                return Err(io("create", &d.rootfs)(e));
+            }
             return Ok(d);
         }
         if separate_rw {

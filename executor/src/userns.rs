@@ -23,7 +23,6 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use nix::errno::Errno;
 use nix::mount::{umount2, MntFlags};
@@ -73,8 +72,13 @@ pub enum UsernsError {
     },
     #[error("mount the root overlay over idmapped layers")]
     Overlay(#[source] sys::MountError),
-    #[error("take the range's root as file system ids")]
+    #[error("give the overlay's mounting thread its own working directory and the range's root as file system ids")]
     FsIds(#[source] Errno),
+    #[error(
+        "--userns: strata-shim {exe} cannot be run by an unprivileged user ({at} is not executable by others); \
+         install it under a world-readable path (e.g. /usr/local/bin) or pass --shim"
+    )]
+    ShimUnreachable { exe: PathBuf, at: PathBuf },
     #[error("create {path}")]
     Dir {
         path: PathBuf,
@@ -96,6 +100,43 @@ pub fn slots(base: u32) -> u32 {
     ((u64::from(u32::MAX) - 1 - u64::from(base)) / u64::from(RANGE_SIZE)) as u32
 }
 
+/// Users and groups of this host (`/etc/passwd`, `/etc/group`) whose id is
+/// inside the ranges starting at `base`: such a user would share ids with
+/// a sandbox (and could signal or ptrace its processes). Directory
+/// services (LDAP, SSSD id mapping) are not consulted.
+pub fn host_ids_in_ranges(base: u32) -> Vec<String> {
+    let end = u64::from(base) + u64::from(slots(base)) * u64::from(RANGE_SIZE);
+    let mut found = Vec::new();
+    for file in ["/etc/passwd", "/etc/group"] {
+        let Ok(text) = std::fs::read_to_string(file) else { continue };
+        for line in text.lines() {
+            let mut f = line.split(':');
+            let (Some(name), Some(id)) = (f.next(), f.nth(1)) else { continue };
+            if let Ok(id) = id.parse::<u64>() {
+                if (u64::from(base)..end).contains(&id) {
+                    found.push(format!("{file}: {name} ({id})"));
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The shim execs as its namespace's root, an unprivileged host id: its
+/// binary and every directory above it must be open to all users.
+pub fn check_shim_reachable(exe: &Path) -> Result<(), UsernsError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut p = Some(exe);
+    while let Some(cur) = p {
+        let mode = std::fs::metadata(cur).map(|m| m.permissions().mode()).unwrap_or(0);
+        if mode & 0o001 == 0 {
+            return Err(UsernsError::ShimUnreachable { exe: exe.to_path_buf(), at: cur.to_path_buf() });
+        }
+        p = cur.parent();
+    }
+    Ok(())
+}
+
 /// Write the shim's uid and gid maps (it waits for its connection until
 /// then, as nobody).
 pub fn write_maps(pid: i32, map: &UsernsMap) -> Result<(), UsernsError> {
@@ -106,10 +147,6 @@ pub fn write_maps(pid: i32, map: &UsernsMap) -> Result<(), UsernsError> {
     }
     Ok(())
 }
-
-/// The legacy overlay mount (kernels before 6.8) changes the process's
-/// working directory for a moment; one root is built at a time.
-static BUILD: Mutex<()> = Mutex::new(());
 
 /// Build the sandbox's root overlay over idmapped `layers_dir` and `rw/`
 /// (see the module docs) and return it as a detached mount. Nothing stays
@@ -131,7 +168,6 @@ pub fn root_tree(
             Err(source) => return Err(UsernsError::Dir { path: p.clone(), source }),
         }
     }
-    let _one = BUILD.lock().unwrap_or_else(|p| p.into_inner());
     let mut attached: Vec<&Path> = Vec::new();
     let result = (|| {
         for (src, at) in [(layers_dir, &staged_layers), (dirs.rw.as_path(), &staged_rw)] {
@@ -155,6 +191,10 @@ pub fn root_tree(
             sys::OverlayMount { layers_dir: &staged_layers, lowers, upper: &upper, work: &work, target: &dirs.rootfs };
         std::thread::scope(|s| {
             s.spawn(|| {
+                // Its own working directory: the legacy overlay mount
+                // (kernels before 6.8) chdirs into the layers for a moment,
+                // which must not move the rest of the daemon.
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS).map_err(UsernsError::FsIds)?;
                 sys::set_thread_fs_ids(map.host_id, map.host_id).map_err(UsernsError::FsIds)?;
                 sys::mount_overlay(&mount).map_err(UsernsError::Overlay)
             })

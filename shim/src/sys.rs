@@ -118,6 +118,8 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan, namespaces: u64) -> Result<Spawned,
                 {
                     libc::_exit(124);
                 }
+                // Changing ids cleared the parent-death signal: set it again.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
             }
             if libc::dup2(devnull.as_raw_fd(), 0) < 0
                 || libc::dup2(log.as_raw_fd(), 1) < 0
@@ -127,6 +129,10 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan, namespaces: u64) -> Result<Spawned,
                 libc::_exit(125);
             }
             libc::execve(plan.exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            // Say why in the shim's log (fd 2) before giving up.
+            let msg =
+                b"strata-shim: execve of the shim failed (in a user namespace it must be reachable by every user)\n";
+            libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
             libc::_exit(127);
         }
     }

@@ -529,6 +529,7 @@ pub const MAX_CONNECTIONS: usize = 512;
 pub fn serve(d: Arc<Daemon>, listener: UnixListener, stop: Arc<std::sync::atomic::AtomicBool>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let open = Arc::new(AtomicUsize::new(0));
+    let mut refused = std::collections::VecDeque::new();
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             return;
@@ -539,14 +540,18 @@ pub fn serve(d: Arc<Daemon>, listener: UnixListener, stop: Arc<std::sync::atomic
                     ErrorKind::LimitReached,
                     format!("the daemon serves at most {MAX_CONNECTIONS} connections at once; retry later"),
                 );
-                // Read the request first (briefly) so the client sees the
-                // answer rather than a broken pipe.
-                let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-                let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
-                if let Ok(r) = s.try_clone() {
-                    let _ = http::read_request(&mut BufReader::new(r));
-                }
+                // Answer without reading (a slow client must not hold the
+                // accept loop): the request lands in the socket's buffer,
+                // the client reads the 429 and then EOF. The socket stays
+                // open (shut for writing) among the last few refused, so the
+                // client's write of its request does not fail either.
+                let _ = s.set_nonblocking(true);
                 let _ = http::write_response(&mut s, e.status(), &e.body(), false);
+                let _ = s.shutdown(std::net::Shutdown::Write);
+                refused.push_back(s);
+                if refused.len() > 64 {
+                    refused.pop_front();
+                }
             }
             Ok(s) => {
                 let d = d.clone();

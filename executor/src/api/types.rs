@@ -52,8 +52,9 @@ pub struct CreateRequest {
     #[serde(default)]
     pub seccomp: Option<String>,
     /// Run in its own user namespace: root inside is an unprivileged host id.
+    /// Unset: as the baseline it starts from was captured (else no).
     #[serde(default)]
-    pub userns: bool,
+    pub userns: Option<bool>,
     /// The lineage to work for: a new one with this id (1-64 chars of
     /// `[A-Za-z0-9._-]`), or a new one with a random id if absent.
     #[serde(default)]
@@ -185,9 +186,10 @@ pub struct LaunchRequest {
     /// `default` (the filter) or `unconfined` (none).
     #[serde(default)]
     pub seccomp: Option<String>,
-    /// Run in its own user namespace.
+    /// Run in its own user namespace. Unset: as the snapshot's chain was
+    /// captured (a chain captured in one runs only in one).
     #[serde(default)]
-    pub userns: bool,
+    pub userns: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

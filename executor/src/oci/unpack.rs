@@ -240,6 +240,12 @@ pub fn unpack_own_tar(tar: &Path, dest: &Path) -> Result<(UnpackStats, Digest), 
     extract(&name, file, Compression::None, dest)
 }
 
+/// [`unpack_own_tar`] from a stream (a pipe from this daemon's own tar
+/// writer), so the tar never lands on disk.
+pub fn unpack_own_stream(stream: File, dest: &Path) -> Result<(UnpackStats, Digest), UnpackError> {
+    extract(&LayerName::Capture, stream, Compression::None, dest)
+}
+
 /// Extracts the (compressed) tar in `blob` into `dest`, checking every
 /// entry; returns the uncompressed stream's sha256 too.
 fn extract(

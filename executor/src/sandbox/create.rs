@@ -144,6 +144,9 @@ pub fn prepare(
         }
         None => None,
     };
+    if userns.is_some() {
+        crate::userns::check_shim_reachable(&rt.shim_exe).map_err(SandboxError::Userns)?;
+    }
     let namespaces = sys::SANDBOX_NAMESPACES | if userns.is_some() { libc::CLONE_NEWUSER as u64 } else { 0 };
     let spawned = sys::spawn_in_namespaces(&plan, namespaces)
         .map_err(|source| SandboxError::Spawn { exe: rt.shim_exe.clone(), source })?;
@@ -151,16 +154,18 @@ pub fn prepare(
     let pid = spawned.pid;
     parts.shim = Some((pid, spawned.pidfd));
     t.mark("spawn");
-    if let (Some(map), Some(gate)) = (&userns, gate) {
-        crate::userns::write_maps(pid, map).map_err(SandboxError::Userns)?;
-        nix::unistd::write(&gate, &[1]).map_err(nix_io("open the userns gate"))?;
-        t.mark("userns");
-    }
 
     if let Some(cg) = &parts.cgroup {
         cg.add(pid as u32).map_err(SandboxError::Cgroup)?;
     }
     t.mark("cgroup_add");
+    // In a user namespace the shim waits until its maps are written (and,
+    // as above, it is in its cgroup) before it execs.
+    if let (Some(map), Some(gate)) = (&userns, gate) {
+        crate::userns::write_maps(pid, map).map_err(SandboxError::Userns)?;
+        nix::unistd::write(&gate, &[1]).map_err(nix_io("open the userns gate"))?;
+        t.mark("userns");
+    }
 
     parts.conn = Some(
         shim_client::connect_path(&dirs.socket)
