@@ -418,6 +418,11 @@ fn one_daemon_per_root_and_tmp_is_swept() {
     env.start_daemon();
     assert!(!env.root.join("tmp/leftover").exists(), "tmp/ not swept");
     assert!(!env.root.join("layers").join("f".repeat(64)).exists(), "unknown layer dir not swept");
+    // SIGTERM stops it even when its socket's path is gone.
+    std::fs::remove_file(&env.socket).unwrap();
+    let st = env.stop_daemon();
+    assert!(st.success(), "{st}");
+    env.start_daemon();
     env.finish();
 }
 

@@ -752,13 +752,17 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
     );
     let stop = Arc::new(AtomicBool::new(false));
     {
-        let (stop, socket) = (stop.clone(), cfg.socket.clone());
+        let stop = stop.clone();
+        // A second descriptor of the listener: shutting it down wakes the
+        // accept loop even if the socket's path was removed or replaced.
+        let wake = listener.try_clone().context("duplicate the API listener")?;
         std::thread::spawn(move || {
             if let Ok(sig) = sigs.wait() {
                 tracing::info!("{sig:?}: stopping the daemon; sandboxes keep running and are re-adopted at next start");
             }
             stop.store(true, std::sync::atomic::Ordering::Release);
-            let _ = std::os::unix::net::UnixStream::connect(&socket);
+            let _ =
+                nix::sys::socket::shutdown(std::os::fd::AsRawFd::as_raw_fd(&wake), nix::sys::socket::Shutdown::Both);
         });
     }
     daemon.start_warm_pool();

@@ -173,11 +173,23 @@ impl TestEnv {
         }
     }
 
-    /// SIGTERM the daemon and wait for it.
+    /// SIGTERM the daemon and wait for it (at most 30 s, then it is killed
+    /// and the test fails).
     pub fn stop_daemon(&mut self) -> std::process::ExitStatus {
         let mut c = self.daemon.take().expect("daemon running");
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
-        c.wait().unwrap()
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                return st;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                let _ = c.kill();
+                let _ = c.wait();
+                panic!("the daemon did not stop within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn client(&self) -> Client {

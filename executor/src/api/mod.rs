@@ -525,7 +525,8 @@ fn peer_allowed(s: &UnixStream, gid: Option<u32>) -> Result<(), String> {
 /// connection gets 429 and is closed.
 pub const MAX_CONNECTIONS: usize = 512;
 
-/// Accept connections until `stop` is set (then one wake-up connection ends the loop).
+/// Accept connections until `stop` is set (the signal thread then shuts the
+/// listener down, which ends the blocked accept).
 pub fn serve(d: Arc<Daemon>, listener: UnixListener, stop: Arc<std::sync::atomic::AtomicBool>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let open = Arc::new(AtomicUsize::new(0));
@@ -575,6 +576,7 @@ pub fn serve(d: Arc<Daemon>, listener: UnixListener, stop: Arc<std::sync::atomic
                     tracing::error!("spawn connection thread: {e}");
                 }
             }
+            Err(_) if stop.load(Ordering::Acquire) => return,
             Err(e) => tracing::warn!("accept: {e}"),
         }
     }
