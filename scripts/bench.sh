@@ -7,7 +7,8 @@
 # Measured (median / p90 over RUNS, after warm-up):
 #   - Strata create -> exec `true` -> rm through the API on one kept-alive
 #     connection (strata-bench; no CLI start-up in the loop), with phases;
-#   - the same through the CLI (three `strata` processes per run);
+#   - the same through the CLI (three `strata` processes per run), also
+#     with --userns and with --disk 1g;
 #   - `runc run`, `crun run` and `bwrap --unshare-all` of /bin/true;
 #   - exec of `true` in an already running sandbox, and fork+exec+wait of
 #     busybox `true` on the host (the floor).
@@ -105,6 +106,10 @@ PY
 }
 
 hf cli_create_exec_rm "sh -c 'id=\$($BIN/strata create --image busybox) && $BIN/strata exec \$id -- true && $BIN/strata rm \$id >/dev/null' 2>>$WORK/cli.err"
+# The opt-in confinements: a user namespace (idmapped root built by the
+# daemon) and a disk cap (mkfs + loop device); both skip the warm pool.
+hf cli_userns "sh -c 'id=\$($BIN/strata create --image busybox --userns) && $BIN/strata exec \$id -- true && $BIN/strata rm \$id >/dev/null' 2>>$WORK/cli.err"
+hf cli_disk "sh -c 'id=\$($BIN/strata create --image busybox --disk 1g) && $BIN/strata exec \$id -- true && $BIN/strata rm \$id >/dev/null' 2>>$WORK/cli.err"
 hf runc_run -N --prepare "runc delete -f strata-bench-runc" "runc run -b $WORK/runc strata-bench-runc"
 hf bwrap_unshare_all -N "bwrap --unshare-all --ro-bind $ROOTFS / --proc /proc --dev /dev /bin/true"
 # crun in a private mount namespace where cgroup2 at .../unified is hidden.
@@ -123,6 +128,8 @@ labels = [
     ("api_exec_first", "  of which first exec"),
     ("api_rm", "  of which rm"),
     ("cli_create_exec_rm", "Strata CLI: create; exec true; rm (3 processes + sh)"),
+    ("cli_userns", "  the same with --userns (cold shim, idmapped root)"),
+    ("cli_disk", "  the same with --disk 1g (cold shim, mkfs + loop device)"),
     ("bwrap_unshare_all", "bwrap --unshare-all /bin/true"),
     ("crun_run", "crun run /bin/true"),
     ("runc_run", "runc run /bin/true"),
