@@ -250,6 +250,32 @@ fn a_deep_tree_in_a_sandbox_cannot_crash_the_daemon() {
         assert!(e.to_string().contains("directories deep"), "{route}: {e}");
     }
     assert_eq!(stdout(&sh(&env, &id, "echo alive")), "alive\n");
+    // A suspend moves the tree without reading it; its blob can never be
+    // written: the snapshot says why (not "sealing" forever), resumes, and
+    // a push fails at once with the reason (before any registry is asked).
+    let snap = env.cli_ok(&["suspend", &id]).trim().to_string();
+    let start = std::time::Instant::now();
+    let info = loop {
+        let info: serde_json::Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+        if info["sealing"] == false {
+            break info;
+        }
+        assert!(start.elapsed().as_secs() < 60, "still sealing: {info}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(info["info"]["seal_error"].as_str().unwrap_or("").contains("directories deep"), "{info}");
+    let r = env.cli_ok(&["resume", &snap]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &r, "echo resumed")), "resumed\n");
+    let e = env
+        .client()
+        .request(
+            "POST",
+            &format!("/v1/snapshots/{snap}/push"),
+            Some(&json!({"reference": "127.0.0.1:9/never/contacted:t", "insecure": true})),
+        )
+        .unwrap_err();
+    assert_eq!(e.status(), Some(409), "{e}");
+    assert!(e.to_string().contains("never will"), "{e}");
     env.finish();
 }
 

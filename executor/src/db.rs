@@ -1340,6 +1340,18 @@ impl Db {
     }
 
     /// Snapshots whose blob is not written yet.
+    /// A suspended snapshot whose layer cannot be serialised (what the
+    /// sandbox left there, e.g. a tree too deep): its blob will never come.
+    /// Records why in `info` and takes it off the pending list, so a push
+    /// fails at once with the reason instead of waiting.
+    pub fn set_seal_failed(&mut self, id: &str, info: &serde_json::Value) -> Result<(), DbError> {
+        let info = serde_json::to_string(info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
+        let tx = self.conn.transaction().map_err(q("begin seal failed"))?;
+        tx.execute("UPDATE snapshots SET info = ?2 WHERE id = ?1", params![id, info]).map_err(q("set seal error"))?;
+        tx.execute("DELETE FROM snapshot_blob_pending WHERE snapshot_id = ?1", [id]).map_err(q("clear pending"))?;
+        tx.commit().map_err(q("commit seal failed"))
+    }
+
     pub fn pending_blobs(&self) -> Result<Vec<String>, DbError> {
         let mut st = self.conn.prepare("SELECT snapshot_id FROM snapshot_blob_pending").map_err(q("pending blobs"))?;
         let rows = st.query_map([], |r| r.get(0)).map_err(q("pending blobs"))?;

@@ -292,6 +292,12 @@ impl Daemon {
                     .image_by_id(row.image_id)?
                     .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
                 let chain = db.snapshot_layer_chain(&row.id)?;
+                if let Some((s, why)) = chain.iter().find_map(|s| Some((s, s.info.get("seal_error")?.as_str()?))) {
+                    return Err(ApiError::new(
+                        ErrorKind::Conflict,
+                        format!("snapshot {} has no blob and never will: {why}", s.id),
+                    ));
+                }
                 let mut pending = false;
                 for s in &chain {
                     pending |= db.blob_pending(&s.id)?;

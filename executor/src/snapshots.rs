@@ -728,11 +728,31 @@ impl Daemon {
         store.sync_layer(&dir).map_err(store_err)?;
         // One pass: serialise the layer straight into the compressor.
         let fs = dir.join("fs");
-        let ((stats, hex), bhex, size) = store
-            .write_blob(BlobCompression::Zstd, true, |w| {
-                crate::diff::write_delta(&fs, w).map_err(std::io::Error::other)
-            })
-            .map_err(store_err)?;
+        let written = store.write_blob(BlobCompression::Zstd, true, |w| {
+            crate::diff::write_delta(&fs, w).map_err(std::io::Error::other)
+        });
+        let ((stats, hex), bhex, size) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                let content = match &e {
+                    StoreError::Io { source, .. } => source
+                        .get_ref()
+                        .and_then(|i| i.downcast_ref::<crate::diff::DiffError>())
+                        .is_some_and(|d| d.is_content()),
+                    _ => false,
+                };
+                if content {
+                    let mut info = row.info.clone();
+                    info["seal_error"] = serde_json::json!(crate::error::chain(&e));
+                    lock(&self.db).set_seal_failed(id, &info)?;
+                    return Err(ApiError::new(
+                        ErrorKind::Conflict,
+                        format!("snapshot {id} cannot be sealed: {}", crate::error::chain(&e)),
+                    ));
+                }
+                return Err(store_err(e));
+            }
+        };
         crate::failpoint::hit("seal:blob-written");
         if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
             let _ = store.remove_blob(&bhex);
