@@ -51,6 +51,9 @@ echo "==> building (release) and images" >&2
 cargo build --release --workspace >&2
 images/build-all.sh images/out >&2
 BIN=$REPO_ROOT/target/release
+STRATA=$BIN/strata
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 WORK=$(mktemp -d /var/tmp/strata-bench-reg.XXXXXX)
 SOCK_A=$WORK/a.sock
@@ -58,14 +61,6 @@ SOCK_B=$WORK/b.sock
 PID_A=
 PID_B=
 REG_PID=
-stop_daemon() { # SOCKET PID
-	[[ -n $2 ]] || return 0
-	for id in $("$BIN/strata" --socket "$1" ps 2>/dev/null | awk 'NR > 1 {print $1}'); do
-		"$BIN/strata" --socket "$1" rm "$id" >/dev/null || true
-	done
-	kill "$2" 2>/dev/null || true
-	wait "$2" 2>/dev/null || true
-}
 cleanup() {
 	stop_daemon "$SOCK_A" "$PID_A"
 	stop_daemon "$SOCK_B" "$PID_B"
@@ -112,11 +107,10 @@ done
 	{ cat "$WORK/registry.log" >&2; echo "docker-registry did not answer on $REG" >&2; exit 1; }
 
 # ---- two hosts ----
-"$BIN/strata" daemon --root "$WORK/root-a" --socket "$SOCK_A" --cgroup-parent strata-bench-reg-a >"$WORK/daemon-a.log" 2>&1 &
-PID_A=$!
-"$BIN/strata" daemon --root "$WORK/root-b" --socket "$SOCK_B" --cgroup-parent strata-bench-reg-b >"$WORK/daemon-b.log" 2>&1 &
-PID_B=$!
-for _ in $(seq 200); do [[ -S $SOCK_A && -S $SOCK_B ]] && break; sleep 0.05; done
+start_daemon "$SOCK_A" "$WORK/root-a" strata-bench-reg-a "$WORK/daemon-a.log"
+PID_A=$DAEMON_PID
+start_daemon "$SOCK_B" "$WORK/root-b" strata-bench-reg-b "$WORK/daemon-b.log"
+PID_B=$DAEMON_PID
 A() { "$BIN/strata" --socket "$SOCK_A" "$@"; }
 B() { "$BIN/strata" --socket "$SOCK_B" "$@"; }
 A image import images/out/busybox --name busybox >/dev/null

@@ -25,25 +25,20 @@ echo "==> building (release) and images" >&2
 cargo build --release --workspace >&2
 images/build-all.sh images/out >&2
 BIN=$REPO_ROOT/target/release
+STRATA=$BIN/strata
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 WORK=$(mktemp -d /var/tmp/strata-bench-snap.XXXXXX)
 SOCK=$WORK/strata.sock
 DAEMON_PID=
 cleanup() {
-	if [[ -n $DAEMON_PID ]]; then
-		for id in $("$BIN/strata" --socket "$SOCK" ps 2>/dev/null | awk 'NR > 1 {print $1}'); do
-			"$BIN/strata" --socket "$SOCK" rm "$id" >/dev/null || true
-		done
-		kill "$DAEMON_PID" 2>/dev/null || true
-		wait "$DAEMON_PID" 2>/dev/null || true
-	fi
+	stop_daemon "$SOCK" "$DAEMON_PID"
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-"$BIN/strata" daemon --root "$WORK/root" --socket "$SOCK" --cgroup-parent strata-bench-snap >"$WORK/daemon.log" 2>&1 &
-DAEMON_PID=$!
-for _ in $(seq 200); do [[ -S $SOCK ]] && break; sleep 0.05; done
+start_daemon "$SOCK" "$WORK/root" strata-bench-snap "$WORK/daemon.log"
 export STRATA_SOCKET=$SOCK
 S() { "$BIN/strata" "$@"; }
 S image import images/out/busybox --name busybox >/dev/null

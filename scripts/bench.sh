@@ -31,20 +31,14 @@ echo "==> building (release) and images" >&2
 cargo build --release --workspace >&2
 images/build-all.sh images/out >&2
 BIN=$REPO_ROOT/target/release
+STRATA=$BIN/strata
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 WORK=$(mktemp -d /tmp/strata-bench.XXXXXX)
 DAEMON_PID=
 cleanup() {
-	# Remove every sandbox before stopping the daemon (shims outlive it).
-	if [[ -n $DAEMON_PID ]]; then
-		for id in $("$BIN/strata" --socket "$WORK/strata.sock" ps 2>/dev/null | awk 'NR > 1 {print $1}'); do
-			"$BIN/strata" --socket "$WORK/strata.sock" rm "$id" >/dev/null || true
-		done
-	fi
-	if [[ -n $DAEMON_PID ]]; then
-		kill "$DAEMON_PID" 2>/dev/null || true
-		wait "$DAEMON_PID" 2>/dev/null || true
-	fi
+	stop_daemon "$WORK/strata.sock" "$DAEMON_PID"
 	runc delete -f strata-bench-runc >/dev/null 2>&1 || true
 	crun delete -f strata-bench-crun >/dev/null 2>&1 || true
 	# Children first, then the parents; only cgroups named strata-bench.
@@ -80,9 +74,7 @@ make_bundle crun
 
 echo "==> strata daemon" >&2
 SOCK=$WORK/strata.sock
-"$BIN/strata" daemon --root "$WORK/root" --socket "$SOCK" --cgroup-parent strata-bench >"$WORK/daemon.log" 2>&1 &
-DAEMON_PID=$!
-for _ in $(seq 200); do [[ -S $SOCK ]] && break; sleep 0.05; done
+start_daemon "$SOCK" "$WORK/root" strata-bench "$WORK/daemon.log"
 export STRATA_SOCKET=$SOCK
 "$BIN/strata" image import images/out/busybox --name busybox >/dev/null
 

@@ -33,20 +33,16 @@ fi
 
 cargo build --workspace >&2
 images/build-all.sh images/out >&2
-BIN=$REPO_ROOT/target/debug/strata
+STRATA=$REPO_ROOT/target/debug/strata
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 WORK=$(mktemp -d /var/tmp/strata-test-fuzz.XXXXXX)
 SOCK=$WORK/api.sock
 PARENT=strata-test-fuzz-$$
 DAEMON_PID=
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
-	if [[ -n $DAEMON_PID ]]; then
-		for id in $("$BIN" --socket "$SOCK" ps 2>/dev/null | awk 'NR > 1 {print $1}'); do
-			"$BIN" --socket "$SOCK" rm "$id" >/dev/null || true
-		done
-		kill "$DAEMON_PID" 2>/dev/null || true
-		wait "$DAEMON_PID" 2>/dev/null || true
-	fi
+	stop_daemon "$SOCK" "$DAEMON_PID"
 	for d in /sys/fs/cgroup/*/"$PARENT" /sys/fs/cgroup/"$PARENT"; do
 		if [[ -d $d ]]; then rmdir "$d" 2>/dev/null || true; fi
 	done
@@ -55,10 +51,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$BIN" daemon --root "$WORK/root" --socket "$SOCK" --cgroup-parent "$PARENT" --warm-pool 0 >"$WORK/daemon.log" 2>&1 &
-DAEMON_PID=$!
-for _ in $(seq 200); do [[ -S $SOCK ]] && break; sleep 0.05; done
-"$BIN" --socket "$SOCK" image import images/out/busybox --name busybox >/dev/null
+start_daemon "$SOCK" "$WORK/root" "$PARENT" "$WORK/daemon.log" --warm-pool 0
+"$STRATA" --socket "$SOCK" image import images/out/busybox --name busybox >/dev/null
 
 rc=0
 # shellcheck disable=SC2016 # expanded by the inner shell

@@ -299,19 +299,13 @@ impl crate::daemon::Daemon {
         let root = sandbox_root(sb.shim_pid).map_err(|e| ApiError::internal(&e))?;
         let r = match (req.direction, sb.spec.userns) {
             (Direction::In, None) => copy_in(root.as_fd(), &host, &req.path),
-            // In a user namespace the upper is idmapped: a file created by
-            // host id 0 cannot be stored (EOVERFLOW). Create as the range's
-            // root (stored as 0, seen as root inside), from a thread of its
-            // own so no other request runs with those ids.
-            (Direction::In, Some(map)) => std::thread::scope(|s| {
-                s.spawn(|| {
-                    strata_shim::sys::set_thread_fs_ids(map.host_id, map.host_id)
-                        .map_err(|e| CopyError::Sandbox { path: req.path.clone(), source: e })?;
-                    copy_in(root.as_fd(), &host, &req.path)
-                })
-                .join()
-                .unwrap_or_else(|_| Err(CopyError::Sandbox { path: req.path.clone(), source: Errno::EFAULT }))
-            }),
+            // In a user namespace the upper is idmapped: new files are
+            // created as the range's root (stored as 0, root's inside).
+            (Direction::In, Some(map)) => {
+                crate::userns::as_range_root(&map, || copy_in(root.as_fd(), &host, &req.path))
+                    .map_err(|e| CopyError::Sandbox { path: req.path.clone(), source: e })
+                    .and_then(|r| r)
+            }
             (Direction::Out, _) => copy_out(root.as_fd(), &req.path, &host),
         };
         r.map_err(|e| {

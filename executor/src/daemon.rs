@@ -76,6 +76,9 @@ pub struct Base {
     pub observed_head: Option<String>,
     /// How it was chosen (recorded as the restore's rung).
     pub rung: &'static str,
+    /// A snapshot of its chain was captured in a user namespace: it runs
+    /// only in one (see [`Daemon::launch`]).
+    pub captured_in_userns: bool,
 }
 
 /// Validated per-sandbox settings of a create, resume or fork.
@@ -397,6 +400,7 @@ impl Daemon {
             work_context: wc.clone(),
             observed_head: None,
             rung: "image",
+            captured_in_userns: false,
         };
         match self.launch(&base, launch) {
             Ok(sb) => Ok(sandbox_info(&sb)),
@@ -481,11 +485,7 @@ impl Daemon {
     /// /etc/ld.so.preload) is host root's once it runs without one, so a
     /// chain with any snapshot captured in one runs only in one.
     fn settle_userns(&self, base: &Base, mut launch: LaunchSpec) -> Result<LaunchSpec, ApiError> {
-        let captured_in_userns = match &base.snapshot {
-            Some(s) => lock(&self.db).snapshot_chain(s)?.iter().any(|r| r.info["userns"] == true),
-            None => false,
-        };
-        let userns = match (launch.userns, captured_in_userns) {
+        let userns = match (launch.userns, base.captured_in_userns) {
             (Some(false), true) => {
                 return Err(ApiError::new(
                     ErrorKind::InvalidArgument,

@@ -1339,7 +1339,6 @@ impl Db {
         tx.commit().map_err(q("commit set blob"))
     }
 
-    /// Snapshots whose blob is not written yet.
     /// A suspended snapshot whose layer cannot be serialised (what the
     /// sandbox left there, e.g. a tree too deep): its blob will never come.
     /// Records why in `info` and takes it off the pending list, so a push
@@ -1352,6 +1351,7 @@ impl Db {
         tx.commit().map_err(q("commit seal failed"))
     }
 
+    /// Snapshots whose blob is not written yet.
     pub fn pending_blobs(&self) -> Result<Vec<String>, DbError> {
         let mut st = self.conn.prepare("SELECT snapshot_id FROM snapshot_blob_pending").map_err(q("pending blobs"))?;
         let rows = st.query_map([], |r| r.get(0)).map_err(q("pending blobs"))?;

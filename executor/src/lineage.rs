@@ -124,6 +124,7 @@ impl Daemon {
             work_context: wc.id.clone(),
             observed_head: wc.head_id.clone(),
             rung: "image",
+            captured_in_userns: false,
         };
         Ok(sandbox_info(&*self.launch(&base, launch)?))
     }

@@ -93,11 +93,15 @@ fn move_or_copy_upper(upper: &Path, work: &Path) -> Result<bool, ApiError> {
         (writer.join().unwrap_or_else(|_| Err(std::io::Error::other("the tar writer panicked"))), unpacked)
     });
     written.map_err(|e| ApiError::new(ErrorKind::of_host_failure(&e), format!("copy the upper: {e}")))?;
-    unpacked.map_err(|e| {
-        let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Conflict };
-        ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
-    })?;
+    unpacked.map_err(unsealable)?;
     Ok(false)
+}
+
+/// An unpack of a sandbox's own tar failed: what the sandbox left there
+/// (an escaping symlink, say) is a conflict, a host failure is 500/507.
+fn unsealable(e: oci::UnpackError) -> ApiError {
+    let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Conflict };
+    ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
 }
 
 /// Mark a snapshot captured in a user namespace: its chain then runs only
@@ -283,10 +287,7 @@ impl Daemon {
         std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
         // The unpacker refuses what a layer may not hold (an escaping relative
         // symlink, say): that is the sandbox's content, not a daemon fault.
-        let unpacked = oci::unpack_own_tar(&cap.tar, &fs_dir).map_err(|e| {
-            let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Conflict };
-            ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
-        })?;
+        let unpacked = oci::unpack_own_tar(&cap.tar, &fs_dir).map_err(unsealable)?;
         let (unpacked, diff_id) = unpacked;
         Ok(((layer_dir, unpacked), diff_id.hex().to_string()))
     }
@@ -384,7 +385,11 @@ impl Daemon {
             .image_by_id(row.image_id)?
             .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
         let mut layers = image.layers.clone();
-        layers.extend(db.snapshot_layer_chain(&row.id)?.into_iter().map(|s| s.layer));
+        let chain = db.snapshot_layer_chain(&row.id)?;
+        // The chain ends at the nearest compacted snapshot, whose sandbox
+        // ran on everything below it: marked if anything below was.
+        let captured_in_userns = chain.iter().any(|s| s.info["userns"] == true);
+        layers.extend(chain.into_iter().map(|s| s.layer));
         // A pulled chain may not be unpacked yet (one query; usually none is
         // waiting, and launches stay free of per-layer lookups).
         let waiting = db.unhydrated_layers_with(true)?;
@@ -399,6 +404,7 @@ impl Daemon {
             work_context: String::new(),
             observed_head: None,
             rung: "snapshot",
+            captured_in_userns,
         })
     }
 
@@ -470,6 +476,7 @@ impl Daemon {
                     image: base.image.clone(),
                     layers: base.layers.clone(),
                     snapshot: base.snapshot.clone(),
+                    captured_in_userns: base.captured_in_userns,
                 };
                 self.launch(&child, launch.clone()).inspect_err(|_| {
                     let _ = lock(&self.db).delete_unused_work_context(&wc);

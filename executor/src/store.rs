@@ -402,7 +402,6 @@ impl Store {
                 // crash: a disk, or the idmapped trees and overlay of a
                 // `--userns` root being built (all ours: nothing else mounts
                 // in the store).
-                crate::disk::release(&entry.path())?;
                 for m in mounts_under(&entry.path()).into_iter().rev() {
                     tracing::info!("sweep: unmounting {m}");
                     let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);

@@ -72,7 +72,7 @@ pub enum UsernsError {
     },
     #[error("mount the root overlay over idmapped layers")]
     Overlay(#[source] sys::MountError),
-    #[error("give the overlay's mounting thread its own working directory and the range's root as file system ids")]
+    #[error("switch a daemon thread to the user namespace range's root ids")]
     FsIds(#[source] Errno),
     #[error(
         "--userns: strata-shim {exe} cannot be run by an unprivileged user ({at} is not executable by others); \
@@ -148,6 +148,24 @@ pub fn write_maps(pid: i32, map: &UsernsMap) -> Result<(), UsernsError> {
     Ok(())
 }
 
+/// Run `f` on a thread of its own whose file system ids are the range's
+/// root, with the daemon's capabilities kept (what it creates through an
+/// idmapped mount is stored as id 0; as host id 0 it could not be stored,
+/// EOVERFLOW) and its own working directory (the legacy overlay mount of
+/// kernels before 6.8 chdirs, which must not move the rest of the daemon).
+/// No other request ever runs with those ids.
+pub fn as_range_root<T: Send>(map: &UsernsMap, f: impl FnOnce() -> T + Send) -> Result<T, Errno> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS)?;
+            sys::set_thread_fs_ids(map.host_id, map.host_id)?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
 /// Build the sandbox's root overlay over idmapped `layers_dir` and `rw/`
 /// (see the module docs) and return it as a detached mount. Nothing stays
 /// mounted in the daemon's namespace, on success or error.
@@ -181,26 +199,12 @@ pub fn root_tree(
             attached.push(at);
         }
         // Overlay records its mounter's credentials and creates its work
-        // dirs and copies up with them: as host root (id 0, which the
-        // idmapped upper cannot store) that fails with EOVERFLOW. Mount
-        // from a thread whose fs ids are the range's root (stored as 0),
-        // with the host root's capabilities kept.
+        // dirs and copies up with them: mounted as the range's root.
         let upper = staged_rw.join("upper");
         let work = staged_rw.join("work");
         let mount =
             sys::OverlayMount { layers_dir: &staged_layers, lowers, upper: &upper, work: &work, target: &dirs.rootfs };
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                // Its own working directory: the legacy overlay mount
-                // (kernels before 6.8) chdirs into the layers for a moment,
-                // which must not move the rest of the daemon.
-                nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS).map_err(UsernsError::FsIds)?;
-                sys::set_thread_fs_ids(map.host_id, map.host_id).map_err(UsernsError::FsIds)?;
-                sys::mount_overlay(&mount).map_err(UsernsError::Overlay)
-            })
-            .join()
-            .unwrap_or(Err(UsernsError::FsIds(Errno::EFAULT)))
-        })?;
+        as_range_root(map, || sys::mount_overlay(&mount)).map_err(UsernsError::FsIds)?.map_err(UsernsError::Overlay)?;
         attached.push(&dirs.rootfs);
         sys::clone_tree(&dirs.rootfs).map_err(|source| UsernsError::Mount {
             step: "take a detached copy of",

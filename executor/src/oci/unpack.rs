@@ -233,11 +233,10 @@ pub fn unpack_layer(layer: &LayerSource, dest: &Path) -> Result<UnpackStats, Unp
 /// same checks as an image layer's, but there is no digest to verify; the
 /// tar's sha256 (its diff_id) is returned.
 pub fn unpack_own_tar(tar: &Path, dest: &Path) -> Result<(UnpackStats, Digest), UnpackError> {
-    let name = LayerName::Capture;
     let file = OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(tar).map_err(|source| {
-        UnpackError::Io { digest: name.clone(), step: "open captured tar", path: tar.to_owned(), source }
+        UnpackError::Io { digest: LayerName::Capture, step: "open captured tar", path: tar.to_owned(), source }
     })?;
-    extract(&name, file, Compression::None, dest)
+    unpack_own_stream(file, dest)
 }
 
 /// [`unpack_own_tar`] from a stream (a pipe from this daemon's own tar

@@ -105,6 +105,9 @@ pub fn prepare(
     userns: Option<crate::userns::UsernsMap>,
 ) -> Result<Prepared, SandboxError> {
     let mut t = super::Phases::start("prepare");
+    if userns.is_some() {
+        crate::userns::check_shim_reachable(&rt.shim_exe).map_err(SandboxError::Userns)?;
+    }
     let dirs = rt.store.prepare_sandbox(id, disk, userns.is_some()).map_err(SandboxError::Dirs)?;
     let mut prep = Prepared {
         id: id.clone(),
@@ -144,9 +147,6 @@ pub fn prepare(
         }
         None => None,
     };
-    if userns.is_some() {
-        crate::userns::check_shim_reachable(&rt.shim_exe).map_err(SandboxError::Userns)?;
-    }
     let namespaces = sys::SANDBOX_NAMESPACES | if userns.is_some() { libc::CLONE_NEWUSER as u64 } else { 0 };
     let spawned = sys::spawn_in_namespaces(&plan, namespaces)
         .map_err(|source| SandboxError::Spawn { exe: rt.shim_exe.clone(), source })?;
