@@ -8,9 +8,17 @@
 #     and blob durable with one syncfs, counted in the total);
 #   - suspend (seal by moving the upper);
 #   - resume and fork (count 1) of the snapshot.
+# Each case runs REPEAT times (default 3) on a fresh sandbox; the table has
+# the median of each column. Before each timed step the machine is brought
+# to the same state (`settle`): dirty data synced, caches dropped, the upper
+# read back into the page cache, a pause for the VM's free-page reporting.
+# Every contender then reads a warm upper and writes into memory the
+# hypervisor has reclaimed, which is what costs most on a VM (see
+# BENCHMARKS.md), instead of whoever runs first after a large free getting
+# cheap pages.
 # Prints a Markdown table.
 #
-# usage: sudo [SIZES="10485760 1073741824"] [SHAPES="small large"] scripts/bench-snapshots.sh
+# usage: sudo [SIZES="10485760 1073741824"] [SHAPES="small large"] [REPEAT=3] scripts/bench-snapshots.sh
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,58 +68,78 @@ d = os.path.join(upper, "data")
 os.makedirs(d, exist_ok=True)
 size = 64 * 1024 if shape == "small" else max(total // 4, 1)
 n = max(total // size, 1)
-chunk = os.urandom(1 << 20)
 for i in range(n):
     sub = os.path.join(d, f"{i // 1000:04d}")
     os.makedirs(sub, exist_ok=True)
     with open(os.path.join(sub, f"f{i}"), "wb") as f:
         left = size
         while left:
-            k = min(left, len(chunk))
-            f.write(chunk[:k])
+            # Fresh random bytes throughout: no file repeats another, so
+            # no compressor finds matches across files.
+            k = min(left, 1 << 20)
+            f.write(os.urandom(k))
             left -= k
 PY
 	sync
 }
+
+# settle UPPER: the same starting state for every timed step.
+settle() {
+	sync
+	echo 3 >/proc/sys/vm/drop_caches
+	find "$1" -type f -exec cat {} + >/dev/null
+	sleep 2
+}
+info() { python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["info"][sys.argv[1]])' "$1"; }
+median() { python3 -c 'import statistics,sys; print("%.0f" % statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 
 printf '| delta | shape | checkpoint frozen ms | checkpoint blob ms | checkpoint total ms | cp -a ms | tar\\|zstd -1 ms | tar\\|gzip -1 ms | suspend ms | resume ms | fork ms |\n'
 printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 for size in ${SIZES:-10485760 1073741824}; do
 	for shape in ${SHAPES:-small large}; do
 		label=$([[ $size -eq 10485760 ]] && echo "10 MiB" || echo "1 GiB")
-		id=$(S create --image busybox)
-		upper=$WORK/root/sandboxes/$id/upper
-		fill "$upper" "$shape" "$size"
-		echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+		declare -A runs=()
+		for _ in $(seq "${REPEAT:-3}"); do
+			id=$(S create --image busybox)
+			upper=$WORK/root/sandboxes/$id/upper
+			fill "$upper" "$shape" "$size"
 
-		t0=$(now); cp -a "$upper" "$WORK/cp"; t1=$(now); cp_ms=$(secs "$t0" "$t1")
-		rm -rf "$WORK/cp"; sync
-		t0=$(now); tar -cf - -C "$upper" . | zstd -1 -q >"$WORK/z"; t1=$(now); zstd_ms=$(secs "$t0" "$t1")
-		rm -f "$WORK/z"; sync
-		t0=$(now); tar -cf - -C "$upper" . | gzip -1 >"$WORK/z"; t1=$(now); gzip_ms=$(secs "$t0" "$t1")
-		rm -f "$WORK/z"; sync
+			settle "$upper"
+			t0=$(now); cp -a "$upper" "$WORK/cp"; t1=$(now); runs[cp]+=" $(secs "$t0" "$t1")"
+			rm -rf "$WORK/cp"
+			settle "$upper"
+			t0=$(now); tar -cf - -C "$upper" . | zstd -1 -q >"$WORK/z"; t1=$(now); runs[zstd]+=" $(secs "$t0" "$t1")"
+			rm -f "$WORK/z"
+			settle "$upper"
+			t0=$(now); tar -cf - -C "$upper" . | gzip -1 >"$WORK/z"; t1=$(now); runs[gzip]+=" $(secs "$t0" "$t1")"
+			rm -f "$WORK/z"
 
-		snap_json=$(api POST "/v1/sandboxes/$id/checkpoint")
-		frozen=$(python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["info"]["frozen_ms"])' <<<"$snap_json")
-		blob=$(python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["info"]["blob_ms"])' <<<"$snap_json")
-		total=$(python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["info"]["total_ms"])' <<<"$snap_json")
-		snap=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$snap_json")
+			settle "$upper"
+			snap_json=$(api POST "/v1/sandboxes/$id/checkpoint")
+			for k in frozen_ms blob_ms total_ms; do runs[$k]+=" $(info "$k" <<<"$snap_json")"; done
+			snap=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$snap_json")
 
-		t0=$(now); rid=$(S resume "$snap"); t1=$(now); resume_ms=$(secs "$t0" "$t1")
-		t0=$(now); fid=$(S fork "$snap" --count 1); t1=$(now); fork_ms=$(secs "$t0" "$t1")
-		S rm "$rid" "$fid" >/dev/null
+			t0=$(now); rid=$(S resume "$snap"); t1=$(now); runs[resume]+=" $(secs "$t0" "$t1")"
+			t0=$(now); fid=$(S fork "$snap" --count 1); t1=$(now); runs[fork]+=" $(secs "$t0" "$t1")"
+			S rm "$rid" "$fid" >/dev/null
 
-		t0=$(now); ssnap=$(S suspend "$id"); t1=$(now); suspend_ms=$(secs "$t0" "$t1")
+			t0=$(now); ssnap=$(S suspend "$id"); t1=$(now); runs[suspend]+=" $(secs "$t0" "$t1")"
+			# Wait for the suspended snapshot's blob, then free the disk.
+			for _ in $(seq 600); do
+				api GET "/v1/snapshots/$ssnap" | grep -q '"sealing":false' && break
+				sleep 0.1
+			done
+			S lineage retire "$(api GET "/v1/snapshots/$ssnap" | python3 -c 'import json,sys; print(json.load(sys.stdin)["work_context"])')" >/dev/null
+			S snapshot rm "$ssnap" >/dev/null
+			S snapshot rm "$snap" >/dev/null
+		done
+		echo "$label $shape runs: $(for k in "${!runs[@]}"; do printf '%s:%s; ' "$k" "${runs[$k]}"; done)" >&2
+		# shellcheck disable=SC2086 # each entry is a list of numbers
 		printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$label" \
 			"$([[ $shape == small ]] && echo 'many 64 KiB files' || echo '4 large files')" \
-			"$frozen" "$blob" "$total" "$cp_ms" "$zstd_ms" "$gzip_ms" "$suspend_ms" "$resume_ms" "$fork_ms"
-		# Wait for the suspended snapshot's blob, then free the disk.
-		for _ in $(seq 600); do
-			api GET "/v1/snapshots/$ssnap" | grep -q '"sealing":false' && break
-			sleep 0.1
-		done
-		S lineage retire "$(api GET "/v1/snapshots/$ssnap" | python3 -c 'import json,sys; print(json.load(sys.stdin)["work_context"])')" >/dev/null
-		S snapshot rm "$ssnap" >/dev/null
-		S snapshot rm "$snap" >/dev/null
+			"$(median ${runs[frozen_ms]})" "$(median ${runs[blob_ms]})" "$(median ${runs[total_ms]})" \
+			"$(median ${runs[cp]})" "$(median ${runs[zstd]})" "$(median ${runs[gzip]})" \
+			"$(median ${runs[suspend]})" "$(median ${runs[resume]})" "$(median ${runs[fork]})"
+		unset runs
 	done
 done

@@ -18,6 +18,7 @@ pub mod copy;
 pub mod daemon;
 pub mod db;
 pub mod diff;
+pub mod direct;
 pub mod disk;
 pub mod distribution;
 pub mod error;

@@ -250,7 +250,11 @@ impl Daemon {
         let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
         (row.blob_digest, row.blob_size, row.compression) =
             (format!("sha256:{blob_hex}"), blob_size, compression.as_str().into());
-        // Layer and blob are on disk before any row names them.
+        // Layer and blob are on disk before any row names them. The tars
+        // are spent: deleted first, so the sync does not write them out.
+        for spent in [&tar, &sealed.tar] {
+            let _ = std::fs::remove_file(spent);
+        }
         let checked = store.sync().map_err(store_err).and_then(|()| check.map_or(Ok(()), |c| c()));
         let mut db = lock(&self.db);
         if let Err(e) = checked.and_then(|()| record(&mut db, &mut row, &layer)) {

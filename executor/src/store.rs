@@ -56,7 +56,8 @@ pub fn compress_with<T>(
     produce: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<T>,
 ) -> std::io::Result<(T, String, u64)> {
     let file = std::fs::OpenOptions::new().write(true).create_new(true).open(out)?;
-    let mut h = crate::diff::Hashing::new(std::io::BufWriter::with_capacity(1 << 20, file));
+    // A blob is written once and read rarely: around the page cache.
+    let mut h = crate::diff::Hashing::new(crate::direct::DirectWriter::new(file));
     let t = match compression {
         BlobCompression::Zstd => {
             let mut enc = zstd::Encoder::new(&mut h, 1)?;
@@ -75,7 +76,7 @@ pub fn compress_with<T>(
         }
     };
     let (inner, hex, n) = h.finish();
-    let file = inner.into_inner().map_err(|e| e.into_error())?;
+    let file = inner.finish()?;
     if fsync {
         file.sync_all()?;
     }
