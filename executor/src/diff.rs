@@ -137,17 +137,31 @@ impl<W: Write> Write for Hashing<W> {
 /// Write the delta in `upper` as an uncompressed OCI layer tar to `out`.
 /// Returns its statistics and its diff_id (lowercase sha256 hex).
 pub fn write_delta(upper: &Path, out: impl Write) -> Result<(DeltaStats, String), DiffError> {
-    write_delta_with(upper, Hashing::new(out))
+    write_delta_with(upper, Hashing::new(out), None)
 }
+
+/// Appends the first `len` bytes of a regular file to a tar's output
+/// without passing them through this process (`copy_file_range`), where
+/// the output allows it.
+pub type SpliceFile<W> = fn(&mut W, &File, u64) -> io::Result<()>;
 
 /// [`write_delta`] without the hashing, for a caller that hashes the tar as
-/// it reads it back (a checkpoint's frozen capture: copying only).
-pub fn write_delta_unhashed(upper: &Path, out: impl Write) -> Result<DeltaStats, DiffError> {
-    write_delta_with(upper, Hashing::counting(out)).map(|(stats, _)| stats)
+/// it reads it back (a checkpoint's frozen capture: copying only). With
+/// `splice`, file contents are appended by it instead of read and written.
+pub fn write_delta_unhashed<W: Write>(
+    upper: &Path,
+    out: W,
+    splice: Option<SpliceFile<W>>,
+) -> Result<DeltaStats, DiffError> {
+    write_delta_with(upper, Hashing::counting(out), splice).map(|(stats, _)| stats)
 }
 
-fn write_delta_with<W: Write>(upper: &Path, out: Hashing<W>) -> Result<(DeltaStats, String), DiffError> {
-    let mut w = Writer { tar: tar::Builder::new(out), links: HashMap::new(), stats: DeltaStats::default() };
+fn write_delta_with<W: Write>(
+    upper: &Path,
+    out: Hashing<W>,
+    splice: Option<SpliceFile<W>>,
+) -> Result<(DeltaStats, String), DiffError> {
+    let mut w = Writer { tar: tar::Builder::new(out), links: HashMap::new(), stats: DeltaStats::default(), splice };
     w.tar.mode(tar::HeaderMode::Complete);
     w.tar.follow_symlinks(false);
     w.dir_children(upper, Path::new(""))?;
@@ -163,6 +177,7 @@ struct Writer<W: Write> {
     /// (dev, ino) of multiply-linked files → the name written first.
     links: HashMap<(u64, u64), PathBuf>,
     stats: DeltaStats,
+    splice: Option<SpliceFile<W>>,
 }
 
 fn read_err(path: &Path) -> impl FnOnce(io::Error) -> DiffError + '_ {
@@ -355,10 +370,28 @@ impl<W: Write> Writer<W> {
         let file = File::open(host).map_err(read_err(host))?;
         let mut h = self.header(&meta, tar::EntryType::Regular, meta.len());
         self.stats.bytes += meta.len();
+        // The header (its size field says what follows), then the content
+        // and the padding to the next 512-byte block, written here so that
+        // the content can be spliced. A file that shrinks or grows while
+        // read would corrupt the archive: the caller keeps the tree frozen,
+        // exactly `len` bytes are appended, and a short file is an error.
         let e = self.werr(rel);
-        // A file that shrinks or grows while read would corrupt the archive;
-        // the caller keeps the tree frozen, and `take` bounds what is read.
-        self.tar.append_data(&mut h, rel, io::Read::take(file, meta.len())).map_err(e)
+        self.tar.append_data(&mut h, rel, io::empty()).map_err(e)?;
+        let len = meta.len();
+        let e = self.werr(rel);
+        let out = self.tar.get_mut();
+        let appended = match self.splice {
+            Some(splice) if out.hash.is_none() => splice(&mut out.inner, &file, len).map(|()| out.written += len),
+            _ => io::copy(&mut io::Read::take(&file, len), out).and_then(|n| {
+                if n == len {
+                    Ok(())
+                } else {
+                    Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{n} of {len} bytes: the file shrank")))
+                }
+            }),
+        };
+        let pad = (512 - len % 512) % 512;
+        appended.and_then(|()| out.write_all(&[0; 512][..pad as usize])).map_err(e)
     }
 }
 
