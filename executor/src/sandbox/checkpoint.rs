@@ -116,10 +116,23 @@ impl SparseFile {
     }
 }
 
-/// [`diff::SpliceFile`] for the capture's tar: what is buffered first,
-/// then the file's content spliced in.
+/// Files smaller than this are read and written through the tar's buffer:
+/// splicing one costs a flush and four more system calls, more than
+/// copying it (a 10 MiB delta of 64 KiB files was frozen 16-28 ms spliced,
+/// 11-12 ms copied).
+const SPLICE_MIN: u64 = 1 << 20;
+
+/// [`diff::SpliceFile`] for the capture's tar: a large file's content is
+/// spliced in after what is buffered; a small one is copied.
 fn splice_into_tar(w: &mut &mut BufWriter<SparseFile>, src: &std::fs::File, len: u64) -> std::io::Result<()> {
     use std::io::Write;
+    if len < SPLICE_MIN {
+        let copied = std::io::copy(&mut std::io::Read::take(src, len), w)?;
+        if copied != len {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank"));
+        }
+        return Ok(());
+    }
     w.flush()?;
     w.get_mut().splice_from(src, len)
 }
