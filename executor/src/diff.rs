@@ -142,8 +142,23 @@ pub fn write_delta(upper: &Path, out: impl Write) -> Result<(DeltaStats, String)
 
 /// Appends the first `len` bytes of a regular file to a tar's output
 /// without passing them through this process (`copy_file_range`), where
-/// the output allows it.
+/// the output allows it. Called for files of [`SPLICE_MIN`] bytes or more.
 pub type SpliceFile<W> = fn(&mut W, &File, u64) -> io::Result<()>;
+
+/// Smaller files are copied through the output's buffer: splicing one
+/// costs a flush and four more system calls, more than copying it (a
+/// 10 MiB delta of 64 KiB files was frozen 16-28 ms spliced, 11-12 ms
+/// copied).
+pub const SPLICE_MIN: u64 = 1 << 20;
+
+/// Copy exactly `len` bytes of `src` from its current offset to `out`; a
+/// file that ends sooner (it shrank while read) is an error.
+pub fn copy_exactly(src: &File, len: u64, out: &mut impl Write) -> io::Result<()> {
+    match io::copy(&mut io::Read::take(src, len), out)? {
+        n if n == len => Ok(()),
+        n => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{n} of {len} bytes: the file shrank"))),
+    }
+}
 
 /// [`write_delta`] without the hashing, for a caller that hashes the tar as
 /// it reads it back (a checkpoint's frozen capture: copying only). With
@@ -381,14 +396,10 @@ impl<W: Write> Writer<W> {
         let e = self.werr(rel);
         let out = self.tar.get_mut();
         let appended = match self.splice {
-            Some(splice) if out.hash.is_none() => splice(&mut out.inner, &file, len).map(|()| out.written += len),
-            _ => io::copy(&mut io::Read::take(&file, len), out).and_then(|n| {
-                if n == len {
-                    Ok(())
-                } else {
-                    Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{n} of {len} bytes: the file shrank")))
-                }
-            }),
+            Some(splice) if out.hash.is_none() && len >= SPLICE_MIN => {
+                splice(&mut out.inner, &file, len).map(|()| out.written += len)
+            }
+            _ => copy_exactly(&file, len, out),
         };
         let pad = (512 - len % 512) % 512;
         appended.and_then(|()| out.write_all(&[0; 512][..pad as usize])).map_err(e)

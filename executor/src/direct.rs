@@ -190,12 +190,13 @@ fn write_chunks(
     filled: mpsc::Receiver<(Chunk, u64)>,
     give_back: mpsc::SyncSender<Chunk>,
 ) -> io::Result<()> {
-    let mut out = &direct;
+    let mut is_direct = true;
     for (chunk, offset) in filled {
+        let out = if is_direct { &direct } else { &buffered };
         match out.write_all_at(chunk.bytes(), offset) {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && std::ptr::eq(out, &direct) => {
-                out = &buffered;
-                out.write_all_at(chunk.bytes(), offset)?;
+            Err(e) if is_direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                is_direct = false;
+                buffered.write_all_at(chunk.bytes(), offset)?;
             }
             r => r?,
         }

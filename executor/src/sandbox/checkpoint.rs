@@ -61,7 +61,7 @@ impl SparseFile {
     fn splice_from(&mut self, src: &std::fs::File, len: u64) -> std::io::Result<()> {
         use nix::errno::Errno;
         use nix::unistd::{lseek, Whence};
-        use std::io::{Read, Seek, SeekFrom, Write};
+        use std::io::{Seek, SeekFrom, Write};
         use std::os::fd::AsRawFd;
         /// Bytes per call, so that a follower sees progress.
         const STEP: u64 = 8 << 20;
@@ -99,15 +99,11 @@ impl SparseFile {
         self.len = start + pos;
         self.file.seek(SeekFrom::Start(self.len))?;
         if pos < len {
-            let mut rest = src.take(len - pos);
             (&*src).seek(SeekFrom::Start(pos))?;
             // In blocks large enough for `write` to find runs of zeros.
             let mut buffered = BufWriter::with_capacity(1 << 20, &mut *self);
-            let copied = std::io::copy(&mut rest, &mut buffered)?;
+            diff::copy_exactly(src, len - pos, &mut buffered)?;
             buffered.flush()?;
-            if copied != len - pos {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank"));
-            }
         }
         if let Some(p) = &self.progress {
             p.publish(self.len);
@@ -116,23 +112,10 @@ impl SparseFile {
     }
 }
 
-/// Files smaller than this are read and written through the tar's buffer:
-/// splicing one costs a flush and four more system calls, more than
-/// copying it (a 10 MiB delta of 64 KiB files was frozen 16-28 ms spliced,
-/// 11-12 ms copied).
-const SPLICE_MIN: u64 = 1 << 20;
-
-/// [`diff::SpliceFile`] for the capture's tar: a large file's content is
-/// spliced in after what is buffered; a small one is copied.
+/// [`diff::SpliceFile`] for the capture's tar: what is buffered, then the
+/// file's content spliced in.
 fn splice_into_tar(w: &mut &mut BufWriter<SparseFile>, src: &std::fs::File, len: u64) -> std::io::Result<()> {
     use std::io::Write;
-    if len < SPLICE_MIN {
-        let copied = std::io::copy(&mut std::io::Read::take(src, len), w)?;
-        if copied != len {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank"));
-        }
-        return Ok(());
-    }
     w.flush()?;
     w.get_mut().splice_from(src, len)
 }
