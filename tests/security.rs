@@ -443,6 +443,17 @@ fn a_disk_cap_gives_enospc_inside_and_spares_the_host_and_other_sandboxes() {
     assert_eq!(info["limits"]["disk"], 16 << 20, "{info}");
     let (code, out) = attempt(&env, &r, "cat /d/kept; dd if=/dev/zero of=/fill bs=1M count=32");
     assert!(code != 0 && out.starts_with("kept\n") && out.contains("No space left on device"), "{out}");
+    // A suspend off a disk that cannot seal (an escaping symlink, unpacked
+    // while 8 MiB of B's data is still to come down the pipe) says why,
+    // not that the pipe broke.
+    sh(&env, &b, "ln -s ../../../.. /a-esc");
+    let r2 = env.client().request("POST", &format!("/v1/sandboxes/{b}/suspend"), None::<&()>);
+    match r2 {
+        Err(strata::client::ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains("cannot be sealed") && !message.contains("pipe"), "{message}")
+        }
+        other => panic!("suspend with an escaping symlink: {other:?}"),
+    }
     // Removing a capped sandbox unmounts its disk and frees its loop device,
     // even when a warm shim was started (with a copy of the host's mounts,
     // this disk's among them) after the disk was mounted.

@@ -92,9 +92,23 @@ fn move_or_copy_upper(upper: &Path, work: &Path) -> Result<bool, ApiError> {
         let unpacked = oci::unpack_own_stream(std::fs::File::from(r), &fs_dir);
         (writer.join().unwrap_or_else(|_| Err(std::io::Error::other("the tar writer panicked"))), unpacked)
     });
-    written.map_err(|e| ApiError::new(ErrorKind::of_host_failure(&e), format!("copy the upper: {e}")))?;
-    unpacked.map_err(unsealable)?;
-    Ok(false)
+    match (written, unpacked) {
+        (Ok(()), Ok(_)) => Ok(false),
+        // The unpacker refused an entry and stopped reading: the writer's
+        // broken pipe is only the echo of that.
+        (Err(e), Err(u)) if broken_pipe(&e) => Err(unsealable(u)),
+        (Err(e), _) => Err(ApiError::new(ErrorKind::of_host_failure(&e), format!("copy the upper: {e}"))),
+        (Ok(()), Err(u)) => Err(unsealable(u)),
+    }
+}
+
+/// A delta writer's error that is a write to a closed pipe.
+fn broken_pipe(e: &std::io::Error) -> bool {
+    let inner = e.get_ref().and_then(|d| d.downcast_ref::<crate::diff::DiffError>());
+    match inner {
+        Some(crate::diff::DiffError::Write { source, .. }) => source.kind() == std::io::ErrorKind::BrokenPipe,
+        _ => e.kind() == std::io::ErrorKind::BrokenPipe,
+    }
 }
 
 /// An unpack of a sandbox's own tar failed: what the sandbox left there
