@@ -1677,6 +1677,10 @@ fn sparse_files_and_links_to_lower_files_round_trip() {
     assert_eq!(stdout(&sh(&env, &resumed, probe)), want);
     // The hydrated layer keeps the file sparse on disk.
     let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+    // The file, unchanged since it was written, was copied before the
+    // freeze and the frozen capture referred to the copy.
+    assert_eq!(info["info"]["reused_bytes"], 1u64 << 30, "{info}");
+    assert_eq!(info["info"]["precopied_bytes"], 1u64 << 30, "{info}");
     let layer = info["layer"].as_str().unwrap().to_string();
     let meta = std::fs::metadata(env.root.join("layers").join(layer).join("fs/tmp/sparse")).unwrap();
     let on_disk = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;

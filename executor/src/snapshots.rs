@@ -170,6 +170,13 @@ impl Daemon {
         // compresses the tar while the capture writes it, so that the frozen
         // capture only copies; the hydration hashes it (the diff_id).
         let deep = self.needs_compaction(sb.spec.snapshot.as_deref())?;
+        // Large files are copied now, while the sandbox runs; the frozen
+        // capture refers to each copy that is still current (`precopy.rs`).
+        // Best effort: what is not copied now is copied frozen.
+        let pre = (!deep)
+            .then(|| crate::sandbox::Precopied::copy(&dirs.upper, &work.join("pre"), crate::diff::SPLICE_MIN))
+            .and_then(|r| r.map_err(|e| tracing::warn!("pre-copy of sandbox {}: {e}", sb.id)).ok())
+            .map(Arc::new);
         let progress = Arc::new(crate::sandbox::TarProgress::default());
         let (unpacked, follower) = std::thread::scope(|s| {
             let follower = (!deep).then(|| {
@@ -181,7 +188,7 @@ impl Daemon {
                     (r.map(|(_, hex, size)| (hex, size)), started.elapsed())
                 })
             });
-            let cap = sb.capture(&dirs.upper, &tar, follower.is_some().then(|| progress.clone()));
+            let cap = sb.capture(&dirs.upper, &tar, follower.is_some().then(|| progress.clone()), pre.clone());
             progress.end(cap.is_ok());
             crate::failpoint::hit("checkpoint:captured");
             // Hydrate while the blob is being finished.
@@ -208,6 +215,10 @@ impl Daemon {
             if !used {
                 let _ = store.remove_blob(hex);
             }
+        };
+        let reused: u64 = match &unpacked {
+            Ok((cap, _)) => cap.segments.iter().map(|s| s.len).sum(),
+            Err(_) => 0,
         };
         let sealed = match (unpacked, follower) {
             (Ok((cap, layer)), None) => self.finish_capture(sb, cap, layer, work).map(|s| (s, None)),
@@ -255,6 +266,9 @@ impl Daemon {
             "frozen_ms": sealed.frozen.as_secs_f64() * 1000.0,
             "blob_ms": blob_at.as_secs_f64() * 1000.0,
             "total_ms": started.elapsed().as_secs_f64() * 1000.0,
+            "precopy_ms": pre.as_ref().map_or(0.0, |p| p.took.as_secs_f64() * 1000.0),
+            "precopied_bytes": pre.as_ref().map_or(0, |p| p.bytes),
+            "reused_bytes": reused,
             "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
             "compacted": sealed.compacted,
         });
@@ -305,7 +319,8 @@ impl Daemon {
         std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
         // The unpacker refuses what a layer may not hold (an escaping relative
         // symlink, say): that is the sandbox's content, not a daemon fault.
-        let unpacked = oci::unpack_own_tar(&cap.tar, &fs_dir).map_err(unsealable)?;
+        let tar = crate::sandbox::TarFollower::finished(cap).map_err(|e| ApiError::internal(&e))?;
+        let unpacked = oci::unpack_capture(tar, &|at, len| cap.prepared(at, len), &fs_dir).map_err(unsealable)?;
         let (unpacked, diff_id) = unpacked;
         Ok(((layer_dir, unpacked), diff_id.hex().to_string()))
     }

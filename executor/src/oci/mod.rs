@@ -18,7 +18,9 @@ pub use digest::{Digest, DigestError};
 pub use layout::{open, Compression, ImageConfig, ImageSource, LayerSource, LayoutError};
 pub use sys::read_in_tree;
 pub use tarpath::{PathError, MAX_DEPTH};
-pub use unpack::{unpack_layer, unpack_own_stream, unpack_own_tar, LayerName, UnpackError, UnpackStats};
+pub use unpack::{
+    unpack_capture, unpack_layer, unpack_own_stream, unpack_own_tar, LayerName, UnpackError, UnpackStats,
+};
 
 /// The hostile-layer corpus of the root integration tests, compiled into the
 /// unit tests too so that every case is proven to be refused without root.

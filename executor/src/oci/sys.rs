@@ -29,6 +29,13 @@ pub fn create_file_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> Result<Fil
     strata_shim::sys::openat(dir, &c_name(name)?, flags, mode).map(File::from)
 }
 
+/// `openat(dir, name, O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC)`: for
+/// changing the metadata of a file this unpacker just put there.
+pub fn open_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<File, Errno> {
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    strata_shim::sys::openat(dir, &c_name(name)?, flags, 0).map(File::from)
+}
+
 /// The regular file at `comps` under the tree `root`, read without
 /// following a symlink anywhere on the way (a layer's `etc -> /etc` must
 /// not make the daemon read a host file) and without blocking on a FIFO;

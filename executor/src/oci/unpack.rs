@@ -221,7 +221,7 @@ pub fn unpack_layer(layer: &LayerSource, dest: &Path) -> Result<UnpackStats, Unp
         .map_err(blob_io("open blob"))?;
     verify_blob(layer, &mut blob)?;
     blob.seek(SeekFrom::Start(0)).map_err(blob_io("rewind blob"))?;
-    let (stats, actual) = extract(&name, blob, layer.compression, dest)?;
+    let (stats, actual) = extract(&name, blob, layer.compression, dest, None)?;
     if actual != layer.diff_id {
         return Err(UnpackError::DiffIdMismatch { digest: name, expected: layer.diff_id.clone(), actual });
     }
@@ -242,22 +242,40 @@ pub fn unpack_own_tar(tar: &Path, dest: &Path) -> Result<(UnpackStats, Digest), 
 /// [`unpack_own_tar`] from a stream (a pipe from this daemon's own tar
 /// writer), so the tar never lands on disk.
 pub fn unpack_own_stream(stream: File, dest: &Path) -> Result<(UnpackStats, Digest), UnpackError> {
-    extract(&LayerName::Capture, stream, Compression::None, dest)
+    extract(&LayerName::Capture, stream, Compression::None, dest, None)
+}
+
+/// Files this daemon made ahead for some entries of its own tar: given an
+/// entry's data offset in the stream and its size, the path of a file
+/// with exactly that content (a checkpoint's pre-copy), which the unpacker
+/// links into the tree instead of writing the data again. The data is
+/// still read from the stream, for the digest.
+pub type Prepared<'a> = &'a dyn Fn(u64, u64) -> Option<std::path::PathBuf>;
+
+/// [`unpack_own_tar`] from a reader of a checkpoint's capture, with the
+/// files its pre-copy made.
+pub fn unpack_capture(
+    stream: impl Read,
+    prepared: Prepared<'_>,
+    dest: &Path,
+) -> Result<(UnpackStats, Digest), UnpackError> {
+    extract(&LayerName::Capture, stream, Compression::None, dest, Some(prepared))
 }
 
 /// Extracts the (compressed) tar in `blob` into `dest`, checking every
 /// entry; returns the uncompressed stream's sha256 too.
 fn extract(
     name: &LayerName,
-    blob: File,
+    blob: impl Read,
     compression: Compression,
     dest: &Path,
+    prepared: Option<Prepared<'_>>,
 ) -> Result<(UnpackStats, Digest), UnpackError> {
     let root = open_dest(name, dest)?;
     let state = MeterState::default();
     let decompress = |source| UnpackError::Decompress { digest: name.clone(), compression, source };
     let blob = BufReader::with_capacity(1 << 20, blob);
-    let stream: Box<dyn Read> = match compression {
+    let stream: Box<dyn Read + '_> = match compression {
         Compression::None => Box::new(blob),
         // Multi-member: pigz and concatenated gzip files are valid layers.
         Compression::Gzip => Box::new(MultiGzDecoder::new(blob)),
@@ -273,6 +291,7 @@ fn extract(
         stats: UnpackStats::default(),
         buf: vec![0; 64 * 1024],
         last_parent: None,
+        prepared,
     };
     ex.extract(&mut archive)?;
 
@@ -386,6 +405,7 @@ struct Extractor<'a> {
     /// entries together), so most entries skip the walk. Only removing a
     /// directory can make it stale, and `clear` drops it when it does.
     last_parent: Option<(Vec<u8>, OwnedFd)>,
+    prepared: Option<Prepared<'a>>,
 }
 
 impl Extractor<'_> {
@@ -661,6 +681,9 @@ impl Extractor<'_> {
         let (name, parents) = split(comps);
         let parent = self.walk_entry(raw, parents)?;
         self.clear(parent.as_fd(), raw, comps, false)?;
+        if let Some(made) = self.prepared.and_then(|p| p(entry.raw_file_position(), entry.size())) {
+            return self.link_prepared(entry, raw, parent.as_fd(), name, &made, meta);
+        }
         let mut file = sys::create_file_at(parent.as_fd(), name, 0o600).map_err(|e| self.io("create file", raw, e))?;
         let mut written = 0u64;
         loop {
@@ -685,6 +708,37 @@ impl Extractor<'_> {
         if written != entry.size() {
             return Err(UnpackError::Truncated { digest: self.digest.clone(), path: tarpath::shown(raw) });
         }
+        self.file_meta(&file, raw, meta)?;
+        Ok(written)
+    }
+
+    /// A regular file whose content was made ahead ([`Prepared`]): linked
+    /// in; its data is read from the stream only for the digest.
+    fn link_prepared<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        raw: &[u8],
+        parent: BorrowedFd<'_>,
+        name: &[u8],
+        made: &Path,
+        meta: &Meta,
+    ) -> Result<u64, UnpackError> {
+        use std::os::unix::ffi::OsStrExt;
+        let at = Path::new(std::ffi::OsStr::from_bytes(name));
+        unistd::linkat(None, made, Some(parent.as_raw_fd()), at, AtFlags::empty())
+            .map_err(|e| self.io("link file", raw, e))?;
+        let file = sys::open_file_at(parent, name).map_err(|e| self.io("open file", raw, e))?;
+        let read = io::copy(entry, &mut io::sink()).map_err(|e| self.stream_error(e))?;
+        self.stats.bytes += read;
+        if read != entry.size() {
+            return Err(UnpackError::Truncated { digest: self.digest.clone(), path: tarpath::shown(raw) });
+        }
+        self.file_meta(&file, raw, meta)?;
+        Ok(read)
+    }
+
+    /// Owner, mode, xattrs and times of a file whose data is in place.
+    fn file_meta(&self, file: &File, raw: &[u8], meta: &Meta) -> Result<(), UnpackError> {
         // chown clears setuid/setgid and security.capability, and writing
         // clears security.capability: so data, owner, mode, xattrs, times.
         unistd::fchown(file.as_raw_fd(), Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)))
@@ -693,7 +747,7 @@ impl Extractor<'_> {
             .map_err(|e| self.io("change mode of", raw, e))?;
         self.set_xattrs(Target::Fd(file.as_fd()), raw, &meta.xattrs)?;
         stat::futimens(file.as_raw_fd(), &meta.mtime, &meta.mtime).map_err(|e| self.io("set times of", raw, e))?;
-        Ok(written)
+        Ok(())
     }
 
     fn symlink<R: Read>(

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::precopy::{self, Precopied};
 use super::{RunEvent, Sandbox, SandboxError};
 use crate::diff::{self, DeltaStats};
 
@@ -26,24 +27,50 @@ const FREEZE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A file writer that leaves holes for aligned blocks of zeros, so the
 /// frozen capture of a sparse file (or any long run of zeros) costs no disk
 /// writes. The content read back is identical.
-struct SparseFile {
+pub(super) struct SparseFile {
     file: std::fs::File,
     len: u64,
     progress: Option<Arc<TarProgress>>,
     /// Whether `copy_file_range` from the upper works (not across file
     /// systems, e.g. from a sandbox's `--disk`).
     splice: bool,
+    /// Files copied before the freeze; where one is still current, the
+    /// tar gets a hole and a [`Segment`] instead of its content.
+    pre: Option<Arc<Precopied>>,
+    segments: Vec<Segment>,
+}
+
+/// A range of a capture's tar whose bytes are in a pre-copied file (the
+/// tar has a hole there): a large file's content.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub offset: u64,
+    pub len: u64,
+    pub copy: precopy::Copy,
 }
 
 impl SparseFile {
     const BLOCK: usize = 64 * 1024;
 
-    fn new(file: std::fs::File, progress: Option<Arc<TarProgress>>) -> SparseFile {
-        SparseFile { file, len: 0, progress, splice: true }
+    pub(super) fn new(file: std::fs::File, progress: Option<Arc<TarProgress>>) -> SparseFile {
+        SparseFile { file, len: 0, progress, splice: true, pre: None, segments: Vec::new() }
+    }
+
+    /// Leave a hole for `len` bytes that `copy` holds.
+    fn refer(&mut self, copy: precopy::Copy, len: u64) -> std::io::Result<()> {
+        use std::io::{Seek, SeekFrom};
+        let seg = Segment { offset: self.len, len, copy };
+        self.len += len;
+        self.file.seek(SeekFrom::Start(self.len))?;
+        if let Some(p) = &self.progress {
+            p.publish_segment(seg.clone(), self.len);
+        }
+        self.segments.push(seg);
+        Ok(())
     }
 
     /// Give the file its full length (a trailing hole is not written).
-    fn finish(self) -> std::io::Result<()> {
+    pub(super) fn finish(self) -> std::io::Result<()> {
         self.file.set_len(self.len)
     }
 
@@ -58,7 +85,7 @@ impl SparseFile {
     /// kernel (`copy_file_range`, as `cp` does: no trip through this
     /// process), holes in `src` left as holes. Where the kernel cannot,
     /// the bytes are read and written.
-    fn splice_from(&mut self, src: &std::fs::File, len: u64) -> std::io::Result<()> {
+    pub(super) fn splice_from(&mut self, src: &std::fs::File, len: u64) -> std::io::Result<()> {
         use nix::errno::Errno;
         use nix::unistd::{lseek, Whence};
         use std::io::{Seek, SeekFrom, Write};
@@ -114,73 +141,150 @@ impl SparseFile {
 
 /// [`diff::SpliceFile`] for the capture's tar: what is buffered, then the
 /// file's content spliced in.
+/// Or, if the file was pre-copied and has not changed since, a reference
+/// to the copy.
 fn splice_into_tar(w: &mut &mut BufWriter<SparseFile>, src: &std::fs::File, len: u64) -> std::io::Result<()> {
     use std::io::Write;
     w.flush()?;
-    w.get_mut().splice_from(src, len)
+    let sf = w.get_mut();
+    match sf.pre.as_ref().and_then(|p| p.reusable(src, len)).cloned() {
+        Some(copy) => sf.refer(copy, len),
+        None => sf.splice_from(src, len),
+    }
 }
 
 /// How far a capture has written its tar, shared with a [`TarFollower`].
 #[derive(Default)]
 pub struct TarProgress {
-    /// (bytes final so far, `Some(ok)` once the capture ended).
-    state: Mutex<(u64, Option<bool>)>,
+    state: Mutex<ProgressState>,
     cv: Condvar,
 }
 
+#[derive(Default)]
+struct ProgressState {
+    /// Bytes final so far.
+    len: u64,
+    /// `Some(ok)` once the capture ended.
+    end: Option<bool>,
+    segments: Vec<Segment>,
+}
+
 impl TarProgress {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProgressState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn publish(&self, len: u64) {
-        self.state.lock().unwrap_or_else(|e| e.into_inner()).0 = len;
+        self.lock().len = len;
+        self.cv.notify_all();
+    }
+
+    fn publish_segment(&self, seg: Segment, len: u64) {
+        let mut st = self.lock();
+        st.segments.push(seg);
+        st.len = len;
+        drop(st);
         self.cv.notify_all();
     }
 
     /// The capture is over: `ok` if the tar is complete. Later calls are
     /// ignored, so a caller can always end it on its way out.
     pub fn end(&self, ok: bool) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.1.get_or_insert(ok);
+        self.lock().end.get_or_insert(ok);
         self.cv.notify_all();
     }
 }
 
 /// Reads a capture's tar while it is being written: blocks until more is
 /// final, ends when the capture has ended, fails if it failed. Bytes past
-/// the file's current end are a hole the writer skipped: zeros.
+/// the file's current end are a hole the writer skipped: zeros. Where a
+/// [`Segment`] says so, the bytes are read from its pre-copied file.
 pub struct TarFollower {
     path: PathBuf,
     file: Option<std::fs::File>,
     pos: u64,
-    progress: Arc<TarProgress>,
+    segments: Vec<Segment>,
+    /// The segment file last read, by index.
+    open: Option<(usize, std::fs::File)>,
+    /// The capture being written; `None` for a finished one of `len` bytes.
+    progress: Option<Arc<TarProgress>>,
+    len: u64,
 }
 
 impl TarFollower {
     pub fn new(path: &Path, progress: Arc<TarProgress>) -> TarFollower {
-        TarFollower { path: path.to_path_buf(), file: None, pos: 0, progress }
+        TarFollower {
+            path: path.to_path_buf(),
+            file: None,
+            pos: 0,
+            segments: Vec::new(),
+            open: None,
+            progress: Some(progress),
+            len: 0,
+        }
+    }
+
+    /// Reads a finished capture.
+    pub fn finished(cap: &Capture) -> std::io::Result<TarFollower> {
+        let file = std::fs::File::open(&cap.tar)?;
+        let len = file.metadata()?.len();
+        Ok(TarFollower {
+            path: cap.tar.clone(),
+            file: Some(file),
+            pos: 0,
+            segments: cap.segments.clone(),
+            open: None,
+            progress: None,
+            len,
+        })
+    }
+
+    /// How far the tar is final (waiting for more); copies new segments.
+    fn final_len(&mut self) -> std::io::Result<u64> {
+        let Some(progress) = &self.progress else { return Ok(self.len) };
+        let mut st = progress.lock();
+        while st.len <= self.pos && st.end.is_none() {
+            st = progress.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.end == Some(false) {
+            return Err(std::io::Error::other("the capture failed"));
+        }
+        self.segments.extend_from_slice(&st.segments[self.segments.len()..]);
+        Ok(st.len)
     }
 }
 
 impl std::io::Read for TarFollower {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use std::os::unix::fs::FileExt;
-        let (len, end) = {
-            let mut st = self.progress.state.lock().unwrap_or_else(|e| e.into_inner());
-            while st.0 <= self.pos && st.1.is_none() {
-                st = self.progress.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-            *st
-        };
-        if end == Some(false) {
-            return Err(std::io::Error::other("the capture failed"));
-        }
+        let len = self.final_len()?;
         if len <= self.pos || buf.is_empty() {
             return Ok(0);
         }
-        let file = match &mut self.file {
-            Some(f) => f,
-            None => self.file.insert(std::fs::File::open(&self.path)?),
+        let mut want = buf.len().min((len - self.pos) as usize);
+        let i = self.segments.partition_point(|s| s.offset + s.len <= self.pos);
+        let (file, at) = match self.segments.get(i) {
+            Some(s) if s.offset <= self.pos => {
+                want = want.min((s.offset + s.len - self.pos) as usize);
+                let at = self.pos - s.offset;
+                let file = match &mut self.open {
+                    Some((j, f)) if *j == i => f,
+                    open => &open.insert((i, std::fs::File::open(&*s.copy.path)?)).1,
+                };
+                (file, at)
+            }
+            next => {
+                if let Some(s) = next {
+                    want = want.min((s.offset - self.pos) as usize);
+                }
+                let file = match &mut self.file {
+                    Some(f) => f,
+                    None => self.file.insert(std::fs::File::open(&self.path)?),
+                };
+                (&*file, self.pos)
+            }
         };
-        let want = buf.len().min((len - self.pos) as usize);
-        let n = match file.read_at(&mut buf[..want], self.pos)? {
+        let n = match file.read_at(&mut buf[..want], at)? {
             0 => {
                 buf[..want].fill(0);
                 want
@@ -224,6 +328,17 @@ pub struct Capture {
     pub stats: DeltaStats,
     /// How long the sandbox was frozen (zero if it was paused already).
     pub frozen: Duration,
+    /// Ranges of the tar held by pre-copied files (read it with
+    /// [`TarFollower::finished`]).
+    pub segments: Vec<Segment>,
+}
+
+impl Capture {
+    /// The pre-copied file holding exactly the `len` bytes at `offset`.
+    pub fn prepared(&self, offset: u64, len: u64) -> Option<PathBuf> {
+        let i = self.segments.partition_point(|s| s.offset < offset);
+        self.segments.get(i).filter(|s| s.offset == offset && s.len == len).map(|s| s.copy.path.to_path_buf())
+    }
 }
 
 impl Sandbox {
@@ -254,12 +369,14 @@ impl Sandbox {
 
     /// Freeze (unless paused), write `upper` as a layer tar to `tar`, thaw.
     /// New execs are refused meanwhile. With `progress`, each write is
-    /// published to it (the caller ends it).
+    /// published to it (the caller ends it), and files in `pre` that did
+    /// not change since they were copied are referred to, not copied.
     pub fn capture(
         &self,
         upper: &Path,
         tar: &Path,
         progress: Option<Arc<TarProgress>>,
+        pre: Option<Arc<Precopied>>,
     ) -> Result<Capture, SandboxError> {
         let started = Instant::now();
         let state = self.transition(RunEvent::Capture, "checkpoint", || Ok(()))?;
@@ -272,7 +389,9 @@ impl Sandbox {
                     // With a follower, the capture only copies (the
                     // hydration hashes the tar after the thaw).
                     let followed = progress.is_some();
-                    let mut w = BufWriter::with_capacity(1 << 20, SparseFile::new(f, progress));
+                    let mut sparse = SparseFile::new(f, progress);
+                    sparse.pre = pre.filter(|_| followed);
+                    let mut w = BufWriter::with_capacity(1 << 20, sparse);
                     let r = if followed {
                         diff::write_delta_unhashed(upper, &mut w, Some(splice_into_tar)).map(|s| (s, None))
                     } else {
@@ -281,11 +400,12 @@ impl Sandbox {
                     .map_err(SandboxError::Capture)?;
                     // No fsync: the tar is scratch under tmp/ (blob and layer are
                     // synced when written) and the sandbox is frozen meanwhile.
-                    w.into_inner()
-                        .map_err(|e| SandboxError::Io { step: "flush checkpoint tar", source: e.into_error() })?
-                        .finish()
-                        .map_err(|source| SandboxError::Io { step: "finish checkpoint tar", source })?;
-                    Ok(r)
+                    let mut sparse = w
+                        .into_inner()
+                        .map_err(|e| SandboxError::Io { step: "flush checkpoint tar", source: e.into_error() })?;
+                    let segments = std::mem::take(&mut sparse.segments);
+                    sparse.finish().map_err(|source| SandboxError::Io { step: "finish checkpoint tar", source })?;
+                    Ok((r, segments))
                 })
         });
         // Always resume, whatever happened above.
@@ -297,8 +417,8 @@ impl Sandbox {
         let frozen = if froze { started.elapsed() } else { Duration::ZERO };
         let _ = self.transition(RunEvent::Captured, "finish checkpoint", || Ok(()));
         result?;
-        let (stats, diff_id) = written.unwrap_or(Err(SandboxError::Dead(self.id.clone())))?;
-        Ok(Capture { tar: tar.to_path_buf(), diff_id, stats, frozen })
+        let ((stats, diff_id), segments) = written.unwrap_or(Err(SandboxError::Dead(self.id.clone())))?;
+        Ok(Capture { tar: tar.to_path_buf(), diff_id, stats, frozen, segments })
     }
 }
 
@@ -345,5 +465,68 @@ mod tests {
             let on_disk = std::fs::metadata(&path).unwrap().blocks() * 512;
             assert!(on_disk < 8 << 20, "the 200 MiB sparse file from {src} took {on_disk} bytes in the tar");
         }
+    }
+
+    /// With a pre-copy, the capture writes only headers, small files and
+    /// holes; read back with its segments it is the plain tar byte for
+    /// byte (while followed, and once finished), a file changed after the
+    /// pre-copy is captured afresh, and the unpacker links the copies.
+    #[test]
+    fn precopied_capture_reads_as_the_same_tar() {
+        use std::io::Read;
+        use std::os::unix::fs::FileExt;
+        let upper = tempfile::tempdir_in("/var/tmp").unwrap();
+        let out = tempfile::tempdir_in("/var/tmp").unwrap();
+        let u = upper.path();
+        tree(u);
+        std::fs::create_dir(u.join("d")).unwrap();
+        std::fs::write(u.join("d/big"), vec![3u8; (4 << 20) + 17]).unwrap();
+        std::fs::write(u.join("d/changed"), vec![4u8; 2 << 20]).unwrap();
+        std::fs::hard_link(u.join("d/big"), u.join("link")).unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        let pre = Arc::new(Precopied::copy(u, &out.path().join("pre"), diff::SPLICE_MIN).unwrap());
+        assert_eq!(pre.len(), 3, "sparse, big (once for both names), changed");
+        std::fs::OpenOptions::new().write(true).open(u.join("d/changed")).unwrap().write_all_at(b"new", 9).unwrap();
+        let mut plain = Vec::new();
+        diff::write_delta_unhashed(u, &mut plain, None).unwrap();
+
+        let tar = out.path().join("t");
+        let progress = Arc::new(TarProgress::default());
+        let mut follower = TarFollower::new(&tar, progress.clone());
+        let followed = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            follower.read_to_end(&mut all).map(|_| all)
+        });
+        let mut sf = SparseFile::new(std::fs::File::create(&tar).unwrap(), Some(progress.clone()));
+        sf.pre = Some(pre);
+        let mut w = BufWriter::new(sf);
+        let stats = diff::write_delta_unhashed(u, &mut w, Some(splice_into_tar)).unwrap();
+        let mut sf = w.into_inner().map_err(|e| e.into_error()).unwrap();
+        let segments = std::mem::take(&mut sf.segments);
+        sf.finish().unwrap();
+        progress.end(true);
+        assert_eq!(stats.tar_bytes, plain.len() as u64);
+        let lens: Vec<u64> = segments.iter().map(|s| s.len).collect();
+        assert_eq!(lens, [(4 << 20) + 17, 200 << 20], "d/big and sparse referred to, d/changed copied");
+        assert!(std::fs::metadata(&tar).unwrap().blocks() * 512 < 4 << 20, "the tar has holes for them");
+        assert!(followed.join().unwrap().unwrap() == plain, "the followed tar differs");
+
+        let cap = Capture { tar: tar.clone(), diff_id: None, stats, frozen: Duration::ZERO, segments };
+        let mut finished = Vec::new();
+        TarFollower::finished(&cap).unwrap().read_to_end(&mut finished).unwrap();
+        assert!(finished == plain, "the finished tar differs");
+
+        let dest = out.path().join("fs");
+        std::fs::create_dir(&dest).unwrap();
+        let reader = TarFollower::finished(&cap).unwrap();
+        let (_, digest) = crate::oci::unpack_capture(reader, &|at, len| cap.prepared(at, len), &dest).unwrap();
+        use sha2::Digest as _;
+        assert_eq!(digest.hex(), hex::encode(sha2::Sha256::digest(&plain)));
+        let big = std::fs::metadata(dest.join("d/big")).unwrap();
+        assert_eq!(big.ino(), std::fs::metadata(&cap.segments[0].copy.path).unwrap().ino(), "linked");
+        assert_eq!(big.mode() & 0o7777, std::fs::metadata(u.join("d/big")).unwrap().mode() & 0o7777);
+        assert_eq!(std::fs::read(dest.join("link")).unwrap(), vec![3u8; (4 << 20) + 17]);
+        assert_eq!(&std::fs::read(dest.join("d/changed")).unwrap()[9..12], b"new");
+        assert_eq!(std::fs::read(dest.join("sparse")).unwrap(), std::fs::read(u.join("sparse")).unwrap());
     }
 }

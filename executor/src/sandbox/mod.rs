@@ -9,10 +9,12 @@ mod create;
 mod destroy;
 mod exec;
 mod freeze;
+mod precopy;
 
-pub use checkpoint::{Capture, TarFollower, TarProgress};
+pub use checkpoint::{Capture, Segment, TarFollower, TarProgress};
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest, ExecSummary};
+pub use precopy::Precopied;
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
