@@ -140,16 +140,11 @@ pub fn write_delta(upper: &Path, out: impl Write) -> Result<(DeltaStats, String)
     write_delta_with(upper, Hashing::new(out), None)
 }
 
-/// Appends the first `len` bytes of a regular file to a tar's output
-/// without passing them through this process (`copy_file_range`), where
-/// the output allows it. Called for files of [`SPLICE_MIN`] bytes or more.
-pub type SpliceFile<W> = fn(&mut W, &File, u64) -> io::Result<()>;
-
-/// Smaller files are copied through the output's buffer: splicing one
-/// costs a flush and four more system calls, more than copying it (a
-/// 10 MiB delta of 64 KiB files was frozen 16-28 ms spliced, 11-12 ms
-/// copied).
-pub const SPLICE_MIN: u64 = 1 << 20;
+/// Takes the first `len` bytes of a regular file into a tar's output
+/// without passing them through the tar's buffer (spliced inside the
+/// kernel, say), where the output allows it; `false` if it did not, and
+/// the writer copies them.
+pub type SpliceFile<W> = fn(&mut W, &File, u64) -> io::Result<bool>;
 
 /// Copy exactly `len` bytes of `src` from its current offset to `out`; a
 /// file that ends sooner (it shrank while read) is an error.
@@ -395,11 +390,17 @@ impl<W: Write> Writer<W> {
         let len = meta.len();
         let e = self.werr(rel);
         let out = self.tar.get_mut();
-        let appended = match self.splice {
-            Some(splice) if out.hash.is_none() && len >= SPLICE_MIN => {
-                splice(&mut out.inner, &file, len).map(|()| out.written += len)
+        let taken = match self.splice {
+            Some(splice) if out.hash.is_none() => splice(&mut out.inner, &file, len),
+            _ => Ok(false),
+        };
+        let appended = match taken {
+            Ok(true) => {
+                out.written += len;
+                Ok(())
             }
-            _ => copy_exactly(&file, len, out),
+            Ok(false) => copy_exactly(&file, len, out),
+            Err(e) => Err(e),
         };
         let pad = (512 - len % 512) % 512;
         appended.and_then(|()| out.write_all(&[0; 512][..pad as usize])).map_err(e)

@@ -2,15 +2,18 @@
 //! delta), suspend (seal a stopped sandbox's upper by moving it), resume and
 //! fork (start sandboxes on a snapshot's chain), and list/inspect/remove.
 //!
-//! A checkpoint is, in order: capture (frozen: upper → tar, see
+//! A checkpoint is, in order: pre-copy (the upper's large files, copied
+//! while the sandbox runs, see `sandbox/precopy.rs`), capture (frozen: upper
+//! → tar, referring to the copies still current, see
 //! `sandbox/checkpoint.rs`; a thread compresses the tar into
 //! `blobs/sha256/<digest>` as it is written), then, with the sandbox running
 //! again, hydrate the tar into `tmp/` with the same per-entry checks imports
-//! use (hashing it: the diff_id), rename it to `layers/<diff_id>`, make
-//! layer and blob durable with one syncfs, and record layer + snapshot in one
-//! transaction. Any failure removes what this checkpoint made; `tmp/` is
-//! swept at start for a daemon killed mid-way, and layer and blob files the
-//! database does not list are swept too.
+//! use (hashing it: the diff_id; the copies are linked in), rename it to
+//! `layers/<diff_id>`, make layer and blob durable with one syncfs, and
+//! record layer + snapshot in one transaction. Any failure removes what
+//! this checkpoint made; `tmp/` is swept at start for a daemon killed
+//! mid-way, and layer and blob files the database does not list are swept
+//! too.
 //!
 //! A sandbox's upper holds everything it changed since it started, so every
 //! checkpoint of it is one layer on top of the snapshot it started from (or
@@ -174,7 +177,7 @@ impl Daemon {
         // capture refers to each copy that is still current (`precopy.rs`).
         // Best effort: what is not copied now is copied frozen.
         let pre = (!deep)
-            .then(|| crate::sandbox::Precopied::copy(&dirs.upper, &work.join("pre"), crate::diff::SPLICE_MIN))
+            .then(|| crate::sandbox::Precopied::copy(&dirs.upper, &work.join("pre")))
             .and_then(|r| r.map_err(|e| tracing::warn!("pre-copy of sandbox {}: {e}", sb.id)).ok())
             .map(Arc::new);
         let progress = Arc::new(crate::sandbox::TarProgress::default());
@@ -284,6 +287,8 @@ impl Daemon {
             let _ = std::fs::remove_file(spent);
         }
         let checked = store.sync().map_err(store_err).and_then(|()| check.map_or(Ok(()), |c| c()));
+        // Until layer and blob are durable: all the checkpoint but the row.
+        row.info["total_ms"] = (started.elapsed().as_secs_f64() * 1000.0).into();
         let mut db = lock(&self.db);
         if let Err(e) = checked.and_then(|()| record(&mut db, &mut row, &layer)) {
             // Reclaim what this capture made; the sandbox runs on.

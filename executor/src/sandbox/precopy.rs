@@ -1,5 +1,5 @@
-//! Pre-copy: a checkpoint copies the upper's large files while the sandbox
-//! still runs, and the frozen capture then only checks that each is
+//! Pre-copy: a checkpoint copies the upper's files of [`MIN`] bytes and
+//! more while the sandbox still runs, and the frozen capture then only checks that each is
 //! unchanged (one `fstat`) instead of copying it. Live migration does the
 //! same with memory pages (CRIU's pre-dump); here the unit is a file.
 //!
@@ -10,10 +10,10 @@
 //! `page_mkwrite`, which updates the times). So:
 //!
 //! 1. `t0` = the coarse clock, before anything else;
-//! 2. per file: `fdatasync` (writes dirty pages out and write-protects every
-//!    mapping of them, so that any later write through a mapping faults),
-//!    then `fstat`; a ctime at or after `t0` means it changed meanwhile:
-//!    not copied; else it is copied;
+//! 2. per file: write its dirty pages out and wait (`sync_file_range`; the
+//!    kernel write-protects every mapping of a page it cleans, so that any
+//!    later write through a mapping faults), then `fstat`; a ctime at or
+//!    after `t0` means it changed meanwhile: not copied; else it is copied;
 //! 3. frozen: the file's (size, mtime, ctime) must still be what step 2
 //!    saw. A change after `t0` would have given it a ctime >= t0.
 //!
@@ -43,6 +43,13 @@ const TRUSTED_FS: [i64; 3] = [
     0x5846_5342, // XFS
     0x9123_683E, // btrfs
 ];
+
+/// Smallest file pre-copied. Each costs an inode and a `sync_file_range`
+/// before the freeze (and a reference in the tar, with a flush, while
+/// frozen), which is more than copying a small file while frozen: with
+/// 64 KiB, 1 GiB of 64 KiB files was pre-copied in 2.05 s and frozen
+/// 0.78 s, and its blob took 3.8 s (against 2.4 s and 2.4 s without).
+pub const MIN: u64 = 1 << 20;
 
 /// Deepest directory the walk enters (the frozen capture takes the rest).
 const MAX_DEPTH: usize = 128;
@@ -87,12 +94,13 @@ pub struct Precopied {
 }
 
 impl Precopied {
-    /// Copy every regular file of at least `min` bytes under `upper` into
+    /// Copy every regular file of at least [`MIN`] bytes under `upper` into
     /// `dir` (created here), while the sandbox runs. On an error (a full
     /// disk, say) `dir` is removed again, leaving the space to the capture.
-    pub fn copy(upper: &Path, dir: &Path, min: u64) -> std::io::Result<Precopied> {
+    pub fn copy(upper: &Path, dir: &Path) -> std::io::Result<Precopied> {
         let started = Instant::now();
-        let t0 = coarse_now();
+        let t0 = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE)?;
+        let t0 = (t0.tv_sec(), t0.tv_nsec());
         let root = File::open(upper)?;
         let fs = nix::sys::statfs::fstatfs(&root)?;
         let mut done = Precopied::default();
@@ -100,7 +108,7 @@ impl Precopied {
             return Ok(done);
         }
         std::fs::create_dir(dir)?;
-        let mut walk = Walk { dir, t0, min, done: &mut done };
+        let mut walk = Walk { dir, t0, done: &mut done };
         if let Err(e) = walk.dir(root.as_fd(), 0) {
             let _ = std::fs::remove_dir_all(dir);
             return Err(e);
@@ -128,17 +136,10 @@ impl Precopied {
     }
 }
 
-/// `CLOCK_REALTIME_COARSE`: the clock file times are taken from.
-fn coarse_now() -> (i64, i64) {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE)
-        .unwrap_or_else(|_| nix::sys::time::TimeSpec::new(i64::MAX, 0));
-    (t.tv_sec(), t.tv_nsec())
-}
-
 struct Walk<'a> {
     dir: &'a Path,
+    /// `CLOCK_REALTIME_COARSE` at the start: the clock file times come from.
     t0: (i64, i64),
-    min: u64,
     done: &'a mut Precopied,
 }
 
@@ -173,13 +174,21 @@ impl Walk<'_> {
     /// Copies one file if it is large, unchanged since `t0`, and regular.
     /// Errors reading it skip it; errors writing the copy end the walk.
     fn file(&mut self, parent: BorrowedFd<'_>, name: &std::ffi::CStr) -> std::io::Result<()> {
+        use nix::sys::stat::{fstatat, SFlag};
+        // Most files are small: looked at, not opened.
+        match fstatat(Some(parent.as_raw_fd()), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st)
+                if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG
+                    && st.st_size as u64 >= MIN => {}
+            _ => return Ok(()),
+        }
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
         let Ok(src) = strata_shim::sys::openat(parent, name, flags, 0).map(File::from) else { return Ok(()) };
         match src.metadata() {
-            Ok(m) if m.is_file() && m.size() >= self.min => {}
+            Ok(m) if m.is_file() && m.size() >= MIN => {}
             _ => return Ok(()),
         }
-        if nix::unistd::fdatasync(src.as_raw_fd()).is_err() {
+        if strata_shim::sys::write_out(src.as_fd()).is_err() {
             return Ok(());
         }
         let Ok(meta) = src.metadata() else { return Ok(()) };
@@ -251,7 +260,7 @@ mod tests {
         // Let the coarse clock move past the files' ctimes.
         std::thread::sleep(Duration::from_millis(30));
 
-        let pre = Precopied::copy(u, &work.path().join("pre"), 1 << 20).unwrap();
+        let pre = Precopied::copy(u, &work.path().join("pre")).unwrap();
         assert_eq!(pre.len(), 6, "the six large files are copied");
         assert_eq!(pre.bytes, 6 * (3 << 20));
         let copied = |name: &str| {
@@ -294,7 +303,7 @@ mod tests {
         big(&upper.path().join("f"), 1);
         std::thread::sleep(Duration::from_millis(30));
         let work = tempfile::tempdir_in("/var/tmp").unwrap();
-        let pre = Precopied::copy(upper.path(), &work.path().join("pre"), 1 << 20).unwrap();
+        let pre = Precopied::copy(upper.path(), &work.path().join("pre")).unwrap();
         assert!(pre.is_empty());
     }
 }
