@@ -1323,8 +1323,9 @@ fn a_daemon_killed_mid_checkpoint_leaves_no_partial_snapshot() {
     let mut env = TestEnv::start();
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox"}));
-    // Enough data that the capture takes a while.
-    sh(&env, &id, "for i in $(seq 16); do dd if=/dev/urandom of=/tmp/f$i bs=1M count=2 2>/dev/null; done");
+    // Enough data that the capture takes a while: in files under 1 MiB,
+    // which are copied while frozen (larger ones are pre-copied before).
+    sh(&env, &id, "for i in $(seq 256); do head -c 196608 /dev/urandom > /tmp/f$i; done");
     let layers_before = std::fs::read_dir(env.root.join("layers")).unwrap().count();
     let socket = env.socket.clone();
     let sid = id.clone();

@@ -175,8 +175,10 @@ impl Daemon {
         let deep = self.needs_compaction(sb.spec.snapshot.as_deref())?;
         // Large files are copied now, while the sandbox runs; the frozen
         // capture refers to each copy that is still current (`precopy.rs`).
-        // Best effort: what is not copied now is copied frozen.
-        let pre = (!deep)
+        // Best effort: what is not copied now is copied frozen. Not for a
+        // sandbox whose capture will be refused (stopping, or in a capture).
+        let capturable = sb.run_state().next(crate::sandbox::RunEvent::Capture).is_some();
+        let pre = (!deep && capturable)
             .then(|| crate::sandbox::Precopied::copy(&dirs.upper, &work.join("pre")))
             .and_then(|r| r.map_err(|e| tracing::warn!("pre-copy of sandbox {}: {e}", sb.id)).ok())
             .map(Arc::new);
