@@ -194,6 +194,9 @@ impl Daemon {
                 })
             });
             let cap = sb.capture(&dirs.upper, &tar, follower.is_some().then(|| progress.clone()), pre.clone());
+            if let (Ok(cap), Some(pre)) = (&cap, &pre) {
+                pre.remove_unused(cap.segments.iter().map(|s| &*s.copy.path));
+            }
             progress.end(cap.is_ok());
             crate::failpoint::hit("checkpoint:captured");
             // Hydrate while the blob is being finished.
@@ -403,9 +406,13 @@ impl Daemon {
     }
 
     pub(crate) fn snapshot_row(&self, id: &str) -> Result<SnapshotRow, ApiError> {
+        self.snapshot_row_in(&lock(&self.db), id)
+    }
+
+    fn snapshot_row_in(&self, db: &crate::db::Db, id: &str) -> Result<SnapshotRow, ApiError> {
         let not_found = || ApiError::new(ErrorKind::NotFound, format!("snapshot {id:?} not found"));
         let id: SandboxId = id.parse().map_err(|_| not_found())?;
-        lock(&self.db).snapshot(id.as_str())?.ok_or_else(not_found)
+        db.snapshot(id.as_str())?.ok_or_else(not_found)
     }
 
     pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, ApiError> {
@@ -413,9 +420,12 @@ impl Daemon {
         db.list_snapshots()?.iter().map(|r| self.snapshot_info_locked(&db, r)).collect()
     }
 
+    /// Row and pending mark read under one lock: a seal committing between
+    /// them would show "not sealing" with no blob yet.
     pub fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, ApiError> {
-        let row = self.snapshot_row(id)?;
-        self.snapshot_info_locked(&lock(&self.db), &row)
+        let db = lock(&self.db);
+        let row = self.snapshot_row_in(&db, id)?;
+        self.snapshot_info_locked(&db, &row)
     }
 
     /// What a resume or fork of `row` starts from: its image and whole chain.

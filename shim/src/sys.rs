@@ -786,14 +786,18 @@ pub fn lgetxattr(path: &CStr, name: &CStr) -> Result<Vec<u8>, Errno> {
     Ok(buf)
 }
 
-/// Write out a file's dirty pages and wait for them (`sync_file_range`
-/// with WAIT_BEFORE|WRITE|WAIT_AFTER): afterwards every page that was dirty
-/// is clean, so the next write through a shared mapping faults. Unlike
-/// `fdatasync`, no metadata and no disk cache flush: not for durability.
-pub fn write_out(fd: BorrowedFd<'_>) -> Result<(), Errno> {
-    let flags = libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER;
-    // SAFETY: integers only; `fd` is open for the borrow's lifetime.
-    let r = unsafe { libc::sync_file_range(fd.as_raw_fd(), 0, 0, flags) };
+/// Whether nobody has the file open for writing (which includes a
+/// writable shared mapping of it: the mapping holds such an open): a read
+/// lease is taken and dropped at once, and the kernel grants it only then.
+/// An open for writing that races with it waits for the drop (one that is
+/// `O_NONBLOCK` fails with `EWOULDBLOCK`), and the kernel sends SIGIO to
+/// this process: the caller must block or handle SIGIO.
+pub fn no_writers(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    // SAFETY: fcntl with integer arguments; `fd` is open for the borrow.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK as libc::c_int) };
+    Errno::result(r)?;
+    // SAFETY: as above.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_UNLCK as libc::c_int) };
     Errno::result(r).map(drop)
 }
 

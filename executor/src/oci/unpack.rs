@@ -728,7 +728,11 @@ impl Extractor<'_> {
         unistd::linkat(None, made, Some(parent.as_raw_fd()), at, AtFlags::empty())
             .map_err(|e| self.io("link file", raw, e))?;
         let file = sys::open_file_at(parent, name).map_err(|e| self.io("open file", raw, e))?;
+        let made_len = file.metadata().map_err(|e| self.io("look at file", raw, e))?.len();
         let read = io::copy(entry, &mut io::sink()).map_err(|e| self.stream_error(e))?;
+        if made_len != entry.size() {
+            return Err(UnpackError::Truncated { digest: self.digest.clone(), path: tarpath::shown(raw) });
+        }
         self.stats.bytes += read;
         if read != entry.size() {
             return Err(UnpackError::Truncated { digest: self.digest.clone(), path: tarpath::shown(raw) });

@@ -279,6 +279,7 @@ impl std::io::Read for TarFollower {
         }
         let mut want = buf.len().min((len - self.pos) as usize);
         let i = self.segments.partition_point(|s| s.offset + s.len <= self.pos);
+        let in_segment = self.segments.get(i).is_some_and(|s| s.offset <= self.pos);
         let (file, at) = match self.segments.get(i) {
             Some(s) if s.offset <= self.pos => {
                 want = want.min((s.offset + s.len - self.pos) as usize);
@@ -301,6 +302,10 @@ impl std::io::Read for TarFollower {
             }
         };
         let n = match file.read_at(&mut buf[..want], at)? {
+            // A pre-copy was set to its full length: short means broken.
+            0 if in_segment => {
+                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "a pre-copy is short"))
+            }
             0 => {
                 buf[..want].fill(0);
                 want
@@ -499,7 +504,7 @@ mod tests {
         std::fs::write(u.join("d/big"), vec![3u8; (4 << 20) + 17]).unwrap();
         std::fs::write(u.join("d/changed"), vec![4u8; 2 << 20]).unwrap();
         std::fs::hard_link(u.join("d/big"), u.join("link")).unwrap();
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(1100));
         let pre = Arc::new(Precopied::copy(u, &out.path().join("pre")).unwrap());
         assert_eq!(pre.len(), 3, "sparse, big (once for both names), changed");
         std::fs::OpenOptions::new().write(true).open(u.join("d/changed")).unwrap().write_all_at(b"new", 9).unwrap();

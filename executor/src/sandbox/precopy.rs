@@ -4,24 +4,31 @@
 //! same with memory pages (CRIU's pre-dump); here the unit is a file.
 //!
 //! A copy is reused only if the file provably did not change after it was
-//! taken. Every change to a file's data sets its ctime to the current time:
-//! `write` and friends, `truncate`, `fallocate`, and a write through a shared
-//! mapping (the first write to a clean page faults into the file system's
-//! `page_mkwrite`, which updates the times). So:
+//! taken. Every change to a file's data needs it open for writing (a
+//! shared writable mapping holds such an open too) and sets its ctime to
+//! the current time, though when the change begins, not when it ends (a
+//! long `write` has set ctime before its data is in). So:
 //!
 //! 1. `t0` = the coarse clock, before anything else;
-//! 2. per file: write its dirty pages out and wait (`sync_file_range`; the
-//!    kernel write-protects every mapping of a page it cleans, so that any
-//!    later write through a mapping faults), then `fstat`; a ctime at or
-//!    after `t0` means it changed meanwhile: not copied; else it is copied;
+//! 2. per file: a read lease, taken and dropped at once, proves that nobody
+//!    has it open for writing now (so no change is in flight, and any
+//!    later one opens it after `t0`); then `fstat`: a ctime in the second
+//!    of `t0` or later means it changed lately: not copied; else it is;
 //! 3. frozen: the file's (size, mtime, ctime) must still be what step 2
-//!    saw. A change after `t0` would have given it a ctime >= t0.
+//!    saw. A change after step 2 began after `t0`, so it set a ctime in
+//!    `t0`'s second or later. (Whole seconds: some file systems keep no
+//!    more, e.g. ext4 with 128-byte inodes, once the inode is re-read.)
 //!
-//! Only on ext4, XFS and btrfs, whose `page_mkwrite` updates the times
-//! (tmpfs's mapped writes do not). What remains is the clock: a host whose
-//! wall clock steps back could give a later change an old ctime, which
-//! still has to equal the recorded one to the nanosecond, with mtime and
-//! size equal too.
+//! Only on ext4, XFS and btrfs, whose writes through a mapping update the
+//! times (`page_mkwrite`; tmpfs's do not). What remains is the clock: a
+//! host whose wall clock steps back by more than the time since `t0` could
+//! give a later change an old ctime, which would still have to equal the
+//! recorded one, with mtime and size equal too.
+//!
+//! The lease costs a sandbox something only if it opens a pre-copied
+//! candidate for writing in the same instant: its open waits until the
+//! lease is dropped (microseconds), or fails with `EWOULDBLOCK` if it was
+//! `O_NONBLOCK`. The daemon blocks the SIGIO the kernel then sends it.
 //!
 //! Everything here is best effort: a file that cannot be pre-copied is
 //! captured while frozen, as without pre-copy.
@@ -44,7 +51,7 @@ const TRUSTED_FS: [i64; 3] = [
     0x9123_683E, // btrfs
 ];
 
-/// Smallest file pre-copied. Each costs an inode and a `sync_file_range`
+/// Smallest file pre-copied. Each costs an inode and a lease
 /// before the freeze (and a reference in the tar, with a flush, while
 /// frozen), which is more than copying a small file while frozen: with
 /// 64 KiB, 1 GiB of 64 KiB files was pre-copied in 2.05 s and frozen
@@ -88,7 +95,7 @@ pub struct Copy {
 #[derive(Debug, Default)]
 pub struct Precopied {
     files: HashMap<(u64, u64), (Stamp, Copy)>,
-    /// Bytes copied.
+    /// Bytes copied (apparent sizes: a sparse file's holes count).
     pub bytes: u64,
     pub took: Duration,
 }
@@ -124,6 +131,17 @@ impl Precopied {
         match self.files.get(&(now.dev, now.ino)) {
             Some((then, copy)) if *then == now && now.size == len => Some(copy),
             _ => None,
+        }
+    }
+
+    /// Delete the copies not in `used` (their files changed and were
+    /// captured afresh), so that they do not hold disk space meanwhile.
+    pub fn remove_unused<'a>(&self, used: impl Iterator<Item = &'a Path>) {
+        let used: std::collections::HashSet<&Path> = used.collect();
+        for (_, copy) in self.files.values() {
+            if !used.contains(&*copy.path) {
+                let _ = std::fs::remove_file(&copy.path);
+            }
         }
     }
 
@@ -171,8 +189,9 @@ impl Walk<'_> {
         Ok(())
     }
 
-    /// Copies one file if it is large, unchanged since `t0`, and regular.
-    /// Errors reading it skip it; errors writing the copy end the walk.
+    /// Copies one file if it is large, regular, not open for writing, and
+    /// unchanged since before `t0`'s second. Errors opening or looking at it
+    /// skip it; errors while copying end the walk.
     fn file(&mut self, parent: BorrowedFd<'_>, name: &std::ffi::CStr) -> std::io::Result<()> {
         use nix::sys::stat::{fstatat, SFlag};
         // Most files are small: looked at, not opened.
@@ -188,12 +207,12 @@ impl Walk<'_> {
             Ok(m) if m.is_file() && m.size() >= MIN => {}
             _ => return Ok(()),
         }
-        if strata_shim::sys::write_out(src.as_fd()).is_err() {
+        if strata_shim::sys::no_writers(src.as_fd()).is_err() {
             return Ok(());
         }
         let Ok(meta) = src.metadata() else { return Ok(()) };
         let stamp = Stamp::of(&meta);
-        if stamp.ctime >= self.t0 || self.done.files.contains_key(&(stamp.dev, stamp.ino)) {
+        if stamp.ctime.0 >= self.t0.0 || self.done.files.contains_key(&(stamp.dev, stamp.ino)) {
             return Ok(());
         }
         let path = self.dir.join(self.done.files.len().to_string());
@@ -225,54 +244,59 @@ mod tests {
     }
 
     /// A process with a shared writable mapping of `path`: it writes 1 at
-    /// offset 0 at once, and 2 at offset 4096 when told, then unmaps.
+    /// offset 0 at once; when told, 2 at offset 4096, and it closes.
     /// (A separate process, as in a sandbox; and this crate has no unsafe.)
     const MAPPER: &str = "import mmap, sys\n\
         f = open(sys.argv[1], 'r+b'); m = mmap.mmap(f.fileno(), 0)\n\
         m[0] = 1; print('ready', flush=True); sys.stdin.readline()\n\
-        m[4096] = 2; m.close(); print('done', flush=True)\n";
+        m[4096] = 2; m.close(); f.close(); print('done', flush=True)\n";
+
+    /// Writes 3 at offset 4096 of `path` through a new shared mapping.
+    const MAP_ONCE: &str = "import mmap, sys\n\
+        f = open(sys.argv[1], 'r+b'); m = mmap.mmap(f.fileno(), 0); m[4096] = 3; m.close()\n";
 
     /// Files written before the pre-copy are copied and reused while
-    /// unchanged; a write, a truncate, a rename over it, or a write
-    /// through a mapping made before the pre-copy all void the copy.
+    /// unchanged; a file open for writing (here: mapped) is not copied; a
+    /// write, a truncate, a rename over it, or a write through a mapping
+    /// made after the pre-copy void the copy.
     #[test]
     fn a_copy_is_reused_only_while_the_file_is_unchanged() {
         let upper = tempfile::tempdir_in("/var/tmp").unwrap();
         let work = tempfile::tempdir_in("/var/tmp").unwrap();
         let u = upper.path();
         std::fs::create_dir(u.join("d")).unwrap();
-        for name in ["same", "written", "truncated", "mapped", "d/renamed", "d/other"] {
+        for name in ["same", "written", "truncated", "held", "mapped", "d/renamed", "d/other"] {
             big(&u.join(name), 7);
         }
         std::fs::write(u.join("small"), b"x").unwrap();
         std::os::unix::fs::symlink("/etc/passwd", u.join("link")).unwrap();
-        // A shared mapping, dirtied before the pre-copy: its page table
-        // entry stays writable unless the pre-copy cleans the page.
         let mut mapper = std::process::Command::new("python3")
             .args(["-c", MAPPER])
-            .arg(u.join("mapped"))
+            .arg(u.join("held"))
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("python3");
         let mut said = std::io::BufReader::new(mapper.stdout.take().unwrap()).lines();
         assert_eq!(said.next().unwrap().unwrap(), "ready");
-        // Let the coarse clock move past the files' ctimes.
-        std::thread::sleep(Duration::from_millis(30));
+        // Let the clock move to a later second than the files' ctimes.
+        std::thread::sleep(Duration::from_millis(1100));
 
         let pre = Precopied::copy(u, &work.path().join("pre")).unwrap();
-        assert_eq!(pre.len(), 6, "the six large files are copied");
+        assert_eq!(pre.len(), 6, "the large files not open for writing are copied");
         assert_eq!(pre.bytes, 6 * (3 << 20));
         let copied = |name: &str| {
             let copy = pre.reusable(&File::open(u.join(name)).unwrap(), 3 << 20).unwrap();
             std::fs::read(&copy.path).unwrap()
         };
-        assert_eq!(copied("mapped")[0], 1, "the copy has what was written through the mapping");
 
         writeln!(mapper.stdin.as_mut().unwrap()).unwrap();
         assert_eq!(said.next().unwrap().unwrap(), "done");
         assert!(mapper.wait().unwrap().success());
-        assert_eq!(std::fs::read(u.join("mapped")).unwrap()[4096], 2);
+        assert_eq!(std::fs::read(u.join("held")).unwrap()[4096], 2);
+        let once = std::process::Command::new("python3").args(["-c", MAP_ONCE]).arg(u.join("mapped")).status();
+        assert!(once.unwrap().success());
+        assert_eq!(std::fs::read(u.join("mapped")).unwrap()[4096], 3);
         // Same size after each: only the times tell.
         use std::os::unix::fs::FileExt;
         std::fs::OpenOptions::new().write(true).open(u.join("written")).unwrap().write_all_at(b"more", 5).unwrap();
@@ -289,6 +313,7 @@ mod tests {
         };
         check("same", true);
         check("d/other", true);
+        check("held", false);
         check("written", false);
         check("truncated", false);
         check("mapped", false);
@@ -296,12 +321,27 @@ mod tests {
         assert_eq!(copied("same"), vec![7; 3 << 20]);
     }
 
+    /// A file changed in the second the pre-copy starts is left to the
+    /// capture: some file systems keep whole seconds only.
+    #[test]
+    fn a_file_changed_this_second_is_not_copied() {
+        let upper = tempfile::tempdir_in("/var/tmp").unwrap();
+        let work = tempfile::tempdir_in("/var/tmp").unwrap();
+        // Early in a second (past the coarse clock's tick), so that the
+        // copy starts in it too.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+        std::thread::sleep(Duration::from_nanos(1_050_000_000 - u64::from(now.subsec_nanos())));
+        big(&upper.path().join("f"), 1);
+        let pre = Precopied::copy(upper.path(), &work.path().join("pre")).unwrap();
+        assert!(pre.is_empty());
+    }
+
     /// Not on tmpfs: its mapped writes leave the times alone.
     #[test]
     fn nothing_is_copied_from_tmpfs() {
         let upper = tempfile::tempdir_in("/dev/shm").unwrap();
         big(&upper.path().join("f"), 1);
-        std::thread::sleep(Duration::from_millis(30));
+        std::thread::sleep(Duration::from_millis(1100));
         let work = tempfile::tempdir_in("/var/tmp").unwrap();
         let pre = Precopied::copy(upper.path(), &work.path().join("pre")).unwrap();
         assert!(pre.is_empty());
