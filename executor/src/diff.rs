@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::ffi::{CString, OsStr};
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -140,11 +140,11 @@ pub fn write_delta(upper: &Path, out: impl Write) -> Result<(DeltaStats, String)
     write_delta_with(upper, Hashing::new(out), None)
 }
 
-/// Takes the first `len` bytes of a regular file into a tar's output
-/// without passing them through the tar's buffer (spliced inside the
-/// kernel, say), where the output allows it; `false` if it did not, and
-/// the writer copies them.
-pub type SpliceFile<W> = fn(&mut W, &File, u64) -> io::Result<bool>;
+/// Takes a regular file's content (as long as its `fstat` says) into a
+/// tar's output without passing it through the tar's buffer (spliced
+/// inside the kernel, or referred to: `checkpoint.rs`), where the output
+/// allows it; `false` if it did not, and the writer copies it.
+pub type SpliceFile<W> = fn(&mut W, &File, &fs::Metadata) -> io::Result<bool>;
 
 /// Copy exactly `len` bytes of `src` from its current offset to `out`; a
 /// file that ends sooner (it shrank while read) is an error.
@@ -171,10 +171,11 @@ fn write_delta_with<W: Write>(
     out: Hashing<W>,
     splice: Option<SpliceFile<W>>,
 ) -> Result<(DeltaStats, String), DiffError> {
+    let root = File::open(upper).map_err(read_err(upper))?;
     let mut w = Writer { tar: tar::Builder::new(out), links: HashMap::new(), stats: DeltaStats::default(), splice };
     w.tar.mode(tar::HeaderMode::Complete);
     w.tar.follow_symlinks(false);
-    w.dir_children(upper, Path::new(""))?;
+    w.dir_children(&root, upper, Path::new(""))?;
     let werr = |source| DiffError::Write { path: upper.into(), source };
     let (_, diff_id, written) = w.tar.into_inner().map_err(werr)?.finish();
     let mut stats = w.stats;
@@ -212,24 +213,123 @@ fn sorted_names(dir: &Path) -> Result<Vec<std::ffi::OsString>, DiffError> {
 fn xattrs(path: &Path) -> Result<Vec<Xattr>, DiffError> {
     let c = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| DiffError::Read { path: path.into(), source: io::ErrorKind::InvalidInput.into() })?;
-    let names = match strata_shim::sys::llistxattr(&c) {
+    xattrs_of(&c).map_err(|source| DiffError::Read { path: path.into(), source })
+}
+
+fn xattrs_of(c: &std::ffi::CStr) -> io::Result<Vec<Xattr>> {
+    let names = match strata_shim::sys::llistxattr(c) {
         Ok(n) => n,
         // Filesystems without xattr support have none to capture.
         Err(nix::errno::Errno::ENOTSUP) => return Ok(Vec::new()),
-        Err(e) => return Err(DiffError::Read { path: path.into(), source: e.into() }),
+        Err(e) => return Err(e.into()),
     };
     let mut out = Vec::new();
     for name in names {
         let cname = CString::new(name.clone()).unwrap_or_default();
-        match strata_shim::sys::lgetxattr(&c, &cname) {
+        match strata_shim::sys::lgetxattr(c, &cname) {
             Ok(v) => out.push((name, v)),
             // Removed between list and get: nothing to capture.
             Err(nix::errno::Errno::ENODATA) => {}
-            Err(e) => return Err(DiffError::Read { path: path.into(), source: e.into() }),
+            Err(e) => return Err(e.into()),
         }
     }
     out.sort();
     Ok(out)
+}
+
+/// One directory of the tree a [`Writer`] reads, held open. Its entries
+/// are looked up in it by name (`fstatat`, `openat`, `readlinkat`, none
+/// following a final symlink), never by a path from the root: a tree that
+/// changes while it is read (a running sandbox's upper: `checkpoint.rs`
+/// speculates on one) can make a read fail or mix old and new, which the
+/// caller must detect, but cannot lead the walk out of the tree, into a
+/// FIFO that blocks it, or onto a device.
+struct Dir<'a> {
+    fd: &'a File,
+    /// Its host path, for messages only.
+    shown: &'a Path,
+}
+
+impl Dir<'_> {
+    fn cname(name: &OsStr) -> CString {
+        // Names from a directory listing hold no NUL byte.
+        CString::new(name.as_bytes()).unwrap_or_default()
+    }
+
+    fn stat(&self, name: &OsStr) -> io::Result<Meta> {
+        use std::os::fd::AsRawFd;
+        let flags = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
+        let st = nix::sys::stat::fstatat(Some(self.fd.as_raw_fd()), Self::cname(name).as_c_str(), flags)?;
+        Ok(Meta {
+            mode: st.st_mode,
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mtime: st.st_mtime,
+            size: st.st_size as u64,
+            nlink: st.st_nlink as u64,
+            dev: st.st_dev,
+            ino: st.st_ino,
+            rdev: st.st_rdev,
+        })
+    }
+
+    /// `name` opened without following a symlink or blocking on a FIFO.
+    fn open(&self, name: &OsStr, flags: libc::c_int) -> io::Result<File> {
+        use std::os::fd::AsFd;
+        let flags = flags | libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        Ok(File::from(strata_shim::sys::openat(self.fd.as_fd(), &Self::cname(name), flags, 0)?))
+    }
+
+    fn read_link(&self, name: &OsStr) -> io::Result<std::ffi::OsString> {
+        use std::os::fd::AsRawFd;
+        Ok(nix::fcntl::readlinkat(Some(self.fd.as_raw_fd()), Self::cname(name).as_c_str())?)
+    }
+
+    /// Extended attributes of `name`, through `/proc/self/fd/N/name`: the
+    /// magic link stands for this open directory, so only `name` is looked
+    /// up (and not followed: `l*xattr`). Works for symlinks and FIFOs too,
+    /// which cannot be opened for `f*xattr`.
+    fn xattrs(&self, name: &OsStr) -> io::Result<Vec<Xattr>> {
+        use std::os::fd::AsRawFd;
+        let mut path = format!("/proc/self/fd/{}/", self.fd.as_raw_fd()).into_bytes();
+        path.extend_from_slice(name.as_bytes());
+        xattrs_of(&CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?)
+    }
+
+    /// The names in it, sorted by their bytes.
+    fn names(&self) -> io::Result<Vec<std::ffi::OsString>> {
+        use std::os::fd::AsRawFd;
+        let flags = nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC;
+        let mut list = nix::dir::Dir::openat(Some(self.fd.as_raw_fd()), ".", flags, nix::sys::stat::Mode::empty())?;
+        let mut names = Vec::new();
+        for entry in list.iter() {
+            let name = entry?.file_name().to_bytes().to_vec();
+            if name != b"." && name != b".." {
+                names.push(std::ffi::OsString::from_vec(name));
+            }
+        }
+        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+        Ok(names)
+    }
+}
+
+/// What a header needs of an entry's `lstat`.
+struct Meta {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    mtime: i64,
+    size: u64,
+    nlink: u64,
+    dev: u64,
+    ino: u64,
+    rdev: u64,
+}
+
+impl Meta {
+    fn is(&self, kind: libc::mode_t) -> bool {
+        self.mode & libc::S_IFMT == kind
+    }
 }
 
 /// Header of an empty marker entry (whiteout, opaque marker, PAX header):
@@ -268,33 +368,35 @@ impl<W: Write> Writer<W> {
         move |source| DiffError::Write { path, source }
     }
 
-    /// Children of `dir` (host path) whose archive path is `rel`, sorted by name bytes.
-    fn dir_children(&mut self, dir: &Path, rel: &Path) -> Result<(), DiffError> {
+    /// Children of the open directory `fd` (host path `shown`, archive path
+    /// `rel`), sorted by name bytes.
+    fn dir_children(&mut self, fd: &File, shown: &Path, rel: &Path) -> Result<(), DiffError> {
         descend(rel)?;
-        let names = sorted_names(dir)?;
-        for name in names {
-            self.entry(&dir.join(&name), &rel.join(&name), &name)?;
+        let dir = Dir { fd, shown };
+        for name in dir.names().map_err(read_err(shown))? {
+            self.entry(&dir, &name, &rel.join(&name))?;
         }
         Ok(())
     }
 
-    fn header(&self, meta: &fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Header {
+    fn header(&self, meta: &Meta, kind: tar::EntryType, size: u64) -> tar::Header {
         let mut h = tar::Header::new_gnu();
         h.set_entry_type(kind);
-        h.set_mode(meta.mode() & 0o7777);
-        h.set_uid(u64::from(meta.uid()));
-        h.set_gid(u64::from(meta.gid()));
-        h.set_mtime(meta.mtime().max(0) as u64);
+        h.set_mode(meta.mode & 0o7777);
+        h.set_uid(u64::from(meta.uid));
+        h.set_gid(u64::from(meta.gid));
+        h.set_mtime(meta.mtime.max(0) as u64);
         h.set_size(size);
         let _ = h.set_device_major(0);
         let _ = h.set_device_minor(0);
         h
     }
 
-    /// PAX header carrying the entry's xattrs, if it has any worth keeping.
-    fn pax(&mut self, host: &Path, rel: &Path) -> Result<(), DiffError> {
+    /// PAX header carrying the xattrs of `name` in `dir`, if it has any
+    /// worth keeping.
+    fn pax(&mut self, xattrs: Vec<Xattr>, rel: &Path) -> Result<(), DiffError> {
         let mut records = Vec::new();
-        for (name, value) in xattrs(host)? {
+        for (name, value) in xattrs {
             if keep_xattr(&name) {
                 let mut key = b"SCHILY.xattr.".to_vec();
                 key.extend_from_slice(&name);
@@ -315,11 +417,13 @@ impl<W: Write> Writer<W> {
         self.tar.append(&h, &records[..]).map_err(e)
     }
 
-    fn entry(&mut self, host: &Path, rel: &Path, name: &OsStr) -> Result<(), DiffError> {
-        let meta = fs::symlink_metadata(host).map_err(read_err(host))?;
-        let ft = meta.file_type();
+    fn entry(&mut self, dir: &Dir<'_>, name: &OsStr, rel: &Path) -> Result<(), DiffError> {
+        let host = dir.shown.join(name);
+        let host = host.as_path();
+        let meta = dir.stat(name).map_err(read_err(host))?;
+        let xattrs = || dir.xattrs(name).map_err(read_err(host));
         self.stats.entries += 1;
-        if ft.is_char_device() && meta.rdev() == 0 {
+        if meta.is(libc::S_IFCHR) && meta.rdev == 0 {
             // Overlay whiteout → OCI whiteout.
             let mut wh = name.as_bytes().to_vec();
             wh.splice(0..0, b".wh.".iter().copied());
@@ -329,38 +433,40 @@ impl<W: Write> Writer<W> {
             let e = self.werr(rel);
             return self.tar.append_data(&mut h, &path, io::empty()).map_err(e);
         }
-        if ft.is_char_device() || ft.is_block_device() {
-            let kind = if ft.is_char_device() { "character device" } else { "block device" };
+        if meta.is(libc::S_IFCHR) || meta.is(libc::S_IFBLK) {
+            let kind = if meta.is(libc::S_IFCHR) { "character device" } else { "block device" };
             return Err(DiffError::DeviceNode { path: rel.into(), kind });
         }
-        if ft.is_socket() {
+        if meta.is(libc::S_IFSOCK) {
             // A socket has no content to capture (tar skips them too).
             self.stats.entries -= 1;
             return Ok(());
         }
-        if ft.is_dir() {
-            self.pax(host, rel)?;
+        if meta.is(libc::S_IFDIR) {
+            let sub = dir.open(name, libc::O_DIRECTORY).map_err(read_err(host))?;
+            let xattrs = xattrs()?;
+            let opaque = xattrs.iter().any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y");
+            self.pax(xattrs, rel)?;
             let mut h = self.header(&meta, tar::EntryType::Directory, 0);
             let e = self.werr(rel);
             self.tar.append_data(&mut h, rel, io::empty()).map_err(e)?;
-            let opaque = xattrs(host)?.into_iter().any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y");
             if opaque {
                 let mut h = marker_header();
                 self.stats.opaque_dirs += 1;
                 let e = self.werr(rel);
                 self.tar.append_data(&mut h, rel.join(".wh..wh..opq"), io::empty()).map_err(e)?;
             }
-            return self.dir_children(host, rel);
+            return self.dir_children(&sub, host, rel);
         }
-        if ft.is_symlink() {
-            let target = fs::read_link(host).map_err(read_err(host))?;
-            self.pax(host, rel)?;
+        if meta.is(libc::S_IFLNK) {
+            let target = dir.read_link(name).map_err(read_err(host))?;
+            self.pax(xattrs()?, rel)?;
             let mut h = self.header(&meta, tar::EntryType::Symlink, 0);
             let e = self.werr(rel);
             return self.tar.append_link(&mut h, rel, target).map_err(e);
         }
-        if meta.nlink() > 1 && !ft.is_dir() {
-            let key = (meta.dev(), meta.ino());
+        if meta.nlink > 1 {
+            let key = (meta.dev, meta.ino);
             if let Some(first) = self.links.get(&key).cloned() {
                 let mut h = self.header(&meta, tar::EntryType::Link, 0);
                 self.stats.hardlinks += 1;
@@ -369,29 +475,43 @@ impl<W: Write> Writer<W> {
             }
             self.links.insert(key, rel.to_path_buf());
         }
-        if ft.is_fifo() {
-            self.pax(host, rel)?;
+        if meta.is(libc::S_IFIFO) {
+            self.pax(xattrs()?, rel)?;
             let mut h = self.header(&meta, tar::EntryType::Fifo, 0);
             let e = self.werr(rel);
             return self.tar.append_data(&mut h, rel, io::empty()).map_err(e);
         }
-        // Regular file.
-        self.pax(host, rel)?;
-        let file = File::open(host).map_err(read_err(host))?;
-        let mut h = self.header(&meta, tar::EntryType::Regular, meta.len());
-        self.stats.bytes += meta.len();
+        // Regular file: its header from the open file, which must be the
+        // one looked at (in a tree that changes, the name can be replaced).
+        let file = dir.open(name, 0).map_err(read_err(host))?;
+        let opened = file.metadata().map_err(read_err(host))?;
+        if !opened.is_file() || (opened.dev(), opened.ino()) != (meta.dev, meta.ino) {
+            let source = io::Error::other("replaced while it was read");
+            return Err(DiffError::Read { path: host.into(), source });
+        }
+        let meta = Meta {
+            mode: opened.mode(),
+            uid: opened.uid(),
+            gid: opened.gid(),
+            mtime: opened.mtime(),
+            size: opened.size(),
+            ..meta
+        };
+        self.pax(xattrs()?, rel)?;
+        let len = meta.size;
+        let mut h = self.header(&meta, tar::EntryType::Regular, len);
+        self.stats.bytes += len;
         // The header (its size field says what follows), then the content
         // and the padding to the next 512-byte block, written here so that
         // the content can be spliced. A file that shrinks or grows while
-        // read would corrupt the archive: the caller keeps the tree frozen,
-        // exactly `len` bytes are appended, and a short file is an error.
+        // read would corrupt the archive: exactly `len` bytes are appended,
+        // and a short file is an error.
         let e = self.werr(rel);
         self.tar.append_data(&mut h, rel, io::empty()).map_err(e)?;
-        let len = meta.len();
         let e = self.werr(rel);
         let out = self.tar.get_mut();
         let taken = match self.splice {
-            Some(splice) if out.hash.is_none() => splice(&mut out.inner, &file, len),
+            Some(splice) if out.hash.is_none() => splice(&mut out.inner, &file, &opened),
             _ => Ok(false),
         };
         let appended = match taken {
@@ -612,6 +732,52 @@ mod tests {
         let ce = CString::new(out.join("e").as_os_str().as_bytes()).unwrap();
         assert_eq!(strata_shim::sys::lgetxattr(&ce, c"trusted.overlay.opaque").unwrap(), b"y");
         assert_eq!(fs::metadata(out.join("e/new")).unwrap().ino(), fs::metadata(out.join("e/link")).unwrap().ino());
+    }
+
+    /// A tree that changes while it is written (a directory swapped with a
+    /// symlink to outside it, over and over, and a file with a FIFO) makes
+    /// the walk fail or read the tree, never what a symlink points to, and
+    /// never blocks.
+    #[test]
+    fn a_changing_tree_never_leads_the_walk_outside() {
+        use nix::fcntl::{renameat2, RenameFlags};
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("x"), b"SECRET").unwrap();
+        nix::unistd::mkfifo(&outside.path().join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let tree = tempfile::tempdir().unwrap();
+        let t = tree.path();
+        std::fs::create_dir(t.join("d")).unwrap();
+        std::fs::write(t.join("d/x"), b"inner").unwrap();
+        symlink(outside.path(), t.join("s")).unwrap();
+        std::fs::write(t.join("f"), b"file").unwrap();
+        symlink(outside.path().join("fifo"), t.join("p")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (t, stop) = (t.to_path_buf(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (a, b) in [("d", "s"), ("f", "p")] {
+                        renameat2(None, &t.join(a), None, &t.join(b), RenameFlags::RENAME_EXCHANGE).unwrap();
+                    }
+                }
+            })
+        };
+        let (mut ok, mut failed) = (0, 0);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < until {
+            let mut out = Vec::new();
+            match write_delta(t, &mut out) {
+                Ok(_) => {
+                    ok += 1;
+                    assert!(!out.windows(6).any(|w| w == b"SECRET"), "the walk followed a swapped-in symlink");
+                }
+                Err(DiffError::Read { .. }) => failed += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert!(ok + failed > 100, "{ok} walks, {failed} failed");
     }
 
     #[test]

@@ -151,10 +151,15 @@ const SPLICE_MIN: u64 = 1 << 20;
 /// [`diff::SpliceFile`] for the capture's tar: a file pre-copied and not
 /// changed since becomes a reference to the copy; else a large file's
 /// content is spliced in after what is buffered; else `false` (copied).
-fn splice_into_tar(w: &mut &mut BufWriter<SparseFile>, src: &std::fs::File, len: u64) -> std::io::Result<bool> {
+fn splice_into_tar(
+    w: &mut &mut BufWriter<SparseFile>,
+    src: &std::fs::File,
+    meta: &std::fs::Metadata,
+) -> std::io::Result<bool> {
     use std::io::Write;
+    let len = meta.len();
     let copy = match &w.get_ref().pre {
-        Some(pre) if len >= precopy::MIN => pre.reusable(src, len).cloned(),
+        Some(pre) if len >= precopy::MIN => pre.reusable(meta).cloned(),
         _ => None,
     };
     if copy.is_none() && len < SPLICE_MIN {
