@@ -168,53 +168,7 @@ impl Daemon {
         let store = &self.rt.store;
         let dirs = sb.dirs(store);
         let tar = work.join("layer.tar");
-        // A snapshot that compacts its chain gets the compacted layer's blob,
-        // written after the fold. Any other gets its blob from a thread that
-        // compresses the tar while the capture writes it, so that the frozen
-        // capture only copies; the hydration hashes it (the diff_id).
-        let deep = self.needs_compaction(sb.spec.snapshot.as_deref())?;
-        // Large files are copied now, while the sandbox runs; the frozen
-        // capture refers to each copy that is still current (`precopy.rs`).
-        // Best effort: what is not copied now is copied frozen. Not for a
-        // sandbox whose capture will be refused (stopping, or in a capture).
-        let capturable = sb.run_state().next(crate::sandbox::RunEvent::Capture).is_some();
-        let pre = (!deep && capturable)
-            .then(|| crate::sandbox::Precopied::copy(&dirs.upper, &work.join("pre")))
-            .and_then(|r| r.map_err(|e| tracing::warn!("pre-copy of sandbox {}: {e}", sb.id)).ok())
-            .map(Arc::new);
-        let progress = Arc::new(crate::sandbox::TarProgress::default());
-        let (unpacked, follower) = std::thread::scope(|s| {
-            let follower = (!deep).then(|| {
-                let follow = crate::sandbox::TarFollower::new(&tar, progress.clone());
-                s.spawn(move || {
-                    let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
-                    // Made durable with the layer, by one syncfs before the row.
-                    let r = store.write_blob(compression, false, |w| std::io::copy(&mut follow, w));
-                    (r.map(|(_, hex, size)| (hex, size)), started.elapsed())
-                })
-            });
-            let cap = sb.capture(&dirs.upper, &tar, follower.is_some().then(|| progress.clone()), pre.clone());
-            if let (Ok(cap), Some(pre)) = (&cap, &pre) {
-                pre.remove_unused(cap.segments.iter().map(|s| &*s.copy.path));
-            }
-            progress.end(cap.is_ok());
-            crate::failpoint::hit("checkpoint:captured");
-            // Hydrate while the blob is being finished.
-            let unpacked = cap.map_err(ApiError::from).and_then(|mut cap| {
-                let (u, diff_id) = self.unpack_capture(&cap, work)?;
-                cap.diff_id.get_or_insert(diff_id);
-                Ok((cap, u))
-            });
-            (unpacked, follower.map(|h| h.join()))
-        });
-        let follower = follower.map(|joined| match joined {
-            Ok((r, at)) => r.map(|(hex, size)| (hex, size, at)),
-            Err(_) => Err(StoreError::Io {
-                step: "write blob",
-                path: tar.clone(),
-                source: std::io::Error::other("the blob thread panicked"),
-            }),
-        });
+        let ahead = work.join("ahead.tar");
         let forget_blob = |hex: &str| {
             let used = lock(&self.db)
                 .list_snapshots()
@@ -224,6 +178,82 @@ impl Daemon {
                 let _ = store.remove_blob(hex);
             }
         };
+        // Where copies can be proven current (`precopy.rs`), the capture is
+        // written ahead while the sandbox runs, and a thread compresses it
+        // meanwhile; the frozen capture refers to the copies still current
+        // and, if it wrote the same tar, that blob is the snapshot's
+        // (`checkpoint.rs`); else the frozen tar is compressed after the
+        // thaw. Elsewhere the thread compresses the frozen capture's tar
+        // while it is written, so that the frozen capture only copies. A
+        // snapshot that compacts its chain gets the compacted layer's blob,
+        // written after the fold. The hydration hashes the tar (diff_id).
+        // Nothing is written ahead for a sandbox whose capture will be
+        // refused (stopping, or in a capture).
+        let deep = self.needs_compaction(sb.spec.snapshot.as_deref())?;
+        let capturable = sb.run_state().next(crate::sandbox::RunEvent::Capture).is_some();
+        let copier = (!deep && capturable)
+            .then(|| crate::sandbox::Precopier::new(&dirs.upper, &work.join("pre")))
+            .and_then(|r| r.map_err(|e| tracing::warn!("pre-copy of sandbox {}: {e}", sb.id)).ok().flatten());
+        let progress = Arc::new(crate::sandbox::TarProgress::default());
+        let compress = |follow: crate::sandbox::TarFollower| {
+            let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
+            // Made durable with the layer, by one syncfs before the row.
+            let r = store.write_blob(compression, false, |w| std::io::copy(&mut follow, w));
+            (r.map(|(_, hex, size)| (hex, size)), started.elapsed())
+        };
+        let (unpacked, follower, spec) = std::thread::scope(|s| {
+            let followed = if copier.is_some() { &ahead } else { &tar };
+            let mut follower = (!deep).then(|| {
+                let follow = crate::sandbox::TarFollower::new(followed, progress.clone());
+                s.spawn(move || compress(follow))
+            });
+            let spec = copier.map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, progress.clone()));
+            let pre = spec.as_ref().map(|s| s.pre.clone());
+            let live = (spec.is_none() && follower.is_some()).then(|| progress.clone());
+            let cap = sb.capture(&dirs.upper, &tar, live, pre.clone());
+            progress.end(cap.is_ok());
+            if let (Ok(cap), Some(pre)) = (&cap, &pre) {
+                pre.remove_unused(cap.segments.iter().map(|s| &*s.copy.path));
+            }
+            let same = match (&cap, &spec) {
+                (Ok(cap), Some(spec)) => cap.skeleton.is_some() && cap.skeleton == spec.skeleton,
+                _ => false,
+            };
+            if spec.is_some() && !same {
+                // Written ahead in vain: its blob is dropped, the frozen
+                // tar compressed.
+                progress.cancel();
+                if let Some(Ok((Ok((hex, _)), _))) = follower.take().map(|h| h.join()) {
+                    forget_blob(&hex);
+                }
+                if let Ok(cap) = &cap {
+                    let follow = crate::sandbox::TarFollower::finished(cap);
+                    let path = cap.tar.clone();
+                    follower = Some(s.spawn(move || match follow {
+                        Ok(follow) => compress(follow),
+                        Err(source) => {
+                            (Err(StoreError::Io { step: "read checkpoint tar", path, source }), started.elapsed())
+                        }
+                    }));
+                }
+            }
+            crate::failpoint::hit("checkpoint:captured");
+            // Hydrate while the blob is being finished.
+            let unpacked = cap.map_err(ApiError::from).and_then(|mut cap| {
+                let (u, diff_id) = self.unpack_capture(&cap, work)?;
+                cap.diff_id.get_or_insert(diff_id);
+                Ok((cap, u))
+            });
+            (unpacked, follower.map(|h| h.join()), spec.map(|s| (s.pre, same)))
+        });
+        let follower = follower.map(|joined| match joined {
+            Ok((r, at)) => r.map(|(hex, size)| (hex, size, at)),
+            Err(_) => Err(StoreError::Io {
+                step: "write blob",
+                path: tar.clone(),
+                source: std::io::Error::other("the blob thread panicked"),
+            }),
+        });
         let reused: u64 = match &unpacked {
             Ok((cap, _)) => cap.segments.iter().map(|s| s.len).sum(),
             Err(_) => 0,
@@ -274,8 +304,9 @@ impl Daemon {
             "frozen_ms": sealed.frozen.as_secs_f64() * 1000.0,
             "blob_ms": blob_at.as_secs_f64() * 1000.0,
             "total_ms": started.elapsed().as_secs_f64() * 1000.0,
-            "precopy_ms": pre.as_ref().map_or(0.0, |p| p.took.as_secs_f64() * 1000.0),
-            "precopied_bytes": pre.as_ref().map_or(0, |p| p.bytes),
+            "precopy_ms": spec.as_ref().map_or(0.0, |(p, _)| p.took.as_secs_f64() * 1000.0),
+            "precopied_bytes": spec.as_ref().map_or(0, |(p, _)| p.bytes),
+            "blob_ahead": spec.as_ref().is_some_and(|(_, same)| *same),
             "reused_bytes": reused,
             "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
             "compacted": sealed.compacted,
@@ -288,7 +319,7 @@ impl Daemon {
             (format!("sha256:{blob_hex}"), blob_size, compression.as_str().into());
         // Layer and blob are on disk before any row names them. The tars
         // are spent: deleted first, so the sync does not write them out.
-        for spent in [&tar, &sealed.tar] {
+        for spent in [&tar, &ahead, &sealed.tar] {
             let _ = std::fs::remove_file(spent);
         }
         let checked = store.sync().map_err(store_err).and_then(|()| check.map_or(Ok(()), |c| c()));

@@ -8,22 +8,32 @@
 //! also hashes it: the diff_id) happens after the thaw (see
 //! `snapshots.rs`).
 //!
-//! Large files are copied before the freeze (`precopy.rs`); for each one
-//! still unchanged, the frozen capture leaves a hole in the tar and records
-//! a [`Segment`] naming the copy. Readers of the tar ([`TarFollower`]) read
-//! a segment's bytes from its copy, so what they see is the whole tar; the
-//! hydration links the copy into the layer instead of writing it again.
-//! What is left frozen is the walk, the headers, the small files, and the
-//! large files that changed since their copy (copied as `cp` would).
+//! With a file system that lets copies be proven current (`precopy.rs`),
+//! the capture is first written ahead, while the sandbox runs
+//! ([`speculate`]): the same walk and the same tar, except that each file
+//! of [`precopy::MIN`] bytes or more not changed lately is copied first
+//! and the tar gets a hole and a [`Segment`] naming the copy. A follower
+//! compresses that tar as it grows, so the blob is made while the sandbox
+//! runs. Then, frozen, the capture is written again: each file whose copy
+//! is still current becomes the same segment, so what is left frozen is
+//! the walk, the headers, the small files, and what changed. Both walks
+//! note their tar's [`Skeleton`] (the hash of every byte written, plus the
+//! segments); equal skeletons mean equal tars, byte for byte, and the blob
+//! made ahead is the snapshot's blob. Else it is discarded and the frozen
+//! tar is compressed after the thaw. Readers of a tar ([`TarFollower`])
+//! read a segment's bytes from its copy, so what they see is the whole
+//! tar; the hydration links the copy into the layer instead of writing it
+//! again.
 
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::precopy::{self, Precopied};
+use super::precopy::{self, PreCopy, Precopied, Precopier};
 use super::{RunEvent, Sandbox, SandboxError};
 use crate::diff::{self, DeltaStats};
+use sha2::{Digest as _, Sha256};
 
 /// How long the kernel may take to freeze every task.
 const FREEZE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -41,7 +51,24 @@ pub(super) struct SparseFile {
     /// Files copied before the freeze; where one is still current, the
     /// tar gets a hole and a [`Segment`] instead of its content.
     pre: Option<Arc<Precopied>>,
+    /// Writing ahead of the freeze: takes the copies.
+    copier: Option<Precopier>,
     segments: Vec<Segment>,
+    /// The hash of every byte written, for the [`Skeleton`].
+    written: Option<Sha256>,
+    /// Bytes went in by `copy_file_range` (not hashed): no skeleton.
+    spliced: bool,
+}
+
+/// What identifies a capture's tar apart from its segments' bytes: the
+/// sha256 of all other bytes, the length, and where each segment is and
+/// which copy holds it. The copies are immutable, so two tars with equal
+/// skeletons are equal byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skeleton {
+    written: [u8; 32],
+    len: u64,
+    segments: Vec<(u64, u64, Arc<Path>)>,
 }
 
 /// A range of a capture's tar whose bytes are in a pre-copied file (the
@@ -50,18 +77,41 @@ pub(super) struct SparseFile {
 pub struct Segment {
     pub offset: u64,
     pub len: u64,
-    pub copy: precopy::Copy,
+    pub copy: PreCopy,
 }
 
 impl SparseFile {
     const BLOCK: usize = 64 * 1024;
 
     pub(super) fn new(file: std::fs::File, progress: Option<Arc<TarProgress>>) -> SparseFile {
-        SparseFile { file, len: 0, progress, splice: true, pre: None, segments: Vec::new() }
+        SparseFile {
+            file,
+            len: 0,
+            progress,
+            splice: true,
+            pre: None,
+            copier: None,
+            segments: Vec::new(),
+            written: None,
+            spliced: false,
+        }
+    }
+
+    /// Hash what is written, for [`SparseFile::skeleton`].
+    fn hashing(mut self) -> SparseFile {
+        self.written = Some(Sha256::new());
+        self
+    }
+
+    /// The skeleton of what was written, if it was hashed throughout.
+    fn skeleton(&mut self) -> Option<Skeleton> {
+        let written = self.written.take().filter(|_| !self.spliced)?.finalize().into();
+        let segments = self.segments.iter().map(|s| (s.offset, s.len, s.copy.path.clone())).collect();
+        Some(Skeleton { written, len: self.len, segments })
     }
 
     /// Leave a hole for `len` bytes that `copy` holds.
-    fn refer(&mut self, copy: precopy::Copy, len: u64) -> std::io::Result<()> {
+    fn refer(&mut self, copy: PreCopy, len: u64) -> std::io::Result<()> {
         use std::io::{Seek, SeekFrom};
         let seg = Segment { offset: self.len, len, copy };
         self.len += len;
@@ -96,6 +146,7 @@ impl SparseFile {
         use std::os::fd::AsRawFd;
         /// Bytes per call, so that a follower sees progress.
         const STEP: u64 = 8 << 20;
+        self.spliced = true;
         let start = self.len;
         let mut pos = 0u64;
         while pos < len && self.splice {
@@ -149,8 +200,10 @@ impl SparseFile {
 const SPLICE_MIN: u64 = 1 << 20;
 
 /// [`diff::SpliceFile`] for the capture's tar: a file pre-copied and not
-/// changed since becomes a reference to the copy; else a large file's
-/// content is spliced in after what is buffered; else `false` (copied).
+/// changed since becomes a reference to the copy; writing ahead, a file
+/// the pre-copier takes becomes one, others are copied (so that the
+/// skeleton hashes them); else a large file's content is spliced in after
+/// what is buffered; else `false` (copied).
 fn splice_into_tar(
     w: &mut &mut BufWriter<SparseFile>,
     src: &std::fs::File,
@@ -158,11 +211,15 @@ fn splice_into_tar(
 ) -> std::io::Result<bool> {
     use std::io::Write;
     let len = meta.len();
-    let copy = match &w.get_ref().pre {
+    let mut copy = match &w.get_ref().pre {
         Some(pre) if len >= precopy::MIN => pre.reusable(meta).cloned(),
         _ => None,
     };
-    if copy.is_none() && len < SPLICE_MIN {
+    let ahead = w.get_ref().copier.is_some();
+    if let (None, Some(copier)) = (&copy, &mut w.get_mut().copier) {
+        copy = copier.take(src, meta)?;
+    }
+    if copy.is_none() && (len < SPLICE_MIN || ahead) {
         return Ok(false);
     }
     w.flush()?;
@@ -172,6 +229,52 @@ fn splice_into_tar(
         None => sf.splice_from(src, len),
     }
     .map(|()| true)
+}
+
+/// A capture written ahead of the freeze, by [`speculate`].
+pub struct Speculation {
+    /// The copies taken; the frozen capture refers to those still current.
+    pub pre: Arc<Precopied>,
+    /// The tar's skeleton; `None` if the walk failed (a tree changing under
+    /// it can make it fail) or the tar is not wholly hashed.
+    pub skeleton: Option<Skeleton>,
+}
+
+/// Write `upper`'s capture ahead to `tar` while the sandbox runs, taking
+/// pre-copies with `copier`; each write is published to `progress`, which
+/// is ended here. Needs no freeze: the walk goes by directory fds and
+/// never follows a symlink (`diff.rs`), and nothing it writes is used
+/// unless the frozen capture writes the same [`Skeleton`].
+pub fn speculate(upper: &Path, tar: &Path, copier: Precopier, progress: Arc<TarProgress>) -> Speculation {
+    use std::io::Write;
+    let started = Instant::now();
+    let file = match std::fs::File::create(tar) {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("write ahead {}: {e}", tar.display());
+            progress.end(false);
+            return Speculation { pre: Arc::new(copier.finish(started.elapsed())), skeleton: None };
+        }
+    };
+    let mut sparse = SparseFile::new(file, Some(progress.clone())).hashing();
+    sparse.copier = Some(copier);
+    let mut w = BufWriter::with_capacity(1 << 20, sparse);
+    let walked = diff::write_delta_unhashed(upper, &mut w, Some(splice_into_tar))
+        .map_err(|e| e.to_string())
+        .and_then(|_| w.flush().map_err(|e| e.to_string()));
+    let (mut sparse, _) = w.into_parts();
+    let copier = sparse.copier.take();
+    let skeleton = match walked {
+        Ok(()) => sparse.skeleton(),
+        Err(e) => {
+            tracing::debug!("write ahead of {}: {e}", upper.display());
+            None
+        }
+    };
+    let skeleton = skeleton.filter(|_| sparse.finish().is_ok());
+    progress.end(skeleton.is_some());
+    let took = started.elapsed();
+    Speculation { pre: Arc::new(copier.map(|c| c.finish(took)).unwrap_or_default()), skeleton }
 }
 
 /// How far a capture has written its tar, shared with a [`TarFollower`].
@@ -187,6 +290,8 @@ struct ProgressState {
     len: u64,
     /// `Some(ok)` once the capture ended.
     end: Option<bool>,
+    /// Set by [`TarProgress::cancel`].
+    cancelled: bool,
     segments: Vec<Segment>,
 }
 
@@ -212,6 +317,16 @@ impl TarProgress {
     /// ignored, so a caller can always end it on its way out.
     pub fn end(&self, ok: bool) {
         self.lock().end.get_or_insert(ok);
+        self.cv.notify_all();
+    }
+
+    /// Stop the follower (its reads fail), whether or not the tar is
+    /// complete: what it makes is not wanted.
+    pub fn cancel(&self) {
+        let mut st = self.lock();
+        st.cancelled = true;
+        st.end = Some(false);
+        drop(st);
         self.cv.notify_all();
     }
 }
@@ -266,6 +381,9 @@ impl TarFollower {
         let mut st = progress.lock();
         while st.len <= self.pos && st.end.is_none() {
             st = progress.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        if st.cancelled {
+            return Err(std::io::Error::other("cancelled"));
         }
         if st.end == Some(false) {
             return Err(std::io::Error::other("the capture failed"));
@@ -329,12 +447,15 @@ impl std::io::Write for SparseFile {
         // (the file system allocates whole blocks of it only if data lands
         // next to it).
         let n = buf.len().min(Self::BLOCK - (self.len % Self::BLOCK as u64) as usize);
-        if buf[..n].iter().all(|&b| b == 0) {
+        let n = if buf[..n].iter().all(|&b| b == 0) {
             self.file.seek(SeekFrom::Current(n as i64))?;
-            self.advance(n);
-            return Ok(n);
+            n
+        } else {
+            self.file.write(&buf[..n])?
+        };
+        if let Some(h) = &mut self.written {
+            h.update(&buf[..n]);
         }
-        let n = self.file.write(&buf[..n])?;
         self.advance(n);
         Ok(n)
     }
@@ -357,6 +478,8 @@ pub struct Capture {
     /// Ranges of the tar held by pre-copied files (read it with
     /// [`TarFollower::finished`]).
     pub segments: Vec<Segment>,
+    /// With pre-copies: the tar's skeleton, if it was hashed throughout.
+    pub skeleton: Option<Skeleton>,
 }
 
 impl Capture {
@@ -412,13 +535,17 @@ impl Sandbox {
             std::fs::File::create(tar)
                 .map_err(|source| SandboxError::Io { step: "create checkpoint tar", source })
                 .and_then(|f| {
-                    // With a follower, the capture only copies (the
-                    // hydration hashes the tar after the thaw).
-                    let followed = progress.is_some();
+                    // With a follower, or a capture written ahead to
+                    // compare with, the capture only copies (the hydration
+                    // hashes the tar after the thaw).
+                    let unhashed = progress.is_some() || pre.is_some();
                     let mut sparse = SparseFile::new(f, progress);
-                    sparse.pre = pre.filter(|_| followed);
+                    if pre.is_some() {
+                        sparse = sparse.hashing();
+                    }
+                    sparse.pre = pre;
                     let mut w = BufWriter::with_capacity(1 << 20, sparse);
-                    let r = if followed {
+                    let r = if unhashed {
                         diff::write_delta_unhashed(upper, &mut w, Some(splice_into_tar)).map(|s| (s, None))
                     } else {
                         diff::write_delta(upper, &mut w).map(|(s, h)| (s, Some(h)))
@@ -429,9 +556,10 @@ impl Sandbox {
                     let mut sparse = w
                         .into_inner()
                         .map_err(|e| SandboxError::Io { step: "flush checkpoint tar", source: e.into_error() })?;
+                    let skeleton = sparse.skeleton();
                     let segments = std::mem::take(&mut sparse.segments);
                     sparse.finish().map_err(|source| SandboxError::Io { step: "finish checkpoint tar", source })?;
-                    Ok((r, segments))
+                    Ok((r, segments, skeleton))
                 })
         });
         // Always resume, whatever happened above.
@@ -443,8 +571,8 @@ impl Sandbox {
         let frozen = if froze { started.elapsed() } else { Duration::ZERO };
         let _ = self.transition(RunEvent::Captured, "finish checkpoint", || Ok(()));
         result?;
-        let ((stats, diff_id), segments) = written.unwrap_or(Err(SandboxError::Dead(self.id.clone())))?;
-        Ok(Capture { tar: tar.to_path_buf(), diff_id, stats, frozen, segments })
+        let ((stats, diff_id), segments, skeleton) = written.unwrap_or(Err(SandboxError::Dead(self.id.clone())))?;
+        Ok(Capture { tar: tar.to_path_buf(), diff_id, stats, frozen, segments, skeleton })
     }
 }
 
@@ -493,10 +621,54 @@ mod tests {
         }
     }
 
-    /// With a pre-copy, the capture writes only headers, small files and
-    /// holes; read back with its segments it is the plain tar byte for
-    /// byte (while followed, and once finished), a file changed after the
-    /// pre-copy is captured afresh, and the unpacker links the copies.
+    /// Reads a tar while it is written, on another thread.
+    fn follow(tar: &Path, progress: &Arc<TarProgress>) -> std::thread::JoinHandle<std::io::Result<Vec<u8>>> {
+        use std::io::Read;
+        let mut follower = TarFollower::new(tar, progress.clone());
+        std::thread::spawn(move || {
+            let mut all = Vec::new();
+            follower.read_to_end(&mut all).map(|_| all)
+        })
+    }
+
+    /// Writes `u`'s capture ahead into `out`, as a checkpoint does before
+    /// the freeze; returns it and its tar as a follower read it.
+    fn ahead(u: &Path, out: &Path) -> (Speculation, Vec<u8>) {
+        let tar = out.join("ahead.tar");
+        let progress = Arc::new(TarProgress::default());
+        let followed = follow(&tar, &progress);
+        let copier = Precopier::new(u, &out.join("pre")).unwrap().expect("/var/tmp on ext4, XFS or btrfs");
+        let spec = speculate(u, &tar, copier, progress);
+        (spec, followed.join().unwrap().unwrap())
+    }
+
+    /// The frozen capture's writing (without the freeze) with `pre`.
+    fn frozen(
+        u: &Path,
+        tar: &Path,
+        pre: Arc<Precopied>,
+        progress: Option<Arc<TarProgress>>,
+    ) -> (DeltaStats, Vec<Segment>, Option<Skeleton>) {
+        let mut sf = SparseFile::new(std::fs::File::create(tar).unwrap(), progress.clone()).hashing();
+        sf.pre = Some(pre);
+        let mut w = BufWriter::new(sf);
+        let stats = diff::write_delta_unhashed(u, &mut w, Some(splice_into_tar)).unwrap();
+        let mut sf = w.into_inner().map_err(|e| e.into_error()).unwrap();
+        let skeleton = sf.skeleton();
+        let segments = std::mem::take(&mut sf.segments);
+        sf.finish().unwrap();
+        if let Some(p) = progress {
+            p.end(true);
+        }
+        (stats, segments, skeleton)
+    }
+
+    /// Written ahead, the capture is the plain tar (large files pre-copied,
+    /// small ones not); frozen after a change, it writes only headers,
+    /// small files, holes and what changed, and read back with its
+    /// segments it is the plain tar byte for byte (while followed, and
+    /// once finished), and not the same skeleton; the unpacker links the
+    /// copies.
     #[test]
     fn precopied_capture_reads_as_the_same_tar() {
         use std::io::Read;
@@ -510,34 +682,29 @@ mod tests {
         std::fs::write(u.join("d/changed"), vec![4u8; 2 << 20]).unwrap();
         std::fs::hard_link(u.join("d/big"), u.join("link")).unwrap();
         std::thread::sleep(Duration::from_millis(1100));
-        let pre = Arc::new(Precopied::copy(u, &out.path().join("pre")).unwrap());
-        assert_eq!(pre.len(), 3, "sparse, big (once for both names), changed");
+        let mut plain = Vec::new();
+        diff::write_delta_unhashed(u, &mut plain, None).unwrap();
+        let (spec, written) = ahead(u, out.path());
+        assert!(written == plain, "the tar written ahead differs");
+        assert!(spec.skeleton.is_some());
+        let copied = (4 << 20) + 17 + (2 << 20) + (200 << 20);
+        assert_eq!(spec.pre.bytes, copied, "sparse, big (once for both names), changed; not small");
         std::fs::OpenOptions::new().write(true).open(u.join("d/changed")).unwrap().write_all_at(b"new", 9).unwrap();
         let mut plain = Vec::new();
         diff::write_delta_unhashed(u, &mut plain, None).unwrap();
 
         let tar = out.path().join("t");
         let progress = Arc::new(TarProgress::default());
-        let mut follower = TarFollower::new(&tar, progress.clone());
-        let followed = std::thread::spawn(move || {
-            let mut all = Vec::new();
-            follower.read_to_end(&mut all).map(|_| all)
-        });
-        let mut sf = SparseFile::new(std::fs::File::create(&tar).unwrap(), Some(progress.clone()));
-        sf.pre = Some(pre);
-        let mut w = BufWriter::new(sf);
-        let stats = diff::write_delta_unhashed(u, &mut w, Some(splice_into_tar)).unwrap();
-        let mut sf = w.into_inner().map_err(|e| e.into_error()).unwrap();
-        let segments = std::mem::take(&mut sf.segments);
-        sf.finish().unwrap();
-        progress.end(true);
+        let followed = follow(&tar, &progress);
+        let (stats, segments, skeleton) = frozen(u, &tar, spec.pre.clone(), Some(progress));
         assert_eq!(stats.tar_bytes, plain.len() as u64);
         let lens: Vec<u64> = segments.iter().map(|s| s.len).collect();
         assert_eq!(lens, [(4 << 20) + 17, 200 << 20], "d/big and sparse referred to, d/changed copied");
         assert!(std::fs::metadata(&tar).unwrap().blocks() * 512 < 4 << 20, "the tar has holes for them");
         assert!(followed.join().unwrap().unwrap() == plain, "the followed tar differs");
+        assert!(skeleton.is_none() || skeleton != spec.skeleton, "a changed tree, the same skeleton");
 
-        let cap = Capture { tar: tar.clone(), diff_id: None, stats, frozen: Duration::ZERO, segments };
+        let cap = Capture { tar: tar.clone(), diff_id: None, stats, frozen: Duration::ZERO, segments, skeleton };
         let mut finished = Vec::new();
         TarFollower::finished(&cap).unwrap().read_to_end(&mut finished).unwrap();
         assert!(finished == plain, "the finished tar differs");
@@ -554,5 +721,37 @@ mod tests {
         assert_eq!(std::fs::read(dest.join("link")).unwrap(), vec![3u8; (4 << 20) + 17]);
         assert_eq!(&std::fs::read(dest.join("d/changed")).unwrap()[9..12], b"new");
         assert_eq!(std::fs::read(dest.join("sparse")).unwrap(), std::fs::read(u.join("sparse")).unwrap());
+    }
+
+    /// The frozen capture has the skeleton of the one written ahead exactly
+    /// while the tree is the same: a small file's bytes changed (same
+    /// size, mtime put back) make it differ, and putting them back makes
+    /// it equal again.
+    #[test]
+    fn a_capture_written_ahead_holds_only_while_nothing_changed() {
+        use nix::sys::stat::{utimensat, UtimensatFlags};
+        use nix::sys::time::TimeSpec;
+        use std::os::unix::fs::MetadataExt;
+        let upper = tempfile::tempdir_in("/var/tmp").unwrap();
+        let out = tempfile::tempdir_in("/var/tmp").unwrap();
+        let u = upper.path();
+        std::fs::write(u.join("large"), vec![5u8; 64 << 10]).unwrap();
+        std::fs::write(u.join("small"), b"before").unwrap();
+        std::thread::sleep(Duration::from_millis(1100));
+        let (spec, _) = ahead(u, out.path());
+        assert_eq!(spec.pre.bytes, 64 << 10, "only the large file is copied");
+        let skeleton = |n: &str| frozen(u, &out.path().join(n), spec.pre.clone(), None).2;
+        assert!(spec.skeleton.is_some() && skeleton("1") == spec.skeleton, "unchanged, yet another skeleton");
+
+        let mtime = std::fs::metadata(u.join("small")).unwrap();
+        let put = |bytes: &[u8]| {
+            std::fs::write(u.join("small"), bytes).unwrap();
+            let t = TimeSpec::new(mtime.mtime(), mtime.mtime_nsec());
+            utimensat(None, &u.join("small"), &t, &t, UtimensatFlags::NoFollowSymlink).unwrap();
+        };
+        put(b"after!");
+        assert!(skeleton("2") != spec.skeleton, "changed bytes, the same skeleton");
+        put(b"before");
+        assert!(skeleton("3") == spec.skeleton);
     }
 }

@@ -11,10 +11,10 @@ mod exec;
 mod freeze;
 mod precopy;
 
-pub use checkpoint::{Capture, Segment, TarFollower, TarProgress};
+pub use checkpoint::{speculate, Capture, Segment, Skeleton, Speculation, TarFollower, TarProgress};
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest, ExecSummary};
-pub use precopy::Precopied;
+pub use precopy::{Precopied, Precopier};
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;

@@ -1,7 +1,9 @@
 //! Pre-copy: a checkpoint copies the upper's files of [`MIN`] bytes and
-//! more while the sandbox still runs, and the frozen capture then only checks that each is
-//! unchanged (one `fstat`) instead of copying it. Live migration does the
-//! same with memory pages (CRIU's pre-dump); here the unit is a file.
+//! more while the sandbox still runs (as the walk that writes the capture
+//! ahead reaches each: `checkpoint::speculate`), and the frozen capture
+//! then only checks that each is unchanged (its `fstat`) instead of
+//! copying it. Live migration does the same with memory pages (CRIU's
+//! pre-dump); here the unit is a file.
 //!
 //! A copy is reused only if the file provably did not change after it was
 //! taken. Every change to a file's data needs it open for writing (a
@@ -35,14 +37,11 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
+use std::time::Duration;
 
 /// File systems whose mapped writes update ctime (`page_mkwrite`).
 const TRUSTED_FS: [i64; 3] = [
@@ -51,15 +50,10 @@ const TRUSTED_FS: [i64; 3] = [
     0x9123_683E, // btrfs
 ];
 
-/// Smallest file pre-copied. Each costs an inode and a lease
-/// before the freeze (and a reference in the tar, with a flush, while
-/// frozen), which is more than copying a small file while frozen: with
-/// 64 KiB, 1 GiB of 64 KiB files was pre-copied in 2.05 s and frozen
-/// 0.78 s, and its blob took 3.8 s (against 2.4 s and 2.4 s without).
-pub const MIN: u64 = 1 << 20;
-
-/// Deepest directory the walk enters (the frozen capture takes the rest).
-const MAX_DEPTH: usize = 128;
+/// Smallest file pre-copied. Each costs an inode and a lease before the
+/// freeze, and a reference in the tar (a flush) while frozen, which is
+/// about what copying a file of a few pages costs while frozen.
+pub const MIN: u64 = 16 << 10;
 
 /// A file's identity and the times that change with its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,46 +81,23 @@ impl Stamp {
 /// directory; the hydration links it into the layer. (Paths, not open
 /// files: a delta of many large files would hold as many descriptors.)
 #[derive(Debug, Clone)]
-pub struct Copy {
+pub struct PreCopy {
     pub path: Arc<Path>,
 }
 
 /// The copies one pre-copy made, by (dev, ino) of the original.
 #[derive(Debug, Default)]
 pub struct Precopied {
-    files: HashMap<(u64, u64), (Stamp, Copy)>,
+    files: HashMap<(u64, u64), (Stamp, PreCopy)>,
     /// Bytes copied (apparent sizes: a sparse file's holes count).
     pub bytes: u64,
     pub took: Duration,
 }
 
 impl Precopied {
-    /// Copy every regular file of at least [`MIN`] bytes under `upper` into
-    /// `dir` (created here), while the sandbox runs. On an error (a full
-    /// disk, say) `dir` is removed again, leaving the space to the capture.
-    pub fn copy(upper: &Path, dir: &Path) -> std::io::Result<Precopied> {
-        let started = Instant::now();
-        let t0 = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE)?;
-        let t0 = (t0.tv_sec(), t0.tv_nsec());
-        let root = File::open(upper)?;
-        let fs = nix::sys::statfs::fstatfs(&root)?;
-        let mut done = Precopied::default();
-        if !TRUSTED_FS.contains(&(fs.filesystem_type().0 as i64)) {
-            return Ok(done);
-        }
-        std::fs::create_dir(dir)?;
-        let mut walk = Walk { dir, t0, done: &mut done };
-        if let Err(e) = walk.dir(root.as_fd(), 0) {
-            let _ = std::fs::remove_dir_all(dir);
-            return Err(e);
-        }
-        done.took = started.elapsed();
-        Ok(done)
-    }
-
     /// The copy of a file (its `fstat` now, frozen), if it is still exactly
     /// that file's content.
-    pub fn reusable(&self, meta: &std::fs::Metadata) -> Option<&Copy> {
+    pub fn reusable(&self, meta: &std::fs::Metadata) -> Option<&PreCopy> {
         let now = Stamp::of(meta);
         match self.files.get(&(now.dev, now.ino)) {
             Some((then, copy)) if *then == now => Some(copy),
@@ -144,93 +115,75 @@ impl Precopied {
             }
         }
     }
-
-    pub fn len(&self) -> usize {
-        self.files.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.files.is_empty()
-    }
 }
 
-struct Walk<'a> {
-    dir: &'a Path,
+/// Takes the copies, one file at a time, as the walk that writes the
+/// capture ahead of the freeze (`checkpoint::speculate`) reaches each.
+pub struct Precopier {
+    dir: PathBuf,
     /// `CLOCK_REALTIME_COARSE` at the start: the clock file times come from.
     t0: (i64, i64),
-    done: &'a mut Precopied,
+    done: Precopied,
+    /// A copy could not be written (a full disk, say): all are dropped.
+    failed: bool,
 }
 
-impl Walk<'_> {
-    /// Walks a live tree by file descriptors, never following a symlink:
-    /// a sandbox swapping a directory for a link only makes an open fail.
-    fn dir(&mut self, fd: BorrowedFd<'_>, depth: usize) -> std::io::Result<()> {
-        use nix::dir::{Dir, Type};
-        let mut names = Vec::new();
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-        for entry in Dir::openat(Some(fd.as_raw_fd()), ".", flags, Mode::empty())?.iter().flatten() {
-            let name = entry.file_name().to_owned();
-            if name.to_bytes() != b"." && name.to_bytes() != b".." {
-                names.push((name, entry.file_type()));
-            }
+impl Precopier {
+    /// A pre-copier for `upper` writing into `dir` (created here); `None`
+    /// on a file system whose copies could not be proven current.
+    pub fn new(upper: &Path, dir: &Path) -> std::io::Result<Option<Precopier>> {
+        let t0 = nix::time::clock_gettime(nix::time::ClockId::CLOCK_REALTIME_COARSE)?;
+        let fs = nix::sys::statfs::statfs(upper)?;
+        if !TRUSTED_FS.contains(&(fs.filesystem_type().0 as i64)) {
+            return Ok(None);
         }
-        for (name, kind) in names {
-            match kind {
-                Some(Type::Directory) if depth < MAX_DEPTH => {
-                    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
-                    if let Ok(sub) = strata_shim::sys::openat(fd, &name, flags, 0) {
-                        self.dir(sub.as_fd(), depth + 1)?;
-                    }
-                }
-                Some(Type::File) | None => self.file(fd, &name)?,
-                _ => {}
-            }
-        }
-        Ok(())
+        std::fs::create_dir(dir)?;
+        let done = Precopied::default();
+        Ok(Some(Precopier { dir: dir.into(), t0: (t0.tv_sec(), t0.tv_nsec()), done, failed: false }))
     }
 
-    /// Copies one file if it is large, regular, not open for writing, and
-    /// unchanged since before `t0`'s second. Errors opening or looking at it
-    /// skip it; errors while copying end the walk.
-    fn file(&mut self, parent: BorrowedFd<'_>, name: &std::ffi::CStr) -> std::io::Result<()> {
-        use nix::sys::stat::{fstatat, SFlag};
-        // Most files are small: looked at, not opened.
-        match fstatat(Some(parent.as_raw_fd()), name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st)
-                if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG
-                    && st.st_size as u64 >= MIN => {}
-            _ => return Ok(()),
+    /// Copy `src` (a file of the live upper, open for reading; `meta` its
+    /// `fstat`) if it has [`MIN`] bytes or more, nobody has it open for
+    /// writing, and it has not changed since before `t0`'s second. `None`
+    /// if not copied; an error if the copy failed (`src` shrank, or the
+    /// copy could not be written).
+    pub fn take(&mut self, src: &File, meta: &std::fs::Metadata) -> std::io::Result<Option<PreCopy>> {
+        if meta.len() < MIN || self.failed || strata_shim::sys::no_writers(src.as_fd()).is_err() {
+            return Ok(None);
         }
-        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-        let Ok(src) = strata_shim::sys::openat(parent, name, flags, 0).map(File::from) else { return Ok(()) };
-        match src.metadata() {
-            Ok(m) if m.is_file() && m.size() >= MIN => {}
-            _ => return Ok(()),
-        }
-        if strata_shim::sys::no_writers(src.as_fd()).is_err() {
-            return Ok(());
-        }
-        let Ok(meta) = src.metadata() else { return Ok(()) };
-        let stamp = Stamp::of(&meta);
-        if stamp.ctime.0 >= self.t0.0 || self.done.files.contains_key(&(stamp.dev, stamp.ino)) {
-            return Ok(());
+        let stamp = Stamp::of(&src.metadata()?);
+        if stamp != Stamp::of(meta)
+            || stamp.ctime.0 >= self.t0.0
+            || self.done.files.contains_key(&(stamp.dev, stamp.ino))
+        {
+            return Ok(None);
         }
         let path = self.dir.join(self.done.files.len().to_string());
-        let copy = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
-        let mut sparse = super::checkpoint::SparseFile::new(copy, None);
-        match sparse.splice_from(&src, stamp.size) {
-            Ok(()) => {}
-            // The original shrank: it changed; the capture takes it.
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                drop(sparse);
-                return std::fs::remove_file(&path);
-            }
-            Err(e) => return Err(e),
+        let copied = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).and_then(|copy| {
+            let mut sparse = super::checkpoint::SparseFile::new(copy, None);
+            sparse.splice_from(src, stamp.size)?;
+            sparse.finish()
+        });
+        if let Err(e) = copied {
+            // The original shrank: it changed (the walk fails on it too).
+            self.failed |= e.kind() != std::io::ErrorKind::UnexpectedEof;
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
         }
-        sparse.finish()?;
         self.done.bytes += stamp.size;
-        self.done.files.insert((stamp.dev, stamp.ino), (stamp, Copy { path: path.into() }));
-        Ok(())
+        let copy = PreCopy { path: path.into() };
+        self.done.files.insert((stamp.dev, stamp.ino), (stamp, copy.clone()));
+        Ok(Some(copy))
+    }
+
+    /// The copies taken; none if one failed to be written (they are
+    /// removed, leaving the space to the capture).
+    pub fn finish(self, took: Duration) -> Precopied {
+        if self.failed {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return Precopied { took, ..Precopied::default() };
+        }
+        Precopied { took, ..self.done }
     }
 }
 
@@ -238,6 +191,15 @@ impl Walk<'_> {
 mod tests {
     use super::*;
     use std::io::{BufRead, Write};
+
+    /// Pre-copy `upper` as a checkpoint does: while writing its capture
+    /// ahead (`checkpoint::speculate`).
+    fn precopy(upper: &Path, work: &Path) -> Precopied {
+        let Some(copier) = Precopier::new(upper, &work.join("pre")).unwrap() else { return Precopied::default() };
+        let progress = Arc::new(super::super::TarProgress::default());
+        let spec = super::super::speculate(upper, &work.join("ahead.tar"), copier, progress);
+        Arc::try_unwrap(spec.pre).unwrap()
+    }
 
     fn big(path: &Path, byte: u8) {
         std::fs::write(path, vec![byte; 3 << 20]).unwrap();
@@ -282,8 +244,8 @@ mod tests {
         // Let the clock move to a later second than the files' ctimes.
         std::thread::sleep(Duration::from_millis(1100));
 
-        let pre = Precopied::copy(u, &work.path().join("pre")).unwrap();
-        assert_eq!(pre.len(), 6, "the large files not open for writing are copied");
+        let pre = precopy(u, work.path());
+        assert_eq!(pre.files.len(), 6, "the large files not open for writing are copied");
         assert_eq!(pre.bytes, 6 * (3 << 20));
         let copied = |name: &str| {
             let copy = pre.reusable(&std::fs::metadata(u.join(name)).unwrap()).unwrap();
@@ -330,8 +292,8 @@ mod tests {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
         std::thread::sleep(Duration::from_nanos(1_050_000_000 - u64::from(now.subsec_nanos())));
         big(&upper.path().join("f"), 1);
-        let pre = Precopied::copy(upper.path(), &work.path().join("pre")).unwrap();
-        assert!(pre.is_empty());
+        let pre = precopy(upper.path(), work.path());
+        assert!(pre.files.is_empty());
     }
 
     /// Not on tmpfs: its mapped writes leave the times alone.
@@ -341,7 +303,7 @@ mod tests {
         big(&upper.path().join("f"), 1);
         std::thread::sleep(Duration::from_millis(1100));
         let work = tempfile::tempdir_in("/var/tmp").unwrap();
-        let pre = Precopied::copy(upper.path(), &work.path().join("pre")).unwrap();
-        assert!(pre.is_empty());
+        let pre = precopy(upper.path(), work.path());
+        assert!(pre.files.is_empty());
     }
 }
