@@ -1692,6 +1692,9 @@ fn sparse_files_and_links_to_lower_files_round_trip() {
     let expect = if ["ext2/ext3", "xfs", "btrfs"].contains(&fs.as_str()) { 1u64 << 30 } else { 0 };
     assert_eq!(info["info"]["reused_bytes"], expect, "{fs}: {info}");
     assert_eq!(info["info"]["precopied_bytes"], expect, "{fs}: {info}");
+    // Nothing changed between the capture written ahead and the frozen
+    // one: the blob made ahead is the snapshot's.
+    assert_eq!(info["info"]["blob_ahead"], expect != 0, "{fs}: {info}");
     let layer = info["layer"].as_str().unwrap().to_string();
     let meta = std::fs::metadata(env.root.join("layers").join(layer).join("fs/tmp/sparse")).unwrap();
     let on_disk = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
@@ -1705,6 +1708,34 @@ fn sparse_files_and_links_to_lower_files_round_trip() {
     };
     assert_eq!(sum(format!("sha256sum {}", blob.display())), info["blob_digest"].as_str().unwrap());
     assert_eq!(sum(format!("zstd -dc {} | sha256sum", blob.display())), info["diff_id"].as_str().unwrap());
+    env.finish();
+}
+
+/// A sandbox that keeps changing a file while it is checkpointed: the
+/// capture written ahead differs from the frozen one, so its blob is
+/// dropped and the frozen tar compressed; the snapshot's blob is its layer.
+#[test]
+fn a_checkpoint_of_a_changing_tree_seals_what_was_frozen() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let v = sh(&env, &id, "dd if=/dev/urandom of=/tmp/big bs=1M count=8 2>/dev/null; (while :; do echo x >> /tmp/grows; done) >/dev/null 2>&1 & echo started");
+    assert_eq!(stdout(&v), "started\n", "{v}");
+    std::thread::sleep(Duration::from_millis(1100));
+    let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+    assert_eq!(info["info"]["blob_ahead"], false, "{info}");
+    let blob = env.root.join("blobs/sha256").join(info["blob_digest"].as_str().unwrap().trim_start_matches("sha256:"));
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("zstd -dc {} | sha256sum", blob.display())])
+        .output()
+        .unwrap();
+    let sum = String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string();
+    assert_eq!(format!("sha256:{sum}"), info["diff_id"].as_str().unwrap(), "{info}");
+    // What the snapshot holds is one state of the file: whole lines.
+    let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+    let v = sh(&env, &resumed, "grep -cv '^x$' /tmp/grows; wc -c < /tmp/big");
+    assert_eq!(stdout(&v), "0\n8388608\n", "{v}");
     env.finish();
 }
 
