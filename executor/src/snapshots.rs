@@ -208,17 +208,13 @@ impl Daemon {
                 s.spawn(move || compress(follow))
             });
             let spec = copier.map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, progress.clone()));
-            let pre = spec.as_ref().map(|s| s.pre.clone());
             let live = (spec.is_none() && follower.is_some()).then(|| progress.clone());
-            let cap = sb.capture(&dirs.upper, &tar, live, pre.clone());
+            let cap = sb.capture(&dirs.upper, &tar, live, spec.as_ref());
             progress.end(cap.is_ok());
-            if let (Ok(cap), Some(pre)) = (&cap, &pre) {
-                pre.remove_unused(cap.segments.iter().map(|s| &*s.copy.path));
+            if let (Ok(cap), Some(spec)) = (&cap, &spec) {
+                spec.pre.remove_unused(cap.segments.iter().map(|s| &*s.copy.path));
             }
-            let same = match (&cap, &spec) {
-                (Ok(cap), Some(spec)) => cap.skeleton.is_some() && cap.skeleton == spec.skeleton,
-                _ => false,
-            };
+            let same = cap.as_ref().is_ok_and(|c| c.same_as_ahead);
             if spec.is_some() && !same {
                 // Written ahead in vain: its blob is dropped, the frozen
                 // tar compressed.
