@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Snapshot benchmarks, one run on this machine: for deltas of 10 MiB and
 # 1 GiB, as many small files and as a few large ones, measure
-#   - checkpoint: time spent pre-copying large files (the sandbox running),
+#   - checkpoint: time spent writing the capture ahead, with its pre-copies
+#     (the sandbox running; whether the blob made then was used is printed
+#     on stderr as blob_ahead),
 #     time frozen, time to a finished blob and time to a finished snapshot
 #     (layer + blob, synced; both from the start of the call), against
 #     `cp -a`, `tar -cf - | zstd -1` and `tar -cf - | gzip -1` of the same
@@ -95,7 +97,7 @@ settle() {
 info() { python3 -c 'import json,sys; print("%.0f" % json.load(sys.stdin)["info"][sys.argv[1]])' "$1"; }
 median() { python3 -c 'import statistics,sys; print("%.0f" % statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
 
-printf '| delta | shape | checkpoint pre-copy ms | checkpoint frozen ms | checkpoint blob ms | checkpoint total ms | cp -a ms | tar\\|zstd -1 ms | tar\\|gzip -1 ms | suspend ms | resume ms | fork ms |\n'
+printf '| delta | shape | checkpoint written ahead ms | checkpoint frozen ms | checkpoint blob ms | checkpoint total ms | cp -a ms | tar\\|zstd -1 ms | tar\\|gzip -1 ms | suspend ms | resume ms | fork ms |\n'
 printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 for size in ${SIZES:-10485760 1073741824}; do
 	for shape in ${SHAPES:-small large}; do
@@ -118,7 +120,7 @@ for size in ${SIZES:-10485760 1073741824}; do
 
 			settle "$upper"
 			snap_json=$(api POST "/v1/sandboxes/$id/checkpoint")
-			for k in precopy_ms frozen_ms blob_ms total_ms; do runs[$k]+=" $(info "$k" <<<"$snap_json")"; done
+			for k in precopy_ms frozen_ms blob_ms total_ms blob_ahead; do runs[$k]+=" $(info "$k" <<<"$snap_json")"; done
 			snap=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$snap_json")
 
 			t0=$(now); rid=$(S resume "$snap"); t1=$(now); runs[resume]+=" $(secs "$t0" "$t1")"

@@ -742,13 +742,6 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
     sigs.add(nix::sys::signal::Signal::SIGTERM);
     sigs.add(nix::sys::signal::Signal::SIGINT);
     sigs.thread_block()?;
-    // A checkpoint's pre-copy takes read leases for an instant
-    // (`sys::no_writers`); a sandbox opening the file for writing in that
-    // instant makes the kernel send SIGIO, whose default action would end
-    // the daemon. Blocked in every thread, it stays pending, harmless.
-    let mut lease_breaks = nix::sys::signal::SigSet::empty();
-    lease_breaks.add(nix::sys::signal::Signal::SIGIO);
-    lease_breaks.thread_block()?;
     let daemon = Arc::new(Daemon::open(cfg.clone())?);
     let listener = bind_socket(&cfg.socket, cfg.socket_gid)?;
     tracing::info!(

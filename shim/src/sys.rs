@@ -790,10 +790,17 @@ pub fn lgetxattr(path: &CStr, name: &CStr) -> Result<Vec<u8>, Errno> {
 /// writable shared mapping of it: the mapping holds such an open): a read
 /// lease is taken and dropped at once, and the kernel grants it only then.
 /// An open for writing that races with it waits for the drop (one that is
-/// `O_NONBLOCK` fails with `EWOULDBLOCK`), and the kernel sends SIGIO to
-/// this process: the caller must block or handle SIGIO.
+/// `O_NONBLOCK` fails with `EWOULDBLOCK`), and the kernel signals the
+/// lease holder: with SIGURG, set here (`F_SETSIG`) because its default
+/// action is to be ignored, where SIGIO's would end this process. (The
+/// process must not handle SIGURG.)
 pub fn no_writers(fd: BorrowedFd<'_>) -> Result<(), Errno> {
+    /// `F_SETSIG` (uapi/asm-generic/fcntl.h; not in the libc crate).
+    const F_SETSIG: libc::c_int = 10;
     // SAFETY: fcntl with integer arguments; `fd` is open for the borrow.
+    let r = unsafe { libc::fcntl(fd.as_raw_fd(), F_SETSIG, libc::SIGURG) };
+    Errno::result(r)?;
+    // SAFETY: as above.
     let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETLEASE, libc::F_RDLCK as libc::c_int) };
     Errno::result(r)?;
     // SAFETY: as above.
@@ -997,6 +1004,41 @@ pub fn attach_loop(backing: BorrowedFd<'_>) -> Result<(PathBuf, OwnedFd), Errno>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Opens for writing that race with the lease (the kernel then signals
+    /// the holder) do not end this process, which blocks no signal.
+    #[test]
+    fn a_racing_open_for_writing_is_harmless() {
+        use std::os::fd::AsFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = std::env::temp_dir().join(format!("strata-lease-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (path, stop) = (path.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut opened = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let f = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&path);
+                    opened += u64::from(f.is_ok());
+                }
+                opened
+            })
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let mut free = 0u64;
+        while std::time::Instant::now() < until {
+            let f = std::fs::File::open(&path).unwrap();
+            free += u64::from(no_writers(f.as_fd()).is_ok());
+        }
+        stop.store(true, Ordering::Relaxed);
+        let opened = writer.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(free > 0 && opened > 0, "{free} leases, {opened} opens");
+    }
 
     #[test]
     fn loop_structs_match_the_kernel_abi() {

@@ -30,7 +30,8 @@
 //! The lease costs a sandbox something only if it opens a pre-copied
 //! candidate for writing in the same instant: its open waits until the
 //! lease is dropped (microseconds), or fails with `EWOULDBLOCK` if it was
-//! `O_NONBLOCK`. The daemon blocks the SIGIO the kernel then sends it.
+//! `O_NONBLOCK`. The signal the kernel then sends the daemon is SIGURG,
+//! ignored (`sys::no_writers`).
 //!
 //! Everything here is best effort: a file that cannot be pre-copied is
 //! captured while frozen, as without pre-copy.
