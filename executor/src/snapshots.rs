@@ -169,13 +169,17 @@ impl Daemon {
         let dirs = sb.dirs(store);
         let tar = work.join("layer.tar");
         let ahead = work.join("ahead.tar");
-        let forget_blob = |hex: &str| {
+        // A blob this capture wrote and gives up: deleted unless a row or
+        // another operation's hold (the same content) still wants it.
+        let forget_blob = |hold: crate::store::BlobHold<'_>| {
+            let hex = hold.hex().to_string();
+            drop(hold);
             let used = lock(&self.db)
                 .list_snapshots()
                 .map(|l| l.iter().any(|s| s.blob_digest.trim_start_matches("sha256:") == hex))
                 .unwrap_or(true);
             if !used {
-                let _ = store.remove_blob(hex);
+                let _ = store.remove_blob(&hex);
             }
         };
         // Where copies can be proven current (`precopy.rs`), the capture is
@@ -183,12 +187,14 @@ impl Daemon {
         // meanwhile; the frozen capture refers to the copies still current
         // and, if it wrote the same tar, that blob is the snapshot's
         // (`checkpoint.rs`); else the frozen tar is compressed after the
-        // thaw. Elsewhere the thread compresses the frozen capture's tar
-        // while it is written, so that the frozen capture only copies. A
-        // snapshot that compacts its chain gets the compacted layer's blob,
-        // written after the fold. The hydration hashes the tar (diff_id).
-        // Nothing is written ahead for a sandbox whose capture will be
-        // refused (stopping, or in a capture).
+        // thaw. Where nothing could be written ahead to confirm (another
+        // file system; a large file that could not be copied), a thread
+        // compresses the frozen capture's tar while it is written, so that
+        // the frozen capture only copies. A snapshot that compacts its
+        // chain gets the compacted layer's blob, written after the fold.
+        // The hydration hashes the tar (diff_id). Nothing is written ahead
+        // for a sandbox whose capture will be refused (stopping, or in a
+        // capture; best effort: two concurrent checkpoints both may).
         let deep = self.needs_compaction(sb.spec.snapshot.as_deref())?;
         let capturable = sb.run_state().next(crate::sandbox::RunEvent::Capture).is_some();
         let copier = (!deep && capturable)
@@ -199,28 +205,43 @@ impl Daemon {
             let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
             // Made durable with the layer, by one syncfs before the row.
             let r = store.write_blob(compression, false, |w| std::io::copy(&mut follow, w));
-            (r.map(|(_, hex, size)| (hex, size)), started.elapsed())
+            (r.map(|(_, hold, size)| (hold, size)), started.elapsed())
         };
         let (unpacked, follower, spec) = std::thread::scope(|s| {
-            let followed = if copier.is_some() { &ahead } else { &tar };
-            let mut follower = (!deep).then(|| {
-                let follow = crate::sandbox::TarFollower::new(followed, progress.clone());
+            let mut follower = copier.is_some().then(|| {
+                let follow = crate::sandbox::TarFollower::new(&ahead, progress.clone());
                 s.spawn(move || compress(follow))
             });
             let spec = copier.map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, progress.clone()));
-            let live = (spec.is_none() && follower.is_some()).then(|| progress.clone());
-            let cap = sb.capture(&dirs.upper, &tar, live, spec.as_ref());
-            progress.end(cap.is_ok());
+            let confirmable = spec.as_ref().is_some_and(|s| s.ahead.is_some());
+            if spec.is_some() && !confirmable {
+                // Nothing written ahead to confirm: its blob is dropped.
+                progress.cancel();
+                if let Some(Ok((Ok((hold, _)), _))) = follower.take().map(|h| h.join()) {
+                    forget_blob(hold);
+                }
+            }
+            // Else a thread compresses the frozen tar as it is written.
+            let live = (follower.is_none() && !deep).then(|| {
+                let live = Arc::new(crate::sandbox::TarProgress::default());
+                let follow = crate::sandbox::TarFollower::new(&tar, live.clone());
+                follower = Some(s.spawn(move || compress(follow)));
+                live
+            });
+            let cap = sb.capture(&dirs.upper, &tar, live.clone(), spec.as_ref());
+            if let Some(live) = &live {
+                live.end(cap.is_ok());
+            }
             if let (Ok(cap), Some(spec)) = (&cap, &spec) {
                 spec.pre.remove_unused(cap.segments.iter().map(|s| &*s.copy.path));
             }
             let same = cap.as_ref().is_ok_and(|c| c.same_as_ahead);
-            if spec.is_some() && !same {
+            if confirmable && !same {
                 // Written ahead in vain: its blob is dropped, the frozen
                 // tar compressed.
                 progress.cancel();
-                if let Some(Ok((Ok((hex, _)), _))) = follower.take().map(|h| h.join()) {
-                    forget_blob(&hex);
+                if let Some(Ok((Ok((hold, _)), _))) = follower.take().map(|h| h.join()) {
+                    forget_blob(hold);
                 }
                 if let Ok(cap) = &cap {
                     let follow = crate::sandbox::TarFollower::finished(cap);
@@ -259,14 +280,14 @@ impl Daemon {
             (Ok((cap, layer)), Some(Ok((hex, size, at)))) => match self.finish_capture(sb, cap, layer, work) {
                 Ok(s) => Ok((s, Some((hex, size, at)))),
                 Err(e) => {
-                    forget_blob(&hex);
+                    forget_blob(hex);
                     Err(e)
                 }
             },
             (Ok(_), Some(Err(e))) => Err(store_err(e)),
             (Err(e), follower) => {
                 if let Some(Ok((hex, _, _))) = follower {
-                    forget_blob(&hex);
+                    forget_blob(hex);
                 }
                 Err(e)
             }
@@ -282,9 +303,9 @@ impl Daemon {
             Some(b) => Ok(b),
             None => store
                 .write_blob(compression, false, |w| std::io::copy(&mut std::fs::File::open(&sealed.tar)?, w))
-                .map(|(_, hex, size)| (hex, size, started.elapsed())),
+                .map(|(_, hold, size)| (hold, size, started.elapsed())),
         };
-        let (blob_hex, blob_size, blob_at) = match blob {
+        let (blob_hold, blob_size, blob_at) = match blob {
             Ok(b) => b,
             Err(e) => {
                 undo_layer(lock(&self.db).layer_exists(&sealed.diff_id).unwrap_or(true));
@@ -312,7 +333,7 @@ impl Daemon {
         let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
         let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
         (row.blob_digest, row.blob_size, row.compression) =
-            (format!("sha256:{blob_hex}"), blob_size, compression.as_str().into());
+            (format!("sha256:{}", blob_hold.hex()), blob_size, compression.as_str().into());
         // Layer and blob are on disk before any row names them. The tars
         // are spent: deleted first, so the sync does not write them out.
         for spent in [&tar, &ahead, &sealed.tar] {
@@ -327,7 +348,7 @@ impl Daemon {
             let knows = db.layer_exists(&sealed.diff_id).unwrap_or(true);
             drop(db);
             undo_layer(knows);
-            forget_blob(&blob_hex);
+            forget_blob(blob_hold);
             return Err(e);
         }
         drop(db);
@@ -815,7 +836,7 @@ impl Daemon {
         let written = store.write_blob(BlobCompression::Zstd, true, |w| {
             crate::diff::write_delta(&fs, w).map_err(std::io::Error::other)
         });
-        let ((stats, hex), bhex, size) = match written {
+        let ((stats, hex), held, size) = match written {
             Ok(w) => w,
             Err(e) => {
                 let content = match &e {
@@ -838,7 +859,9 @@ impl Daemon {
             }
         };
         crate::failpoint::hit("seal:blob-written");
+        let bhex = held.hex().to_string();
         if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
+            drop(held);
             let _ = store.remove_blob(&bhex);
             return Err(ApiError::new(
                 ErrorKind::Internal,
@@ -850,6 +873,7 @@ impl Daemon {
         info["seal_ms"] = serde_json::json!(started.elapsed().as_secs_f64() * 1000.0);
         let layer = LayerRow { id: row.layer.clone(), diff_id: Some(hex), size: stats.bytes, entries: stats.entries };
         lock(&self.db).set_snapshot_blob(id, &format!("sha256:{bhex}"), size, &layer, &info)?;
+        drop(held);
         Ok(())
     }
 

@@ -129,6 +129,37 @@ pub struct SandboxDirs {
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
+    /// Blobs written and not recorded yet, with how many operations hold
+    /// each ([`BlobHold`]).
+    holds: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+/// A blob that an operation has written and will record or give up: while
+/// anyone holds it, [`Store::remove_blob`] leaves it. Blobs are named by
+/// their content, so two checkpoints of the same tree write the same blob,
+/// and one that gives up must not delete the one the other is recording.
+#[must_use]
+pub struct BlobHold<'a> {
+    store: &'a Store,
+    hex: String,
+}
+
+impl BlobHold<'_> {
+    pub fn hex(&self) -> &str {
+        &self.hex
+    }
+}
+
+impl Drop for BlobHold<'_> {
+    fn drop(&mut self) {
+        let mut holds = self.store.holds();
+        if let Some(n) = holds.get_mut(&self.hex) {
+            *n -= 1;
+            if *n == 0 {
+                holds.remove(&self.hex);
+            }
+        }
+    }
 }
 
 impl Store {
@@ -147,7 +178,7 @@ impl Store {
         std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(io("chmod 0700", root))?;
         let root = std::fs::canonicalize(root).map_err(io("resolve", root))?;
-        Ok(Store { root })
+        Ok(Store { root, holds: Default::default() })
     }
 
     pub fn root(&self) -> &Path {
@@ -326,14 +357,15 @@ impl Store {
     /// Compress what `produce` writes into the blob store (zstd or gzip at
     /// their fastest levels), hashing as it goes: write under `tmp/`, fsync
     /// (unless the caller will [`Store::sync`] before recording it), rename.
-    /// Returns what `produce` returned and the blob's digest hex and size.
-    /// On error nothing is left.
+    /// Returns what `produce` returned, the blob held (its digest hex: see
+    /// [`BlobHold`]; keep it until the blob is recorded) and its size. On
+    /// error nothing is left.
     pub fn write_blob<T>(
         &self,
         compression: BlobCompression,
         fsync: bool,
         produce: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<T>,
-    ) -> Result<(T, String, u64), StoreError> {
+    ) -> Result<(T, BlobHold<'_>, u64), StoreError> {
         let tmp = self.tmp_dir().join(format!("blob-{:016x}", rand::random::<u64>()));
         let (t, hex, size) = match compress_with(compression, &tmp, fsync, produce) {
             Ok(r) => r,
@@ -343,11 +375,14 @@ impl Store {
             }
         };
         let dst = self.blob_path(&hex);
+        // Held before it is in place: a removal of the same blob that
+        // comes later leaves it.
+        let hold = self.hold_blob(&hex);
         if let Err(e) = std::fs::rename(&tmp, &dst) {
             let _ = std::fs::remove_file(&tmp);
             return Err(StoreError::Io { step: "rename blob into place", path: dst, source: e });
         }
-        Ok((t, hex, size))
+        Ok((t, hold, size))
     }
 
     /// Move the verified blob file `src` (under `tmp/`) into `blobs/` as
@@ -380,7 +415,25 @@ impl Store {
         Ok(())
     }
 
+    fn holds(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
+        self.holds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hold blob `digest_hex` (see [`BlobHold`]).
+    pub fn hold_blob(&self, digest_hex: &str) -> BlobHold<'_> {
+        *self.holds().entry(digest_hex.to_string()).or_default() += 1;
+        BlobHold { store: self, hex: digest_hex.to_string() }
+    }
+
+    /// Delete a blob, unless an operation holds it ([`BlobHold`]): that
+    /// one is about to record it.
     pub fn remove_blob(&self, digest_hex: &str) -> Result<(), StoreError> {
+        // Under the lock: a hold is either taken before (and the blob
+        // stays) or after (and its writer puts the file back in place).
+        let holds = self.holds();
+        if holds.contains_key(digest_hex) {
+            return Ok(());
+        }
         match std::fs::remove_file(self.blob_path(digest_hex)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(StoreError::Io { step: "remove blob", path: self.blob_path(digest_hex), source: e })
@@ -462,6 +515,25 @@ pub fn remove_tree(path: &Path) -> Result<(), StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two writers of the same content hold the same blob; one giving it
+    /// up does not remove it while the other holds it.
+    #[test]
+    fn a_held_blob_is_not_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let store = Store::open(t.path()).unwrap();
+        let write = || store.write_blob(BlobCompression::Zstd, false, |w| w.write_all(b"same")).unwrap();
+        let ((), first, _) = write();
+        let ((), second, _) = write();
+        assert_eq!(first.hex(), second.hex());
+        let hex = first.hex().to_string();
+        drop(first);
+        store.remove_blob(&hex).unwrap();
+        assert!(store.blob_path(&hex).is_file(), "removed while the second writer holds it");
+        drop(second);
+        store.remove_blob(&hex).unwrap();
+        assert!(!store.blob_path(&hex).exists());
+    }
 
     #[test]
     fn sweep_keeps_known_and_removes_unknown() {

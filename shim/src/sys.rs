@@ -722,10 +722,12 @@ struct OpenHow {
     resolve: u64,
 }
 
-/// `RESOLVE_NO_XDEV`, `RESOLVE_NO_MAGICLINKS`, `RESOLVE_IN_ROOT`
-/// (uapi/linux/openat2.h).
+/// `RESOLVE_NO_XDEV`, `RESOLVE_NO_MAGICLINKS`, `RESOLVE_NO_SYMLINKS`,
+/// `RESOLVE_BENEATH`, `RESOLVE_IN_ROOT` (uapi/linux/openat2.h).
 pub const RESOLVE_NO_XDEV: u64 = 0x01;
 pub const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
+pub const RESOLVE_NO_SYMLINKS: u64 = 0x04;
+pub const RESOLVE_BENEATH: u64 = 0x08;
 pub const RESOLVE_IN_ROOT: u64 = 0x10;
 
 /// `openat2(dir, path, {flags | O_CLOEXEC, mode, resolve})` (Linux 5.6):

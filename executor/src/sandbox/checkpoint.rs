@@ -56,6 +56,9 @@ pub(super) struct SparseFile {
     segments: Vec<Segment>,
     /// The capture written ahead, compared with what is written here.
     against: Option<Against>,
+    /// Some bytes went in by `copy_file_range`, not through `write`: not
+    /// compared (and a tar written ahead so cannot be confirmed).
+    spliced: bool,
 }
 
 /// A capture's tar written ahead of the freeze (by [`speculate`]): the
@@ -125,6 +128,7 @@ impl SparseFile {
             copier: None,
             segments: Vec::new(),
             against: None,
+            spliced: false,
         }
     }
 
@@ -179,10 +183,6 @@ impl SparseFile {
         use std::os::fd::AsRawFd;
         /// Bytes per call, so that a follower sees progress.
         const STEP: u64 = 8 << 20;
-        // Not compared: copied inside the kernel.
-        if let Some(a) = &mut self.against {
-            a.same = false;
-        }
         let start = self.len;
         let mut pos = 0u64;
         while pos < len && self.splice {
@@ -199,6 +199,11 @@ impl SparseFile {
                 match nix::fcntl::copy_file_range(src, Some(&mut off_in), &self.file, Some(&mut off_out), want) {
                     Ok(0) => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank")),
                     Ok(_) => {
+                        // Copied inside the kernel: not compared.
+                        self.spliced = true;
+                        if let Some(a) = &mut self.against {
+                            a.same = false;
+                        }
                         if let Some(p) = &self.progress {
                             p.publish(start + off_in as u64);
                         }
@@ -237,9 +242,12 @@ const SPLICE_MIN: u64 = 1 << 20;
 
 /// [`diff::SpliceFile`] for the capture's tar: a file pre-copied and not
 /// changed since becomes a reference to the copy; writing ahead, a file
-/// the pre-copier takes becomes one, others are copied (so that the
-/// frozen capture can compare them); else a large file's content is spliced in after
-/// what is buffered; else `false` (copied).
+/// the pre-copier takes becomes one; else a large file's content is
+/// spliced in after what is buffered; else `false` (copied). Writing
+/// ahead, a large file spliced means the frozen capture will splice it too
+/// (it has no copy), uncompared: the tar written ahead cannot be
+/// confirmed, so its follower is stopped at once; the walk goes on for
+/// the copies.
 fn splice_into_tar(
     w: &mut &mut BufWriter<SparseFile>,
     src: &std::fs::File,
@@ -251,20 +259,22 @@ fn splice_into_tar(
         Some(pre) if len >= precopy::MIN => pre.reusable(meta).cloned(),
         _ => None,
     };
-    let ahead = w.get_ref().copier.is_some();
     if let (None, Some(copier)) = (&copy, &mut w.get_mut().copier) {
         copy = copier.take(src, meta)?;
     }
-    if copy.is_none() && (len < SPLICE_MIN || ahead) {
+    if copy.is_none() && len < SPLICE_MIN {
         return Ok(false);
     }
     w.flush()?;
     let sf = w.get_mut();
-    match copy {
+    let r = match copy {
         Some(copy) => sf.refer(copy, len),
         None => sf.splice_from(src, len),
+    };
+    if let (true, Some(_), Some(p)) = (sf.spliced, &sf.copier, &sf.progress) {
+        p.cancel();
     }
-    .map(|()| true)
+    r.map(|()| true)
 }
 
 /// A capture written ahead of the freeze, by [`speculate`].
@@ -302,6 +312,10 @@ pub fn speculate(upper: &Path, tar: &Path, copier: Precopier, progress: Arc<TarP
     let copier = sparse.copier.take();
     let segments = std::mem::take(&mut sparse.segments);
     let len = sparse.len;
+    let walked = walked.and_then(|()| match sparse.spliced {
+        true => Err("a large file could not be copied".into()),
+        false => Ok(()),
+    });
     let ahead = match walked.and_then(|()| sparse.finish().map_err(|e| e.to_string())) {
         Ok(()) => Some(Ahead { tar: tar.to_path_buf(), segments, len }),
         Err(e) => {
@@ -794,5 +808,30 @@ mod tests {
         assert!(!same("2"), "changed bytes, the same tar");
         put(b"before");
         assert!(same("3"));
+    }
+
+    /// A large file that cannot be copied ahead (here: open for writing)
+    /// will be spliced uncompared while frozen, so nothing written ahead
+    /// is kept to be confirmed, and its follower is stopped; the other
+    /// copies still are.
+    #[test]
+    fn a_large_file_not_copied_leaves_nothing_to_confirm() {
+        use std::io::Read;
+        let upper = tempfile::tempdir_in("/var/tmp").unwrap();
+        let out = tempfile::tempdir_in("/var/tmp").unwrap();
+        let u = upper.path();
+        std::fs::write(u.join("a-copied"), vec![1u8; 64 << 10]).unwrap();
+        std::fs::write(u.join("b-open"), vec![2u8; 2 << 20]).unwrap();
+        let _writer = std::fs::OpenOptions::new().write(true).open(u.join("b-open")).unwrap();
+        std::thread::sleep(Duration::from_millis(1100));
+        let tar = out.path().join("ahead.tar");
+        let progress = Arc::new(TarProgress::default());
+        let mut follower = TarFollower::new(&tar, progress.clone());
+        let copier = Precopier::new(u, &out.path().join("pre")).unwrap().unwrap();
+        let spec = speculate(u, &tar, copier, progress);
+        assert!(spec.ahead.is_none());
+        assert_eq!(spec.pre.bytes, 64 << 10, "the small file is still copied");
+        let mut all = Vec::new();
+        assert!(follower.read_to_end(&mut all).is_err(), "the follower was not stopped");
     }
 }
