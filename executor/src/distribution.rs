@@ -632,6 +632,7 @@ impl Daemon {
         let work = self.rt.store.new_tmp("pull").map_err(store_err)?;
         let mut committed: Vec<String> = Vec::new();
         let mut adopted: Vec<String> = Vec::new();
+        let mut held = Vec::new();
         let result = (|| {
             let mut config_bytes = 0;
             let docs = self.fetch_documents(&client, &reference, &mut config_bytes)?;
@@ -735,6 +736,8 @@ impl Daemon {
             }
             for (l, p) in docs.layers.iter().zip(&paths) {
                 if let Some(p) = p {
+                    // Held until the rows are in (`BlobHold`).
+                    held.push(store.hold_blob(l.digest.hex()));
                     if store.adopt_blob(p, l.digest.hex(), true).map_err(store_err)? {
                         adopted.push(l.digest.hex().to_string());
                     }
@@ -814,6 +817,9 @@ impl Daemon {
                 reused_layers: tally.reused,
             })
         })();
+        // Recorded, or given up (and the holds must not keep the rollback
+        // below from removing this pull's blobs).
+        drop(held);
         if result.is_err() {
             // Nothing partial: layers and blobs this pull moved in that no
             // row lists go again.

@@ -124,6 +124,9 @@ pub(crate) fn import_source(
     // record the image.
     let mut committed = Vec::new();
     let mut blobs = Vec::new();
+    // Held until the rows are in: another operation giving up the same
+    // blob meanwhile must not delete it (`BlobHold`).
+    let mut held = Vec::new();
     let result = (|| {
         for (hex, dir) in &fresh {
             if store.commit_layer(dir, hex, true)? {
@@ -132,6 +135,7 @@ pub(crate) fn import_source(
         }
         for (index, layer) in src.layers.iter().enumerate() {
             let bhex = layer.digest.hex();
+            held.push(store.hold_blob(bhex));
             if store.blob_path(bhex).is_file() || !layer.blob_path.is_file() {
                 continue;
             }
@@ -156,6 +160,9 @@ pub(crate) fn import_source(
         )?;
         db.image_by_id(id)?.ok_or_else(|| ImageError::NotFound(name.to_string()))
     })();
+    // Recorded, or given up (and this import's holds must not keep the
+    // rollback below from removing its blobs).
+    drop(held);
     if result.is_err() {
         // Roll back layers and blobs that this import added and no row
         // refers to.
