@@ -242,11 +242,12 @@ fn xattrs_of(c: &std::ffi::CStr) -> io::Result<Vec<Xattr>> {
 
 /// One directory of the tree a [`Writer`] reads, held open. Its entries
 /// are looked up in it by name (`fstatat`, `openat`, `readlinkat`, none
-/// following a final symlink), never by a path from the root: a tree that
-/// changes while it is read (a running sandbox's upper: `checkpoint.rs`
-/// speculates on one) can make a read fail or mix old and new, which the
-/// caller must detect, but cannot lead the walk out of the tree, into a
-/// FIFO that blocks it, or onto a device.
+/// following a final symlink), and directories are opened by their path
+/// from the root without following any symlink (`Writer::open_dir`): a
+/// tree that changes while it is read (a running sandbox's upper:
+/// `checkpoint.rs` writes ahead from one) can make a read fail or mix old
+/// and new, which the caller must detect, but cannot lead the walk out of
+/// the tree, into a FIFO that blocks it, or onto a device.
 struct Dir<'a> {
     fd: &'a File,
     /// Its host path, for messages only.

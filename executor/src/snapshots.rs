@@ -213,7 +213,7 @@ impl Daemon {
                 s.spawn(move || compress(follow))
             });
             let spec = copier.map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, progress.clone()));
-            let confirmable = spec.as_ref().is_some_and(|s| s.ahead.is_some());
+            let confirmable = spec.as_ref().is_some_and(|s| s.ahead.is_ok());
             if spec.is_some() && !confirmable {
                 // Nothing written ahead to confirm: its blob is dropped.
                 progress.cancel();
@@ -261,7 +261,16 @@ impl Daemon {
                 cap.diff_id.get_or_insert(diff_id);
                 Ok((cap, u))
             });
-            (unpacked, follower.map(|h| h.join()), spec.map(|s| (s.pre, same)))
+            // Why the blob made ahead was not the snapshot's, if one was.
+            let spec = spec.map(|s| {
+                let missed = match (s.ahead, same) {
+                    (Err(e), _) => Some(e),
+                    (Ok(_), false) => Some("the frozen tar is not the one written ahead: files changed".to_string()),
+                    (Ok(_), true) => None,
+                };
+                (s.pre, missed)
+            });
+            (unpacked, follower.map(|h| h.join()), spec)
         });
         let follower = follower.map(|joined| match joined {
             Ok((r, at)) => r.map(|(hex, size)| (hex, size, at)),
@@ -323,7 +332,8 @@ impl Daemon {
             "total_ms": started.elapsed().as_secs_f64() * 1000.0,
             "precopy_ms": spec.as_ref().map_or(0.0, |(p, _)| p.took.as_secs_f64() * 1000.0),
             "precopied_bytes": spec.as_ref().map_or(0, |(p, _)| p.bytes),
-            "blob_ahead": spec.as_ref().is_some_and(|(_, same)| *same),
+            "blob_ahead": spec.as_ref().is_some_and(|(_, missed)| missed.is_none()),
+            "ahead_missed": spec.as_ref().and_then(|(_, missed)| missed.clone()),
             "reused_bytes": reused,
             "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
             "compacted": sealed.compacted,

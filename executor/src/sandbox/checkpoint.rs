@@ -281,9 +281,10 @@ fn splice_into_tar(
 pub struct Speculation {
     /// The copies taken; the frozen capture refers to those still current.
     pub pre: Arc<Precopied>,
-    /// The tar, if the walk got through (a tree changing under it can
-    /// make it fail).
-    pub ahead: Option<Ahead>,
+    /// The tar, if the walk got through; else why not (a tree changing
+    /// under it can make it fail; a large file that could not be copied
+    /// makes it useless).
+    pub ahead: Result<Ahead, String>,
 }
 
 /// Write `upper`'s capture ahead to `tar` while the sandbox runs, taking
@@ -299,31 +300,33 @@ pub fn speculate(upper: &Path, tar: &Path, copier: Precopier, progress: Arc<TarP
         Err(e) => {
             tracing::warn!("write ahead {}: {e}", tar.display());
             progress.end(false);
-            return Speculation { pre: Arc::new(copier.finish(started.elapsed())), ahead: None };
+            let ahead = Err(format!("create {}: {e}", tar.display()));
+            return Speculation { pre: Arc::new(copier.finish(started.elapsed())), ahead };
         }
     };
     let mut sparse = SparseFile::new(file, Some(progress.clone()));
     sparse.copier = Some(copier);
     let mut w = BufWriter::with_capacity(1 << 20, sparse);
     let walked = diff::write_delta_unhashed(upper, &mut w, Some(splice_into_tar))
-        .map_err(|e| e.to_string())
-        .and_then(|_| w.flush().map_err(|e| e.to_string()));
+        .map_err(|e| crate::error::chain(&e))
+        .and_then(|_| w.flush().map_err(|e| crate::error::chain(&e)));
     let (mut sparse, _) = w.into_parts();
     let copier = sparse.copier.take();
     let segments = std::mem::take(&mut sparse.segments);
     let len = sparse.len;
     let walked = walked.and_then(|()| match sparse.spliced {
-        true => Err("a large file could not be copied".into()),
+        true => Err("a file of 1 MiB or more could not be copied (open for writing, or changed lately)".into()),
         false => Ok(()),
     });
-    let ahead = match walked.and_then(|()| sparse.finish().map_err(|e| e.to_string())) {
-        Ok(()) => Some(Ahead { tar: tar.to_path_buf(), segments, len }),
-        Err(e) => {
-            tracing::debug!("write ahead of {}: {e}", upper.display());
-            None
-        }
-    };
-    progress.end(ahead.is_some());
+    let ahead = walked.and_then(|()| sparse.finish().map_err(|e| crate::error::chain(&e))).map(|()| Ahead {
+        tar: tar.to_path_buf(),
+        segments,
+        len,
+    });
+    if let Err(e) = &ahead {
+        tracing::debug!("write ahead of {}: {e}", upper.display());
+    }
+    progress.end(ahead.is_ok());
     let took = started.elapsed();
     Speculation { pre: Arc::new(copier.map(|c| c.finish(took)).unwrap_or_default()), ahead }
 }
@@ -592,7 +595,7 @@ impl Sandbox {
                     // hashes the tar after the thaw).
                     let unhashed = progress.is_some() || spec.is_some();
                     let mut sparse = SparseFile::new(f, progress);
-                    if let Some(ahead) = spec.and_then(|s| s.ahead.as_ref()) {
+                    if let Some(ahead) = spec.and_then(|s| s.ahead.as_ref().ok()) {
                         // Not comparing only costs the blob made ahead.
                         let _ = sparse.compare(ahead);
                     }
@@ -829,7 +832,7 @@ mod tests {
         let mut follower = TarFollower::new(&tar, progress.clone());
         let copier = Precopier::new(u, &out.path().join("pre")).unwrap().unwrap();
         let spec = speculate(u, &tar, copier, progress);
-        assert!(spec.ahead.is_none());
+        assert!(spec.ahead.unwrap_err().contains("could not be copied"));
         assert_eq!(spec.pre.bytes, 64 << 10, "the small file is still copied");
         let mut all = Vec::new();
         assert!(follower.read_to_end(&mut all).is_err(), "the follower was not stopped");
