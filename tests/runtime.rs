@@ -1662,6 +1662,15 @@ fn lineage_of(cycles: usize) {
     env.finish();
 }
 
+/// The file system of the daemon's store (`stat -f`), and whether it is
+/// one where a checkpoint pre-copies and writes ahead (ext4, XFS, btrfs).
+fn store_fs(env: &TestEnv) -> (String, bool) {
+    let out = std::process::Command::new("stat").args(["-f", "-c", "%T"]).arg(&env.root).output().unwrap();
+    let fs = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let copies = ["ext2/ext3", "xfs", "btrfs"].contains(&fs.as_str());
+    (fs, copies)
+}
+
 #[test]
 fn sparse_files_and_links_to_lower_files_round_trip() {
     let env = TestEnv::start();
@@ -1683,9 +1692,8 @@ fn sparse_files_and_links_to_lower_files_round_trip() {
     // The file, unchanged since it was written, was copied before the
     // freeze and the frozen capture referred to the copy (where the store's
     // file system allows a pre-copy: ext4, XFS, btrfs).
-    let fs = std::process::Command::new("stat").args(["-f", "-c", "%T"]).arg(&env.root).output().unwrap();
-    let fs = String::from_utf8_lossy(&fs.stdout).trim().to_string();
-    let expect = if ["ext2/ext3", "xfs", "btrfs"].contains(&fs.as_str()) { 1u64 << 30 } else { 0 };
+    let (fs, copies) = store_fs(&env);
+    let expect = if copies { 1u64 << 30 } else { 0 };
     assert_eq!(info["info"]["reused_bytes"], expect, "{fs}: {info}");
     assert_eq!(info["info"]["precopied_bytes"], expect, "{fs}: {info}");
     // Nothing changed between the capture written ahead and the frozen
@@ -1724,9 +1732,8 @@ fn a_checkpoint_of_a_changing_tree_seals_what_was_frozen() {
     assert_eq!(info["info"]["blob_ahead"], false, "{info}");
     // Where a capture is written ahead at all (the store on ext4, XFS or
     // btrfs), the snapshot says why its blob was not used.
-    let fs = std::process::Command::new("stat").args(["-f", "-c", "%T"]).arg(&env.root).output().unwrap();
-    let fs = String::from_utf8_lossy(&fs.stdout).trim().to_string();
-    match ["ext2/ext3", "xfs", "btrfs"].contains(&fs.as_str()) {
+    let (fs, copies) = store_fs(&env);
+    match copies {
         true => assert!(info["info"]["ahead_missed"].as_str().unwrap_or("").contains("files changed"), "{info}"),
         false => assert!(info["info"]["ahead_missed"].is_null(), "{fs}: {info}"),
     }

@@ -278,10 +278,9 @@ impl Dir<'_> {
     }
 
     /// `name` opened without following a symlink or blocking on a FIFO.
-    fn open(&self, name: &OsStr, flags: libc::c_int) -> io::Result<File> {
+    fn open(&self, name: &OsStr) -> io::Result<File> {
         use std::os::fd::AsFd;
-        let flags = flags | libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-        Ok(File::from(strata_shim::sys::openat(self.fd.as_fd(), &Self::cname(name), flags, 0)?))
+        Ok(crate::oci::sys::open_file_at(self.fd.as_fd(), name.as_bytes())?)
     }
 
     fn read_link(&self, name: &OsStr) -> io::Result<std::ffi::OsString> {
@@ -294,10 +293,8 @@ impl Dir<'_> {
     /// up (and not followed: `l*xattr`). Works for symlinks and FIFOs too,
     /// which cannot be opened for `f*xattr`.
     fn xattrs(&self, name: &OsStr) -> io::Result<Vec<Xattr>> {
-        use std::os::fd::AsRawFd;
-        let mut path = format!("/proc/self/fd/{}/", self.fd.as_raw_fd()).into_bytes();
-        path.extend_from_slice(name.as_bytes());
-        xattrs_of(&CString::new(path).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?)
+        use std::os::fd::AsFd;
+        xattrs_of(&crate::oci::sys::entry_path(self.fd.as_fd(), name.as_bytes())?)
     }
 
     /// The names in it, sorted by their bytes.
@@ -516,7 +513,7 @@ impl<W: Write> Writer<W> {
         }
         // Regular file: its header from the open file, which must be the
         // one looked at (in a tree that changes, the name can be replaced).
-        let file = dir.open(name, 0).map_err(read_err(host))?;
+        let file = dir.open(name).map_err(read_err(host))?;
         let opened = file.metadata().map_err(read_err(host))?;
         if !opened.is_file() || (opened.dev(), opened.ino()) != (meta.dev, meta.ino) {
             let source = io::Error::other("replaced while it was read");

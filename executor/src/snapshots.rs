@@ -200,26 +200,31 @@ impl Daemon {
         let copier = (!deep && capturable)
             .then(|| crate::sandbox::Precopier::new(&dirs.upper, &work.join("pre")))
             .and_then(|r| r.map_err(|e| tracing::warn!("pre-copy of sandbox {}: {e}", sb.id)).ok().flatten());
-        let progress = Arc::new(crate::sandbox::TarProgress::default());
+        // How far the tar written ahead is (its follower makes the blob).
+        let written = Arc::new(crate::sandbox::TarProgress::default());
         let compress = |follow: crate::sandbox::TarFollower| {
             let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
             // Made durable with the layer, by one syncfs before the row.
             let r = store.write_blob(compression, false, |w| std::io::copy(&mut follow, w));
             (r.map(|(_, hold, size)| (hold, size)), started.elapsed())
         };
+        // Stop the follower of the tar written ahead and drop its blob.
+        let give_up = |follower: Option<std::thread::ScopedJoinHandle<'_, _>>| {
+            written.cancel();
+            if let Some(Ok((Ok((hold, _)), _))) = follower.map(|h| h.join()) {
+                forget_blob(hold);
+            }
+        };
         let (unpacked, follower, spec) = std::thread::scope(|s| {
             let mut follower = copier.is_some().then(|| {
-                let follow = crate::sandbox::TarFollower::new(&ahead, progress.clone());
+                let follow = crate::sandbox::TarFollower::new(&ahead, written.clone());
                 s.spawn(move || compress(follow))
             });
-            let spec = copier.map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, progress.clone()));
+            let spec = copier.map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, written.clone()));
             let confirmable = spec.as_ref().is_some_and(|s| s.ahead.is_ok());
             if spec.is_some() && !confirmable {
-                // Nothing written ahead to confirm: its blob is dropped.
-                progress.cancel();
-                if let Some(Ok((Ok((hold, _)), _))) = follower.take().map(|h| h.join()) {
-                    forget_blob(hold);
-                }
+                // Nothing written ahead to confirm.
+                give_up(follower.take());
             }
             // Else a thread compresses the frozen tar as it is written.
             let live = (follower.is_none() && !deep).then(|| {
@@ -237,12 +242,8 @@ impl Daemon {
             }
             let same = cap.as_ref().is_ok_and(|c| c.same_as_ahead);
             if confirmable && !same {
-                // Written ahead in vain: its blob is dropped, the frozen
-                // tar compressed.
-                progress.cancel();
-                if let Some(Ok((Ok((hold, _)), _))) = follower.take().map(|h| h.join()) {
-                    forget_blob(hold);
-                }
+                // Written ahead in vain: the frozen tar is compressed.
+                give_up(follower.take());
                 if let Ok(cap) = &cap {
                     let follow = crate::sandbox::TarFollower::finished(cap);
                     let path = cap.tar.clone();

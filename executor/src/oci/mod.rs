@@ -10,7 +10,7 @@
 pub mod digest;
 pub mod layout;
 mod meter;
-mod sys;
+pub(crate) mod sys;
 mod tarpath;
 pub mod unpack;
 

@@ -29,8 +29,9 @@ pub fn create_file_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> Result<Fil
     strata_shim::sys::openat(dir, &c_name(name)?, flags, mode).map(File::from)
 }
 
-/// `openat(dir, name, O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC)`: for
-/// changing the metadata of a file this unpacker just put there.
+/// `openat(dir, name, O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC)`: never
+/// through a symlink, never blocking on a FIFO (the unpacker changes the
+/// metadata of files it just put there; the layer-tar writer reads them).
 pub fn open_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> Result<File, Errno> {
     let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
     strata_shim::sys::openat(dir, &c_name(name)?, flags, 0).map(File::from)
@@ -75,9 +76,16 @@ pub fn fsetxattr(fd: BorrowedFd<'_>, name: &CStr, value: &[u8]) -> Result<(), Er
 /// not followed. (There is no `*at` form of setxattr; symlinks and FIFOs
 /// cannot be opened for `fsetxattr` without side effects.)
 pub fn lsetxattr_at(dir: BorrowedFd<'_>, entry: &[u8], name: &CStr, value: &[u8]) -> Result<(), Errno> {
+    strata_shim::sys::lsetxattr(&entry_path(dir, entry)?, name, value)
+}
+
+/// `/proc/self/fd/<dir>/<entry>`: a path by which only `entry` is looked
+/// up, in `dir` itself (the fd magic link resolves to the directory
+/// object), for the xattr calls that have no `*at` form.
+pub fn entry_path(dir: BorrowedFd<'_>, entry: &[u8]) -> Result<CString, Errno> {
     let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
     path.extend_from_slice(entry);
-    strata_shim::sys::lsetxattr(&c_name(&path)?, name, value)
+    c_name(&path)
 }
 
 /// `lgetxattr(path, name)`, for tests that check what was set.

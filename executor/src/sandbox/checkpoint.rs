@@ -63,7 +63,7 @@ pub(super) struct SparseFile {
 
 /// A capture's tar written ahead of the freeze (by [`speculate`]): the
 /// file, its segments and length.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Ahead {
     tar: PathBuf,
     segments: Vec<Segment>,
@@ -75,7 +75,7 @@ pub struct Ahead {
 /// segment there (same place, length and copy; copies are immutable).
 /// Stops comparing at the first difference.
 struct Against {
-    ahead: Ahead,
+    ahead: Arc<Ahead>,
     file: std::fs::File,
     /// Segments of `ahead` met so far.
     met: usize,
@@ -133,15 +133,16 @@ impl SparseFile {
     }
 
     /// Compare what is written with `ahead` (see [`SparseFile::same`]).
-    fn compare(&mut self, ahead: &Ahead) -> std::io::Result<()> {
+    fn compare(&mut self, ahead: &Arc<Ahead>) -> std::io::Result<()> {
         let file = std::fs::File::open(&ahead.tar)?;
         self.against = Some(Against { ahead: ahead.clone(), file, met: 0, same: true, buf: Vec::new() });
         Ok(())
     }
 
-    /// Whether everything written so far is the tar written ahead, whole.
+    /// Whether everything written so far is the tar written ahead, whole
+    /// (nothing spliced uncompared).
     fn same(&self) -> bool {
-        self.against.as_ref().is_some_and(|a| a.same(self.len))
+        !self.spliced && self.against.as_ref().is_some_and(|a| a.same(self.len))
     }
 
     /// Leave a hole for `len` bytes that `copy` holds.
@@ -201,9 +202,6 @@ impl SparseFile {
                     Ok(_) => {
                         // Copied inside the kernel: not compared.
                         self.spliced = true;
-                        if let Some(a) = &mut self.against {
-                            a.same = false;
-                        }
                         if let Some(p) = &self.progress {
                             p.publish(start + off_in as u64);
                         }
@@ -284,7 +282,7 @@ pub struct Speculation {
     /// The tar, if the walk got through; else why not (a tree changing
     /// under it can make it fail; a large file that could not be copied
     /// makes it useless).
-    pub ahead: Result<Ahead, String>,
+    pub ahead: Result<Arc<Ahead>, String>,
 }
 
 /// Write `upper`'s capture ahead to `tar` while the sandbox runs, taking
@@ -318,11 +316,9 @@ pub fn speculate(upper: &Path, tar: &Path, copier: Precopier, progress: Arc<TarP
         true => Err("a file of 1 MiB or more could not be copied (open for writing, or changed lately)".into()),
         false => Ok(()),
     });
-    let ahead = walked.and_then(|()| sparse.finish().map_err(|e| crate::error::chain(&e))).map(|()| Ahead {
-        tar: tar.to_path_buf(),
-        segments,
-        len,
-    });
+    let ahead = walked
+        .and_then(|()| sparse.finish().map_err(|e| crate::error::chain(&e)))
+        .map(|()| Arc::new(Ahead { tar: tar.to_path_buf(), segments, len }));
     if let Err(e) = &ahead {
         tracing::debug!("write ahead of {}: {e}", upper.display());
     }
@@ -342,10 +338,8 @@ pub struct TarProgress {
 struct ProgressState {
     /// Bytes final so far.
     len: u64,
-    /// `Some(ok)` once the capture ended.
+    /// `Some(ok)` once the capture ended (or was cancelled: `false`).
     end: Option<bool>,
-    /// Set by [`TarProgress::cancel`].
-    cancelled: bool,
     segments: Vec<Segment>,
 }
 
@@ -377,10 +371,7 @@ impl TarProgress {
     /// Stop the follower (its reads fail), whether or not the tar is
     /// complete: what it makes is not wanted.
     pub fn cancel(&self) {
-        let mut st = self.lock();
-        st.cancelled = true;
-        st.end = Some(false);
-        drop(st);
+        self.lock().end = Some(false);
         self.cv.notify_all();
     }
 }
@@ -435,9 +426,6 @@ impl TarFollower {
         let mut st = progress.lock();
         while st.len <= self.pos && st.end.is_none() {
             st = progress.cv.wait(st).unwrap_or_else(|e| e.into_inner());
-        }
-        if st.cancelled {
-            return Err(std::io::Error::other("cancelled"));
         }
         if st.end == Some(false) {
             return Err(std::io::Error::other("the capture failed"));
