@@ -216,6 +216,9 @@ impl Daemon {
             }
         };
         let (unpacked, follower, spec) = std::thread::scope(|s| {
+            // Should anything here panic, the followers stop (the scope
+            // joins them before the panic goes on).
+            let _ends = written.end_on_drop();
             let mut follower = copier.is_some().then(|| {
                 let follow = crate::sandbox::TarFollower::new(&ahead, written.clone());
                 s.spawn(move || compress(follow))
@@ -233,6 +236,7 @@ impl Daemon {
                 follower = Some(s.spawn(move || compress(follow)));
                 live
             });
+            let _live_ends = live.as_ref().map(|l| l.end_on_drop());
             let cap = sb.capture(&dirs.upper, &tar, live.clone(), spec.as_ref());
             if let Some(live) = &live {
                 live.end(cap.is_ok());

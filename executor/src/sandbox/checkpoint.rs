@@ -374,6 +374,23 @@ impl TarProgress {
         self.lock().end = Some(false);
         self.cv.notify_all();
     }
+
+    /// A guard that ends the capture as failed when dropped, unless it
+    /// ended before: held by the code that drives a capture, so that a
+    /// panic anywhere in it (the thread unwinding) cannot leave a
+    /// follower waiting forever, and with it the scope that joins both.
+    pub fn end_on_drop(self: &Arc<Self>) -> EndOnDrop {
+        EndOnDrop(self.clone())
+    }
+}
+
+/// See [`TarProgress::end_on_drop`].
+pub struct EndOnDrop(Arc<TarProgress>);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.end(false);
+    }
 }
 
 /// Reads a capture's tar while it is being written: blocks until more is
@@ -824,5 +841,40 @@ mod tests {
         assert_eq!(spec.pre.bytes, 64 << 10, "the small file is still copied");
         let mut all = Vec::new();
         assert!(follower.read_to_end(&mut all).is_err(), "the follower was not stopped");
+    }
+
+    #[test]
+    fn a_writer_that_panics_does_not_leave_its_follower_waiting() {
+        use std::io::Read;
+        let out = tempfile::tempdir().unwrap();
+        let tar = out.path().join("layer.tar");
+        let progress = Arc::new(TarProgress::default());
+        let mut follower = TarFollower::new(&tar, progress.clone());
+        let (done, read) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let _ = done.send(follower.read_to_end(&mut all).map(|_| all.len()));
+        });
+        let writer = {
+            let tar = tar.clone();
+            std::thread::spawn(move || {
+                let _ends = progress.end_on_drop();
+                std::fs::write(&tar, [7u8; 1000]).unwrap();
+                progress.publish(1000);
+                panic!("a bug in the walk");
+            })
+        };
+        assert!(writer.join().is_err());
+        let got = read.recv_timeout(Duration::from_secs(10)).expect("the follower still waits");
+        assert!(got.is_err(), "a tar cut short by a panic was read as whole: {got:?}");
+    }
+
+    #[test]
+    fn a_normal_end_outlives_the_guard() {
+        let progress = Arc::new(TarProgress::default());
+        let guard = progress.end_on_drop();
+        progress.end(true);
+        drop(guard);
+        assert_eq!(progress.lock().end, Some(true));
     }
 }

@@ -11,7 +11,7 @@ mod exec;
 mod freeze;
 mod precopy;
 
-pub use checkpoint::{speculate, Ahead, Capture, Segment, Speculation, TarFollower, TarProgress};
+pub use checkpoint::{speculate, Ahead, Capture, EndOnDrop, Segment, Speculation, TarFollower, TarProgress};
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest, ExecSummary};
 pub use precopy::{Precopied, Precopier};
