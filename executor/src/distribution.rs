@@ -662,6 +662,9 @@ impl Daemon {
                     return Err(invalid(format!("bad work context of snapshot {}", s.id)));
                 }
             }
+            // The layers this pull finds here are held until its rows are
+            // in, as are those it commits (`Hold`).
+            held.extend(docs.layers.iter().map(|l| self.rt.store.hold_layer(l.diff_id.hex())));
             let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
             let paths = self.fetch_layers(&client, &reference.repository, &docs.layers, &work, &mut tally, progress)?;
             // The image's layers the host lacks are unpacked now (a plain
@@ -730,13 +733,15 @@ impl Daemon {
             }
             // Move layers and blobs into place, then record in one go.
             for (hex, dir) in &fresh {
-                if store.commit_layer(dir, hex, true).map_err(store_err)? {
+                let (new, hold) = store.commit_layer(dir, hex, true).map_err(store_err)?;
+                held.push(hold);
+                if new {
                     committed.push(hex.clone());
                 }
             }
             for (l, p) in docs.layers.iter().zip(&paths) {
                 if let Some(p) = p {
-                    // Held until the rows are in (`BlobHold`).
+                    // Held until the rows are in (`Hold`).
                     held.push(store.hold_blob(l.digest.hex()));
                     if store.adopt_blob(p, l.digest.hex(), true).map_err(store_err)? {
                         adopted.push(l.digest.hex().to_string());
@@ -1016,9 +1021,10 @@ impl Daemon {
                     ));
                 }
             };
-            store.commit_layer(&dir, &u.layer_id, true).map_err(store_err)?;
+            let (_, hold) = store.commit_layer(&dir, &u.layer_id, true).map_err(store_err)?;
             if !lock(&self.db).hydrated(&u.layer_id, stats.bytes, stats.entries)? {
                 // Its snapshot was removed meanwhile.
+                drop(hold);
                 store.remove_layer(&u.layer_id).map_err(store_err)?;
             }
             tracing::info!("hydrated pulled layer {} ({} entries)", u.layer_id, stats.entries);

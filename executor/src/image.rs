@@ -93,11 +93,16 @@ pub(crate) fn import_source(
     name: &ImageName,
     work: &Path,
 ) -> Result<ImageRow, ImageError> {
+    // Held until the rows are in: another operation giving up the same
+    // blob or layer meanwhile (or removing an image that had it) must not
+    // delete it (`Hold`).
+    let mut held = Vec::new();
     // Unpack every layer this host lacks into tmp/ first.
     let mut rows = Vec::with_capacity(src.layers.len());
     let mut fresh = Vec::new();
     for (index, layer) in src.layers.iter().enumerate() {
         let hex = layer.diff_id.hex().to_string();
+        held.push(store.hold_layer(&hex));
         let have = lock(db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
         let mut row = LayerRow::content(&hex, 0, 0);
         if !have && !fresh.iter().any(|(h, _): &(String, _)| *h == hex) {
@@ -124,12 +129,11 @@ pub(crate) fn import_source(
     // record the image.
     let mut committed = Vec::new();
     let mut blobs = Vec::new();
-    // Held until the rows are in: another operation giving up the same
-    // blob meanwhile must not delete it (`BlobHold`).
-    let mut held = Vec::new();
     let result = (|| {
         for (hex, dir) in &fresh {
-            if store.commit_layer(dir, hex, true)? {
+            let (new, hold) = store.commit_layer(dir, hex, true)?;
+            held.push(hold);
+            if new {
                 committed.push(hex.clone());
             }
         }
@@ -161,7 +165,7 @@ pub(crate) fn import_source(
         db.image_by_id(id)?.ok_or_else(|| ImageError::NotFound(name.to_string()))
     })();
     // Recorded, or given up (and this import's holds must not keep the
-    // rollback below from removing its blobs).
+    // rollback below from removing its layers and blobs).
     drop(held);
     if result.is_err() {
         // Roll back layers and blobs that this import added and no row

@@ -171,8 +171,8 @@ impl Daemon {
         let ahead = work.join("ahead.tar");
         // A blob this capture wrote and gives up: deleted unless a row or
         // another operation's hold (the same content) still wants it.
-        let forget_blob = |hold: crate::store::BlobHold<'_>| {
-            let hex = hold.hex().to_string();
+        let forget_blob = |hold: crate::store::Hold<'_>| {
+            let hex = hold.id().to_string();
             drop(hold);
             let used = lock(&self.db)
                 .list_snapshots()
@@ -306,9 +306,11 @@ impl Daemon {
                 Err(e)
             }
         };
-        let (sealed, blob) = sealed?;
+        let ((sealed, layer_hold), blob) = sealed?;
         crate::failpoint::hit("checkpoint:layer-committed");
-        let undo_layer = |db_knows: bool| {
+        // Give up the layer (the hold first: else it would stay).
+        let undo_layer = |hold: crate::store::Hold<'_>, db_knows: bool| {
+            drop(hold);
             if sealed.new_layer && !db_knows {
                 let _ = store.remove_layer(&sealed.diff_id);
             }
@@ -322,7 +324,7 @@ impl Daemon {
         let (blob_hold, blob_size, blob_at) = match blob {
             Ok(b) => b,
             Err(e) => {
-                undo_layer(lock(&self.db).layer_exists(&sealed.diff_id).unwrap_or(true));
+                undo_layer(layer_hold, lock(&self.db).layer_exists(&sealed.diff_id).unwrap_or(true));
                 return Err(store_err(e));
             }
         };
@@ -348,7 +350,7 @@ impl Daemon {
         let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
         let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
         (row.blob_digest, row.blob_size, row.compression) =
-            (format!("sha256:{}", blob_hold.hex()), blob_size, compression.as_str().into());
+            (format!("sha256:{}", blob_hold.id()), blob_size, compression.as_str().into());
         // Layer and blob are on disk before any row names them. The tars
         // are spent: deleted first, so the sync does not write them out.
         for spent in [&tar, &ahead, &sealed.tar] {
@@ -362,7 +364,7 @@ impl Daemon {
             // Reclaim what this capture made; the sandbox runs on.
             let knows = db.layer_exists(&sealed.diff_id).unwrap_or(true);
             drop(db);
-            undo_layer(knows);
+            undo_layer(layer_hold, knows);
             forget_blob(blob_hold);
             return Err(e);
         }
@@ -400,13 +402,14 @@ impl Daemon {
 
     /// Put an unpacked capture in place under `layers/<diff_id>` (or reuse
     /// an identical layer), folding the chain first if it is too deep.
+    /// The layer is held until the caller records or gives it up.
     fn finish_capture(
         &self,
         sb: &crate::sandbox::Sandbox,
         cap: crate::sandbox::Capture,
         (layer_dir, unpacked): (std::path::PathBuf, oci::UnpackStats),
         work: &Path,
-    ) -> Result<Sealed, ApiError> {
+    ) -> Result<(Sealed, crate::store::Hold<'_>), ApiError> {
         let diff_id = cap.diff_id.ok_or_else(|| ApiError::new(ErrorKind::Internal, "the capture has no diff_id"))?;
         let mut sealed = Sealed {
             diff_id,
@@ -427,8 +430,9 @@ impl Daemon {
             sealed.compacted = true;
         }
         // Synced with the blob, before the row is written (capture_in).
-        sealed.new_layer = self.rt.store.commit_layer(&layer_dir, &sealed.diff_id, false).map_err(store_err)?;
-        Ok(sealed)
+        let (new_layer, hold) = self.rt.store.commit_layer(&layer_dir, &sealed.diff_id, false).map_err(store_err)?;
+        sealed.new_layer = new_layer;
+        Ok((sealed, hold))
     }
 
     pub(crate) fn snapshot_info_locked(&self, db: &crate::db::Db, row: &SnapshotRow) -> Result<SnapshotInfo, ApiError> {
@@ -737,7 +741,7 @@ impl Daemon {
             };
             crate::failpoint::hit("suspend:moved");
             // Durability comes with the blob (the seal syncs the layer).
-            let new_layer = match store.commit_layer(&layer_src, &layer.id, compacted.is_some()) {
+            let (new_layer, hold) = match store.commit_layer(&layer_src, &layer.id, compacted.is_some()) {
                 Ok(n) => n,
                 Err(e) => {
                     give_back();
@@ -767,6 +771,7 @@ impl Daemon {
             if let Err(e) = inserted {
                 let knows = db.layer_exists(&layer.id).unwrap_or(true);
                 drop(db);
+                drop(hold);
                 if new_layer && !knows {
                     // Give the sandbox its upper back rather than lose it.
                     if moved {
@@ -874,7 +879,7 @@ impl Daemon {
             }
         };
         crate::failpoint::hit("seal:blob-written");
-        let bhex = held.hex().to_string();
+        let bhex = held.id().to_string();
         if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
             drop(held);
             let _ = store.remove_blob(&bhex);

@@ -133,34 +133,45 @@ pub struct SandboxDirs {
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
-    /// Blobs written and not recorded yet, with how many operations hold
-    /// each ([`BlobHold`]).
-    holds: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// Blobs and layers put in place (or found there) and not recorded
+    /// yet, with how many operations hold each ([`Hold`]).
+    holds: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(Held, String), usize>>>,
 }
 
-/// A blob that an operation has written and will record or give up: while
-/// anyone holds it, [`Store::remove_blob`] leaves it. Blobs are named by
-/// their content, so two checkpoints of the same tree write the same blob,
-/// and one that gives up must not delete the one the other is recording.
+/// What a [`Hold`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Held {
+    Blob,
+    Layer,
+}
+
+/// A blob or layer that an operation has put in place (or found there)
+/// and will record or give up: while anyone holds it,
+/// [`Store::remove_blob`] and [`Store::remove_layer`] leave it. Both are
+/// named by their content, so two checkpoints of the same tree make the
+/// same blob and layer, and one that gives up must not delete what the
+/// other is recording (nor may an image's removal delete a layer an
+/// import is about to list again).
 #[must_use]
-pub struct BlobHold<'a> {
+pub struct Hold<'a> {
     store: &'a Store,
-    hex: String,
+    key: (Held, String),
 }
 
-impl BlobHold<'_> {
-    pub fn hex(&self) -> &str {
-        &self.hex
+impl Hold<'_> {
+    /// The blob's digest hex or the layer's id.
+    pub fn id(&self) -> &str {
+        &self.key.1
     }
 }
 
-impl Drop for BlobHold<'_> {
+impl Drop for Hold<'_> {
     fn drop(&mut self) {
         let mut holds = self.store.holds();
-        if let Some(n) = holds.get_mut(&self.hex) {
+        if let Some(n) = holds.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                holds.remove(&self.hex);
+                holds.remove(&self.key);
             }
         }
     }
@@ -311,32 +322,56 @@ impl Store {
     }
 
     /// Move a finished layer from `tmp/` into place as `layers/<id>`,
-    /// synced first if `durable`. Returns false (and deletes `tmp_layer`) if
-    /// the layer already existed.
-    pub fn commit_layer(&self, tmp_layer: &Path, id: &str, durable: bool) -> Result<bool, StoreError> {
+    /// synced first if `durable`. Returns whether it is new (else the
+    /// layer already existed and `tmp_layer` is deleted) and the layer held
+    /// (see [`Hold`]; keep it until the layer is recorded).
+    pub fn commit_layer(&self, tmp_layer: &Path, id: &str, durable: bool) -> Result<(bool, Hold<'_>), StoreError> {
+        // Held before it is looked for: a removal that comes later leaves
+        // it; one that came earlier has moved it away already.
+        let hold = self.hold_layer(id);
         let dst = self.layer_dir(id);
         if dst.exists() {
             remove_tree(tmp_layer)?;
-            return Ok(false);
+            return Ok((false, hold));
         }
         if durable {
             self.sync_layer(tmp_layer)?;
         }
         match std::fs::rename(tmp_layer, &dst) {
-            Ok(()) => Ok(true),
+            Ok(()) => Ok((true, hold)),
             // Another import or checkpoint put the same layer in place
             // between the check above and here: content-addressed, so ours
             // is the same; keep theirs.
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => {
                 remove_tree(tmp_layer)?;
-                Ok(false)
+                Ok((false, hold))
             }
             Err(e) => Err(StoreError::Io { step: "rename into place", path: dst, source: e }),
         }
     }
 
+    /// Delete a layer, unless an operation holds it ([`Hold`]): that one
+    /// is about to record it. The layer is first moved under `tmp/` (so a
+    /// commit of the same layer from then on finds it gone and puts its own
+    /// in place), then deleted.
     pub fn remove_layer(&self, id: &str) -> Result<(), StoreError> {
-        remove_tree(&self.layer_dir(id))
+        let dir = self.layer_dir(id);
+        let doomed = self.tmp_dir().join(format!("removed-{:016x}", rand::random::<u64>()));
+        {
+            let holds = self.holds();
+            if holds.contains_key(&(Held::Layer, id.to_string())) {
+                return Ok(());
+            }
+            if let Some(mount) = mounts_under(&dir).into_iter().next() {
+                return Err(StoreError::StillMounted { path: dir, mount });
+            }
+            match std::fs::rename(&dir, &doomed) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(StoreError::Io { step: "move aside", path: dir, source: e }),
+                Ok(()) => {}
+            }
+        }
+        remove_tree(&doomed)
     }
 
     /// `caches/<name>`, created if missing (a lost cache is rebuilt empty).
@@ -362,14 +397,14 @@ impl Store {
     /// their fastest levels), hashing as it goes: write under `tmp/`, fsync
     /// (unless the caller will [`Store::sync`] before recording it), rename.
     /// Returns what `produce` returned, the blob held (its digest hex: see
-    /// [`BlobHold`]; keep it until the blob is recorded) and its size. On
+    /// [`Hold`]; keep it until the blob is recorded) and its size. On
     /// error nothing is left.
     pub fn write_blob<T>(
         &self,
         compression: BlobCompression,
         fsync: bool,
         produce: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<T>,
-    ) -> Result<(T, BlobHold<'_>, u64), StoreError> {
+    ) -> Result<(T, Hold<'_>, u64), StoreError> {
         let tmp = self.tmp_dir().join(format!("blob-{:016x}", rand::random::<u64>()));
         let (t, hex, size) = match compress_with(compression, &tmp, fsync, produce) {
             Ok(r) => r,
@@ -419,23 +454,34 @@ impl Store {
         Ok(())
     }
 
-    fn holds(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
+    fn holds(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(Held, String), usize>> {
         self.holds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Hold blob `digest_hex` (see [`BlobHold`]).
-    pub fn hold_blob(&self, digest_hex: &str) -> BlobHold<'_> {
-        *self.holds().entry(digest_hex.to_string()).or_default() += 1;
-        BlobHold { store: self, hex: digest_hex.to_string() }
+    fn hold(&self, kind: Held, id: &str) -> Hold<'_> {
+        let key = (kind, id.to_string());
+        *self.holds().entry(key.clone()).or_default() += 1;
+        Hold { store: self, key }
     }
 
-    /// Delete a blob, unless an operation holds it ([`BlobHold`]): that
-    /// one is about to record it.
+    /// Hold blob `digest_hex` (see [`Hold`]).
+    pub fn hold_blob(&self, digest_hex: &str) -> Hold<'_> {
+        self.hold(Held::Blob, digest_hex)
+    }
+
+    /// Hold layer `id` (see [`Hold`]), one this operation found in place
+    /// and will list ([`Store::commit_layer`] holds the layers it commits).
+    pub fn hold_layer(&self, id: &str) -> Hold<'_> {
+        self.hold(Held::Layer, id)
+    }
+
+    /// Delete a blob, unless an operation holds it ([`Hold`]): that one
+    /// is about to record it.
     pub fn remove_blob(&self, digest_hex: &str) -> Result<(), StoreError> {
         // Under the lock: a hold is either taken before (and the blob
         // stays) or after (and its writer puts the file back in place).
         let holds = self.holds();
-        if holds.contains_key(digest_hex) {
+        if holds.contains_key(&(Held::Blob, digest_hex.to_string())) {
             return Ok(());
         }
         match std::fs::remove_file(self.blob_path(digest_hex)) {
@@ -529,8 +575,8 @@ mod tests {
         let write = || store.write_blob(BlobCompression::Zstd, false, |w| w.write_all(b"same")).unwrap();
         let ((), first, _) = write();
         let ((), second, _) = write();
-        assert_eq!(first.hex(), second.hex());
-        let hex = first.hex().to_string();
+        assert_eq!(first.id(), second.id());
+        let hex = first.id().to_string();
         drop(first);
         store.remove_blob(&hex).unwrap();
         assert!(store.blob_path(&hex).is_file(), "removed while the second writer holds it");
@@ -564,10 +610,38 @@ mod tests {
         for expect_new in [true, false] {
             let tmp = s.new_tmp("layer").unwrap();
             std::fs::create_dir(tmp.join("fs")).unwrap();
-            assert_eq!(s.commit_layer(&tmp, "cc", true).unwrap(), expect_new);
+            assert_eq!(s.commit_layer(&tmp, "cc", true).unwrap().0, expect_new);
             assert!(!tmp.exists());
         }
         assert!(s.layer_dir("cc").join("fs").is_dir());
+    }
+
+    /// A checkpoint that put a layer in place and gives up does not
+    /// remove it while another one, which found it there, holds it; once
+    /// removed, the next commit of the same layer puts its own in place.
+    #[test]
+    fn a_held_layer_is_not_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Store::open(t.path()).unwrap();
+        let commit = || {
+            let tmp = s.new_tmp("layer").unwrap();
+            std::fs::create_dir(tmp.join("fs")).unwrap();
+            std::fs::write(tmp.join("fs/f"), b"x").unwrap();
+            s.commit_layer(&tmp, "dd", false).unwrap()
+        };
+        let (new, first) = commit();
+        let (again, second) = commit();
+        assert!(new && !again);
+        drop(first);
+        s.remove_layer("dd").unwrap();
+        assert!(s.layer_dir("dd").join("fs/f").is_file(), "removed while the second committer holds it");
+        drop(second);
+        s.remove_layer("dd").unwrap();
+        assert!(!s.layer_dir("dd").exists());
+        assert_eq!(std::fs::read_dir(s.tmp_dir()).unwrap().count(), 0, "left under tmp/");
+        let (new, _third) = commit();
+        assert!(new && s.layer_dir("dd").join("fs/f").is_file());
+        s.remove_layer("absent").unwrap();
     }
 
     #[test]
