@@ -583,6 +583,9 @@ impl Daemon {
                 .unwrap_or_default(),
             )
             .map_err(host_io)?;
+            // The layers found here (not fetched) are held until the
+            // import has listed them (`Hold`).
+            let held = docs.layers.iter().map(|l| self.rt.store.hold_layer(l.diff_id.hex())).collect();
             let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
             let paths =
                 self.fetch_layers(&client, &reference.repository, &docs.layers, &blobs, &mut tally, progress)?;
@@ -601,7 +604,7 @@ impl Daemon {
                     format!("{reference} from {}: {}", client.registry(), crate::error::chain(&e)),
                 )
             })?;
-            let row = crate::image::import_source(&self.rt.store, &self.db, &src, &name, &work)?;
+            let row = crate::image::import_source(&self.rt.store, &self.db, &src, &name, &work, held)?;
             Ok(PullResult {
                 reference: reference.to_string(),
                 manifest_digest: docs.digest.to_string(),
@@ -630,7 +633,8 @@ impl Daemon {
         let client = client(req, &reference)?;
         let _serial = lock(&self.import_lock);
         let work = self.rt.store.new_tmp("pull").map_err(store_err)?;
-        let mut committed: Vec<String> = Vec::new();
+        // The layers this pull lists (found here or put in place).
+        let mut listed: Vec<String> = Vec::new();
         let mut adopted: Vec<String> = Vec::new();
         let mut held = Vec::new();
         let result = (|| {
@@ -665,6 +669,7 @@ impl Daemon {
             // The layers this pull finds here are held until its rows are
             // in, as are those it commits (`Hold`).
             held.extend(docs.layers.iter().map(|l| self.rt.store.hold_layer(l.diff_id.hex())));
+            listed.extend(docs.layers.iter().map(|l| l.diff_id.hex().to_string()));
             let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
             let paths = self.fetch_layers(&client, &reference.repository, &docs.layers, &work, &mut tally, progress)?;
             // The image's layers the host lacks are unpacked now (a plain
@@ -733,11 +738,7 @@ impl Daemon {
             }
             // Move layers and blobs into place, then record in one go.
             for (hex, dir) in &fresh {
-                let (new, hold) = store.commit_layer(dir, hex, true).map_err(store_err)?;
-                held.push(hold);
-                if new {
-                    committed.push(hex.clone());
-                }
+                held.push(store.commit_layer(dir, hex, true).map_err(store_err)?.1);
             }
             for (l, p) in docs.layers.iter().zip(&paths) {
                 if let Some(p) = p {
@@ -827,10 +828,11 @@ impl Daemon {
         drop(held);
         if result.is_err() {
             // Nothing partial: layers and blobs this pull moved in that no
-            // row lists go again.
+            // row lists go again, as do layers it found here that no row
+            // lists (a removal its holds turned away).
             let db = lock(&self.db);
             let used = db.all_blobs().unwrap_or_default();
-            for hex in &committed {
+            for hex in &listed {
                 if !db.layer_exists(hex).unwrap_or(true) {
                     let _ = self.rt.store.remove_layer(hex);
                 }
@@ -1022,10 +1024,16 @@ impl Daemon {
                 }
             };
             let (_, hold) = store.commit_layer(&dir, &u.layer_id, true).map_err(store_err)?;
-            if !lock(&self.db).hydrated(&u.layer_id, stats.bytes, stats.entries)? {
-                // Its snapshot was removed meanwhile.
+            let mut db = lock(&self.db);
+            if !db.hydrated(&u.layer_id, stats.bytes, stats.entries)? {
+                // Its snapshot was removed meanwhile (under the database
+                // lock: see `Store::take_layer_aside`).
                 drop(hold);
-                store.remove_layer(&u.layer_id).map_err(store_err)?;
+                let doomed = store.take_layer_aside(&u.layer_id).map_err(store_err)?;
+                drop(db);
+                if let Some(doomed) = doomed {
+                    crate::store::remove_tree(&doomed).map_err(store_err)?;
+                }
             }
             tracing::info!("hydrated pulled layer {} ({} entries)", u.layer_id, stats.entries);
             Ok(())

@@ -75,7 +75,7 @@ pub fn import(store: &Store, db: &std::sync::Mutex<Db>, path: &Path, name: &Imag
         })?;
         let src = oci::open(path, &scratch, None)
             .map_err(|source| ImageError::Layout { path: path.display().to_string(), source })?;
-        import_source(store, db, &src, name, &work)
+        import_source(store, db, &src, name, &work, Vec::new())
     })();
     // Whatever happened, tmp/ holds nothing of this import afterwards.
     crate::store::remove_tree(&work)?;
@@ -85,18 +85,20 @@ pub fn import(store: &Store, db: &std::sync::Mutex<Db>, path: &Path, name: &Imag
 /// Import an opened image as `name`, using `work` (under `tmp/`) for the
 /// unpacked layers. Layers this host has are not unpacked again (their
 /// blobs may be absent from `src`); the blobs of the others are kept in
-/// `blobs/` so that a push can send them as they are.
-pub(crate) fn import_source(
-    store: &Store,
+/// `blobs/` so that a push can send them as they are. `held`: what the
+/// caller holds already (a pull: the layers it found here and did not
+/// fetch), given up with this import's own holds.
+pub(crate) fn import_source<'s>(
+    store: &'s Store,
     db: &std::sync::Mutex<Db>,
     src: &oci::ImageSource,
     name: &ImageName,
     work: &Path,
+    mut held: Vec<crate::store::Hold<'s>>,
 ) -> Result<ImageRow, ImageError> {
     // Held until the rows are in: another operation giving up the same
     // blob or layer meanwhile (or removing an image that had it) must not
     // delete it (`Hold`).
-    let mut held = Vec::new();
     // Unpack every layer this host lacks into tmp/ first.
     let mut rows = Vec::with_capacity(src.layers.len());
     let mut fresh = Vec::new();
@@ -127,15 +129,10 @@ pub(crate) fn import_source(
 
     // All layers are good: move them and their blobs into place, then
     // record the image.
-    let mut committed = Vec::new();
     let mut blobs = Vec::new();
     let result = (|| {
         for (hex, dir) in &fresh {
-            let (new, hold) = store.commit_layer(dir, hex, true)?;
-            held.push(hold);
-            if new {
-                committed.push(hex.clone());
-            }
+            held.push(store.commit_layer(dir, hex, true)?.1);
         }
         for (index, layer) in src.layers.iter().enumerate() {
             let bhex = layer.digest.hex();
@@ -168,12 +165,13 @@ pub(crate) fn import_source(
     // rollback below from removing its layers and blobs).
     drop(held);
     if result.is_err() {
-        // Roll back layers and blobs that this import added and no row
-        // refers to.
+        // Roll back the layers no row lists (those this import put in
+        // place, and those it found there that a removal, turned away by
+        // its holds, left) and the blobs it added that no row lists.
         let db = lock(db);
-        for hex in committed {
-            if !db.layer_exists(&hex)? {
-                store.remove_layer(&hex)?;
+        for (row, _) in &rows {
+            if !db.layer_exists(&row.id)? {
+                store.remove_layer(&row.id)?;
             }
         }
         let used = db.all_blobs()?;
@@ -198,12 +196,14 @@ pub fn remove(store: &Store, db: &std::sync::Mutex<Db>, name: &ImageName) -> Res
         Err(users) => Err(ImageError::InUse { name: name.to_string(), users }),
         Ok(orphans) => {
             let used = db.all_blobs()?;
-            drop(db);
-            for hex in orphans {
-                store.remove_layer(&hex)?;
-            }
+            // Under the database lock: see `Store::take_layer_aside`.
+            let doomed = orphans.iter().map(|hex| store.take_layer_aside(hex)).collect::<Result<Vec<_>, _>>();
             for blob in image.blobs.iter().filter(|b| !used.contains(*b)) {
                 store.remove_blob(blob.trim_start_matches("sha256:"))?;
+            }
+            drop(db);
+            for doomed in doomed?.into_iter().flatten() {
+                crate::store::remove_tree(&doomed)?;
             }
             Ok(())
         }

@@ -51,8 +51,6 @@ struct Sealed {
     size: u64,
     entries: u64,
     compacted: bool,
-    /// False if an identical layer was there already.
-    new_layer: bool,
 }
 
 /// Most sandboxes one fork may start.
@@ -169,19 +167,7 @@ impl Daemon {
         let dirs = sb.dirs(store);
         let tar = work.join("layer.tar");
         let ahead = work.join("ahead.tar");
-        // A blob this capture wrote and gives up: deleted unless a row or
-        // another operation's hold (the same content) still wants it.
-        let forget_blob = |hold: crate::store::Hold<'_>| {
-            let hex = hold.id().to_string();
-            drop(hold);
-            let used = lock(&self.db)
-                .list_snapshots()
-                .map(|l| l.iter().any(|s| s.blob_digest.trim_start_matches("sha256:") == hex))
-                .unwrap_or(true);
-            if !used {
-                let _ = store.remove_blob(&hex);
-            }
-        };
+        let forget_blob = |hold| self.give_up_blob(hold);
         // Where copies can be proven current (`precopy.rs`), the capture is
         // written ahead while the sandbox runs, and a thread compresses it
         // meanwhile; the frozen capture refers to the copies still current
@@ -308,13 +294,6 @@ impl Daemon {
         };
         let ((sealed, layer_hold), blob) = sealed?;
         crate::failpoint::hit("checkpoint:layer-committed");
-        // Give up the layer (the hold first: else it would stay).
-        let undo_layer = |hold: crate::store::Hold<'_>, db_knows: bool| {
-            drop(hold);
-            if sealed.new_layer && !db_knows {
-                let _ = store.remove_layer(&sealed.diff_id);
-            }
-        };
         let blob = match blob {
             Some(b) => Ok(b),
             None => store
@@ -324,14 +303,26 @@ impl Daemon {
         let (blob_hold, blob_size, blob_at) = match blob {
             Ok(b) => b,
             Err(e) => {
-                undo_layer(layer_hold, lock(&self.db).layer_exists(&sealed.diff_id).unwrap_or(true));
+                self.give_up_layer(layer_hold);
                 return Err(store_err(e));
             }
         };
 
-        let image = lock(&self.db)
-            .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+        let looked_up = (|| {
+            let db = lock(&self.db);
+            let image = db
+                .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
+                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+            Ok::<_, ApiError>((image, db.last_exec_record(sb.id.as_str())?))
+        })();
+        let (image, log_upto) = match looked_up {
+            Ok(l) => l,
+            Err(e) => {
+                self.give_up_layer(layer_hold);
+                forget_blob(blob_hold);
+                return Err(e);
+            }
+        };
         let stats = &sealed.stats;
         let mut info = serde_json::json!({
             "frozen_ms": sealed.frozen.as_secs_f64() * 1000.0,
@@ -342,7 +333,7 @@ impl Daemon {
             "blob_ahead": spec.as_ref().is_some_and(|(_, missed)| missed.is_none()),
             "ahead_missed": spec.as_ref().and_then(|(_, missed)| missed.clone()),
             "reused_bytes": reused,
-            "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
+            "log_upto": log_upto,
             "compacted": sealed.compacted,
         });
         merge_stats(&mut info, stats);
@@ -362,9 +353,8 @@ impl Daemon {
         let mut db = lock(&self.db);
         if let Err(e) = checked.and_then(|()| record(&mut db, &mut row, &layer)) {
             // Reclaim what this capture made; the sandbox runs on.
-            let knows = db.layer_exists(&sealed.diff_id).unwrap_or(true);
             drop(db);
-            undo_layer(layer_hold, knows);
+            self.give_up_layer(layer_hold);
             forget_blob(blob_hold);
             return Err(e);
         }
@@ -419,7 +409,6 @@ impl Daemon {
             size: unpacked.bytes,
             entries: unpacked.entries,
             compacted: false,
-            new_layer: false,
         };
         let mut layer_dir = layer_dir;
         if let Some(c) = self.compact_if_deep(sb.spec.snapshot.as_deref(), &layer_dir.join("fs"), work, true)? {
@@ -430,8 +419,7 @@ impl Daemon {
             sealed.compacted = true;
         }
         // Synced with the blob, before the row is written (capture_in).
-        let (new_layer, hold) = self.rt.store.commit_layer(&layer_dir, &sealed.diff_id, false).map_err(store_err)?;
-        sealed.new_layer = new_layer;
+        let (_, hold) = self.rt.store.commit_layer(&layer_dir, &sealed.diff_id, false).map_err(store_err)?;
         Ok((sealed, hold))
     }
 
@@ -721,6 +709,10 @@ impl Daemon {
                 .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
                 .map(|i| i.id)
                 .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+            // Before the upper moves (nothing may fail between the move and
+            // the row but what gives the upper back); the sandbox is
+            // stopped, so no exec comes later.
+            let log_upto = lock(&self.db).last_exec_record(sb.id.as_str())?;
             let snap_id = SandboxId::random().to_string();
             // The processes are gone and the overlay with them: the upper is
             // still. A deep chain is folded (that reads the data); otherwise
@@ -753,7 +745,7 @@ impl Daemon {
                 "suspended": true,
                 "compacted": compacted.is_some(),
                 "total_ms": started.elapsed().as_secs_f64() * 1000.0,
-                "log_upto": lock(&self.db).last_exec_record(sb.id.as_str())?,
+                "log_upto": log_upto,
             });
             if let Some(c) = &compacted {
                 merge_stats(&mut info, &c.stats);
@@ -769,15 +761,15 @@ impl Daemon {
                 Err(e) => Err(ApiError::from(e)),
             };
             if let Err(e) = inserted {
-                let knows = db.layer_exists(&layer.id).unwrap_or(true);
                 drop(db);
-                drop(hold);
-                if new_layer && !knows {
-                    // Give the sandbox its upper back rather than lose it.
-                    if moved {
-                        let _ = std::fs::rename(store.layer_dir(&layer.id).join("fs"), &upper);
-                    }
+                if moved && new_layer {
+                    // Give the sandbox its upper back rather than lose it
+                    // (the layer is named by this snapshot: no one else's).
+                    drop(hold);
+                    let _ = std::fs::rename(store.layer_dir(&layer.id).join("fs"), &upper);
                     let _ = store.remove_layer(&layer.id);
+                } else {
+                    self.give_up_layer(hold);
                 }
                 return Err(e);
             }
@@ -1039,13 +1031,48 @@ impl Daemon {
             Ok(orphan) => orphan,
         };
         let blob_used = db.all_blobs()?.contains(&row.blob_digest);
-        drop(db);
-        if let Some(hex) = orphan {
-            self.rt.store.remove_layer(&hex).map_err(store_err)?;
-        }
+        // Under the database lock: see `Store::take_layer_aside`.
+        let doomed = orphan.map(|hex| self.rt.store.take_layer_aside(&hex)).transpose();
         if !blob_used && !row.blob_digest.is_empty() {
             self.rt.store.remove_blob(row.blob_digest.trim_start_matches("sha256:")).map_err(store_err)?;
         }
+        drop(db);
+        if let Some(doomed) = doomed.map_err(store_err)?.flatten() {
+            remove_tree(&doomed).map_err(store_err)?;
+        }
         Ok(())
+    }
+}
+
+impl Daemon {
+    /// Give up a layer this operation held (and may have put in place): it
+    /// is deleted unless a row lists it or another operation holds it.
+    fn give_up_layer(&self, hold: crate::store::Hold<'_>) {
+        let id = hold.id().to_string();
+        let db = lock(&self.db);
+        drop(hold);
+        // Under the database lock: see `Store::take_layer_aside`.
+        let doomed = match db.layer_exists(&id) {
+            Ok(false) => self.rt.store.take_layer_aside(&id),
+            _ => Ok(None),
+        };
+        drop(db);
+        match doomed.and_then(|d| d.map_or(Ok(()), |d| remove_tree(&d))) {
+            Ok(()) => {}
+            Err(e) => tracing::warn!("give up layer {id}: {}", crate::error::chain(&e)),
+        }
+    }
+
+    /// Give up a blob this operation wrote: it is deleted unless a row
+    /// lists it or another operation holds it (the same content).
+    fn give_up_blob(&self, hold: crate::store::Hold<'_>) {
+        let hex = hold.id().to_string();
+        let db = lock(&self.db);
+        drop(hold);
+        if db.all_blobs().is_ok_and(|used| !used.contains(&format!("sha256:{hex}"))) {
+            if let Err(e) = self.rt.store.remove_blob(&hex) {
+                tracing::warn!("give up blob {hex}: {}", crate::error::chain(&e));
+            }
+        }
     }
 }

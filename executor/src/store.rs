@@ -350,28 +350,38 @@ impl Store {
         }
     }
 
-    /// Delete a layer, unless an operation holds it ([`Hold`]): that one
-    /// is about to record it. The layer is first moved under `tmp/` (so a
-    /// commit of the same layer from then on finds it gone and puts its own
-    /// in place), then deleted.
-    pub fn remove_layer(&self, id: &str) -> Result<(), StoreError> {
+    /// Move layer `id` aside under `tmp/`, unless an operation holds it
+    /// ([`Hold`]: that one is about to record it) or it is absent; returns
+    /// where it went, to delete with [`remove_tree`]. Call it with the
+    /// database locked, right after the database said no row lists the
+    /// layer: an operation records its row before it drops its hold, so
+    /// the layer is then unlisted and unheld at once, and a commit of the
+    /// same layer from then on finds it gone and puts its own in place.
+    /// Delete what it returns once the database is unlocked.
+    pub fn take_layer_aside(&self, id: &str) -> Result<Option<PathBuf>, StoreError> {
         let dir = self.layer_dir(id);
-        let doomed = self.tmp_dir().join(format!("removed-{:016x}", rand::random::<u64>()));
-        {
-            let holds = self.holds();
-            if holds.contains_key(&(Held::Layer, id.to_string())) {
-                return Ok(());
-            }
-            if let Some(mount) = mounts_under(&dir).into_iter().next() {
-                return Err(StoreError::StillMounted { path: dir, mount });
-            }
-            match std::fs::rename(&dir, &doomed) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(e) => return Err(StoreError::Io { step: "move aside", path: dir, source: e }),
-                Ok(()) => {}
-            }
+        if let Some(mount) = mounts_under(&dir).into_iter().next() {
+            return Err(StoreError::StillMounted { path: dir, mount });
         }
-        remove_tree(&doomed)
+        let doomed = self.tmp_dir().join(format!("removed-{:016x}", rand::random::<u64>()));
+        let holds = self.holds();
+        if holds.contains_key(&(Held::Layer, id.to_string())) {
+            return Ok(None);
+        }
+        match std::fs::rename(&dir, &doomed) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::Io { step: "move aside", path: dir, source: e }),
+            Ok(()) => Ok(Some(doomed)),
+        }
+    }
+
+    /// [`Store::take_layer_aside`] and delete it (call it with the
+    /// database locked; the deletion then holds it up: for rollbacks).
+    pub fn remove_layer(&self, id: &str) -> Result<(), StoreError> {
+        match self.take_layer_aside(id)? {
+            Some(doomed) => remove_tree(&doomed),
+            None => Ok(()),
+        }
     }
 
     /// `caches/<name>`, created if missing (a lost cache is rebuilt empty).
