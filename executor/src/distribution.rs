@@ -548,6 +548,9 @@ impl Daemon {
         let client = client(req, &reference)?;
         let _serial = lock(&self.import_lock);
         let work = self.rt.store.new_tmp("pull").map_err(store_err)?;
+        // The layers found here (not fetched) are held until the import
+        // has listed them (`Hold`); it takes them over.
+        let mut held = Vec::new();
         let result = (|| {
             let mut config_bytes = 0;
             let docs = self.fetch_documents(&client, &reference, &mut config_bytes)?;
@@ -583,9 +586,7 @@ impl Daemon {
                 .unwrap_or_default(),
             )
             .map_err(host_io)?;
-            // The layers found here (not fetched) are held until the
-            // import has listed them (`Hold`).
-            let held = docs.layers.iter().map(|l| self.rt.store.hold_layer(l.diff_id.hex())).collect();
+            held.extend(docs.layers.iter().map(|l| self.rt.store.hold_layer(l.diff_id.hex())));
             let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
             let paths =
                 self.fetch_layers(&client, &reference.repository, &docs.layers, &blobs, &mut tally, progress)?;
@@ -604,6 +605,7 @@ impl Daemon {
                     format!("{reference} from {}: {}", client.registry(), crate::error::chain(&e)),
                 )
             })?;
+            let held = std::mem::take(&mut held);
             let row = crate::image::import_source(&self.rt.store, &self.db, &src, &name, &work, held)?;
             Ok(PullResult {
                 reference: reference.to_string(),
@@ -615,6 +617,9 @@ impl Daemon {
                 reused_layers: tally.reused,
             })
         })();
+        // Failed before the import took the holds over: a removal they
+        // turned away is done now.
+        crate::image::give_up(&self.rt.store, &self.db, held, &[]);
         let _ = crate::store::remove_tree(&work);
         result
     }
@@ -633,8 +638,6 @@ impl Daemon {
         let client = client(req, &reference)?;
         let _serial = lock(&self.import_lock);
         let work = self.rt.store.new_tmp("pull").map_err(store_err)?;
-        // The layers this pull lists (found here or put in place).
-        let mut listed: Vec<String> = Vec::new();
         let mut adopted: Vec<String> = Vec::new();
         let mut held = Vec::new();
         let result = (|| {
@@ -669,7 +672,6 @@ impl Daemon {
             // The layers this pull finds here are held until its rows are
             // in, as are those it commits (`Hold`).
             held.extend(docs.layers.iter().map(|l| self.rt.store.hold_layer(l.diff_id.hex())));
-            listed.extend(docs.layers.iter().map(|l| l.diff_id.hex().to_string()));
             let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
             let paths = self.fetch_layers(&client, &reference.repository, &docs.layers, &work, &mut tally, progress)?;
             // The image's layers the host lacks are unpacked now (a plain
@@ -823,25 +825,13 @@ impl Daemon {
                 reused_layers: tally.reused,
             })
         })();
-        // Recorded, or given up (and the holds must not keep the rollback
-        // below from removing this pull's blobs).
-        drop(held);
         if result.is_err() {
             // Nothing partial: layers and blobs this pull moved in that no
             // row lists go again, as do layers it found here that no row
             // lists (a removal its holds turned away).
-            let db = lock(&self.db);
-            let used = db.all_blobs().unwrap_or_default();
-            for hex in &listed {
-                if !db.layer_exists(hex).unwrap_or(true) {
-                    let _ = self.rt.store.remove_layer(hex);
-                }
-            }
-            for hex in &adopted {
-                if !used.contains(&format!("sha256:{hex}")) {
-                    let _ = self.rt.store.remove_blob(hex);
-                }
-            }
+            crate::image::give_up(&self.rt.store, &self.db, held, &adopted);
+        } else {
+            drop(held);
         }
         let _ = crate::store::remove_tree(&work);
         result

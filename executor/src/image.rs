@@ -99,38 +99,38 @@ pub(crate) fn import_source<'s>(
     // Held until the rows are in: another operation giving up the same
     // blob or layer meanwhile (or removing an image that had it) must not
     // delete it (`Hold`).
-    // Unpack every layer this host lacks into tmp/ first.
-    let mut rows = Vec::with_capacity(src.layers.len());
-    let mut fresh = Vec::new();
-    for (index, layer) in src.layers.iter().enumerate() {
-        let hex = layer.diff_id.hex().to_string();
-        held.push(store.hold_layer(&hex));
-        let have = lock(db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
-        let mut row = LayerRow::content(&hex, 0, 0);
-        if !have && !fresh.iter().any(|(h, _): &(String, _)| *h == hex) {
-            let dir = work.join(format!("layer-{index}"));
-            let fs = dir.join("fs");
-            std::fs::create_dir_all(&fs).map_err(|source| StoreError::Io {
-                step: "create",
-                path: fs.clone(),
-                source,
-            })?;
-            let stats = oci::unpack_layer(layer, &fs).map_err(|source| ImageError::Unpack {
-                index,
-                digest: layer.digest.to_string(),
-                source,
-            })?;
-            row.size = stats.bytes;
-            row.entries = stats.entries;
-            fresh.push((hex, dir));
-        }
-        rows.push((row, layer.digest.to_string()));
-    }
-
-    // All layers are good: move them and their blobs into place, then
-    // record the image.
     let mut blobs = Vec::new();
     let result = (|| {
+        // Unpack every layer this host lacks into tmp/ first.
+        let mut rows = Vec::with_capacity(src.layers.len());
+        let mut fresh = Vec::new();
+        for (index, layer) in src.layers.iter().enumerate() {
+            let hex = layer.diff_id.hex().to_string();
+            held.push(store.hold_layer(&hex));
+            let have = lock(db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
+            let mut row = LayerRow::content(&hex, 0, 0);
+            if !have && !fresh.iter().any(|(h, _): &(String, _)| *h == hex) {
+                let dir = work.join(format!("layer-{index}"));
+                let fs = dir.join("fs");
+                std::fs::create_dir_all(&fs).map_err(|source| StoreError::Io {
+                    step: "create",
+                    path: fs.clone(),
+                    source,
+                })?;
+                let stats = oci::unpack_layer(layer, &fs).map_err(|source| ImageError::Unpack {
+                    index,
+                    digest: layer.digest.to_string(),
+                    source,
+                })?;
+                row.size = stats.bytes;
+                row.entries = stats.entries;
+                fresh.push((hex, dir));
+            }
+            rows.push((row, layer.digest.to_string()));
+        }
+
+        // All layers are good: move them and their blobs into place, then
+        // record the image.
         for (hex, dir) in &fresh {
             held.push(store.commit_layer(dir, hex, true)?.1);
         }
@@ -161,30 +161,57 @@ pub(crate) fn import_source<'s>(
         )?;
         db.image_by_id(id)?.ok_or_else(|| ImageError::NotFound(name.to_string()))
     })();
-    // Recorded, or given up (and this import's holds must not keep the
-    // rollback below from removing its layers and blobs).
-    drop(held);
     if result.is_err() {
         // Roll back the layers no row lists (those this import put in
         // place, and those it found there that a removal, turned away by
         // its holds, left) and the blobs it added that no row lists.
-        let db = lock(db);
-        for (row, _) in &rows {
-            if !db.layer_exists(&row.id)? {
-                store.remove_layer(&row.id)?;
-            }
-        }
-        let used = db.all_blobs()?;
-        for bhex in blobs {
-            if !used.contains(&format!("sha256:{bhex}")) {
-                store.remove_blob(&bhex)?;
-            }
-        }
-        if db.image_by_name(name)?.is_some() {
+        give_up(store, db, held, &blobs);
+        if lock(db).image_by_name(name)?.is_some() {
             return Err(ImageError::Exists(name.to_string()));
         }
     }
     result
+}
+
+/// Give up what an operation held (layers and blobs it may have put in
+/// place or found there) and the blobs `added`: each layer held, and each
+/// blob added, is deleted unless a row lists it or another operation
+/// holds it. On the way out of a failure: errors are logged, not returned.
+pub(crate) fn give_up(store: &Store, db: &std::sync::Mutex<Db>, held: Vec<crate::store::Hold<'_>>, added: &[String]) {
+    let mut layers: Vec<String> = held.iter().filter(|h| h.is_layer()).map(|h| h.id().to_string()).collect();
+    layers.sort();
+    layers.dedup();
+    let db = lock(db);
+    drop(held);
+    let mut doomed = Vec::new();
+    // Under the database lock: see `Store::take_layer_aside`.
+    for id in &layers {
+        let taken = match db.layer_exists(id) {
+            Ok(true) => Ok(None),
+            Ok(false) => store.take_layer_aside(id).map_err(|e| crate::error::chain(&e)),
+            Err(e) => Err(crate::error::chain(&e)),
+        };
+        match taken {
+            Ok(d) => doomed.extend(d),
+            Err(e) => tracing::warn!("give up layer {id}: {e}"),
+        }
+    }
+    match if added.is_empty() { Ok(Default::default()) } else { db.all_blobs() } {
+        Ok(used) => {
+            for hex in added.iter().filter(|h| !used.contains(&format!("sha256:{h}"))) {
+                if let Err(e) = store.remove_blob(hex) {
+                    tracing::warn!("give up blob {hex}: {}", crate::error::chain(&e));
+                }
+            }
+        }
+        Err(e) => tracing::warn!("give up blobs {added:?}: {}", crate::error::chain(&e)),
+    }
+    drop(db);
+    for d in doomed {
+        if let Err(e) = crate::store::remove_tree(&d) {
+            tracing::warn!("delete a layer given up: {}", crate::error::chain(&e));
+        }
+    }
 }
 
 /// Remove an image; refused while a sandbox uses it. Layers no other image
@@ -196,16 +223,8 @@ pub fn remove(store: &Store, db: &std::sync::Mutex<Db>, name: &ImageName) -> Res
         Err(users) => Err(ImageError::InUse { name: name.to_string(), users }),
         Ok(orphans) => {
             let used = db.all_blobs()?;
-            // Under the database lock: see `Store::take_layer_aside`.
-            let doomed = orphans.iter().map(|hex| store.take_layer_aside(hex)).collect::<Result<Vec<_>, _>>();
-            for blob in image.blobs.iter().filter(|b| !used.contains(*b)) {
-                store.remove_blob(blob.trim_start_matches("sha256:"))?;
-            }
-            drop(db);
-            for doomed in doomed?.into_iter().flatten() {
-                crate::store::remove_tree(&doomed)?;
-            }
-            Ok(())
+            let blobs = image.blobs.iter().filter(|b| !used.contains(*b)).map(|b| b.trim_start_matches("sha256:"));
+            store.remove_orphans(db, &orphans, blobs).map_err(ImageError::from)
         }
     }
 }

@@ -764,10 +764,12 @@ impl Daemon {
                 drop(db);
                 if moved && new_layer {
                     // Give the sandbox its upper back rather than lose it
-                    // (the layer is named by this snapshot: no one else's).
+                    // (the layer is named by this snapshot: no one else's;
+                    // kept, with the upper in it, if that fails).
                     drop(hold);
-                    let _ = std::fs::rename(store.layer_dir(&layer.id).join("fs"), &upper);
-                    let _ = store.remove_layer(&layer.id);
+                    if std::fs::rename(store.layer_dir(&layer.id).join("fs"), &upper).is_ok() {
+                        let _ = store.remove_layer(&layer.id);
+                    }
                 } else {
                     self.give_up_layer(hold);
                 }
@@ -873,8 +875,7 @@ impl Daemon {
         crate::failpoint::hit("seal:blob-written");
         let bhex = held.id().to_string();
         if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
-            drop(held);
-            let _ = store.remove_blob(&bhex);
+            self.give_up_blob(held);
             return Err(ApiError::new(
                 ErrorKind::Internal,
                 format!("snapshot {id}: layer serialises to {hex}, not its diff_id {:?}", row.diff_id),
@@ -1031,16 +1032,9 @@ impl Daemon {
             Ok(orphan) => orphan,
         };
         let blob_used = db.all_blobs()?.contains(&row.blob_digest);
-        // Under the database lock: see `Store::take_layer_aside`.
-        let doomed = orphan.map(|hex| self.rt.store.take_layer_aside(&hex)).transpose();
-        if !blob_used && !row.blob_digest.is_empty() {
-            self.rt.store.remove_blob(row.blob_digest.trim_start_matches("sha256:")).map_err(store_err)?;
-        }
-        drop(db);
-        if let Some(doomed) = doomed.map_err(store_err)?.flatten() {
-            remove_tree(&doomed).map_err(store_err)?;
-        }
-        Ok(())
+        let blob = (!blob_used && !row.blob_digest.is_empty()).then(|| row.blob_digest.trim_start_matches("sha256:"));
+        let layers: Vec<String> = orphan.into_iter().collect();
+        self.rt.store.remove_orphans(db, &layers, blob).map_err(store_err)
     }
 }
 
@@ -1048,31 +1042,13 @@ impl Daemon {
     /// Give up a layer this operation held (and may have put in place): it
     /// is deleted unless a row lists it or another operation holds it.
     fn give_up_layer(&self, hold: crate::store::Hold<'_>) {
-        let id = hold.id().to_string();
-        let db = lock(&self.db);
-        drop(hold);
-        // Under the database lock: see `Store::take_layer_aside`.
-        let doomed = match db.layer_exists(&id) {
-            Ok(false) => self.rt.store.take_layer_aside(&id),
-            _ => Ok(None),
-        };
-        drop(db);
-        match doomed.and_then(|d| d.map_or(Ok(()), |d| remove_tree(&d))) {
-            Ok(()) => {}
-            Err(e) => tracing::warn!("give up layer {id}: {}", crate::error::chain(&e)),
-        }
+        crate::image::give_up(&self.rt.store, &self.db, vec![hold], &[]);
     }
 
     /// Give up a blob this operation wrote: it is deleted unless a row
     /// lists it or another operation holds it (the same content).
     fn give_up_blob(&self, hold: crate::store::Hold<'_>) {
         let hex = hold.id().to_string();
-        let db = lock(&self.db);
-        drop(hold);
-        if db.all_blobs().is_ok_and(|used| !used.contains(&format!("sha256:{hex}"))) {
-            if let Err(e) = self.rt.store.remove_blob(&hex) {
-                tracing::warn!("give up blob {hex}: {}", crate::error::chain(&e));
-            }
-        }
+        crate::image::give_up(&self.rt.store, &self.db, vec![hold], &[hex]);
     }
 }

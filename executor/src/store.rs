@@ -163,6 +163,10 @@ impl Hold<'_> {
     pub fn id(&self) -> &str {
         &self.key.1
     }
+
+    pub fn is_layer(&self) -> bool {
+        self.key.0 == Held::Layer
+    }
 }
 
 impl Drop for Hold<'_> {
@@ -373,6 +377,34 @@ impl Store {
             Err(e) => Err(StoreError::Io { step: "move aside", path: dir, source: e }),
             Ok(()) => Ok(Some(doomed)),
         }
+    }
+
+    /// Remove `layers` and `blobs` that the database (locked: `locked_db`,
+    /// its guard) has just said no row lists any more: the layers are moved
+    /// aside and the blobs deleted under the lock, which is then dropped,
+    /// and the layers deleted. Goes on past a failure; returns the first.
+    pub fn remove_orphans<'b, G>(
+        &self,
+        locked_db: G,
+        layers: &[String],
+        blobs: impl IntoIterator<Item = &'b str>,
+    ) -> Result<(), StoreError> {
+        let mut first = Ok(());
+        let mut doomed = Vec::new();
+        for id in layers {
+            match self.take_layer_aside(id) {
+                Ok(d) => doomed.extend(d),
+                Err(e) => first = first.and(Err(e)),
+            }
+        }
+        for hex in blobs {
+            first = first.and(self.remove_blob(hex));
+        }
+        drop(locked_db);
+        for d in doomed {
+            first = first.and(remove_tree(&d));
+        }
+        first
     }
 
     /// [`Store::take_layer_aside`] and delete it (call it with the
@@ -652,6 +684,35 @@ mod tests {
         let (new, _third) = commit();
         assert!(new && s.layer_dir("dd").join("fs/f").is_file());
         s.remove_layer("absent").unwrap();
+    }
+
+    /// Orphans are removed, except a layer an operation holds; a failure
+    /// (a "blob" that is a directory cannot be unlinked) does not stop the
+    /// rest, and is returned.
+    #[test]
+    fn orphans_are_removed_past_a_failure_but_held_layers_stay() {
+        let t = tempfile::tempdir().unwrap();
+        let s = Store::open(t.path()).unwrap();
+        for id in ["e1", "e2"] {
+            std::fs::create_dir_all(s.layer_dir(id).join("fs")).unwrap();
+        }
+        let held = s.hold_layer("e2");
+        let ((), blob, _) = s.write_blob(BlobCompression::Zstd, false, |w| w.write_all(b"orphan")).unwrap();
+        let hex = blob.id().to_string();
+        drop(blob);
+        let bad = "0".repeat(64);
+        std::fs::create_dir_all(s.blob_path(&bad).join("x")).unwrap();
+        let guard = std::sync::Mutex::new(());
+        let layers = ["e0-absent".to_string(), "e1".to_string(), "e2".to_string()];
+        let r = s.remove_orphans(guard.lock().unwrap(), &layers, [bad.as_str(), hex.as_str()]);
+        assert!(matches!(r, Err(StoreError::Io { step: "remove blob", .. })), "{r:?}");
+        assert!(!s.blob_path(&hex).exists(), "stopped at the failure");
+        assert!(!s.layer_dir("e1").exists(), "stopped at the failure");
+        assert!(s.layer_dir("e2").join("fs").is_dir(), "a held layer was removed");
+        drop(held);
+        s.remove_orphans(guard.lock().unwrap(), &layers, []).unwrap();
+        assert!(!s.layer_dir("e2").exists());
+        assert_eq!(std::fs::read_dir(s.tmp_dir()).unwrap().count(), 0, "left under tmp/");
     }
 
     #[test]
