@@ -1014,9 +1014,9 @@ mod tests {
         use std::os::fd::AsFd;
         use std::os::unix::fs::OpenOptionsExt;
         use std::sync::atomic::{AtomicBool, Ordering};
-        let dir = std::env::temp_dir().join(format!("strata-lease-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("f");
+        // Removed even if an assertion below fails.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
         std::fs::write(&path, b"x").unwrap();
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let writer = {
@@ -1038,7 +1038,6 @@ mod tests {
         }
         stop.store(true, Ordering::Relaxed);
         let opened = writer.join().unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
         assert!(free > 0 && opened > 0, "{free} leases, {opened} opens");
     }
 
