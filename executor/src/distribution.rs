@@ -617,8 +617,8 @@ impl Daemon {
                 reused_layers: tally.reused,
             })
         })();
-        // Failed before the import took the holds over: a removal they
-        // turned away is done now.
+        // Failed before the import took the holds over (else there are
+        // none left): a removal they turned away is done now.
         crate::image::give_up(&self.rt.store, &self.db, held, &[]);
         let _ = crate::store::remove_tree(&work);
         result
@@ -1014,16 +1014,9 @@ impl Daemon {
                 }
             };
             let (_, hold) = store.commit_layer(&dir, &u.layer_id, true).map_err(store_err)?;
-            let mut db = lock(&self.db);
-            if !db.hydrated(&u.layer_id, stats.bytes, stats.entries)? {
-                // Its snapshot was removed meanwhile (under the database
-                // lock: see `Store::take_layer_aside`).
-                drop(hold);
-                let doomed = store.take_layer_aside(&u.layer_id).map_err(store_err)?;
-                drop(db);
-                if let Some(doomed) = doomed {
-                    crate::store::remove_tree(&doomed).map_err(store_err)?;
-                }
+            if !lock(&self.db).hydrated(&u.layer_id, stats.bytes, stats.entries)? {
+                // Its snapshot was removed meanwhile.
+                crate::image::give_up(store, &self.db, vec![hold], &[]);
             }
             tracing::info!("hydrated pulled layer {} ({} entries)", u.layer_id, stats.entries);
             Ok(())

@@ -96,9 +96,6 @@ pub(crate) fn import_source<'s>(
     work: &Path,
     mut held: Vec<crate::store::Hold<'s>>,
 ) -> Result<ImageRow, ImageError> {
-    // Held until the rows are in: another operation giving up the same
-    // blob or layer meanwhile (or removing an image that had it) must not
-    // delete it (`Hold`).
     let mut blobs = Vec::new();
     let result = (|| {
         // Unpack every layer this host lacks into tmp/ first.
@@ -106,6 +103,9 @@ pub(crate) fn import_source<'s>(
         let mut fresh = Vec::new();
         for (index, layer) in src.layers.iter().enumerate() {
             let hex = layer.diff_id.hex().to_string();
+            // Held until the rows are in: another operation giving up the
+            // same layer or blob meanwhile (or removing an image that had
+            // it) must not delete it (`Hold`).
             held.push(store.hold_layer(&hex));
             let have = lock(db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
             let mut row = LayerRow::content(&hex, 0, 0);
@@ -176,41 +176,35 @@ pub(crate) fn import_source<'s>(
 /// Give up what an operation held (layers and blobs it may have put in
 /// place or found there) and the blobs `added`: each layer held, and each
 /// blob added, is deleted unless a row lists it or another operation
-/// holds it. On the way out of a failure: errors are logged, not returned.
+/// holds it ([`Store::remove_orphans`]). On the way out of a failure:
+/// errors are logged, not returned.
 pub(crate) fn give_up(store: &Store, db: &std::sync::Mutex<Db>, held: Vec<crate::store::Hold<'_>>, added: &[String]) {
     let mut layers: Vec<String> = held.iter().filter(|h| h.is_layer()).map(|h| h.id().to_string()).collect();
+    if layers.is_empty() && added.is_empty() {
+        return;
+    }
     layers.sort();
     layers.dedup();
     let db = lock(db);
     drop(held);
-    let mut doomed = Vec::new();
-    // Under the database lock: see `Store::take_layer_aside`.
-    for id in &layers {
-        let taken = match db.layer_exists(id) {
-            Ok(true) => Ok(None),
-            Ok(false) => store.take_layer_aside(id).map_err(|e| crate::error::chain(&e)),
-            Err(e) => Err(crate::error::chain(&e)),
-        };
-        match taken {
-            Ok(d) => doomed.extend(d),
-            Err(e) => tracing::warn!("give up layer {id}: {e}"),
+    // A row that cannot be looked up keeps its layer or blob.
+    layers.retain(|id| match db.layer_exists(id) {
+        Ok(listed) => !listed,
+        Err(e) => {
+            tracing::warn!("give up layer {id}: {}", crate::error::chain(&e));
+            false
         }
-    }
-    match if added.is_empty() { Ok(Default::default()) } else { db.all_blobs() } {
-        Ok(used) => {
-            for hex in added.iter().filter(|h| !used.contains(&format!("sha256:{h}"))) {
-                if let Err(e) = store.remove_blob(hex) {
-                    tracing::warn!("give up blob {hex}: {}", crate::error::chain(&e));
-                }
-            }
+    });
+    let used = if added.is_empty() { Ok(Default::default()) } else { db.all_blobs() };
+    let blobs: Vec<&str> = match used {
+        Ok(used) => added.iter().filter(|h| !used.contains(&format!("sha256:{h}"))).map(String::as_str).collect(),
+        Err(e) => {
+            tracing::warn!("give up blobs {added:?}: {}", crate::error::chain(&e));
+            Vec::new()
         }
-        Err(e) => tracing::warn!("give up blobs {added:?}: {}", crate::error::chain(&e)),
-    }
-    drop(db);
-    for d in doomed {
-        if let Err(e) = crate::store::remove_tree(&d) {
-            tracing::warn!("delete a layer given up: {}", crate::error::chain(&e));
-        }
+    };
+    if let Err(e) = store.remove_orphans(db, &layers, blobs) {
+        tracing::warn!("give up layers {layers:?} and blobs {added:?}: {}", crate::error::chain(&e));
     }
 }
 

@@ -167,7 +167,6 @@ impl Daemon {
         let dirs = sb.dirs(store);
         let tar = work.join("layer.tar");
         let ahead = work.join("ahead.tar");
-        let forget_blob = |hold| self.give_up_blob(hold);
         // Where copies can be proven current (`precopy.rs`), the capture is
         // written ahead while the sandbox runs, and a thread compresses it
         // meanwhile; the frozen capture refers to the copies still current
@@ -198,7 +197,7 @@ impl Daemon {
         let give_up = |follower: Option<std::thread::ScopedJoinHandle<'_, _>>| {
             written.cancel();
             if let Some(Ok((Ok((hold, _)), _))) = follower.map(|h| h.join()) {
-                forget_blob(hold);
+                self.give_up_blob(hold);
             }
         };
         let (unpacked, follower, spec) = std::thread::scope(|s| {
@@ -280,14 +279,14 @@ impl Daemon {
             (Ok((cap, layer)), Some(Ok((hex, size, at)))) => match self.finish_capture(sb, cap, layer, work) {
                 Ok(s) => Ok((s, Some((hex, size, at)))),
                 Err(e) => {
-                    forget_blob(hex);
+                    self.give_up_blob(hex);
                     Err(e)
                 }
             },
             (Ok(_), Some(Err(e))) => Err(store_err(e)),
             (Err(e), follower) => {
                 if let Some(Ok((hex, _, _))) = follower {
-                    forget_blob(hex);
+                    self.give_up_blob(hex);
                 }
                 Err(e)
             }
@@ -319,7 +318,7 @@ impl Daemon {
             Ok(l) => l,
             Err(e) => {
                 self.give_up_layer(layer_hold);
-                forget_blob(blob_hold);
+                self.give_up_blob(blob_hold);
                 return Err(e);
             }
         };
@@ -355,7 +354,7 @@ impl Daemon {
             // Reclaim what this capture made; the sandbox runs on.
             drop(db);
             self.give_up_layer(layer_hold);
-            forget_blob(blob_hold);
+            self.give_up_blob(blob_hold);
             return Err(e);
         }
         drop(db);

@@ -407,8 +407,9 @@ impl Store {
         first
     }
 
-    /// [`Store::take_layer_aside`] and delete it (call it with the
-    /// database locked; the deletion then holds it up: for rollbacks).
+    /// [`Store::take_layer_aside`] and delete it: for a layer no other
+    /// operation can list (named by an id this one made), or with the
+    /// database locked (which the deletion then holds up).
     pub fn remove_layer(&self, id: &str) -> Result<(), StoreError> {
         match self.take_layer_aside(id)? {
             Some(doomed) => remove_tree(&doomed),
