@@ -70,9 +70,12 @@ leftovers() {
 
 	# Any live strata or strata-shim built in this tree was started by a test
 	# (cargo and the test binaries have exited by the time this runs).
+	# Shims run from the daemon's read-only overlay (exe "/strata-shim"):
+	# those in one of the suite's cgroups are the suite's.
 	for pid in /proc/[0-9]*; do
 		exe=$(readlink "$pid/exe" 2>/dev/null) || continue
-		if [[ $exe == "$REPO_ROOT/target/"* ]]; then
+		if [[ $exe == "$REPO_ROOT/target/"* ]] ||
+			{ [[ $exe == /strata-shim ]] && [[ $(<"$pid/cgroup") == *"$MARKER"* ]]; } 2>/dev/null; then
 			echo "leftover process: ${pid#/proc/} $exe: $(tr '\0' ' ' 2>/dev/null <"$pid/cmdline")" >&2
 			found=1
 		fi

@@ -279,6 +279,87 @@ fn a_deep_tree_in_a_sandbox_cannot_crash_the_daemon() {
     env.finish();
 }
 
+/// Make `depth` nested directories `d` under `top` by descriptor (far past
+/// PATH_MAX), as a crashed daemon would leave a sandbox's tree in `tmp/`.
+fn deep_tree_at(top: &std::path::Path, depth: usize) {
+    use std::os::fd::{AsFd, OwnedFd};
+    std::fs::create_dir_all(top).unwrap();
+    let mut cur: OwnedFd = std::fs::File::open(top).unwrap().into();
+    for _ in 0..depth {
+        nix::sys::stat::mkdirat(
+            Some(std::os::fd::AsRawFd::as_raw_fd(&cur)),
+            "d",
+            nix::sys::stat::Mode::from_bits_truncate(0o755),
+        )
+        .unwrap();
+        cur = strata_shim::sys::openat(cur.as_fd(), c"d", libc::O_RDONLY | libc::O_DIRECTORY, 0).unwrap();
+    }
+}
+
+/// `tmp/` entries of the store, waiting up to `secs` for it to hold only `keep`.
+fn tmp_entries_settle(env: &TestEnv, keep: &[&str], secs: u64) -> Vec<String> {
+    let start = std::time::Instant::now();
+    loop {
+        let names: Vec<String> = std::fs::read_dir(env.root.join("tmp"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| !keep.contains(&n.as_str()))
+            .collect();
+        if names.is_empty() || start.elapsed().as_secs() >= secs {
+            return names;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_tree_40000_levels_deep_is_removed_and_the_daemon_restarts() {
+    let mut env = TestEnv::start();
+    env.import_busybox();
+    // 40,000 levels from inside (80 steps of 500), the issue's reproduction.
+    let make = "set -e; p=$(printf 'd/%.0s' $(seq 500)); cd /tmp; for i in $(seq 80); do mkdir -p $p; cd -P $p; done; \
+                echo bottom > f; echo ok";
+    let a = create(&env, json!({"image": "busybox"}));
+    let v = sh(&env, &a, make);
+    assert_eq!(stdout(&v), "ok\n", "{v}");
+    env.cli_ok(&["rm", &a]);
+    assert_eq!(tmp_entries_settle(&env, &[], 120), Vec::<String>::new(), "the removed sandbox's tree is still in tmp/");
+    assert!(env.daemon.as_mut().unwrap().try_wait().unwrap().is_none(), "daemon died:\n{}", env.daemon_log());
+
+    // A sandbox with such a tree survives a daemon kill; the restart finds
+    // another one left in tmp/ and an entry it cannot remove (immutable).
+    let b = create(&env, json!({"image": "busybox"}));
+    assert_eq!(stdout(&sh(&env, &b, make)), "ok\n");
+    env.kill_daemon();
+    deep_tree_at(&env.root.join("tmp/rm-left-by-a-crash"), 40_000);
+    let stuck = env.root.join("tmp/stuck");
+    std::fs::create_dir(&stuck).unwrap();
+    std::fs::write(stuck.join("immutable"), "x").unwrap();
+    let st = std::process::Command::new("chattr").arg("+i").arg(stuck.join("immutable")).status().unwrap();
+    assert!(st.success(), "chattr +i failed");
+    env.start_daemon();
+    let left = tmp_entries_settle(&env, &["stuck"], 5);
+    let unstick = || std::process::Command::new("chattr").arg("-i").arg(stuck.join("immutable")).status();
+    if !left.is_empty() {
+        let _ = unstick();
+        panic!("the start-up sweep left {left:?}");
+    }
+    assert!(env.daemon_log().contains("sweep: could not remove"), "no log of the entry it could not remove");
+    assert!(unstick().unwrap().success());
+    assert_eq!(
+        stdout(&sh(&env, &b, "test -d /tmp/d/d/d/d && echo kept")),
+        "kept\n",
+        "the adopted sandbox lost its tree"
+    );
+    env.cli_ok(&["rm", &b]);
+    assert_eq!(tmp_entries_settle(&env, &["stuck"], 120), Vec::<String>::new());
+    std::fs::remove_dir_all(&stuck).unwrap();
+    // And it restarts once more with nothing to sweep.
+    env.kill_daemon();
+    env.start_daemon();
+    env.finish();
+}
+
 /// Import the single-layer image made of `tar` (gzipped) as `name`.
 fn import_layer(env: &TestEnv, name: &str, blob: corpus::LayerBlob) -> std::process::Output {
     let dir = tempfile::Builder::new().prefix("strata-test-layer-").tempdir().unwrap();
@@ -594,5 +675,104 @@ fn idle_connections_cannot_exhaust_the_daemon() {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    env.finish();
+}
+
+/// Mode, owner and extended attributes of a file, to compare before and after.
+fn file_identity(path: &std::path::Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    use strata_shim::sys;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let xattrs: Vec<String> = sys::llistxattr(&c)
+        .unwrap()
+        .iter()
+        .map(|name| {
+            let n = std::ffi::CString::new(name.clone()).unwrap();
+            format!("{}={:?}", String::from_utf8_lossy(name), sys::lgetxattr(&c, &n))
+        })
+        .collect();
+    format!("mode {:o} owner {}:{} size {} xattrs {xattrs:?}", m.mode(), m.uid(), m.gid(), m.size())
+}
+
+/// A library that, preloaded into a program whose executable is not on the
+/// sandbox's root file system (that is: the shim run inside), tries to
+/// change that executable through /proc/self/exe and logs each result.
+const PRELOAD_ATTACK: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+__attribute__((constructor)) static void attack(void) {
+    struct stat exe, root;
+    int fd = open("/proc/self/exe", O_RDONLY);
+    if (fd < 0 || fstat(fd, &exe) != 0 || stat("/", &root) != 0 || exe.st_dev == root.st_dev) return;
+    unsigned char cap[20] = {0x00, 0x00, 0x00, 0x02, 0xff, 0xff, 0xff, 0xff};
+    int chmod_r = fchmod(fd, 04755);
+    int chown_r = fchown(fd, 65534, 65534);
+    int cap_r = fsetxattr(fd, "security.capability", cap, sizeof cap, 0);
+    int user_r = fsetxattr(fd, "user.strata-attack", "x", 1, 0);
+    int w = open("/proc/self/exe", O_WRONLY);
+    int trunc_r = w >= 0 ? ftruncate(w, 0) : -1;
+    FILE *log = fopen("/tmp/attack.log", "a");
+    if (log) {
+        fprintf(log, "chmod=%d chown=%d cap=%d user=%d open_w=%d trunc=%d\n", chmod_r, chown_r, cap_r, user_r, w >= 0, trunc_r);
+        fclose(log);
+    }
+}
+"#;
+
+#[test]
+fn a_sandbox_cannot_change_the_shim_binary_through_proc_self_exe() {
+    let env = TestEnv::start();
+    env.import_image("debian-git");
+    let work = tempfile::Builder::new().prefix("strata-test-exe-").tempdir().unwrap();
+    let src = work.path().join("attack.c");
+    std::fs::write(&src, PRELOAD_ATTACK).unwrap();
+    let lib = work.path().join("attack.so");
+    let st = std::process::Command::new("gcc").args(["-shared", "-fPIC", "-O1", "-o"]).arg(&lib).arg(&src).status();
+    assert!(st.unwrap().success(), "gcc failed to build the preload library");
+
+    // The installed shim and the daemon's copy of it, before.
+    let installed = bin_dir().join("strata-shim");
+    let copies: Vec<std::path::PathBuf> =
+        std::fs::read_dir(env.root.join("shim")).unwrap().map(|e| e.unwrap().path().join("bin/strata-shim")).collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let watched: Vec<std::path::PathBuf> = std::iter::once(installed).chain(copies).collect();
+    let before: Vec<String> = watched.iter().map(|p| file_identity(p)).collect();
+
+    for userns in [false, true] {
+        let id = create(&env, json!({"image": "debian-git", "userns": userns}));
+        let (ok, err) = cp(&env, lib.to_str().unwrap(), &format!("{id}:/usr/local/lib/attack.so"));
+        assert!(ok, "{err}");
+        let v = sh(
+            &env,
+            &id,
+            "set -e; echo /usr/local/lib/attack.so > /etc/ld.so.preload; \
+             printf '#!/proc/self/exe\\n' > /usr/local/bin/selfexe; chmod 755 /usr/local/bin/selfexe; \
+             ln -sf /proc/self/exe /usr/local/bin/sh; echo armed",
+        );
+        assert_eq!(stdout(&v), "armed\n", "{v}");
+        // Both triggers: a command resolving to /proc/self/exe through PATH
+        // (`sh` is now /usr/local/bin/sh), and an interpreter line naming it.
+        for argv in [json!(["sh", "-c", "echo hello"]), json!(["/usr/local/bin/selfexe"])] {
+            let v = exec(&env, &id, json!({ "argv": argv }));
+            assert_ne!(v["exit_code"], 0, "the shim was run as {argv}: {v}");
+        }
+        // The attack ran, twice, inside the shim's binary, and every change failed.
+        let v = exec(&env, &id, json!({"argv": ["/bin/cat", "/tmp/attack.log"]}));
+        let log = stdout(&v);
+        assert_eq!(log.lines().count(), 2, "the preloaded attack did not run as expected (userns {userns}): {v}");
+        for line in log.lines() {
+            assert_eq!(line, "chmod=-1 chown=-1 cap=-1 user=-1 open_w=0 trunc=-1", "userns {userns}: {log}");
+        }
+    }
+    let after: Vec<String> = watched.iter().map(|p| file_identity(p)).collect();
+    assert_eq!(before, after, "the shim binary changed: {watched:?}");
+    // Later sandboxes still start.
+    let id = create(&env, json!({"image": "debian-git"}));
+    assert_eq!(stdout(&sh(&env, &id, "echo fine")), "fine\n");
     env.finish();
 }

@@ -63,6 +63,8 @@ pub enum CopyError {
     },
     #[error("open the sandbox's root")]
     Root(#[source] io::Error),
+    #[error("{path} in the sandbox is more than {} directories deep", crate::diff::MAX_DEPTH)]
+    TooDeep { path: String },
 }
 
 impl CopyError {
@@ -140,12 +142,24 @@ pub fn copy_in(root: BorrowedFd<'_>, src: &Path, dst: &str) -> Result<Copied, Co
         Err(e) => return Err(sb_err(dst)(e)),
     };
     let mut copied = Copied::default();
-    put(dir.as_fd(), &name, src, &shown, &mut copied)?;
+    put(dir.as_fd(), &name, src, &shown, 0, &mut copied)?;
     Ok(copied)
 }
 
-/// Create `name` in the sandbox directory `dir` from the host path `src`.
-fn put(dir: BorrowedFd<'_>, name: &[u8], src: &Path, shown: &str, c: &mut Copied) -> Result<(), CopyError> {
+/// Create `name` in the sandbox directory `dir` from the host path `src`,
+/// `depth` directories below the start. Recursion (one descriptor per
+/// level) stops at [`crate::diff::MAX_DEPTH`], as the capture does.
+fn put(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    src: &Path,
+    shown: &str,
+    depth: usize,
+    c: &mut Copied,
+) -> Result<(), CopyError> {
+    if depth > crate::diff::MAX_DEPTH {
+        return Err(CopyError::TooDeep { path: shown.into() });
+    }
     let meta = std::fs::symlink_metadata(src).map_err(host_err("inspect", src))?;
     let mode = meta.permissions().mode() & 0o777;
     let cname = cstr(name)?;
@@ -171,7 +185,7 @@ fn put(dir: BorrowedFd<'_>, name: &[u8], src: &Path, shown: &str, c: &mut Copied
         for entry in std::fs::read_dir(src).map_err(host_err("read", src))? {
             let entry = entry.map_err(host_err("read", src))?;
             let n = entry.file_name();
-            put(sub.as_fd(), n.as_bytes(), &entry.path(), &format!("{shown}/{}", n.to_string_lossy()), c)?;
+            put(sub.as_fd(), n.as_bytes(), &entry.path(), &format!("{shown}/{}", n.to_string_lossy()), depth + 1, c)?;
         }
     } else if meta.file_type().is_symlink() {
         let target = std::fs::read_link(src).map_err(host_err("read link", src))?;
@@ -195,12 +209,25 @@ pub fn copy_out(root: BorrowedFd<'_>, src: &str, dst: &Path) -> Result<Copied, C
         .map_err(sb_err(parent))?;
     let target = if dst.is_dir() { dst.join(name) } else { dst.to_path_buf() };
     let mut copied = Copied::default();
-    get(dir.as_fd(), name.as_bytes(), src, &target, &mut copied)?;
+    get(dir.as_fd(), name.as_bytes(), src, &target, 0, &mut copied)?;
     Ok(copied)
 }
 
-/// Copy entry `name` of the sandbox directory `dir` to the host path `dst`.
-fn get(dir: BorrowedFd<'_>, name: &[u8], shown: &str, dst: &Path, c: &mut Copied) -> Result<(), CopyError> {
+/// Copy entry `name` of the sandbox directory `dir` to the host path `dst`,
+/// `depth` directories below the start (a sandbox makes trees of any
+/// depth: recursion, one descriptor per level, stops at
+/// [`crate::diff::MAX_DEPTH`]).
+fn get(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    shown: &str,
+    dst: &Path,
+    depth: usize,
+    c: &mut Copied,
+) -> Result<(), CopyError> {
+    if depth > crate::diff::MAX_DEPTH {
+        return Err(CopyError::TooDeep { path: shown.into() });
+    }
     let cname = cstr(name)?;
     let st = nix::sys::stat::fstatat(Some(dir.as_raw_fd()), cname.as_c_str(), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
         .map_err(sb_err(shown))?;
@@ -242,7 +269,7 @@ fn get(dir: BorrowedFd<'_>, name: &[u8], shown: &str, dst: &Path, c: &mut Copied
             .collect();
         names.sort();
         for n in names {
-            get(sub.as_fd(), n.as_bytes(), &format!("{shown}/{}", n.to_string_lossy()), &dst.join(&n), c)?;
+            get(sub.as_fd(), n.as_bytes(), &format!("{shown}/{}", n.to_string_lossy()), &dst.join(&n), depth + 1, c)?;
         }
     } else if kind == SFlag::S_IFLNK {
         let target = nix::fcntl::readlinkat(Some(dir.as_raw_fd()), cname.as_c_str()).map_err(sb_err(shown))?;

@@ -59,6 +59,8 @@ pub enum DaemonError {
     CgroupParent(String),
     #[error("strata-shim not found at {0} (build the workspace, or pass --shim)")]
     NoShim(PathBuf),
+    #[error("prepare the shim")]
+    Shim(#[from] crate::sandbox::ShimExeError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -239,7 +241,8 @@ impl Daemon {
         }
         let store = Store::open(&cfg.root)?;
         let db = Db::open(&store.root().join("strata.db"))?;
-        let rt = Runtime { store, shim_exe, cgroup_parent: cfg.cgroup_parent.clone() };
+        let shim = crate::sandbox::ShimExe::install(&shim_exe, &cfg.root.join("shim"))?;
+        let rt = Runtime { store, shim: std::sync::Arc::new(shim), cgroup_parent: cfg.cgroup_parent.clone() };
         let max_sandboxes = cfg.max_sandboxes.unwrap_or_else(default_max_sandboxes);
         let host_cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let d = Daemon {

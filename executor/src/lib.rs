@@ -35,4 +35,5 @@ pub mod shim_client;
 pub mod snapshots;
 pub mod store;
 pub mod stream;
+pub mod tree;
 pub mod userns;

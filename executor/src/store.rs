@@ -5,6 +5,8 @@
 //!                            s<snapshot id> for a suspended sandbox's upper)
 //! sandboxes/<id>/{upper,work,rootfs,shim.sock,shim.log}
 //! tmp/                       in-flight imports; swept at start
+//! shim/<sha256>/{bin,empty}  the daemon's copy of strata-shim, run from a
+//!                            read-only overlay (`sandbox::ShimExe`)
 //! ```
 //!
 //! A path is either finished and immutable or under `tmp/`: layers are
@@ -555,7 +557,12 @@ impl Store {
                     tracing::info!("sweep: unmounting {m}");
                     let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
                 }
-                remove_tree(&entry.path())?;
+                // What cannot be removed stays for the next sweep: the
+                // daemon starts anyway (a tree it could not remove once
+                // kept it from starting at all).
+                if let Err(e) = remove_tree(&entry.path()) {
+                    tracing::warn!("sweep: could not remove {}: {}", entry.path().display(), crate::error::chain(&e));
+                }
             }
         }
         Ok(())
@@ -593,16 +600,13 @@ pub fn mounts_under(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// `remove_dir_all`, but never through a mount.
+/// Remove a file or a tree of any depth ([`crate::tree::remove_all`]:
+/// sandboxes make the trees), but never through a mount.
 pub fn remove_tree(path: &Path) -> Result<(), StoreError> {
     if let Some(mount) = mounts_under(path).into_iter().next() {
         return Err(StoreError::StillMounted { path: path.into(), mount });
     }
-    match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Ok(m) if !m.is_dir() => std::fs::remove_file(path).map_err(io("remove", path)),
-        _ => std::fs::remove_dir_all(path).map_err(io("remove", path)),
-    }
+    crate::tree::remove_all(path).map_err(io("remove", path))
 }
 
 #[cfg(test)]

@@ -74,11 +74,6 @@ pub enum UsernsError {
     Overlay(#[source] sys::MountError),
     #[error("switch a daemon thread to the user namespace range's root ids")]
     FsIds(#[source] Errno),
-    #[error(
-        "--userns: strata-shim {exe} cannot be run by an unprivileged user ({at} is not executable by others); \
-         install it under a world-readable path (e.g. /usr/local/bin) or pass --shim"
-    )]
-    ShimUnreachable { exe: PathBuf, at: PathBuf },
     #[error("create {path}")]
     Dir {
         path: PathBuf,
@@ -120,21 +115,6 @@ pub fn host_ids_in_ranges(base: u32) -> Vec<String> {
         }
     }
     found
-}
-
-/// The shim execs as its namespace's root, an unprivileged host id: its
-/// binary and every directory above it must be open to all users.
-pub fn check_shim_reachable(exe: &Path) -> Result<(), UsernsError> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut p = Some(exe);
-    while let Some(cur) = p {
-        let mode = std::fs::metadata(cur).map(|m| m.permissions().mode()).unwrap_or(0);
-        if mode & 0o001 == 0 {
-            return Err(UsernsError::ShimUnreachable { exe: exe.to_path_buf(), at: cur.to_path_buf() });
-        }
-        p = cur.parent();
-    }
-    Ok(())
 }
 
 /// Write the shim's uid and gid maps (it waits for its connection until

@@ -7,7 +7,7 @@
 //! says which invariants it relies on. Everything else is `forbid(unsafe_code)`.
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -36,8 +36,10 @@ struct CloneArgs {
 /// What the child of [`spawn_in_namespaces`] runs. Everything is prepared
 /// before the fork: between `clone3` and `execve` the child of a
 /// multi-threaded parent may only make async-signal-safe calls.
-pub struct SpawnPlan {
-    pub exe: CString,
+pub struct SpawnPlan<'a> {
+    /// The shim to run, an `O_PATH` descriptor of a file no sandbox can
+    /// change (executed with `execveat(AT_EMPTY_PATH)`: no path is walked).
+    pub exe: BorrowedFd<'a>,
     pub argv: Vec<CString>,
     pub envp: Vec<CString>,
     /// Becomes fd 3 ([`crate::proto::LISTEN_FD`]) in the child.
@@ -62,17 +64,18 @@ pub struct Spawned {
 /// `clone3` with fork semantics into fresh namespaces, then `execve`.
 /// The child calls `setsid` so it is nobody's job-control victim and outlives
 /// the daemon.
-pub fn spawn_in_namespaces(plan: &SpawnPlan, namespaces: u64) -> Result<Spawned, Errno> {
+pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spawned, Errno> {
     // Move the fds the child needs above 2/3 so the dup2 calls below cannot
     // clobber one another; the copies are close-on-exec in the parent.
-    let high = |fd: &OwnedFd| -> Result<OwnedFd, Errno> {
+    let high = |fd: BorrowedFd<'_>| -> Result<OwnedFd, Errno> {
         let raw = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))?;
         // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that we alone own.
         Ok(unsafe { OwnedFd::from_raw_fd(raw) })
     };
-    let listener = high(&plan.listener)?;
-    let log = high(&plan.log)?;
-    let devnull = high(&plan.devnull)?;
+    let listener = high(plan.listener.as_fd())?;
+    let exe = high(plan.exe)?;
+    let log = high(plan.log.as_fd())?;
+    let devnull = high(plan.devnull.as_fd())?;
 
     let mut argv: Vec<*const libc::c_char> = plan.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
@@ -94,7 +97,7 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan, namespaces: u64) -> Result<Spawned,
         return Err(Errno::last());
     }
     if ret == 0 {
-        // Child. SAFETY: only async-signal-safe calls (setsid, dup2, execve,
+        // Child. SAFETY: only async-signal-safe calls (setsid, dup2, execveat,
         // _exit) on fds and C strings that were prepared before clone3.
         unsafe {
             // Until it has its spec, a shim dies with the daemon thread that
@@ -128,10 +131,18 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan, namespaces: u64) -> Result<Spawned,
             {
                 libc::_exit(125);
             }
-            libc::execve(plan.exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            // The descriptor is close-on-exec: the shim never holds it
+            // (fine for an ELF file; only scripts need their fd open).
+            libc::syscall(
+                libc::SYS_execveat,
+                exe.as_raw_fd(),
+                c"".as_ptr(),
+                argv.as_ptr(),
+                envp.as_ptr(),
+                libc::AT_EMPTY_PATH,
+            );
             // Say why in the shim's log (fd 2) before giving up.
-            let msg =
-                b"strata-shim: execve of the shim failed (in a user namespace it must be reachable by every user)\n";
+            let msg = b"strata-shim: execveat of the shim failed\n";
             libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
             libc::_exit(127);
         }
@@ -350,53 +361,89 @@ fn fs_context_log(fd: &OwnedFd) -> String {
     String::from_utf8_lossy(&out).trim().to_string()
 }
 
-/// Mount an overlay. Uses the new mount API with `lowerdir+` (one fsconfig
-/// call per lower, no length limit; kernel >= 6.8) and falls back to the
-/// legacy option string with lowers relative to `layers_dir` on older kernels.
-pub fn mount_overlay(m: &OverlayMount<'_>) -> Result<(), MountError> {
-    const FSOPEN_CLOEXEC: libc::c_uint = 1;
-    const FSCONFIG_SET_STRING: libc::c_uint = 1;
-    const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
-    const FSMOUNT_CLOEXEC: libc::c_uint = 1;
-    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+const MOUNT_ATTR_RDONLY: libc::c_uint = 0x1;
+const MOUNT_ATTR_NOSUID: libc::c_uint = 0x2;
+const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
 
-    let fstype = c"overlay";
-    // SAFETY: fstype is a valid NUL-terminated string.
-    let fd = unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC) };
-    if fd < 0 {
-        return Err(MountError::FsOpen(Errno::last()));
+/// An overlay file system context (`fsopen(2)`) being configured.
+struct OverlayContext(OwnedFd);
+
+impl OverlayContext {
+    fn open() -> Result<OverlayContext, MountError> {
+        let fstype = c"overlay";
+        // SAFETY: fstype is a valid NUL-terminated string.
+        let fd = unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC) };
+        if fd < 0 {
+            return Err(MountError::FsOpen(Errno::last()));
+        }
+        // SAFETY: fsopen returned a new descriptor that we alone own.
+        Ok(OverlayContext(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
     }
-    // SAFETY: fsopen returned a new descriptor that we alone own.
-    let fsfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
 
-    let set = |key: &str, value: &CStr| -> Result<(), MountError> {
+    fn set(&self, key: &str, value: &CStr) -> Result<(), MountError> {
         let k = CString::new(key).map_err(|_| MountError::BadPath(key.into()))?;
         // SAFETY: both strings are NUL-terminated and outlive the call.
         let r = unsafe {
-            libc::syscall(libc::SYS_fsconfig, fsfd.as_raw_fd(), FSCONFIG_SET_STRING, k.as_ptr(), value.as_ptr(), 0)
+            libc::syscall(libc::SYS_fsconfig, self.0.as_raw_fd(), FSCONFIG_SET_STRING, k.as_ptr(), value.as_ptr(), 0)
         };
         if r < 0 {
             let source = Errno::last();
             return Err(MountError::FsConfig {
                 key: key.into(),
                 value: value.to_string_lossy().into_owned(),
-                detail: fs_context_log(&fsfd),
+                detail: fs_context_log(&self.0),
                 source,
             });
         }
         Ok(())
-    };
+    }
 
+    /// Create the superblock and a detached mount of it with `attrs`.
+    fn mount(self, attrs: libc::c_uint) -> Result<OwnedFd, MountError> {
+        // SAFETY: plain syscall on our fs context fd; null key/value as documented.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                self.0.as_raw_fd(),
+                FSCONFIG_CMD_CREATE,
+                std::ptr::null::<libc::c_char>(),
+                std::ptr::null::<libc::c_void>(),
+                0,
+            )
+        };
+        if r < 0 {
+            let source = Errno::last();
+            return Err(MountError::Create { detail: fs_context_log(&self.0), source });
+        }
+        // SAFETY: plain syscall on our fs context fd.
+        let mfd = unsafe { libc::syscall(libc::SYS_fsmount, self.0.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) };
+        if mfd < 0 {
+            return Err(MountError::FsMount(Errno::last()));
+        }
+        // SAFETY: fsmount returned a new descriptor that we alone own.
+        Ok(unsafe { OwnedFd::from_raw_fd(mfd as RawFd) })
+    }
+}
+
+/// Mount an overlay. Uses the new mount API with `lowerdir+` (one fsconfig
+/// call per lower, no length limit; kernel >= 6.8) and falls back to the
+/// legacy option string with lowers relative to `layers_dir` on older kernels.
+pub fn mount_overlay(m: &OverlayMount<'_>) -> Result<(), MountError> {
+    let ctx = OverlayContext::open()?;
     // Before 6.5 overlayfs had no fs_context parameters of its own: the
     // kernel's legacy wrapper accepts any key (even `lowerdir+`) and only
     // FSCONFIG_CMD_CREATE fails. A key no kernel knows tells the two apart:
     // if it is accepted, use the legacy option string. (Found by the 6.1 VM lane.)
-    if set("strata-probe-unknown-key", c"x").is_ok() {
+    if ctx.set("strata-probe-unknown-key", c"x").is_ok() {
         return mount_overlay_legacy(m);
     }
     let mut lowers = m.lowers.iter();
     if let Some(first) = lowers.next() {
-        match set("lowerdir+", &cstr(&m.layers_dir.join(first))?) {
+        match ctx.set("lowerdir+", &cstr(&m.layers_dir.join(first))?) {
             Ok(()) => {}
             Err(MountError::FsConfig { source: Errno::EINVAL, .. }) => {
                 return mount_overlay_legacy(m);
@@ -405,53 +452,45 @@ pub fn mount_overlay(m: &OverlayMount<'_>) -> Result<(), MountError> {
         }
     }
     for l in lowers {
-        set("lowerdir+", &cstr(&m.layers_dir.join(l))?)?;
+        ctx.set("lowerdir+", &cstr(&m.layers_dir.join(l))?)?;
     }
-    set("upperdir", &cstr(m.upper)?)?;
-    set("workdir", &cstr(m.work)?)?;
+    ctx.set("upperdir", &cstr(m.upper)?)?;
+    ctx.set("workdir", &cstr(m.work)?)?;
     for (k, v) in OVERLAY_FLAGS {
-        set(k, &CString::new(v).map_err(|_| MountError::BadPath(v.into()))?)?;
-    }
-    // SAFETY: plain syscall on our fs context fd; null key/value as documented.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_fsconfig,
-            fsfd.as_raw_fd(),
-            FSCONFIG_CMD_CREATE,
-            std::ptr::null::<libc::c_char>(),
-            std::ptr::null::<libc::c_void>(),
-            0,
-        )
-    };
-    if r < 0 {
-        let source = Errno::last();
-        return Err(MountError::Create { detail: fs_context_log(&fsfd), source });
+        ctx.set(k, &CString::new(v).map_err(|_| MountError::BadPath(v.into()))?)?;
     }
     // nodev: a device node in the image or the upper is never usable.
-    const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
-    // SAFETY: plain syscall on our fs context fd.
-    let mfd = unsafe { libc::syscall(libc::SYS_fsmount, fsfd.as_raw_fd(), FSMOUNT_CLOEXEC, MOUNT_ATTR_NODEV) };
-    if mfd < 0 {
-        return Err(MountError::FsMount(Errno::last()));
+    let mfd = ctx.mount(MOUNT_ATTR_NODEV)?;
+    attach_tree(mfd.as_fd(), m.target).map_err(|e| MountError::Move(m.target.into(), e))
+}
+
+/// A detached, read-only overlay of `lowers` (topmost first; overlayfs wants
+/// two when there is no upper) as a mount fd that no mount table lists.
+/// With no upper layer overlayfs itself refuses every write, chmod, chown
+/// and xattr change (EROFS) whatever the mount's flags, and a file opened
+/// through it is the overlay's file: nothing reached through it leads to
+/// the files underneath. Used to run the shim (`ShimExe` in the daemon).
+/// Works on the legacy fs_context of kernels before 6.5 too: `lowerdir` is
+/// one colon-separated value either way.
+pub fn readonly_overlay(lowers: &[&Path]) -> Result<OwnedFd, MountError> {
+    let mut list = Vec::new();
+    for l in lowers {
+        let b = l.as_os_str().as_encoded_bytes();
+        if b.contains(&b':') || b.contains(&b',') {
+            return Err(MountError::BadPath(l.to_path_buf()));
+        }
+        if !list.is_empty() {
+            list.push(b':');
+        }
+        list.extend_from_slice(b);
     }
-    // SAFETY: fsmount returned a new descriptor that we alone own.
-    let mfd = unsafe { OwnedFd::from_raw_fd(mfd as RawFd) };
-    let target = cstr(m.target)?;
-    // SAFETY: strings are NUL-terminated; mfd is a detached mount we own.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            mfd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if r < 0 {
-        return Err(MountError::Move(m.target.into(), Errno::last()));
-    }
-    Ok(())
+    let ctx = OverlayContext::open()?;
+    let list = CString::new(list).map_err(|e| {
+        use std::os::unix::ffi::OsStringExt;
+        MountError::BadPath(std::ffi::OsString::from_vec(e.into_vec()).into())
+    })?;
+    ctx.set("lowerdir", &list)?;
+    ctx.mount(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
 }
 
 /// The legacy `mount(2)` option string, with lowers relative to the layers

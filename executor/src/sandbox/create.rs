@@ -32,7 +32,8 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// What creating sandboxes needs from the daemon.
 pub struct Runtime {
     pub store: Store,
-    pub shim_exe: PathBuf,
+    /// The shim, run from a read-only overlay no sandbox can change.
+    pub shim: std::sync::Arc<super::ShimExe>,
     /// Parent cgroup, named for Strata (e.g. `strata`).
     pub cgroup_parent: String,
 }
@@ -105,9 +106,6 @@ pub fn prepare(
     userns: Option<crate::userns::UsernsMap>,
 ) -> Result<Prepared, SandboxError> {
     let mut t = super::Phases::start("prepare");
-    if userns.is_some() {
-        crate::userns::check_shim_reachable(&rt.shim_exe).map_err(SandboxError::Userns)?;
-    }
     let dirs = rt.store.prepare_sandbox(id, disk, userns.is_some()).map_err(SandboxError::Dirs)?;
     let mut prep = Prepared {
         id: id.clone(),
@@ -128,12 +126,10 @@ pub fn prepare(
 
     let log = std::fs::OpenOptions::new().create(true).append(true).open(&dirs.log).map_err(io("open shim log"))?;
     let devnull = std::fs::File::open("/dev/null").map_err(io("open /dev/null"))?;
-    let exe = CString::new(rt.shim_exe.as_os_str().as_encoded_bytes())
-        .map_err(|_| SandboxError::BadExec("shim path contains NUL".into()))?;
     let mut plan = sys::SpawnPlan {
         argv: vec![CString::new("strata-shim").unwrap_or_default(), CString::new(id.as_str()).unwrap_or_default()],
         envp: vec![CString::new("PATH=/usr/sbin:/usr/bin:/sbin:/bin").unwrap_or_default()],
-        exe,
+        exe: rt.shim.fd(),
         listener,
         log: log.into(),
         devnull: devnull.into(),
@@ -149,7 +145,7 @@ pub fn prepare(
     };
     let namespaces = sys::SANDBOX_NAMESPACES | if userns.is_some() { libc::CLONE_NEWUSER as u64 } else { 0 };
     let spawned = sys::spawn_in_namespaces(&plan, namespaces)
-        .map_err(|source| SandboxError::Spawn { exe: rt.shim_exe.clone(), source })?;
+        .map_err(|source| SandboxError::Spawn { exe: rt.shim.source.clone(), source })?;
     drop(plan);
     let pid = spawned.pid;
     parts.shim = Some((pid, spawned.pidfd));

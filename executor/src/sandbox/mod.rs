@@ -10,11 +10,13 @@ mod destroy;
 mod exec;
 mod freeze;
 mod precopy;
+mod shim_exe;
 
 pub use checkpoint::{speculate, Ahead, Capture, EndOnDrop, Segment, Speculation, TarFollower, TarProgress};
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest, ExecSummary};
 pub use precopy::{Precopied, Precopier};
+pub use shim_exe::{ShimExe, ShimExeError};
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
