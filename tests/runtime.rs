@@ -370,6 +370,32 @@ fn api_errors() {
     assert_eq!(status_of(c.request("DELETE", "/v1/images/busybox:latest", none)), 409);
     let r = c.request("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&json!({"argv": []})));
     assert_eq!(status_of(r), 400);
+    // An env every exec would fail to carry is refused at create, with the
+    // limit; an exec too large for the shim's message is refused (400, not
+    // a 500 from sendmsg), and the sandbox runs on.
+    let huge = format!("BIG={}", "x".repeat(100 << 10));
+    match c.request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "env": [huge]}))) {
+        Err(ClientError::Api { status: 400, message, .. }) => assert!(message.contains("at most 65536"), "{message}"),
+        other => panic!("expected 400, got {:?}", other.map(|_| ())),
+    }
+    let r =
+        c.request("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&json!({"argv": ["echo", "x".repeat(200_000)]})));
+    match r {
+        Err(ClientError::Api { status: 400, message, .. }) => assert!(message.contains("at most 131072"), "{message}"),
+        other => panic!("expected 400, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(stdout(&sh(&env, &id, "echo ok")), "ok\n");
+    // Two Content-Length headers: 400, not silence.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(&env.socket).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+        s.write_all(b"POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 20\r\n\r\n{}")
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 400"), "{:?}", String::from_utf8_lossy(&buf[..n]));
+    }
 
     // 429: past --max-sandboxes, with the cap in the message and nothing half-made.
     match c.request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox"}))) {
@@ -1817,6 +1843,18 @@ fn a_checkpoint_of_unsealable_changes_is_refused_and_the_sandbox_runs_on() {
     }
     assert_eq!(stdout(&sh(&env, &id, "echo running")), "running\n");
     assert_eq!(std::fs::read_dir(env.root.join("tmp")).unwrap().count(), 0);
+    assert_eq!(snapshot_blobs(&env), 0);
+    // A file named as a whiteout would delete /etc/passwd for whoever
+    // unpacks the layer: refused, naming the path.
+    sh(&env, &id, "rm /tmp/escape; touch /etc/.wh.passwd");
+    let r = env.client().request("POST", &format!("/v1/sandboxes/{id}/checkpoint"), None::<&()>);
+    match r {
+        Err(ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains("etc/.wh.passwd") && message.contains("reserved"), "{message}")
+        }
+        other => panic!("expected 409, got {:?}", other.map(|_| ())),
+    }
+    assert_eq!(stdout(&sh(&env, &id, "cat /etc/passwd | head -c4")), "root");
     assert_eq!(snapshot_blobs(&env), 0);
     env.finish();
 }

@@ -144,6 +144,26 @@ fn cp_copies_files_trees_and_tar_streams_in_and_out() {
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
     assert_eq!(stdout(&sh(&env, &id, "cat /root/sub/b")), "beta\n");
+    // A symlink to a host path comes out as it is (as with docker cp), or
+    // not at all with --no-symlinks.
+    assert_eq!(
+        sh(&env, &id, "mkdir /tmp/links && echo f > /tmp/links/f && ln -s /etc/shadow /tmp/links/s")["exit_code"],
+        0
+    );
+    for (flag, expect) in [(None, true), (Some("--no-symlinks"), false)] {
+        let dest = work.path().join(format!("links-{}", flag.is_some()));
+        let mut args = vec!["cp"];
+        args.extend(flag);
+        let src = format!("{id}:/tmp/links");
+        args.extend([src.as_str(), dest.to_str().unwrap()]);
+        let out = env.cli(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read_to_string(dest.join("f")).unwrap(), "f\n");
+        assert_eq!(std::fs::symlink_metadata(dest.join("s")).is_ok(), expect, "{flag:?}");
+        if !expect {
+            assert!(String::from_utf8_lossy(&out.stderr).contains("left out 1 symlinks"), "{out:?}");
+        }
+    }
     env.finish();
 }
 

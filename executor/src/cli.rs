@@ -88,7 +88,14 @@ pub enum Command {
     /// Copy files or trees between the host and a sandbox: `cp SRC ID:DST`
     /// or `cp ID:SRC DST`; `-` on the host side is a tar stream on
     /// stdin/stdout. Sandbox paths resolve inside its root only.
-    Cp { src: String, dst: String },
+    Cp {
+        src: String,
+        dst: String,
+        /// Out of a sandbox: leave symlinks out (recreated as they are, a
+        /// target such as /etc/shadow names a host file; docs/security.md).
+        #[arg(long)]
+        no_symlinks: bool,
+    },
     /// Added (A), changed (C) and deleted (D) paths of a sandbox's or a
     /// snapshot's delta, like `docker diff`.
     Diff { id: String },
@@ -423,6 +430,32 @@ fn compression_arg(c: Option<&str>) -> Option<crate::store::BlobCompression> {
     }
 }
 
+/// A file name as one line of human output: a backslash, control
+/// characters (a newline would forge another line) and DEL escaped as in C
+/// (`\\`, `\n`, `\t`, `\xNN`). JSON output stays exact.
+fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
+    if !name.chars().any(|c| c == '\\' || c.is_control()) {
+        return name.into();
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() => {
+                let mut b = [0u8; 4];
+                for byte in c.encode_utf8(&mut b).bytes() {
+                    out.push_str(&format!("\\x{byte:02x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.into()
+}
+
 fn client(cli: &Cli) -> Result<Client> {
     Ok(Client::connect(&cli.socket)?)
 }
@@ -630,7 +663,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 r => r?,
             };
             for ch in changes {
-                println!("{} {}", ch.kind, ch.path);
+                println!("{} {}", ch.kind, shown_name(&ch.path));
             }
             Ok(0)
         }
@@ -692,7 +725,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             client(&cli)?.request("DELETE", &format!("/v1/snapshots/{id}"), NO_BODY)?;
             Ok(0)
         }
-        Command::Cp { src, dst } => run_cp(&cli, src, dst),
+        Command::Cp { src, dst, no_symlinks } => run_cp(&cli, src, dst, *no_symlinks),
         Command::Pause { id } => {
             client(&cli)?.request("POST", &format!("/v1/sandboxes/{id}/pause"), NO_BODY)?;
             Ok(0)
@@ -781,7 +814,7 @@ fn sandbox_side(arg: &str) -> Option<(&str, &str)> {
     (id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some((id, path))
 }
 
-fn run_cp(cli: &Cli, src: &str, dst: &str) -> Result<i32> {
+fn run_cp(cli: &Cli, src: &str, dst: &str, no_symlinks: bool) -> Result<i32> {
     use crate::copy::{Copied, CopyRequest, Direction};
     let staging = || -> Result<PathBuf> {
         let dir = std::env::temp_dir().join(format!("strata-cp-{:016x}", rand::random::<u64>()));
@@ -799,6 +832,9 @@ fn run_cp(cli: &Cli, src: &str, dst: &str) -> Result<i32> {
     let mut call = |id: &str, req: CopyRequest| -> Result<Copied> {
         Ok(c.call("POST", &format!("/v1/sandboxes/{id}/copy"), Some(&req))?)
     };
+    if no_symlinks && sandbox_side(src).is_none() {
+        bail!("--no-symlinks is for copies out of a sandbox (ID:SRC)");
+    }
     let total = match (sandbox_side(src), sandbox_side(dst)) {
         (None, Some((id, path))) if src == "-" => {
             // A tar stream on stdin: unpacked into a private staging
@@ -814,6 +850,7 @@ fn run_cp(cli: &Cli, src: &str, dst: &str) -> Result<i32> {
                         direction: Direction::In,
                         path: path.to_string(),
                         host_path: e.path().to_string_lossy().into_owned(),
+                        no_symlinks: false,
                     };
                     let one = call(id, req)?;
                     (sum.files, sum.dirs, sum.symlinks, sum.bytes) = (
@@ -829,7 +866,8 @@ fn run_cp(cli: &Cli, src: &str, dst: &str) -> Result<i32> {
             r?
         }
         (None, Some((id, path))) => {
-            call(id, CopyRequest { direction: Direction::In, path: path.to_string(), host_path: absolute(src)? })?
+            let host_path = absolute(src)?;
+            call(id, CopyRequest { direction: Direction::In, path: path.to_string(), host_path, no_symlinks: false })?
         }
         (Some((id, path)), None) if dst == "-" => {
             let stage = staging()?;
@@ -840,6 +878,7 @@ fn run_cp(cli: &Cli, src: &str, dst: &str) -> Result<i32> {
                     direction: Direction::Out,
                     path: path.to_string(),
                     host_path: host.to_string_lossy().into_owned(),
+                    no_symlinks,
                 };
                 let copied = call(id, req)?;
                 let mut b = tar::Builder::new(std::io::stdout().lock());
@@ -856,11 +895,15 @@ fn run_cp(cli: &Cli, src: &str, dst: &str) -> Result<i32> {
             r?
         }
         (Some((id, path)), None) => {
-            call(id, CopyRequest { direction: Direction::Out, path: path.to_string(), host_path: absolute(dst)? })?
+            let host_path = absolute(dst)?;
+            call(id, CopyRequest { direction: Direction::Out, path: path.to_string(), host_path, no_symlinks })?
         }
         _ => bail!("exactly one of SRC and DST must be ID:PATH (a sandbox id, 16 hex digits)"),
     };
     eprintln!("copied {} files, {} dirs, {} symlinks, {} bytes", total.files, total.dirs, total.symlinks, total.bytes);
+    if total.skipped_symlinks > 0 {
+        eprintln!("left out {} symlinks (--no-symlinks)", total.skipped_symlinks);
+    }
     Ok(0)
 }
 
@@ -1024,6 +1067,15 @@ mod tests {
         assert!(parse_bytes("1x").is_err());
         assert!(parse_bytes("abc").is_err());
         assert!(parse_bytes("99999999999999g").is_err());
+    }
+
+    #[test]
+    fn names_in_human_output_cannot_forge_lines() {
+        assert_eq!(shown_name("/etc/passwd"), "/etc/passwd");
+        assert_eq!(shown_name("/tmp/x\nD /etc/shadow"), "/tmp/x\\nD /etc/shadow");
+        assert_eq!(shown_name("a\\b\tc\r\u{1b}[2J\u{7f}"), "a\\\\b\\tc\\r\\x1b[2J\\x7f");
+        assert_eq!(shown_name("caf\u{e9}"), "caf\u{e9}");
+        assert!(!shown_name("x\ny\u{85}z").contains(['\n', '\u{85}']));
     }
 
     #[test]

@@ -38,6 +38,9 @@ pub struct Copied {
     pub dirs: u64,
     pub symlinks: u64,
     pub bytes: u64,
+    /// Symlinks left out (`no_symlinks`).
+    #[serde(default)]
+    pub skipped_symlinks: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -203,14 +206,21 @@ fn put(
 
 /// Copy the sandbox's file or tree `src` to the host path `dst`: into
 /// `dst` if it is a directory, else as `dst`.
-pub fn copy_out(root: BorrowedFd<'_>, src: &str, dst: &Path) -> Result<Copied, CopyError> {
+pub fn copy_out(root: BorrowedFd<'_>, src: &str, dst: &Path, no_symlinks: bool) -> Result<Copied, CopyError> {
     let (parent, name) = split(src)?;
     let dir = openat2(root, &cstr(parent.as_bytes())?, libc::O_PATH | libc::O_DIRECTORY, 0, RESOLVE)
         .map_err(sb_err(parent))?;
     let target = if dst.is_dir() { dst.join(name) } else { dst.to_path_buf() };
     let mut copied = Copied::default();
-    get(dir.as_fd(), name.as_bytes(), src, &target, 0, &mut copied)?;
+    let mut out = Out { copied: &mut copied, no_symlinks };
+    get(dir.as_fd(), name.as_bytes(), src, &target, 0, &mut out)?;
     Ok(copied)
+}
+
+/// What a copy out has copied, and how.
+struct Out<'a> {
+    copied: &'a mut Copied,
+    no_symlinks: bool,
 }
 
 /// Copy entry `name` of the sandbox directory `dir` to the host path `dst`,
@@ -223,7 +233,7 @@ fn get(
     shown: &str,
     dst: &Path,
     depth: usize,
-    c: &mut Copied,
+    o: &mut Out<'_>,
 ) -> Result<(), CopyError> {
     if depth > crate::diff::MAX_DEPTH {
         return Err(CopyError::TooDeep { path: shown.into() });
@@ -248,9 +258,9 @@ fn get(
             .mode(mode)
             .open(dst)
             .map_err(host_err("create", dst))?;
-        c.bytes += io::copy(&mut input, &mut out).map_err(host_err("write", dst))?;
+        o.copied.bytes += io::copy(&mut input, &mut out).map_err(host_err("write", dst))?;
         out.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(host_err("chmod", dst))?;
-        c.files += 1;
+        o.copied.files += 1;
     } else if kind == SFlag::S_IFDIR {
         let sub =
             openat(dir, &cname, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0).map_err(sb_err(shown))?;
@@ -260,7 +270,7 @@ fn get(
             Err(e) => return Err(host_err("create", dst)(e)),
         }
         std::fs::set_permissions(dst, std::fs::Permissions::from_mode(mode)).map_err(host_err("chmod", dst))?;
-        c.dirs += 1;
+        o.copied.dirs += 1;
         // Entries are listed through our own descriptor of the directory.
         let listing = PathBuf::from(format!("/proc/self/fd/{}", sub.as_raw_fd()));
         let mut names: Vec<_> = std::fs::read_dir(&listing)
@@ -269,12 +279,14 @@ fn get(
             .collect();
         names.sort();
         for n in names {
-            get(sub.as_fd(), n.as_bytes(), &format!("{shown}/{}", n.to_string_lossy()), &dst.join(&n), depth + 1, c)?;
+            get(sub.as_fd(), n.as_bytes(), &format!("{shown}/{}", n.to_string_lossy()), &dst.join(&n), depth + 1, o)?;
         }
+    } else if kind == SFlag::S_IFLNK && o.no_symlinks {
+        o.copied.skipped_symlinks += 1;
     } else if kind == SFlag::S_IFLNK {
         let target = nix::fcntl::readlinkat(Some(dir.as_raw_fd()), cname.as_c_str()).map_err(sb_err(shown))?;
         std::os::unix::fs::symlink(OsStr::new(&target), dst).map_err(host_err("create symlink", dst))?;
-        c.symlinks += 1;
+        o.copied.symlinks += 1;
     } else {
         let kind = match kind {
             SFlag::S_IFIFO => "FIFO",
@@ -305,6 +317,11 @@ pub struct CopyRequest {
     pub path: String,
     /// Absolute path on the daemon's host.
     pub host_path: String,
+    /// `out` only: leave symlinks out instead of recreating them on the
+    /// host (where a target such as `/etc/shadow` names a host file), for
+    /// callers that then read the tree.
+    #[serde(default)]
+    pub no_symlinks: bool,
 }
 
 impl crate::daemon::Daemon {
@@ -333,7 +350,7 @@ impl crate::daemon::Daemon {
                     .map_err(|e| CopyError::Sandbox { path: req.path.clone(), source: e })
                     .and_then(|r| r)
             }
-            (Direction::Out, _) => copy_out(root.as_fd(), &req.path, &host),
+            (Direction::Out, _) => copy_out(root.as_fd(), &req.path, &host, req.no_symlinks),
         };
         r.map_err(|e| {
             let kind = match &e {

@@ -459,6 +459,15 @@ impl Daemon {
                 return Err(ApiError::new(ErrorKind::InvalidArgument, format!("env entry {e:?} is not KEY=VALUE")));
             }
         }
+        // Every exec carries the sandbox's env to the shim: past this, every
+        // exec would fail (it once did, with 500 EMSGSIZE).
+        let env_bytes = serde_json::to_vec(&env).map_or(usize::MAX, |b| b.len());
+        if env_bytes > strata_shim::proto::MAX_SANDBOX_ENV {
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("env takes {env_bytes} bytes encoded; at most {}", strata_shim::proto::MAX_SANDBOX_ENV),
+            ));
+        }
         if let Some(h) = &hostname {
             if !valid_hostname(h) {
                 return Err(ApiError::new(

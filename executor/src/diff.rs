@@ -54,6 +54,11 @@ pub enum DiffError {
     DeviceNode { path: PathBuf, kind: &'static str },
     #[error("{path} is more than {MAX_DEPTH} directories deep; such trees are not captured")]
     TooDeep { path: PathBuf },
+    #[error(
+        "{path}: names starting with .wh. are reserved by the layer format (a whiteout, a deletion of what \
+         the rest of the name says); such files are not captured"
+    )]
+    Reserved { path: PathBuf },
 }
 
 /// The deepest directory a capture, diff or compaction descends into (the
@@ -68,7 +73,7 @@ impl DiffError {
     /// there), rather than the host failing.
     pub fn is_content(&self) -> bool {
         match self {
-            DiffError::DeviceNode { .. } | DiffError::TooDeep { .. } => true,
+            DiffError::DeviceNode { .. } | DiffError::TooDeep { .. } | DiffError::Reserved { .. } => true,
             DiffError::Read { source, .. } => source.raw_os_error() == Some(libc::ENAMETOOLONG),
             DiffError::Write { .. } => false,
         }
@@ -518,11 +523,38 @@ impl<W: Write> Writer<W> {
         self.tar.append(&h, &records[..]).map_err(e)
     }
 
+    /// A symlink entry whose target is `target` byte for byte. The tar
+    /// crate's `append_link` normalises a short target as a path (`/`
+    /// became `//`, `a//b` became `a/b`): a target is bytes, not a path.
+    /// Past the header's 100 bytes it goes in a GNU long-link record, as
+    /// the tar crate writes them.
+    fn symlink(&mut self, h: &mut tar::Header, rel: &Path, target: &[u8]) -> io::Result<()> {
+        let field = h.as_old().linkname.len();
+        if target.len() > field {
+            let mut long = tar::Header::new_gnu();
+            long.as_gnu_mut().ok_or_else(|| io::Error::other("GNU header"))?.name[..13]
+                .copy_from_slice(b"././@LongLink");
+            long.set_mode(0o644);
+            long.set_entry_type(tar::EntryType::GNULongLink);
+            long.set_size(target.len() as u64 + 1);
+            long.set_cksum();
+            self.tar.append(&long, io::Read::chain(target, &[0u8][..]))?;
+        }
+        h.set_link_name_literal(&target[..target.len().min(field)])?;
+        self.tar.append_data(h, rel, io::empty())
+    }
+
     /// Write the entry `name` of `dir`; `true` if it is a directory, whose
     /// children the caller writes next.
     fn entry(&mut self, dir: &Dir<'_>, name: &OsStr, rel: &Path) -> Result<bool, DiffError> {
         let host = dir.shown.join(name);
         let host = host.as_path();
+        // A sandbox's own `.wh.passwd` would be read as a deletion of
+        // `passwd` by whoever unpacks the layer (and `strata diff` would show
+        // an added file): refused, as the unpacker's whiteouts are ours alone.
+        if name.as_bytes().starts_with(b".wh.") {
+            return Err(DiffError::Reserved { path: rel.into() });
+        }
         let meta = dir.stat(name).map_err(read_err(host))?;
         let xattrs = || dir.xattrs(name).map_err(read_err(host));
         self.stats.entries += 1;
@@ -565,7 +597,7 @@ impl<W: Write> Writer<W> {
             self.pax(xattrs()?, rel)?;
             let mut h = self.header(&meta, tar::EntryType::Symlink, 0);
             let e = self.werr(rel);
-            return self.tar.append_link(&mut h, rel, target).map_err(e).map(|()| false);
+            return self.symlink(&mut h, rel, target.as_os_str().as_bytes()).map_err(e).map(|()| false);
         }
         if meta.nlink > 1 {
             let key = (meta.dev, meta.ino);
@@ -730,6 +762,44 @@ mod tests {
         let mut a = tar::Archive::new(&one[..]);
         let x = a.entries().unwrap().map(|e| e.unwrap()).find(|e| e.path().unwrap().ends_with("x")).unwrap();
         assert_eq!(x.header().mode().unwrap(), 0o4755);
+    }
+
+    #[test]
+    fn names_the_layer_format_reserves_are_refused() {
+        for name in [".wh.passwd", ".wh..wh..opq", ".wh."] {
+            let t = tempfile::tempdir().unwrap();
+            fs::create_dir(t.path().join("etc")).unwrap();
+            fs::write(t.path().join("etc").join(name), b"").unwrap();
+            let e = write_delta(t.path(), &mut Vec::new()).unwrap_err();
+            assert!(e.is_content(), "{e}");
+            assert!(e.to_string().contains(&format!("etc/{name}")), "{e}");
+        }
+        // Elsewhere in a name it is an ordinary name.
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("a.wh.b"), b"").unwrap();
+        write_delta(t.path(), &mut Vec::new()).unwrap();
+    }
+
+    #[test]
+    fn symlink_targets_are_kept_byte_for_byte() {
+        let t = tempfile::tempdir().unwrap();
+        let long_target = format!("a//b/{}//./../c/", "x".repeat(140));
+        let targets: Vec<&str> = vec!["/", "a//b", "./x/", "..//..", "//etc//passwd", "", long_target.as_str()];
+        for (i, target) in targets.iter().enumerate() {
+            if !target.is_empty() {
+                symlink(target, t.path().join(format!("l{i}"))).unwrap();
+            }
+        }
+        let mut out = Vec::new();
+        write_delta(t.path(), &mut out).unwrap();
+        let got = entries(&out);
+        for (i, target) in targets.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
+            let e = got.iter().find(|e| e.0 == format!("l{i}")).unwrap();
+            assert_eq!(
+                (e.1, String::from_utf8_lossy(&e.2).into_owned()),
+                (tar::EntryType::Symlink, target.to_string())
+            );
+        }
     }
 
     #[test]

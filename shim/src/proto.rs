@@ -19,6 +19,16 @@ pub const LISTEN_FD: RawFd = 3;
 /// Largest message either side accepts. Argv and env of one exec must fit.
 pub const MAX_MESSAGE: usize = 256 * 1024;
 
+/// Largest encoded `ExecSpec` the daemon sends: below [`MAX_MESSAGE`] and
+/// below the default socket send buffer (`net.core.wmem_default`, 208 KiB),
+/// past which `sendmsg` fails with EMSGSIZE.
+pub const MAX_EXEC_SPEC: usize = 128 * 1024;
+
+/// Largest env a sandbox is created with (its entries as the shim gets
+/// them, JSON-encoded): every exec carries it, and leaves the rest of
+/// [`MAX_EXEC_SPEC`] for the command's own argv and env.
+pub const MAX_SANDBOX_ENV: usize = 64 * 1024;
+
 /// How to build the sandbox's root filesystem and identity; sent once, first.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SetupSpec {

@@ -125,6 +125,11 @@ pub fn read_request(r: &mut BufReader<UnixStream>) -> Result<Request, HttpError>
     if out.header("transfer-encoding").is_some() {
         return Err(bad(411, "chunked request bodies are not supported; send Content-Length"));
     }
+    // Two lengths make the body's end ambiguous (request smuggling; RFC
+    // 9112 §6.3): refused, even when they agree.
+    if out.headers.iter().filter(|(k, _)| k.eq_ignore_ascii_case("content-length")).count() > 1 {
+        return Err(bad(400, "more than one Content-Length header"));
+    }
     let len = match out.header("content-length") {
         None => 0,
         Some(v) => v.trim().parse::<usize>().map_err(|_| bad(400, format!("bad Content-Length {v:?}")))?,
@@ -229,6 +234,8 @@ mod tests {
         assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n"), 413);
         assert_eq!(status(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"), 411);
         assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab"), 400);
+        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 5\r\n\r\n{}abc"), 400);
+        assert_eq!(status(b"POST / HTTP/1.1\r\nContent-Length: 2\r\ncontent-length: 2\r\n\r\n{}"), 400);
         let huge = format!("GET / HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(MAX_HEAD));
         assert_eq!(status(huge.as_bytes()), 431);
         assert!(matches!(parse(b""), Err(HttpError::Closed)));

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use strata_shim::proto::{ExecSpec, ExitStatus, ShimEvent};
+use strata_shim::proto::{self, ExecSpec, ExitStatus, ShimEvent};
 
 use super::{merge_env, parse_user, Sandbox, SandboxError};
 use crate::shim_client::Delivery;
@@ -110,7 +110,7 @@ impl Sandbox {
             None | Some("") => (self.defaults.uid, self.defaults.gid),
             Some(u) => parse_user(u, |_| None).map_err(SandboxError::BadExec)?,
         };
-        Ok(ExecSpec {
+        let spec = ExecSpec {
             id: self.next_exec.fetch_add(1, Ordering::Relaxed),
             argv: req.argv.clone(),
             env: merge_env(&self.defaults.env, &req.env),
@@ -120,7 +120,16 @@ impl Sandbox {
             tty: req.tty,
             rows: req.size.0,
             cols: req.size.1,
-        })
+        };
+        // Refused here, with the limit, rather than by sendmsg (EMSGSIZE, a 500).
+        let n = serde_json::to_vec(&spec).map_or(usize::MAX, |b| b.len());
+        if n > proto::MAX_EXEC_SPEC {
+            return Err(SandboxError::BadExec(format!(
+                "argv, env and cwd take {n} bytes as sent to the shim (the sandbox's env included); at most {}",
+                proto::MAX_EXEC_SPEC
+            )));
+        }
+        Ok(spec)
     }
 
     /// Ask the shim to start `spec` with three fresh pipes as its stdio; we
