@@ -272,6 +272,37 @@ fn exec_with_a_tty() {
 }
 
 #[test]
+fn default_limits_apply_and_maximums_refuse() {
+    let env = TestEnv::start_with(&["--max-pids", "4096", "--default-memory", "256m", "--max-memory", "512m"]);
+    env.import_busybox();
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let memory = |id: &str| cgroup_file(&env, id, if v2 { "memory.max" } else { "memory.limit_in_bytes" });
+    // Asking for nothing: podman's 2048 pids and the daemon's memory default.
+    let id = create(&env, json!({"image": "busybox"}));
+    assert_eq!(cgroup_file(&env, &id, "pids.max"), "2048");
+    assert_eq!(memory(&id), (256u64 << 20).to_string());
+    let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    assert_eq!((info["limits"]["pids"].as_u64(), info["limits"]["memory"].as_u64()), (Some(2048), Some(256 << 20)));
+    // Lower, or higher up to the maximums.
+    let id = create(&env, json!({"image": "busybox", "pids": 64, "memory": 512 << 20}));
+    assert_eq!(cgroup_file(&env, &id, "pids.max"), "64");
+    assert_eq!(memory(&id), (512u64 << 20).to_string());
+    // Past them: 400, naming the flag; nothing made.
+    let before = std::fs::read_dir(env.root.join("sandboxes")).unwrap().count();
+    for (body, flag) in [
+        (json!({"image": "busybox", "pids": 4097}), "--max-pids"),
+        (json!({"image": "busybox", "memory": (512u64 << 20) + 1}), "--max-memory"),
+    ] {
+        match env.client().request("POST", "/v1/sandboxes", Some(&body)) {
+            Err(ClientError::Api { status: 400, message, .. }) => assert!(message.contains(flag), "{message}"),
+            other => panic!("expected 400 for {body}, got {:?}", other.map(|_| ())),
+        }
+    }
+    assert_eq!(std::fs::read_dir(env.root.join("sandboxes")).unwrap().count(), before);
+    env.finish();
+}
+
+#[test]
 fn limits_are_enforced() {
     let env = TestEnv::start();
     env.import_busybox();

@@ -53,6 +53,50 @@ pub enum LimitsError {
     Cpus { got: f64, max: f64 },
     #[error("disk cap {0} bytes is outside {min}..={max} bytes", min = crate::disk::MIN_DISK, max = crate::disk::MAX_DISK)]
     Disk(u64),
+    #[error("pids limit {got} is above this daemon's maximum of {max} (--max-pids)")]
+    PidsAboveMax { got: u64, max: u64 },
+    #[error("memory limit {got} bytes is above this daemon's maximum of {max} bytes (--max-memory)")]
+    MemoryAboveMax { got: u64, max: u64 },
+}
+
+/// podman's default pids limit: a sandbox that asks for none still cannot
+/// fill the host's process table (without one, a sandbox once left 3,000
+/// zombies in it).
+pub const DEFAULT_PIDS: u64 = 2048;
+
+/// The daemon's limits for sandboxes that do not ask (`--default-pids`,
+/// `--default-memory`) and the most one may ask for (`--max-pids`,
+/// `--max-memory`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitPolicy {
+    pub default_pids: u64,
+    pub max_pids: u64,
+    pub default_memory: Option<u64>,
+    pub max_memory: Option<u64>,
+}
+
+impl Default for LimitPolicy {
+    fn default() -> Self {
+        LimitPolicy { default_pids: DEFAULT_PIDS, max_pids: MAX_PIDS, default_memory: None, max_memory: None }
+    }
+}
+
+impl LimitPolicy {
+    /// `asked` with the defaults filled in, refused past a maximum. A
+    /// sandbox may ask for less than a default, or more, up to the maximum.
+    pub fn settle(&self, asked: Limits) -> Result<Limits, LimitsError> {
+        let pids = asked.pids.unwrap_or(self.default_pids);
+        if pids > self.max_pids {
+            return Err(LimitsError::PidsAboveMax { got: pids, max: self.max_pids });
+        }
+        let memory = asked.memory.or(self.default_memory);
+        if let (Some(got), Some(max)) = (memory, self.max_memory) {
+            if got > max {
+                return Err(LimitsError::MemoryAboveMax { got, max });
+            }
+        }
+        Ok(Limits { pids: Some(pids), memory, ..asked })
+    }
 }
 
 impl Limits {
@@ -428,6 +472,24 @@ mod tests {
         }
         let l = Limits { memory: Some(MIN_MEMORY), pids: Some(1), cpus: Some(2.0), disk: Some(crate::disk::MIN_DISK) };
         assert!(l.validate(2).is_ok());
+    }
+
+    #[test]
+    fn defaults_fill_in_and_maximums_refuse() {
+        let p = LimitPolicy { default_pids: 2048, max_pids: 4096, default_memory: Some(1 << 30), max_memory: Some(2 << 30) };
+        let l = p.settle(Limits::default()).unwrap();
+        assert_eq!((l.pids, l.memory), (Some(2048), Some(1 << 30)));
+        let l = p.settle(Limits { pids: Some(16), memory: Some(64 << 20), ..Default::default() }).unwrap();
+        assert_eq!((l.pids, l.memory), (Some(16), Some(64 << 20)), "lower than the defaults");
+        let l = p.settle(Limits { pids: Some(4096), memory: Some(2 << 30), ..Default::default() }).unwrap();
+        assert_eq!((l.pids, l.memory), (Some(4096), Some(2 << 30)), "raised up to the maximums");
+        let e = p.settle(Limits { pids: Some(4097), ..Default::default() }).unwrap_err();
+        assert_eq!(e, LimitsError::PidsAboveMax { got: 4097, max: 4096 });
+        let e = p.settle(Limits { memory: Some((2 << 30) + 1), ..Default::default() }).unwrap_err();
+        assert_eq!(e, LimitsError::MemoryAboveMax { got: (2 << 30) + 1, max: 2 << 30 });
+        // The built-in policy: podman's 2048 pids, no memory limit.
+        let l = LimitPolicy::default().settle(Limits::default()).unwrap();
+        assert_eq!((l.pids, l.memory), (Some(DEFAULT_PIDS), None));
     }
 
     #[test]

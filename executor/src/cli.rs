@@ -169,6 +169,18 @@ pub struct DaemonArgs {
     /// connection's peer credentials (SO_PEERCRED) are checked.
     #[arg(long)]
     pub socket_group: Option<String>,
+    /// pids limit of a sandbox that asks for none (podman's default).
+    #[arg(long, default_value_t = crate::cgroups::DEFAULT_PIDS, value_parser = clap::value_parser!(u64).range(1..=crate::cgroups::MAX_PIDS))]
+    pub default_pids: u64,
+    /// The largest pids limit a create may ask for.
+    #[arg(long, default_value_t = crate::cgroups::MAX_PIDS, value_parser = clap::value_parser!(u64).range(1..=crate::cgroups::MAX_PIDS))]
+    pub max_pids: u64,
+    /// Memory limit of a sandbox that asks for none (e.g. 1g; default none).
+    #[arg(long, value_parser = parse_bytes)]
+    pub default_memory: Option<u64>,
+    /// The largest memory limit a create may ask for (default none).
+    #[arg(long, value_parser = parse_bytes)]
+    pub max_memory: Option<u64>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -762,7 +774,28 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         userns_base: a.userns_base,
         retention: a.retention,
         stale_after: a.stale_after,
+        limit_policy: crate::cgroups::LimitPolicy {
+            default_pids: a.default_pids,
+            max_pids: a.max_pids,
+            default_memory: a.default_memory,
+            max_memory: a.max_memory,
+        },
     };
+    if a.default_pids > a.max_pids {
+        bail!("--default-pids {} is above --max-pids {}", a.default_pids, a.max_pids);
+    }
+    if let (Some(d), Some(m)) = (a.default_memory, a.max_memory) {
+        if d > m {
+            bail!("--default-memory {d} is above --max-memory {m}");
+        }
+    }
+    for (flag, v) in [("--default-memory", a.default_memory), ("--max-memory", a.max_memory)] {
+        if let Some(v) = v {
+            if v < crate::cgroups::MIN_MEMORY {
+                bail!("{flag} {v} is below the minimum of {} bytes", crate::cgroups::MIN_MEMORY);
+            }
+        }
+    }
     for clash in crate::userns::host_ids_in_ranges(a.userns_base) {
         tracing::warn!(
             "--userns ranges from {} include a host id, {clash}: choose another --userns-base",

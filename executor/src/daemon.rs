@@ -47,6 +47,8 @@ pub struct DaemonConfig {
     pub stale_after: std::time::Duration,
     /// First host id of the user namespace ranges (`--userns`).
     pub userns_base: u32,
+    /// Limits of sandboxes that ask for none, and the most they may ask for.
+    pub limit_policy: crate::cgroups::LimitPolicy,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -441,6 +443,7 @@ impl Daemon {
         };
         let limits = Limits { memory, pids, cpus, disk };
         limits.validate(self.host_cpus).map_err(|e| ApiError::invalid(&e))?;
+        let limits = self.cfg.limit_policy.settle(limits).map_err(|e| ApiError::invalid(&e))?;
         if let Some(d) = limits.disk {
             // A cap past the store's whole file system caps nothing, and
             // formatting one costs time in proportion to its size.
