@@ -303,6 +303,36 @@ fn default_limits_apply_and_maximums_refuse() {
 }
 
 #[test]
+fn checkpoint_and_suspend_racing_rm_answer_404_or_409() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let mut seen = std::collections::BTreeMap::new();
+    for i in 0..60 {
+        let id = create(&env, json!({"image": "busybox"}));
+        sh(&env, &id, "echo x > /tmp/x");
+        let verb = if i % 2 == 0 { "checkpoint" } else { "suspend" };
+        let sock = env.socket.clone();
+        let path = format!("/v1/sandboxes/{id}/{verb}");
+        let racer = std::thread::spawn(move || {
+            let r = Client::connect(&sock).unwrap().request("POST", &path, None::<&()>);
+            match r {
+                Ok(_) => (200, String::new()),
+                Err(e) => (e.status().unwrap_or(0), e.to_string()),
+            }
+        });
+        std::thread::sleep(std::time::Duration::from_micros(200 * (i % 10)));
+        let rm = env.client().request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>);
+        let rm = rm.map(|_| 200).unwrap_or_else(|e| e.status().unwrap_or(0));
+        let (status, message) = racer.join().unwrap();
+        assert!(matches!(status, 200 | 404 | 409), "{verb} racing rm: {status} {message}");
+        assert!(matches!(rm, 200 | 204 | 404 | 409), "rm racing {verb}: {rm}");
+        *seen.entry((verb, status)).or_insert(0) += 1;
+    }
+    eprintln!("outcomes: {seen:?}");
+    env.finish();
+}
+
+#[test]
 fn limits_are_enforced() {
     let env = TestEnv::start();
     env.import_busybox();

@@ -476,7 +476,12 @@ mod tests {
 
     #[test]
     fn defaults_fill_in_and_maximums_refuse() {
-        let p = LimitPolicy { default_pids: 2048, max_pids: 4096, default_memory: Some(1 << 30), max_memory: Some(2 << 30) };
+        let p = LimitPolicy {
+            default_pids: 2048,
+            max_pids: 4096,
+            default_memory: Some(1 << 30),
+            max_memory: Some(2 << 30),
+        };
         let l = p.settle(Limits::default()).unwrap();
         assert_eq!((l.pids, l.memory), (Some(2048), Some(1 << 30)));
         let l = p.settle(Limits { pids: Some(16), memory: Some(64 << 20), ..Default::default() }).unwrap();

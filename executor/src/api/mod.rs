@@ -69,7 +69,15 @@ impl From<crate::sandbox::SandboxError> for ApiError {
 
 impl From<crate::db::DbError> for ApiError {
     fn from(e: crate::db::DbError) -> Self {
-        ApiError::internal(&e)
+        match &e {
+            // The row a request was working on was deleted by another
+            // request meanwhile (a checkpoint or suspend racing `rm`): that
+            // object is gone, not the daemon broken.
+            crate::db::DbError::Query { source: rusqlite::Error::QueryReturnedNoRows, what } => {
+                ApiError::new(ErrorKind::NotFound, format!("{what}: not found (removed while this request ran)"))
+            }
+            _ => ApiError::internal(&e),
+        }
     }
 }
 
