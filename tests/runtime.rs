@@ -333,6 +333,43 @@ fn checkpoint_and_suspend_racing_rm_answer_404_or_409() {
 }
 
 #[test]
+fn a_warm_shim_that_died_is_never_handed_out() {
+    let env = TestEnv::start_with(&["--warm-pool", "2"]);
+    env.import_busybox();
+    // Wait for the pool's two shims (cgroups no sandbox owns), then kill them.
+    let warm_pids = || -> Vec<i32> {
+        let mut pids = Vec::new();
+        for d in env.cgroup_dirs() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+                pids.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
+        }
+        pids.sort();
+        pids.dedup();
+        pids
+    };
+    let start = std::time::Instant::now();
+    let mut pids = warm_pids();
+    while pids.len() < 2 {
+        assert!(start.elapsed().as_secs() < 20, "the warm pool never filled: {pids:?}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        pids = warm_pids();
+    }
+    for pid in &pids {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    // Creates succeed (a live shim, warm or cold) and run.
+    for _ in 0..3 {
+        let id = create(&env, json!({"image": "busybox"}));
+        assert_eq!(stdout(&sh(&env, &id, "echo up")), "up\n");
+    }
+    assert!(env.daemon_log().contains("is gone; not used"), "the dead warm shims were not noticed");
+    env.finish();
+}
+
+#[test]
 fn limits_are_enforced() {
     let env = TestEnv::start();
     env.import_busybox();

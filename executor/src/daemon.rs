@@ -636,10 +636,19 @@ impl Daemon {
         Err(ApiError::new(ErrorKind::LimitReached, "every user namespace range is in use"))
     }
 
+    /// A warm shim that is still alive; dead ones are torn down (their
+    /// drop) and the pool refills.
     fn take_warm(&self) -> Option<sandbox::Prepared> {
-        let w = lock(&self.warm.ready).pop();
-        self.warm.wake.notify_one();
-        w
+        loop {
+            let w = lock(&self.warm.ready).pop();
+            self.warm.wake.notify_one();
+            match w {
+                Some(p) if !p.is_alive() => {
+                    tracing::warn!("warm pool: shim of {} is gone; not used", p.id);
+                }
+                w => return w,
+            }
+        }
     }
 
     /// Start the background blob writer (suspended sandboxes' snapshots)

@@ -75,6 +75,27 @@ struct PreparedParts {
     conn: Option<OwnedFd>,
 }
 
+impl Prepared {
+    /// Whether its shim still runs and its connection is open: a warm shim
+    /// can die while it waits (killed, out of memory, a failed exec), and
+    /// one handed out dead failed the create it was given to.
+    pub fn is_alive(&self) -> bool {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        let Some(p) = &self.parts else { return false };
+        let (Some((_, pidfd)), Some(conn)) = (&p.shim, &p.conn) else { return false };
+        // A pidfd is readable once its process has exited; a connection
+        // whose peer is gone reports a hang-up.
+        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN), PollFd::new(conn.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => true,
+            Ok(_) => !fds.iter().any(|f| {
+                f.revents().is_some_and(|r| r.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR))
+            }),
+            Err(_) => false,
+        }
+    }
+}
+
 impl Drop for Prepared {
     fn drop(&mut self) {
         let Some(mut p) = self.parts.take() else { return };
