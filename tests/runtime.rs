@@ -370,6 +370,52 @@ fn a_warm_shim_that_died_is_never_handed_out() {
 }
 
 #[test]
+fn an_attached_exec_ends_when_its_shim_dies_or_the_sandbox_is_removed() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    for how in ["kill the shim", "rm the sandbox"] {
+        let id = create(&env, json!({"image": "busybox"}));
+        let mut child = std::process::Command::new(strata_bin())
+            .env("STRATA_SOCKET", &env.socket)
+            .args(["exec", &id, "--", "sleep", "1000"])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Wait until the command runs.
+        let start = std::time::Instant::now();
+        while stdout(&sh(&env, &id, "ps -o comm | grep -c '^sleep'")).trim() != "1" {
+            assert!(start.elapsed().as_secs() < 10, "sleep never started");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        if how == "kill the shim" {
+            let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+            let shim = info["shim_pid"].as_i64().unwrap() as i32;
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim), nix::sys::signal::Signal::SIGKILL).unwrap();
+        } else {
+            env.cli_ok(&["rm", &id]);
+        }
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if start.elapsed().as_secs() >= 15 {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{how}: the attached exec did not return");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(!status.success(), "{how}: {status}");
+        assert!(err.contains("no running init process"), "{how}: {err}");
+    }
+    env.finish();
+}
+
+#[test]
 fn limits_are_enforced() {
     let env = TestEnv::start();
     env.import_busybox();

@@ -1051,6 +1051,7 @@ fn run_exec(cli: &Cli, a: &ExecArgs) -> Result<i32> {
                 err.flush()?;
             }
             Some((FrameKind::Exit, d)) if d.len() == 4 => return Ok(i32::from_be_bytes([d[0], d[1], d[2], d[3]])),
+            Some((FrameKind::Error, d)) => bail!("{}", String::from_utf8_lossy(&d)),
             Some(_) => {}
             None => bail!("connection to the daemon closed before the command's exit status arrived"),
         }

@@ -2,8 +2,10 @@
 //! upgraded (`Upgrade: strata-exec`), like Docker's attach multiplexing.
 //!
 //! Every frame is `kind: u8, len: u32 big-endian, payload`. Server → client:
-//! stdout, stderr, exit (payload: i32 BE shell exit code). Client → server:
-//! stdin (an empty payload closes stdin), resize (rows u16 BE, cols u16 BE).
+//! stdout, stderr, exit (payload: i32 BE shell exit code), error (payload:
+//! UTF-8 message; the command's fate is unknown, e.g. its shim died or the
+//! sandbox was removed, and the stream ends). Client → server: stdin (an
+//! empty payload closes stdin), resize (rows u16 BE, cols u16 BE).
 
 use std::io::{self, Read, Write};
 
@@ -18,6 +20,7 @@ pub enum FrameKind {
     Stderr = 2,
     Resize = 3,
     Exit = 4,
+    Error = 5,
 }
 
 impl FrameKind {
@@ -28,6 +31,7 @@ impl FrameKind {
             2 => FrameKind::Stderr,
             3 => FrameKind::Resize,
             4 => FrameKind::Exit,
+            5 => FrameKind::Error,
             _ => return None,
         })
     }

@@ -280,7 +280,18 @@ impl Sandbox {
         let fin = self.pump(id, &rx, outputs, req.timeout, &mut |kind, data| {
             output_bytes += data.len() as u64;
             stream::write_frame(&mut writer, kind, data).is_ok()
-        })?;
+        });
+        let fin = match fin {
+            Ok(fin) => fin,
+            Err(e) => {
+                // Say why and end the stream (which also ends the stdin
+                // thread's read): a client once waited forever for an exit
+                // status after the shim died or the sandbox was removed.
+                let _ = stream::write_frame(&mut writer, FrameKind::Error, crate::error::chain(&e).as_bytes());
+                let _ = writer.shutdown(std::net::Shutdown::Both);
+                return Err(e);
+            }
+        };
         let _ = stream::write_frame(&mut writer, FrameKind::Exit, &fin.status.shell_code().to_be_bytes());
         let _ = writer.shutdown(std::net::Shutdown::Both);
         Ok(ExecSummary { status: fin.status, started_at, duration: start.elapsed(), output_bytes })
