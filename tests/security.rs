@@ -250,6 +250,9 @@ fn a_deep_tree_in_a_sandbox_cannot_crash_the_daemon() {
     let env = TestEnv::start();
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox"}));
+    // A checkpoint first: the lineage's head until the suspend below.
+    sh(&env, &id, "echo first > /marker");
+    let first = env.cli_ok(&["checkpoint", &id]).trim().to_string();
     // 4000 levels (8 KiB of path, twice PATH_MAX), made from inside in
     // steps: walkers that recurse or join host paths meet a depth their
     // stack or PATH_MAX cannot take.
@@ -284,6 +287,19 @@ fn a_deep_tree_in_a_sandbox_cannot_crash_the_daemon() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
     assert!(info["info"]["seal_error"].as_str().unwrap_or("").contains("directories deep"), "{info}");
+    // It says so in its state, and it is not its lineage's head: the
+    // checkpoint it replaced is again, and a resume of the work context
+    // lands there.
+    assert_eq!(info["state"], "failed", "{info}");
+    let wc = info["work_context"].as_str().unwrap().to_string();
+    let lineage: serde_json::Value = env.client().call("GET", &format!("/v1/lineages/{wc}"), None::<&()>).unwrap();
+    assert_eq!(lineage["head"], first.as_str(), "{lineage}");
+    let first_info: serde_json::Value =
+        env.client().call("GET", &format!("/v1/snapshots/{first}"), None::<&()>).unwrap();
+    assert_eq!(first_info["state"], "ready", "{first_info}");
+    let w = env.cli_ok(&["resume", "--work-context", &wc]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &w, "cat /marker; test -e /tmp/d && echo deep || echo shallow")), "first\nshallow\n");
+    // By id it still resumes, as it was.
     let r = env.cli_ok(&["resume", &snap]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &r, "echo resumed")), "resumed\n");
     let e = env

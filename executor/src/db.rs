@@ -1343,11 +1343,51 @@ impl Db {
     /// sandbox left there, e.g. a tree too deep): its blob will never come.
     /// Records why in `info` and takes it off the pending list, so a push
     /// fails at once with the reason instead of waiting.
+    /// A snapshot whose blob can never be written (its tree cannot be
+    /// sealed: too deep, a device node, a reserved name): `failed`, with
+    /// the reason in its info. If it is its lineage's head, the head goes
+    /// back to the snapshot it replaced (ready again) or to none (the
+    /// lineage's start): a resume of the work context never lands on it,
+    /// and a sandbox that observed it is fenced out of the lineage. It can
+    /// still be resumed or forked by id.
     pub fn set_seal_failed(&mut self, id: &str, info: &serde_json::Value) -> Result<(), DbError> {
         let info = serde_json::to_string(info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
-        let tx = self.conn.transaction().map_err(q("begin seal failed"))?;
-        tx.execute("UPDATE snapshots SET info = ?2 WHERE id = ?1", params![id, info]).map_err(q("set seal error"))?;
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin seal failed"))?;
+        let (wc, predecessor): (Option<String>, Option<String>) = tx
+            .query_row("SELECT work_context, predecessor_id FROM snapshots WHERE id = ?1", [id], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .map_err(q("snapshot of a failed seal"))?;
+        tx.execute(
+            "UPDATE snapshots SET info = ?2, state = 'failed', retired_at = ?3 WHERE id = ?1",
+            params![id, info, now()],
+        )
+        .map_err(q("set seal error"))?;
         tx.execute("DELETE FROM snapshot_blob_pending WHERE snapshot_id = ?1", [id]).map_err(q("clear pending"))?;
+        if let Some(wc) = wc {
+            let head: Option<String> = tx
+                .query_row("SELECT head_id FROM work_contexts WHERE id = ?1", [&wc], |r| r.get(0))
+                .optional()
+                .map_err(q("lineage head"))?
+                .flatten();
+            if head.as_deref() == Some(id) {
+                let back = match &predecessor {
+                    Some(p) => {
+                        let n = tx
+                            .execute(
+                                "UPDATE snapshots SET state = 'ready', retired_at = NULL \
+                                 WHERE id = ?1 AND state = 'superseded'",
+                                [p],
+                            )
+                            .map_err(q("restore the previous head"))?;
+                        (n == 1).then(|| p.clone())
+                    }
+                    None => None,
+                };
+                tx.execute("UPDATE work_contexts SET head_id = ?2 WHERE id = ?1", params![wc, back])
+                    .map_err(q("move the head back"))?;
+            }
+        }
         tx.commit().map_err(q("commit seal failed"))
     }
 
