@@ -812,3 +812,128 @@ fn a_sandbox_cannot_change_the_shim_binary_through_proc_self_exe() {
     assert_eq!(stdout(&sh(&env, &id, "echo fine")), "fine\n");
     env.finish();
 }
+
+/// Two programs that pass descriptors over a Unix socket (SCM_RIGHTS):
+/// `fdpass send SOCK FILE DIR` serves an O_RDWR descriptor of FILE and one
+/// of directory DIR to the first client; `fdpass recv SOCK GO` takes them,
+/// says `got` next to SOCK, waits for GO to exist, then writes through
+/// both (overwrites FILE, creates `planted` in DIR), says how that went
+/// (`wrote-W-planted-P`, 1 for success) and `done`.
+const FDPASS: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+static void say(const char *sock, const char *what) {
+    char p[256];
+    snprintf(p, sizeof p, "%s.%s", sock, what);
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) close(fd);
+}
+int main(int argc, char **argv) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    strncpy(a.sun_path, argv[2], sizeof a.sun_path - 1);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    char byte = 'x';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union { struct cmsghdr h; char buf[CMSG_SPACE(2 * sizeof(int))]; } u;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    if (strcmp(argv[1], "send") == 0 && argc == 5) {
+        int fds[2] = {open(argv[3], O_RDWR), open(argv[4], O_RDONLY | O_DIRECTORY)};
+        if (fds[0] < 0 || fds[1] < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 1)) return 2;
+        int c = accept(s, 0, 0);
+        struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+        h->cmsg_level = SOL_SOCKET;
+        h->cmsg_type = SCM_RIGHTS;
+        h->cmsg_len = CMSG_LEN(sizeof fds);
+        memcpy(CMSG_DATA(h), fds, sizeof fds);
+        if (c < 0 || sendmsg(c, &m, 0) != 1) return 3;
+        pause();
+        return 0;
+    }
+    if (strcmp(argv[1], "recv") == 0 && argc == 4) {
+        for (int i = 0; connect(s, (struct sockaddr *)&a, sizeof a) != 0; i++) {
+            if (i > 1000) return 4;
+            usleep(10000);
+        }
+        if (recvmsg(s, &m, 0) != 1) return 5;
+        struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+        if (!h || h->cmsg_type != SCM_RIGHTS) return 6;
+        int fds[2];
+        memcpy(fds, CMSG_DATA(h), sizeof fds);
+        say(argv[2], "got");
+        struct stat st;
+        while (stat(argv[3], &st) != 0) usleep(10000);
+        int w = pwrite(fds[0], "forged\n", 7, 0) == 7 && ftruncate(fds[0], 7) == 0;
+        int p = openat(fds[1], "planted", O_WRONLY | O_CREAT, 0644);
+        char line[64];
+        snprintf(line, sizeof line, "%s.wrote-%d-planted-%d", argv[2], w, p >= 0);
+        say(line, "");
+        say(argv[2], "done");
+        pause();
+        return 0;
+    }
+    return 1;
+}
+"#;
+
+/// Wait up to 20 s for `path` to exist.
+fn wait_for(path: &std::path::Path) {
+    let start = std::time::Instant::now();
+    while !path.exists() {
+        assert!(start.elapsed().as_secs() < 20, "{} never appeared", path.display());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn descriptors_passed_through_a_cache_cannot_change_a_suspended_snapshot() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let work = tempfile::Builder::new().prefix("strata-test-fdpass-").tempdir().unwrap();
+    let src = work.path().join("fdpass.c");
+    std::fs::write(&src, FDPASS).unwrap();
+    let helper = work.path().join("fdpass");
+    let st = std::process::Command::new("gcc").args(["-static", "-O1", "-o"]).arg(&helper).arg(&src).status();
+    assert!(st.unwrap().success(), "gcc failed to build the helper");
+
+    // Two sandboxes share the cache `c` (host dir ROOT/caches/c).
+    let [p1, p2] = [(); 2].map(|_| create(&env, json!({"image": "busybox", "cache": ["c:/cache"]})));
+    for id in [&p1, &p2] {
+        let (ok, err) = cp(&env, helper.to_str().unwrap(), &format!("{id}:/bin/fdpass"));
+        assert!(ok, "{err}");
+    }
+    let v = sh(
+        &env,
+        &p1,
+        "mkdir /data /data/dir && echo original > /data/file && \
+        (fdpass send /cache/s /data/file /data/dir </dev/null >/dev/null 2>&1 &)",
+    );
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let v = sh(&env, &p2, "(fdpass recv /cache/s /cache/go </dev/null >/dev/null 2>&1 &)");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let cache = env.root.join("caches/c");
+    wait_for(&cache.join("s.got"));
+
+    // P1 is suspended; then P2 writes through P1's descriptors.
+    let snap = env.cli_ok(&["suspend", &p1]).trim().to_string();
+    std::fs::write(cache.join("go"), "").unwrap();
+    wait_for(&cache.join("s.done"));
+    // The write went through (to an inode no tree holds); the directory may
+    // already be gone, with the sandbox's dir, so `planted` may have failed.
+    let said: Vec<String> =
+        std::fs::read_dir(&cache).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert!(said.iter().any(|n| n.starts_with("s.wrote-1-planted-")), "{said:?}");
+
+    // The sealed layer and a sandbox resumed from it have the original.
+    let info: serde_json::Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+    let layer = env.root.join("layers").join(info["layer"].as_str().unwrap()).join("fs");
+    assert_eq!(std::fs::read_to_string(layer.join("data/file")).unwrap(), "original\n");
+    assert!(!layer.join("data/dir/planted").exists(), "a file was planted in the sealed layer");
+    let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &resumed, "cat /data/file; ls /data/dir")), "original\n");
+    env.finish();
+}

@@ -70,17 +70,20 @@ fn merge_stats(info: &mut serde_json::Value, stats: &crate::diff::DeltaStats) {
     }
 }
 
-/// Put a stopped sandbox's upper at `work/fs`: moved (no data read), or,
-/// when it is on its own disk (`--disk`, another file system), copied
-/// through its delta tar (streamed through a pipe, never on disk) with the
-/// same checks as a checkpoint. Returns whether it was moved (and must be
-/// given back on failure).
-fn move_or_copy_upper(upper: &Path, work: &Path) -> Result<bool, ApiError> {
+/// Put a stopped sandbox's upper at `work/fs`: moved (no data read), or
+/// copied through its delta tar (streamed through a pipe, never on disk)
+/// with the same checks as a checkpoint when it is on its own disk
+/// (`--disk`, another file system) or when `copy` says a move is unsafe
+/// (`MountDecl::passes_descriptors`). Returns whether it was moved (and
+/// must be given back on failure).
+fn move_or_copy_upper(upper: &Path, work: &Path, copy: bool) -> Result<bool, ApiError> {
     let fs_dir = work.join("fs");
-    match std::fs::rename(upper, &fs_dir) {
-        Ok(()) => return Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
-        Err(e) => return Err(ApiError::internal(&e)),
+    if !copy {
+        match std::fs::rename(upper, &fs_dir) {
+            Ok(()) => return Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
+            Err(e) => return Err(ApiError::internal(&e)),
+        }
     }
     std::fs::create_dir(&fs_dir).map_err(|e| ApiError::internal(&e))?;
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ApiError::internal(&e))?;
@@ -720,7 +723,13 @@ impl Daemon {
             let (layer, layer_src, moved) = match &compacted {
                 Some(c) => (LayerRow::content(&c.diff_id, c.stats.bytes, c.stats.entries), c.dir.clone(), false),
                 None => {
-                    let moved = move_or_copy_upper(&upper, &work)?;
+                    // Another sandbox may hold descriptors of this upper's
+                    // files and directories (passed over a socket in a
+                    // shared cache): moved, they would write into the sealed
+                    // layer. A copy is new inodes no one holds; the upper
+                    // goes with the sandbox's dir.
+                    let copy = sb.spec.mounts.iter().any(crate::sandbox::MountDecl::passes_descriptors);
+                    let moved = move_or_copy_upper(&upper, &work, copy)?;
                     let id = LayerRow::suspended_id(&snap_id);
                     (LayerRow { id, diff_id: None, size: 0, entries: 0 }, work.clone(), moved)
                 }

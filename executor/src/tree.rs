@@ -14,10 +14,9 @@
 
 #![forbid(unsafe_code)]
 
-use std::ffi::{CString, OsString};
+use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
 
 use nix::dir::{Dir, Type};
@@ -46,6 +45,9 @@ fn open_path(path: &Path) -> io::Result<OwnedFd> {
     let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW).open(path)?;
     Ok(f.into())
 }
+
+/// How many signs of a tree changing under `remove_all` it bears.
+const MAX_SURPRISES: u32 = 64;
 
 /// What one pass over a directory found.
 enum Pass {
@@ -106,9 +108,29 @@ pub fn remove_all(path: &Path) -> io::Result<()> {
     let mut cur = open_path(path)?;
     let (dev, _) = id_of(&cur)?;
     // Names from the top down to `cur`, each with its parent's identity.
-    let mut stack: Vec<(OsString, (u64, u64))> = Vec::new();
+    let mut stack: Vec<(CString, (u64, u64))> = Vec::new();
+    // What a tree at rest never shows: a second pass in a row over one
+    // directory that still finds entries, an emptied directory that is not
+    // empty on the way back up. A few come from listings that missed an
+    // entry; many mean someone is writing the tree (a process of another
+    // sandbox holding a descriptor of it, say), which must not hold the
+    // remover forever.
+    let mut surprises = 0;
+    let mut again = false;
+    let surprise = |n: &mut u32| {
+        *n += 1;
+        if *n > MAX_SURPRISES {
+            return Err(io::Error::other(format!("{}: still being written while it is removed", path.display())));
+        }
+        Ok(())
+    };
     loop {
-        match pass(&cur)? {
+        let found = pass(&cur)?;
+        if matches!(found, Pass::Removed) && again {
+            surprise(&mut surprises)?;
+        }
+        again = matches!(found, Pass::Removed);
+        match found {
             Pass::Removed => continue,
             Pass::Descend(name) => {
                 let child = open_dir(&cur, &name).map_err(err)?;
@@ -116,7 +138,7 @@ pub fn remove_all(path: &Path) -> io::Result<()> {
                 if child_dev != dev {
                     return Err(io::Error::other(format!("{}: a mount inside the tree (not removed)", path.display())));
                 }
-                stack.push((OsString::from_vec(name.into_bytes()), id_of(&cur)?));
+                stack.push((name, id_of(&cur)?));
                 cur = child;
             }
             Pass::Empty => {
@@ -126,11 +148,11 @@ pub fn remove_all(path: &Path) -> io::Result<()> {
                     return Err(io::Error::other(format!("{}: the tree moved while it was removed", path.display())));
                 }
                 cur = parent;
-                let cname = CString::new(name.into_vec()).map_err(|_| io::Error::from(io::ErrorKind::InvalidData))?;
-                match unlinkat(Some(cur.as_raw_fd()), cname.as_c_str(), UnlinkatFlags::RemoveDir) {
+                match unlinkat(Some(cur.as_raw_fd()), name.as_c_str(), UnlinkatFlags::RemoveDir) {
                     // Not empty after all (a listing missed an entry): the
                     // next pass finds it and goes back in.
-                    Ok(()) | Err(Errno::ENOENT | Errno::ENOTEMPTY | Errno::EEXIST) => {}
+                    Ok(()) | Err(Errno::ENOENT) => {}
+                    Err(Errno::ENOTEMPTY | Errno::EEXIST) => surprise(&mut surprises)?,
                     Err(e) => return Err(err(e)),
                 }
             }
@@ -180,6 +202,42 @@ mod tests {
         assert_eq!(open_fds(), before, "descriptors leaked");
         // /etc, the target of the symlinks, is untouched.
         assert!(Path::new("/etc/passwd").exists());
+    }
+
+    #[test]
+    fn a_directory_written_while_it_is_removed_does_not_hold_the_remover() {
+        let t = tempfile::tempdir().unwrap();
+        let top = t.path().join("busy");
+        std::fs::create_dir_all(top.join("sub")).unwrap();
+        // A writer with a descriptor of `sub`, as a process of another
+        // sandbox could hold one, creates entries as fast as it can.
+        let dir = open_path(&top.join("sub")).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let name = CString::new(format!("f{i}")).unwrap();
+                    if sys::openat(dir.as_fd(), &name, libc::O_CREAT | libc::O_WRONLY, 0o644).is_err() {
+                        break; // `sub` is gone
+                    }
+                    i += 1;
+                }
+            })
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = top.clone();
+        std::thread::spawn(move || tx.send(remove_all(&p)));
+        let r = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("remove_all never returned");
+        if let Err(e) = &r {
+            assert!(e.to_string().contains("still being written while it is removed"), "{e}");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        writer.join().unwrap();
+        // At rest, it goes.
+        remove_all(&top).unwrap();
+        assert!(!top.exists());
     }
 
     #[test]

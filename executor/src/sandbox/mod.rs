@@ -154,6 +154,15 @@ impl MountDecl {
             MountDecl::Scratch { path, .. } | MountDecl::Cache { path, .. } => path,
         }
     }
+
+    /// Whether processes of other sandboxes can reach this mount, and so
+    /// receive descriptors (SCM_RIGHTS over a socket in it) that outlive
+    /// this sandbox's processes: a cache is the one such channel (each
+    /// sandbox has its own network namespace, so abstract sockets are
+    /// private too, and scratch is its own tmpfs).
+    pub fn passes_descriptors(&self) -> bool {
+        matches!(self, MountDecl::Cache { .. })
+    }
 }
 
 /// What every exec in a sandbox starts from, derived from the image config
