@@ -1018,9 +1018,11 @@ fn exported_snapshot_unpacks_with_umoci_to_the_same_tree() {
         &id,
         "set -e; echo new > /tmp/new; echo extra >> /etc/group; rm /bin/true; : > /tmp/empty; \
          echo s > '/tmp/with space'; ln /tmp/new /tmp/hard; ln -s ../tmp/new /home/sym; \
-         rm -rf /root; mkdir /root; echo r > /root/only; chmod 4750 /tmp/new",
+         rm -rf /root; mkdir /root; echo r > /root/only; chmod 4750 /tmp/new; \
+         truncate -s 64M /tmp/sparse; echo mid | dd of=/tmp/sparse bs=4096 seek=4096 conv=notrunc 2>/dev/null",
     );
     assert_eq!(v["exit_code"], 0, "{v}");
+    // (`/tmp/sparse` goes in as a GNU sparse entry, which umoci must read.)
     let want = tree(&env, &id);
     let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
     let work = tempfile::Builder::new().prefix("strata-test-export-").tempdir().unwrap();

@@ -937,3 +937,70 @@ fn descriptors_passed_through_a_cache_cannot_change_a_suspended_snapshot() {
     assert_eq!(stdout(&sh(&env, &resumed, "cat /data/file; ls /data/dir")), "original\n");
     env.finish();
 }
+
+/// CPU time (user + system, seconds) process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 14th and 15th of the whole line.
+    let rest: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = rest[11].parse::<u64>().unwrap() + rest[12].parse::<u64>().unwrap();
+    ticks as f64 / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).unwrap().unwrap() as f64
+}
+
+/// Wait up to 60 s for a snapshot's background seal to end.
+fn sealed(env: &TestEnv, snap: &str) -> serde_json::Value {
+    let start = std::time::Instant::now();
+    loop {
+        let info: serde_json::Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+        if info["sealing"] != true {
+            return info;
+        }
+        assert!(start.elapsed().as_secs() < 60, "still sealing: {info}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_sparse_file_costs_the_daemon_its_data_not_its_size() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let daemon = env.daemon.as_ref().unwrap().id();
+    // 16 GiB claimed, 4 KiB of it data; under a 100 MiB disk cap (seals by
+    // copy) and without one (seals by moving the upper, hashed after).
+    let make =
+        "truncate -s 16G /sparse && echo tail | dd of=/sparse bs=4096 seek=2097152 conv=notrunc 2>/dev/null && echo ok";
+    let check = "ls -l /sparse | awk '{print $5}'; du -k /sparse | cut -f1; dd if=/sparse bs=4096 skip=2097152 count=1 2>/dev/null | head -c 4";
+    for (disk, verb) in
+        [(Some(100u64 << 20), "checkpoint"), (Some(100 << 20), "suspend"), (None, "checkpoint"), (None, "suspend")]
+    {
+        let mut body = json!({"image": "busybox"});
+        if let Some(d) = disk {
+            body["disk"] = json!(d);
+        }
+        let id = create(&env, body);
+        assert_eq!(stdout(&sh(&env, &id, make)), "ok\n");
+        let before = cpu_seconds(daemon);
+        let snap = env.cli_ok(&[verb, &id]).trim().to_string();
+        let info = sealed(&env, &snap);
+        let used = cpu_seconds(daemon) - before;
+        // Before: 61-106 s of daemon CPU for each (16 GiB of zeros read,
+        // hashed, compressed, unpacked).
+        assert!(used < 5.0, "{verb} (disk {disk:?}) took {used:.1} s of daemon CPU");
+        assert!(info["blob_size"].as_u64().unwrap() < 1 << 20, "{verb} (disk {disk:?}): {info}");
+        let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+        let got = stdout(&sh(&env, &resumed, check));
+        let lines: Vec<&str> = got.lines().collect();
+        assert_eq!(lines[0], "17179869184", "{verb} (disk {disk:?}): {got}");
+        assert!(lines[1].parse::<u64>().unwrap() < 1024, "{verb} (disk {disk:?}): written out: {got}");
+        assert_eq!(lines[2], "tail", "{verb} (disk {disk:?}): {got}");
+        let layer = env.root.join("layers").join(info["layer"].as_str().unwrap()).join("fs/sparse");
+        let m = std::fs::metadata(&layer).unwrap();
+        assert!(std::os::unix::fs::MetadataExt::blocks(&m) < 2048, "{}: {m:?}", layer.display());
+        env.cli_ok(&["rm", &resumed]);
+        if verb == "checkpoint" {
+            env.cli_ok(&["rm", &id]);
+        }
+    }
+    env.finish();
+}

@@ -501,7 +501,12 @@ impl<W: Write> Writer<W> {
     /// PAX header carrying the xattrs of `name` in `dir`, if it has any
     /// worth keeping.
     fn pax(&mut self, xattrs: Vec<Xattr>, rel: &Path) -> Result<(), DiffError> {
-        let mut records = Vec::new();
+        self.pax_with(xattrs, Vec::new(), rel)
+    }
+
+    /// [`Writer::pax`] with more `records` before the xattrs' (one PAX
+    /// header per entry: readers keep only the last).
+    fn pax_with(&mut self, xattrs: Vec<Xattr>, mut records: Vec<u8>, rel: &Path) -> Result<(), DiffError> {
         for (name, value) in xattrs {
             if keep_xattr(&name) {
                 let mut key = b"SCHILY.xattr.".to_vec();
@@ -542,6 +547,50 @@ impl<W: Write> Writer<W> {
         }
         h.set_link_name_literal(&target[..target.len().min(field)])?;
         self.tar.append_data(h, rel, io::empty())
+    }
+
+    /// A regular file of `meta.size` bytes in GNU tar's PAX sparse format
+    /// 1.0, as `tar --sparse --format=posix` writes it: PAX records
+    /// `GNU.sparse.major=1`, `minor=0`, `name` and `realsize`; the entry is
+    /// a regular file whose data is the map (decimal lines: the count, then
+    /// offset and length of each extent, padded to a block) followed by
+    /// the extents' bytes. Go's `archive/tar` (containerd, umoci, podman)
+    /// hands it to its callers as the regular file it stands for; the old
+    /// GNU type `S` it passes through, and they refuse it.
+    fn sparse(
+        &mut self,
+        meta: &Meta,
+        rel: &Path,
+        xattrs: Vec<Xattr>,
+        file: &File,
+        extents: &[(u64, u64)],
+    ) -> Result<bool, DiffError> {
+        let mut map = format!("{}\n", extents.len()).into_bytes();
+        for (off, n) in extents {
+            map.extend_from_slice(format!("{off}\n{n}\n").as_bytes());
+        }
+        map.resize(map.len().next_multiple_of(512), 0);
+        let stored: u64 = extents.iter().map(|&(_, n)| n).sum();
+        let mut records = Vec::new();
+        records.extend(pax_record(b"GNU.sparse.major", b"1"));
+        records.extend(pax_record(b"GNU.sparse.minor", b"0"));
+        records.extend(pax_record(b"GNU.sparse.name", rel.as_os_str().as_bytes()));
+        records.extend(pax_record(b"GNU.sparse.realsize", meta.size.to_string().as_bytes()));
+        self.pax_with(xattrs, records, rel)?;
+        let mut h = self.header(meta, tar::EntryType::Regular, map.len() as u64 + stored);
+        let e = self.werr(rel);
+        let written = (|| {
+            self.tar.append_data(&mut h, rel, io::empty())?;
+            let out = self.tar.get_mut();
+            out.write_all(&map)?;
+            for &(off, n) in extents {
+                io::Seek::seek(&mut &*file, io::SeekFrom::Start(off))?;
+                copy_exactly(file, n, out)?;
+            }
+            let pad = (512 - stored % 512) % 512;
+            out.write_all(&[0; 512][..pad as usize])
+        })();
+        written.map_err(e).map(|()| false)
     }
 
     /// Write the entry `name` of `dir`; `true` if it is a directory, whose
@@ -631,10 +680,16 @@ impl<W: Write> Writer<W> {
             size: opened.size(),
             ..meta
         };
-        self.pax(xattrs()?, rel)?;
         let len = meta.size;
-        let mut h = self.header(&meta, tar::EntryType::Regular, len);
         self.stats.bytes += len;
+        // A file with holes: its data extents only, so a 16 GiB
+        // `truncate` costs a header, not 16 GiB of zeros read, hashed,
+        // compressed and unpacked.
+        if let Some(extents) = crate::extents::data_extents(&file, &opened).map_err(read_err(host))? {
+            return self.sparse(&meta, rel, xattrs()?, &file, &extents);
+        }
+        self.pax(xattrs()?, rel)?;
+        let mut h = self.header(&meta, tar::EntryType::Regular, len);
         // The header (its size field says what follows), then the content
         // and the padding to the next 512-byte block, written here so that
         // the content can be spliced. A file that shrinks or grows while
@@ -665,6 +720,23 @@ impl<W: Write> Writer<W> {
 mod tests {
     use super::*;
     use std::os::unix::fs::{symlink, PermissionsExt};
+
+    /// Unpack the uncompressed delta tar at `tar` into `out` (made here)
+    /// as an image layer is; returns `out`.
+    fn unpack_tar(tar: &Path, stats: &DeltaStats, diff_id: &str, out: &Path) -> PathBuf {
+        let digest: crate::oci::Digest = format!("sha256:{diff_id}").parse().unwrap();
+        let layer = crate::oci::LayerSource {
+            blob_path: tar.to_path_buf(),
+            digest: digest.clone(),
+            size: stats.tar_bytes,
+            media_type: "application/vnd.oci.image.layer.v1.tar".into(),
+            diff_id: digest,
+            compression: crate::oci::Compression::None,
+        };
+        fs::create_dir(out).unwrap();
+        crate::oci::unpack_layer(&layer, out).unwrap();
+        out.to_path_buf()
+    }
 
     fn entries(tar_bytes: &[u8]) -> Vec<(String, tar::EntryType, Vec<u8>)> {
         let mut a = tar::Archive::new(tar_bytes);
@@ -825,6 +897,82 @@ mod tests {
     }
 
     /// Whiteouts and opaque dirs need root (mknod 0/0, trusted.* xattrs).
+    /// A sparse file's tar costs its data; unpacked, its holes stay holes.
+    #[test]
+    #[ignore = "needs root"]
+    fn sparse_files_cost_their_data_and_keep_their_holes() {
+        use std::os::unix::fs::FileExt;
+        assert!(nix::unistd::geteuid().is_root(), "run as root (scripts/test.sh does)");
+        let t = tempfile::tempdir().unwrap();
+        let upper = t.path().join("upper");
+        fs::create_dir_all(&upper).unwrap();
+        // 16 GiB of nothing; 1 GiB with data at both ends and in between
+        // (more extents than the header's four map slots); a small dense
+        // file beside them.
+        let empty = File::create(upper.join("empty16g")).unwrap();
+        empty.set_len(16 << 30).unwrap();
+        let holey = File::create(upper.join("holey")).unwrap();
+        holey.set_len(1 << 30).unwrap();
+        let marks: Vec<u64> = (0..8).map(|i| i * (128 << 20)).chain([(1 << 30) - 64]).collect();
+        for &at in &marks {
+            holey.write_all_at(format!("mark{at}").as_bytes(), at).unwrap();
+        }
+        fs::write(upper.join("dense"), vec![3u8; 100_000]).unwrap();
+
+        let started = std::time::Instant::now();
+        let tar_path = t.path().join("layer.tar");
+        let (stats, diff_id) = write_delta(&upper, File::create(&tar_path).unwrap()).unwrap();
+        assert!(stats.tar_bytes < 1 << 20, "the tar holds the holes: {} bytes", stats.tar_bytes);
+        assert_eq!(stats.bytes, (16 << 30) + (1 << 30) + 100_000);
+        // Regular entries, the sparse ones in PAX format 1.0 (a reader that
+        // knows no sparse format sees the map and the data).
+        let bytes = fs::read(&tar_path).unwrap();
+        let mut a = tar::Archive::new(&bytes[..]);
+        let mut seen = Vec::new();
+        for e in a.entries().unwrap() {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().display().to_string();
+            let mut records = Vec::new();
+            for r in e.pax_extensions().unwrap().into_iter().flatten() {
+                let r = r.unwrap();
+                records.push(format!("{}={}", r.key().unwrap(), r.value().unwrap()));
+            }
+            assert_eq!(e.header().entry_type(), tar::EntryType::Regular);
+            seen.push((path, records.join(" "), e.size()));
+        }
+        let sparse = |name: &str, size: u64| {
+            format!("GNU.sparse.major=1 GNU.sparse.minor=0 GNU.sparse.name={name} GNU.sparse.realsize={size}")
+        };
+        assert_eq!(seen[0], ("dense".to_string(), String::new(), 100_000));
+        assert_eq!(seen[1], ("empty16g".to_string(), sparse("empty16g", 16 << 30), 512));
+        assert_eq!((&seen[2].0, &seen[2].1), (&"holey".to_string(), &sparse("holey", 1 << 30)));
+        assert!(seen[2].2 < 64 << 10, "{seen:?}");
+        // The same tree, the same bytes.
+        let (_, again) = write_delta(&upper, io::sink()).unwrap();
+        assert_eq!(again, diff_id);
+
+        let out = unpack_tar(&tar_path, &stats, &diff_id, &t.path().join("out"));
+        assert!(started.elapsed().as_secs() < 10, "took {:?}", started.elapsed());
+        for (name, len) in [("empty16g", 16u64 << 30), ("holey", 1 << 30)] {
+            let m = fs::metadata(out.join(name)).unwrap();
+            assert_eq!(m.len(), len, "{name}");
+            assert!(m.blocks() * 512 < 1 << 20, "{name} was written out: {} blocks", m.blocks());
+        }
+        let got = File::open(out.join("holey")).unwrap();
+        for &at in &marks {
+            let want = format!("mark{at}");
+            let mut buf = vec![0u8; want.len()];
+            got.read_exact_at(&mut buf, at).unwrap();
+            assert_eq!(buf, want.as_bytes(), "at {at}");
+        }
+        let mut gap = [1u8; 4096];
+        got.read_exact_at(&mut gap, 64 << 20).unwrap();
+        assert_eq!(gap, [0u8; 4096]);
+        assert_eq!(fs::read(out.join("dense")).unwrap(), vec![3u8; 100_000]);
+        // No scratch left beside the destination.
+        assert_eq!(fs::read_dir(t.path()).unwrap().count(), 3, "upper, layer.tar, out");
+    }
+
     /// Round trip: overlay form → OCI tar → `oci::unpack` → overlay form.
     #[test]
     #[ignore = "needs root"]
@@ -849,18 +997,7 @@ mod tests {
         let names: Vec<String> = entries(&fs::read(&tar_path).unwrap()).into_iter().map(|e| e.0).collect();
         assert_eq!(names, vec!["d", "d/.wh..wh..opq", "d/fifo", "d/link", "d/sub", "d/sub/new", "d/sym", ".wh.gone"]);
 
-        let digest: crate::oci::Digest = format!("sha256:{diff_id}").parse().unwrap();
-        let layer = crate::oci::LayerSource {
-            blob_path: tar_path.clone(),
-            digest: digest.clone(),
-            size: stats.tar_bytes,
-            media_type: "application/vnd.oci.image.layer.v1.tar".into(),
-            diff_id: digest,
-            compression: crate::oci::Compression::None,
-        };
-        let out = t.path().join("out");
-        fs::create_dir(&out).unwrap();
-        crate::oci::unpack_layer(&layer, &out).unwrap();
+        let out = unpack_tar(&tar_path, &stats, &diff_id, &t.path().join("out"));
         let gone = fs::symlink_metadata(out.join("gone")).unwrap();
         assert!(gone.file_type().is_char_device() && gone.rdev() == 0, "whiteout restored");
         let dc = CString::new(out.join("d").as_os_str().as_bytes()).unwrap();
@@ -1225,7 +1362,10 @@ fn apply(
         } else if ft.is_fifo() {
             nix::unistd::mkfifo(&dst, nix::sys::stat::Mode::from_bits_truncate(0o600)).map_err(|e| werr(e.into()))?;
         } else if ft.is_file() {
-            *copied += fs::copy(&src, &dst).map_err(werr)?;
+            // Holes stay holes (`fs::copy` writes them out as zeros).
+            let from = File::open(&src).map_err(read_err(&src))?;
+            let to = File::options().write(true).create_new(true).open(&dst).map_err(werr)?;
+            *copied += crate::extents::copy_file(&from, &meta, &to).map_err(werr)?;
         } else {
             let kind = if ft.is_char_device() { "character device" } else { "block device or socket" };
             return Err(DiffError::DeviceNode { path: r, kind });

@@ -23,6 +23,7 @@ pub mod disk;
 pub mod distribution;
 pub mod error;
 pub mod export;
+pub mod extents;
 pub mod failpoint;
 pub mod gc;
 pub mod ids;

@@ -162,6 +162,9 @@ pub enum UnpackError {
     /// A character or block device entry.
     #[error("layer {digest}: entry {path:?} is a {kind}; layers may not contain device nodes")]
     DeviceNode { digest: LayerName, path: PathBuf, kind: &'static str },
+    /// A GNU sparse file whose map is malformed.
+    #[error("layer {digest}: sparse file {path:?} is malformed: {problem}")]
+    InvalidSparse { digest: LayerName, path: PathBuf, problem: String },
     /// A GNU sparse file or an unknown entry type.
     #[error("layer {digest}: entry {path:?} has unsupported type {kind} (type flag {flag:?})")]
     UnsupportedEntry { digest: LayerName, path: PathBuf, kind: &'static str, flag: char },
@@ -359,7 +362,16 @@ struct Meta {
     mode: u32,
     mtime: TimeSpec,
     xattrs: Vec<(CString, Vec<u8>)>,
+    /// A GNU sparse file (PAX format 1.0): its real size.
+    sparse: Option<u64>,
 }
+
+/// GNU sparse PAX records; only format 1.0 (major 1, minor 0) is read.
+const PAX_SPARSE: &[u8] = b"GNU.sparse.";
+
+/// Most extents a sparse file's map may list (the map is held while its
+/// data is read: 16 bytes each).
+const MAX_SPARSE_EXTENTS: u64 = 1 << 20;
 
 /// What a directory gets once every entry is in place.
 #[derive(Debug, Clone, Copy)]
@@ -519,11 +531,16 @@ impl Extractor<'_> {
         let mut mtime = TimeSpec::new(i64::try_from(secs).unwrap_or(i64::MAX), 0);
         let mut xattrs = Vec::new();
         let Some(records) = entry.pax_extensions().map_err(invalid("pax header"))? else {
-            return Ok(Meta { uid, gid, mode, mtime, xattrs });
+            return Ok(Meta { uid, gid, mode, mtime, xattrs, sparse: None });
         };
+        let mut sparse: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         for record in records {
             let record = record.map_err(invalid("pax record"))?;
             let key = record.key_bytes();
+            if let Some(k) = key.strip_prefix(PAX_SPARSE) {
+                sparse.push((k.to_vec(), record.value_bytes().to_vec()));
+                continue;
+            }
             if key == b"mtime" {
                 if let Some(t) = parse_pax_time(record.value_bytes()) {
                     mtime = t;
@@ -555,7 +572,51 @@ impl Extractor<'_> {
                     xattr = %shown_name(), "skipping xattr outside user.*, security.capability and ACLs");
             }
         }
-        Ok(Meta { uid, gid, mode, mtime, xattrs })
+        let sparse = self.sparse_size(entry, raw, &sparse)?;
+        Ok(Meta { uid, gid, mode, mtime, xattrs, sparse })
+    }
+
+    /// The real size of a GNU sparse file in PAX format 1.0 (records
+    /// `major=1`, `minor=0`, `realsize`, and `name`, which must be the
+    /// entry's path); other sparse formats are refused (read as plain
+    /// files, their data would be the map and packed extents).
+    fn sparse_size<R: Read>(
+        &self,
+        entry: &tar::Entry<'_, R>,
+        raw: &[u8],
+        records: &[(Vec<u8>, Vec<u8>)],
+    ) -> Result<Option<u64>, UnpackError> {
+        if records.is_empty() {
+            return Ok(None);
+        }
+        let get = |k: &[u8]| records.iter().find(|(key, _)| key == k).map(|(_, v)| v.as_slice());
+        let unsupported = || UnpackError::UnsupportedEntry {
+            digest: self.digest.clone(),
+            path: tarpath::shown(raw),
+            kind: "GNU sparse file in a format other than PAX 1.0",
+            flag: char::from(entry.header().as_bytes()[156]),
+        };
+        let known = records.iter().all(|(k, _)| matches!(k.as_slice(), b"major" | b"minor" | b"name" | b"realsize"));
+        if !known || get(b"major") != Some(b"1") || get(b"minor") != Some(b"0") {
+            return Err(unsupported());
+        }
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            return Err(unsupported());
+        }
+        let bad = |problem: &str| UnpackError::InvalidSparse {
+            digest: self.digest.clone(),
+            path: tarpath::shown(raw),
+            problem: problem.to_string(),
+        };
+        if get(b"name").is_some_and(|n| n != raw) {
+            return Err(bad("its GNU.sparse.name is not its path"));
+        }
+        let size = get(b"realsize")
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&n| i64::try_from(n).is_ok())
+            .ok_or_else(|| bad("no valid GNU.sparse.realsize"))?;
+        Ok(Some(size))
     }
 
     /// A header id as a `uid_t`/`gid_t`; `u32::MAX` means "unchanged" to
@@ -605,6 +666,7 @@ impl Extractor<'_> {
         }
         match kind {
             Kind::Dir => self.dir(raw, comps, meta).map(|()| 0),
+            Kind::File if meta.sparse.is_some() => self.sparse_file(entry, raw, comps, meta),
             Kind::File => self.file(entry, raw, comps, meta),
             Kind::Symlink => self.symlink(entry, raw, comps, meta).map(|()| 0),
             Kind::Hardlink => self.hardlink(entry, raw, comps).map(|()| 0),
@@ -710,6 +772,112 @@ impl Extractor<'_> {
         }
         self.file_meta(&file, raw, meta)?;
         Ok(written)
+    }
+
+    /// A GNU sparse file (PAX 1.0): the map, then each extent's bytes
+    /// written at its offset; the rest stays holes. Costs what the entry
+    /// holds, whatever size it claims. Returns the bytes read.
+    fn sparse_file<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        raw: &[u8],
+        comps: &[&[u8]],
+        meta: &Meta,
+    ) -> Result<u64, UnpackError> {
+        let size = meta.sparse.unwrap_or_default();
+        let (name, parents) = split(comps);
+        let parent = self.walk_entry(raw, parents)?;
+        self.clear(parent.as_fd(), raw, comps, false)?;
+        let (map, mut consumed) = self.sparse_map(entry, raw, size)?;
+        let mut file = sys::create_file_at(parent.as_fd(), name, 0o600).map_err(|e| self.io("create file", raw, e))?;
+        for (off, len) in map {
+            file.seek(SeekFrom::Start(off)).map_err(|e| self.io("seek in file", raw, e))?;
+            let copied = io::copy(&mut entry.take(len), &mut file).map_err(|e| match e.kind() {
+                io::ErrorKind::Other | io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidData => {
+                    self.stream_error(e)
+                }
+                _ => self.io("write file", raw, e),
+            })?;
+            if copied != len {
+                return Err(UnpackError::Truncated { digest: self.digest.clone(), path: tarpath::shown(raw) });
+            }
+            consumed += len;
+        }
+        // Nothing may follow the extents (it would be data no one reads).
+        let rest = io::copy(entry, &mut io::sink()).map_err(|e| self.stream_error(e))?;
+        if rest != 0 {
+            let problem = format!("{rest} bytes follow its last extent");
+            return Err(UnpackError::InvalidSparse { digest: self.digest.clone(), path: tarpath::shown(raw), problem });
+        }
+        file.set_len(size).map_err(|e| self.io("set length of", raw, e))?;
+        self.stats.bytes += size;
+        self.file_meta(&file, raw, meta)?;
+        Ok(consumed)
+    }
+
+    /// Read a PAX 1.0 sparse map from the start of the entry's data:
+    /// decimal lines (count, then offset and length of each extent),
+    /// padded with zeros to a 512-byte block. Extents must be in order,
+    /// apart, and inside `size`. Returns the map and the bytes it took.
+    fn sparse_map<R: Read>(
+        &self,
+        entry: &mut tar::Entry<'_, R>,
+        raw: &[u8],
+        size: u64,
+    ) -> Result<(Vec<(u64, u64)>, u64), UnpackError> {
+        let bad = |problem: String| UnpackError::InvalidSparse {
+            digest: self.digest.clone(),
+            path: tarpath::shown(raw),
+            problem,
+        };
+        let mut read = 0u64;
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        let mut number = |entry: &mut tar::Entry<'_, R>| -> Result<u64, UnpackError> {
+            line.clear();
+            loop {
+                match entry.read(&mut byte) {
+                    Ok(1) => {}
+                    Ok(_) => return Err(bad("its map ends early".into())),
+                    Err(e) => return Err(self.stream_error(e)),
+                }
+                read += 1;
+                if byte[0] == b'\n' {
+                    break;
+                }
+                if !byte[0].is_ascii_digit() || line.len() >= 20 {
+                    return Err(bad("its map is not decimal lines".into()));
+                }
+                line.push(byte[0]);
+            }
+            std::str::from_utf8(&line)
+                .ok()
+                .and_then(|l| l.parse::<u64>().ok())
+                .ok_or_else(|| bad("its map has an empty or too large number".into()))
+        };
+        let count = number(entry)?;
+        if count > MAX_SPARSE_EXTENTS {
+            return Err(bad(format!("its map lists {count} extents (at most {MAX_SPARSE_EXTENTS})")));
+        }
+        let mut map = Vec::with_capacity(count as usize);
+        let mut end = 0u64;
+        for _ in 0..count {
+            let off = number(entry)?;
+            let len = number(entry)?;
+            match off.checked_add(len) {
+                Some(e) if off >= end && e <= size => end = e,
+                _ => return Err(bad(format!("extent {off}+{len} overlaps or passes its size {size}"))),
+            }
+            map.push((off, len));
+        }
+        let _ = &mut number;
+        let pad = (512 - read % 512) % 512;
+        let mut zeros = [0u8; 512];
+        entry.read_exact(&mut zeros[..pad as usize]).map_err(|e| self.stream_error(e))?;
+        if zeros.iter().any(|&b| b != 0) {
+            return Err(bad("its map's padding is not zeros".into()));
+        }
+        Ok((map, read + pad))
     }
 
     /// A regular file whose content was made ahead ([`Prepared`]): linked

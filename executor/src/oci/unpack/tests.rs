@@ -514,3 +514,78 @@ mod root {
         assert_eq!(fs::metadata("/etc/shadow").unwrap().uid(), 0);
     }
 }
+
+/// A GNU sparse entry (PAX 1.0) at `path` claiming `size` bytes, with
+/// `map` as its map text and `data` after it.
+fn sparse_entry(path: &str, size: &str, map: &str, data: &[u8]) -> Entry {
+    let mut e = Entry::new(b'0', path);
+    e.pax = vec![
+        ("GNU.sparse.major".into(), b"1".to_vec()),
+        ("GNU.sparse.minor".into(), b"0".to_vec()),
+        ("GNU.sparse.name".into(), path.as_bytes().to_vec()),
+        ("GNU.sparse.realsize".into(), size.as_bytes().to_vec()),
+    ];
+    let mut body = map.as_bytes().to_vec();
+    body.resize(body.len().next_multiple_of(512), 0);
+    body.extend_from_slice(data);
+    e.data = body;
+    e
+}
+
+#[test]
+fn sparse_files_keep_their_holes_whatever_size_they_claim() {
+    // 1 TiB claimed, two extents of data: unpacked at once, no disk used.
+    let e = sparse_entry("big", "1099511627776", "2\n0\n3\n1099511627000\n4\n", b"abcwxyz");
+    let (f, r) = unpack(&TarBuilder::new().entry(e).finish());
+    let stats = r.unwrap();
+    assert_eq!(stats.bytes, 1 << 40);
+    let file = File::open(f.dest.join("big")).unwrap();
+    let m = file.metadata().unwrap();
+    assert_eq!(m.len(), 1 << 40);
+    assert!(m.blocks() < 64, "written out: {} blocks", m.blocks());
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 4];
+    file.read_exact_at(&mut buf[..3], 0).unwrap();
+    assert_eq!(&buf[..3], b"abc");
+    file.read_exact_at(&mut buf, 1099511627000).unwrap();
+    assert_eq!(&buf, b"wxyz");
+    file.read_exact_at(&mut buf, 1 << 30).unwrap();
+    assert_eq!(buf, [0; 4]);
+    // No extents at all: all hole.
+    let (f, r) = unpack(&TarBuilder::new().entry(sparse_entry("none", "4096", "0\n", b"")).finish());
+    r.unwrap();
+    assert_eq!(fs::read(f.dest.join("none")).unwrap(), vec![0u8; 4096]);
+}
+
+#[test]
+fn malformed_sparse_files_are_refused() {
+    let cases: Vec<(&str, Entry)> = vec![
+        ("not decimal", sparse_entry("f", "100", "1\n0x0\n3\n", b"abc")),
+        ("ends early", sparse_entry("f", "100", "2\n0\n3\n", b"abc")),
+        ("too many", sparse_entry("f", "100", "99999999999\n", b"")),
+        ("overlap", sparse_entry("f", "100", "2\n0\n3\n2\n3\n", b"abcdef")),
+        ("past its size", sparse_entry("f", "100", "1\n98\n3\n", b"abc")),
+        ("trailing data", sparse_entry("f", "100", "1\n0\n3\n", b"abcdef")),
+        ("short data", sparse_entry("f", "100", "1\n0\n9\n", b"abc")),
+        ("bad size", sparse_entry("f", "-1", "0\n", b"")),
+        ("huge size", sparse_entry("f", "18446744073709551615", "0\n", b"")),
+    ];
+    for (what, e) in cases {
+        let (f, r) = unpack(&TarBuilder::new().entry(e).finish());
+        let err = r.expect_err(what);
+        assert!(matches!(err, UnpackError::InvalidSparse { .. } | UnpackError::Truncated { .. }), "{what}: {err}");
+        let _ = f;
+    }
+    // A name that is not the entry's path: readers would disagree on where it goes.
+    let mut e = sparse_entry("a", "10", "0\n", b"");
+    e.pax[2].1 = b"b".to_vec();
+    let err = unpack(&TarBuilder::new().entry(e).finish()).1.unwrap_err();
+    assert!(err.to_string().contains("GNU.sparse.name"), "{err}");
+    // Other sparse formats (0.0/0.1 keep the map in PAX records) are refused,
+    // not read as plain files of map and packed data.
+    let mut e = Entry::new(b'0', "old");
+    e.pax = vec![("GNU.sparse.map".into(), b"0,3".to_vec()), ("GNU.sparse.size".into(), b"10".to_vec())];
+    e.data = b"abc".to_vec();
+    let err = unpack(&TarBuilder::new().entry(e).finish()).1.unwrap_err();
+    assert!(matches!(err, UnpackError::UnsupportedEntry { .. }), "{err}");
+}
