@@ -1004,3 +1004,53 @@ fn a_sparse_file_costs_the_daemon_its_data_not_its_size() {
     }
     env.finish();
 }
+
+#[test]
+fn a_checkpoint_stops_when_its_sandbox_is_removed() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let daemon = env.daemon.as_ref().unwrap().id();
+    let id = create(&env, json!({"image": "busybox"}));
+    // 2 GiB of data: seconds of copying, compressing and hashing.
+    let v = sh(&env, &id, "dd if=/dev/zero of=/big bs=1M count=2048 2>/dev/null && echo ok");
+    assert_eq!(stdout(&v), "ok\n", "{v}");
+    std::thread::sleep(std::time::Duration::from_millis(1100)); // old enough to be pre-copied
+    let socket = env.socket.clone();
+    let sid = id.clone();
+    let checkpoint = std::thread::spawn(move || {
+        let mut client = strata::client::Client::connect(&socket).unwrap();
+        let r = client.call::<serde_json::Value>("POST", &format!("/v1/sandboxes/{sid}/checkpoint"), Some(&json!({})));
+        (r, std::time::Instant::now())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Removal is refused (409) only while the sandbox is frozen.
+    let start = std::time::Instant::now();
+    loop {
+        match env.client().request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>) {
+            Ok(_) => break,
+            Err(strata::client::ClientError::Api { status: 409, .. }) if start.elapsed().as_secs() < 20 => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("rm: {e}"),
+        }
+    }
+    let removed = std::time::Instant::now();
+    let (r, ended) = checkpoint.join().unwrap();
+    match r {
+        Err(strata::client::ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains("removed"), "{message}")
+        }
+        other => panic!("the checkpoint of a removed sandbox went on: {other:?}"),
+    }
+    let late = ended.saturating_duration_since(removed);
+    assert!(late.as_millis() < 1500, "the checkpoint ended {late:?} after the removal");
+    // Nothing goes on, nothing is recorded, nothing is left.
+    let before = cpu_seconds(daemon);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let used = cpu_seconds(daemon) - before;
+    assert!(used < 0.3, "the daemon used {used:.2} s of CPU after the checkpoint ended");
+    let snaps: serde_json::Value = env.client().call("GET", "/v1/snapshots", None::<&()>).unwrap();
+    assert_eq!(snaps.as_array().map(Vec::len), Some(0), "{snaps}");
+    assert_eq!(tmp_entries_settle(&env, &[], 10), Vec::<String>::new());
+    env.finish();
+}

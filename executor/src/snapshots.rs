@@ -122,6 +122,12 @@ fn unsealable(e: oci::UnpackError) -> ApiError {
     ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
 }
 
+/// A capture abandoned because its sandbox went away (removed or
+/// suspended) while it ran.
+fn removed_meanwhile(sb: &crate::sandbox::Sandbox) -> ApiError {
+    ApiError::new(ErrorKind::Conflict, format!("sandbox {} was removed (or suspended) during its checkpoint", sb.id))
+}
+
 /// Mark a snapshot captured in a user namespace: its chain then runs only
 /// in one (`Daemon::settle_userns`).
 fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
@@ -149,7 +155,8 @@ impl Daemon {
         };
         let result = self.capture_in(&sb, &work, compression, started, None, &append);
         let _ = remove_tree(&work);
-        result
+        // Whatever failed once the sandbox went away failed because it did.
+        result.map_err(|e| if sb.gone().is_set() { removed_meanwhile(&sb) } else { e })
     }
 
     /// Capture a running sandbox's changes as a snapshot and hand the row
@@ -208,10 +215,10 @@ impl Daemon {
             // joins them before the panic goes on).
             let _ends = written.end_on_drop();
             let mut follower = copier.is_some().then(|| {
-                let follow = crate::sandbox::TarFollower::new(&ahead, written.clone());
+                let follow = crate::sandbox::TarFollower::new(&ahead, written.clone()).until(sb.gone());
                 s.spawn(move || compress(follow))
             });
-            let spec = copier.map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, written.clone()));
+            let spec = copier.map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, written.clone(), sb.gone()));
             let confirmable = spec.as_ref().is_some_and(|s| s.ahead.is_ok());
             if spec.is_some() && !confirmable {
                 // Nothing written ahead to confirm.
@@ -220,7 +227,7 @@ impl Daemon {
             // Else a thread compresses the frozen tar as it is written.
             let live = (follower.is_none() && !deep).then(|| {
                 let live = Arc::new(crate::sandbox::TarProgress::default());
-                let follow = crate::sandbox::TarFollower::new(&tar, live.clone());
+                let follow = crate::sandbox::TarFollower::new(&tar, live.clone()).until(sb.gone());
                 follower = Some(s.spawn(move || compress(follow)));
                 live
             });
@@ -237,7 +244,7 @@ impl Daemon {
                 // Written ahead in vain: the frozen tar is compressed.
                 give_up(follower.take());
                 if let Ok(cap) = &cap {
-                    let follow = crate::sandbox::TarFollower::finished(cap);
+                    let follow = crate::sandbox::TarFollower::finished(cap).map(|f| f.until(sb.gone()));
                     let path = cap.tar.clone();
                     follower = Some(s.spawn(move || match follow {
                         Ok(follow) => compress(follow),
@@ -250,7 +257,7 @@ impl Daemon {
             crate::failpoint::hit("checkpoint:captured");
             // Hydrate while the blob is being finished.
             let unpacked = cap.map_err(ApiError::from).and_then(|mut cap| {
-                let (u, diff_id) = self.unpack_capture(&cap, work)?;
+                let (u, diff_id) = self.unpack_capture(&cap, work, sb.gone())?;
                 cap.diff_id.get_or_insert(diff_id);
                 Ok((cap, u))
             });
@@ -299,7 +306,10 @@ impl Daemon {
         let blob = match blob {
             Some(b) => Ok(b),
             None => store
-                .write_blob(compression, false, |w| std::io::copy(&mut std::fs::File::open(&sealed.tar)?, w))
+                .write_blob(compression, false, |w| {
+                    let tar = std::fs::File::open(&sealed.tar)?;
+                    std::io::copy(&mut crate::sandbox::Until::new(tar, sb.gone()), w)
+                })
                 .map(|(_, hold, size)| (hold, size, started.elapsed())),
         };
         let (blob_hold, blob_size, blob_at) = match blob {
@@ -349,7 +359,13 @@ impl Daemon {
         for spent in [&tar, &ahead, &sealed.tar] {
             let _ = std::fs::remove_file(spent);
         }
-        let checked = store.sync().map_err(store_err).and_then(|()| check.map_or(Ok(()), |c| c()));
+        let checked = store.sync().map_err(store_err).and_then(|()| check.map_or(Ok(()), |c| c())).and_then(|()| {
+            if sb.gone().is_set() {
+                Err(removed_meanwhile(sb))
+            } else {
+                Ok(())
+            }
+        });
         // Until layer and blob are durable: all the checkpoint but the row.
         row.info["total_ms"] = (started.elapsed().as_secs_f64() * 1000.0).into();
         let mut db = lock(&self.db);
@@ -380,13 +396,14 @@ impl Daemon {
         &self,
         cap: &crate::sandbox::Capture,
         work: &Path,
+        gone: &crate::sandbox::Gone,
     ) -> Result<((std::path::PathBuf, oci::UnpackStats), String), ApiError> {
         let layer_dir = work.join("layer");
         let fs_dir = layer_dir.join("fs");
         std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
         // The unpacker refuses what a layer may not hold (an escaping relative
         // symlink, say): that is the sandbox's content, not a daemon fault.
-        let tar = crate::sandbox::TarFollower::finished(cap).map_err(|e| ApiError::internal(&e))?;
+        let tar = crate::sandbox::TarFollower::finished(cap).map_err(|e| ApiError::internal(&e))?.until(gone);
         let unpacked = oci::unpack_capture(tar, &|at, len| cap.prepared(at, len), &fs_dir).map_err(unsealable)?;
         let (unpacked, diff_id) = unpacked;
         Ok(((layer_dir, unpacked), diff_id.hex().to_string()))

@@ -59,6 +59,8 @@ pub(super) struct SparseFile {
     /// Some bytes went in by `copy_file_range`, not through `write`: not
     /// compared (and a tar written ahead so cannot be confirmed).
     spliced: bool,
+    /// Writes fail once the sandbox is going away.
+    pub(super) gone: Option<super::Gone>,
 }
 
 /// A capture's tar written ahead of the freeze (by [`speculate`]): the
@@ -129,6 +131,7 @@ impl SparseFile {
             segments: Vec::new(),
             against: None,
             spliced: false,
+            gone: None,
         }
     }
 
@@ -187,6 +190,7 @@ impl SparseFile {
         let start = self.len;
         let mut pos = 0u64;
         while pos < len && self.splice {
+            self.gone.as_ref().map_or(Ok(()), |g| g.check())?;
             // The next data extent [data, hole); without SEEK_DATA, all data.
             let data = match lseek(src.as_raw_fd(), pos as i64, Whence::SeekData) {
                 Ok(d) => (d as u64).min(len),
@@ -196,6 +200,7 @@ impl SparseFile {
             let hole = lseek(src.as_raw_fd(), data as i64, Whence::SeekHole).map_or(len, |h| (h as u64).min(len));
             let (mut off_in, mut off_out) = (data as i64, (start + data) as i64);
             while (off_in as u64) < hole {
+                self.gone.as_ref().map_or(Ok(()), |g| g.check())?;
                 let want = (hole - off_in as u64).min(STEP) as usize;
                 match nix::fcntl::copy_file_range(src, Some(&mut off_in), &self.file, Some(&mut off_out), want) {
                     Ok(0) => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank")),
@@ -290,7 +295,13 @@ pub struct Speculation {
 /// is ended here. Needs no freeze: the walk goes by directory fds and
 /// never follows a symlink (`diff.rs`), and nothing it writes is used
 /// unless the frozen capture writes the same tar.
-pub fn speculate(upper: &Path, tar: &Path, copier: Precopier, progress: Arc<TarProgress>) -> Speculation {
+pub fn speculate(
+    upper: &Path,
+    tar: &Path,
+    mut copier: Precopier,
+    progress: Arc<TarProgress>,
+    gone: &super::Gone,
+) -> Speculation {
     use std::io::Write;
     let started = Instant::now();
     let file = match std::fs::File::create(tar) {
@@ -303,6 +314,8 @@ pub fn speculate(upper: &Path, tar: &Path, copier: Precopier, progress: Arc<TarP
         }
     };
     let mut sparse = SparseFile::new(file, Some(progress.clone()));
+    sparse.gone = Some(gone.clone());
+    copier.gone = Some(gone.clone());
     sparse.copier = Some(copier);
     let mut w = BufWriter::with_capacity(1 << 20, sparse);
     let walked = diff::write_delta_unhashed(upper, &mut w, Some(splice_into_tar))
@@ -407,6 +420,8 @@ pub struct TarFollower {
     /// The capture being written; `None` for a finished one of `len` bytes.
     progress: Option<Arc<TarProgress>>,
     len: u64,
+    /// Reads fail once the sandbox is going away.
+    gone: Option<super::Gone>,
 }
 
 impl TarFollower {
@@ -419,6 +434,7 @@ impl TarFollower {
             open: None,
             progress: Some(progress),
             len: 0,
+            gone: None,
         }
     }
 
@@ -434,7 +450,14 @@ impl TarFollower {
             open: None,
             progress: None,
             len,
+            gone: None,
         })
+    }
+
+    /// Reads fail once `gone` is set (the sandbox is going away).
+    pub fn until(mut self, gone: &super::Gone) -> TarFollower {
+        self.gone = Some(gone.clone());
+        self
     }
 
     /// How far the tar is final (waiting for more); copies new segments.
@@ -455,6 +478,7 @@ impl TarFollower {
 impl std::io::Read for TarFollower {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use std::os::unix::fs::FileExt;
+        self.gone.as_ref().map_or(Ok(()), |g| g.check())?;
         let len = self.final_len()?;
         if len <= self.pos || buf.is_empty() {
             return Ok(0);
@@ -502,6 +526,7 @@ impl std::io::Read for TarFollower {
 impl std::io::Write for SparseFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         use std::io::{Seek, SeekFrom};
+        self.gone.as_ref().map_or(Ok(()), |g| g.check())?;
         // Up to the next block boundary at most; all zeros become a hole
         // (the file system allocates whole blocks of it only if data lands
         // next to it).
@@ -600,6 +625,7 @@ impl Sandbox {
                     // hashes the tar after the thaw).
                     let unhashed = progress.is_some() || spec.is_some();
                     let mut sparse = SparseFile::new(f, progress);
+                    sparse.gone = Some(self.gone.clone());
                     if let Some(ahead) = spec.and_then(|s| s.ahead.as_ref().ok()) {
                         // Not comparing only costs the blob made ahead.
                         let _ = sparse.compare(ahead);
@@ -702,7 +728,7 @@ mod tests {
         let progress = Arc::new(TarProgress::default());
         let followed = follow(&tar, &progress);
         let copier = Precopier::new(u, &out.join("pre")).unwrap().expect("/var/tmp on ext4, XFS or btrfs");
-        let spec = speculate(u, &tar, copier, progress);
+        let spec = speculate(u, &tar, copier, progress, &super::super::Gone::default());
         (spec, followed.join().unwrap().unwrap())
     }
 
@@ -838,7 +864,7 @@ mod tests {
         let progress = Arc::new(TarProgress::default());
         let mut follower = TarFollower::new(&tar, progress.clone());
         let copier = Precopier::new(u, &out.path().join("pre")).unwrap().unwrap();
-        let spec = speculate(u, &tar, copier, progress);
+        let spec = speculate(u, &tar, copier, progress, &super::super::Gone::default());
         assert!(spec.ahead.unwrap_err().contains("could not be copied"));
         assert_eq!(spec.pre.bytes, 64 << 10, "the small file is still copied");
         let mut all = Vec::new();

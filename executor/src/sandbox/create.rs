@@ -261,6 +261,7 @@ pub fn start(
         cgroup,
         state: std::sync::Mutex::new(super::RunState::Running),
         next_exec: AtomicU64::new(1),
+        gone: super::Gone::default(),
     })
 }
 
@@ -317,6 +318,7 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
         cgroup,
         state: std::sync::Mutex::new(if paused { super::RunState::Paused } else { super::RunState::Running }),
         next_exec: AtomicU64::new(1 << 32),
+        gone: super::Gone::default(),
     })
 }
 

@@ -51,11 +51,16 @@ impl Sandbox {
     /// Mark the sandbox as going away; new execs are refused from now on.
     /// Returns false if it is already being removed.
     pub fn begin_stop(&self) -> bool {
-        self.transition(RunEvent::Stop, "remove", || Ok(())).is_ok()
+        let ok = self.transition(RunEvent::Stop, "remove", || Ok(())).is_ok();
+        if ok {
+            self.gone.set(true);
+        }
+        ok
     }
 
     /// Undo [`Sandbox::begin_stop`] after a failed removal so it can be retried.
     pub fn end_stop(&self) {
+        self.gone.set(false);
         let _ = self.cgroup.thaw();
         let _ = self.transition(RunEvent::StopFailed, "recover", || Ok(()));
     }

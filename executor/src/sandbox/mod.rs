@@ -309,9 +309,64 @@ pub struct Sandbox {
     cgroup: SandboxCgroup,
     state: std::sync::Mutex<RunState>,
     next_exec: AtomicU64,
+    /// Set while it is being removed or suspended: work the daemon does on
+    /// its behalf (a checkpoint's copies, compression, hydration) stops.
+    gone: Gone,
 }
 
+/// Whether a sandbox is going away (see [`Sandbox::gone`]); shared with
+/// the readers and writers of its captures, which check it as they go.
+#[derive(Debug, Clone, Default)]
+pub struct Gone(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Gone {
+    pub fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set(&self, gone: bool) {
+        self.0.store(gone, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// An error once it is set (for I/O loops: the work is abandoned).
+    pub fn check(&self) -> std::io::Result<()> {
+        match self.is_set() {
+            true => Err(std::io::Error::other(GoneError)),
+            false => Ok(()),
+        }
+    }
+}
+
+/// A reader that fails once its sandbox is going away.
+pub struct Until<R> {
+    inner: R,
+    gone: Gone,
+}
+
+impl<R> Until<R> {
+    pub fn new(inner: R, gone: &Gone) -> Until<R> {
+        Until { inner, gone: gone.clone() }
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Until<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.gone.check()?;
+        self.inner.read(buf)
+    }
+}
+
+/// The error [`Gone::check`] returns.
+#[derive(Debug, thiserror::Error)]
+#[error("the sandbox is being removed")]
+pub struct GoneError;
+
 impl Sandbox {
+    /// Set from the moment its removal (or suspend) begins until that fails.
+    pub fn gone(&self) -> &Gone {
+        &self.gone
+    }
+
     /// Its directories; with a disk cap or a user namespace, the upper and
     /// work dirs are under `rw/`.
     pub fn dirs(&self, store: &crate::store::Store) -> crate::store::SandboxDirs {

@@ -127,6 +127,8 @@ pub struct Precopier {
     done: Precopied,
     /// A copy could not be written (a full disk, say): all are dropped.
     failed: bool,
+    /// Copies stop once the sandbox is going away.
+    pub(super) gone: Option<super::Gone>,
 }
 
 impl Precopier {
@@ -140,7 +142,7 @@ impl Precopier {
         }
         std::fs::create_dir(dir)?;
         let done = Precopied::default();
-        Ok(Some(Precopier { dir: dir.into(), t0: (t0.tv_sec(), t0.tv_nsec()), done, failed: false }))
+        Ok(Some(Precopier { dir: dir.into(), t0: (t0.tv_sec(), t0.tv_nsec()), done, failed: false, gone: None }))
     }
 
     /// Copy `src` (a file of the live upper, open for reading; `meta` its
@@ -162,6 +164,7 @@ impl Precopier {
         let path = self.dir.join(self.done.files.len().to_string());
         let copied = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).and_then(|copy| {
             let mut sparse = super::checkpoint::SparseFile::new(copy, None);
+            sparse.gone = self.gone.clone();
             sparse.splice_from(src, stamp.size)?;
             sparse.finish()
         });
@@ -198,7 +201,8 @@ mod tests {
     fn precopy(upper: &Path, work: &Path) -> Precopied {
         let Some(copier) = Precopier::new(upper, &work.join("pre")).unwrap() else { return Precopied::default() };
         let progress = Arc::new(super::super::TarProgress::default());
-        let spec = super::super::speculate(upper, &work.join("ahead.tar"), copier, progress);
+        let spec =
+            super::super::speculate(upper, &work.join("ahead.tar"), copier, progress, &super::super::Gone::default());
         Arc::try_unwrap(spec.pre).unwrap()
     }
 
