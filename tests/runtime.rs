@@ -2512,3 +2512,56 @@ fn the_api_socket_admits_root_and_its_group_only() {
     env.cli_ok(&["ps"]);
     env.finish();
 }
+
+#[test]
+fn a_layout_with_several_tags_imports_the_one_named() {
+    let env = TestEnv::start();
+    let work = tempfile::Builder::new().prefix("strata-test-tags-").tempdir().unwrap();
+    let layout = work.path().join("multi");
+    std::fs::create_dir(&layout).unwrap();
+    // Three images in one layout, each layer saying which it is.
+    let mut manifests = Vec::new();
+    for tag in ["one", "two", "three"] {
+        let tar = corpus::TarBuilder::new().dir("etc").file("etc/which", tag.as_bytes()).finish();
+        corpus::write_layout(&layout, &[tar], true);
+        let index: Value = serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
+        let mut m = index["manifests"][0].clone();
+        m["annotations"]["org.opencontainers.image.ref.name"] = json!(tag);
+        manifests.push(m);
+    }
+    let index =
+        json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": manifests});
+    std::fs::write(layout.join("index.json"), index.to_string()).unwrap();
+    let which = |name: &str| {
+        let info: Value = env.client().call("GET", &format!("/v1/images/{name}"), None::<&()>).unwrap();
+        let diff_id = info["layers"][0].as_str().unwrap().trim_start_matches("sha256:").to_string();
+        std::fs::read_to_string(env.root.join("layers").join(diff_id).join("fs/etc/which")).unwrap()
+    };
+
+    // Without a tag: refused, and the error says which tags there are.
+    let out = env.cli(&["image", "import", layout.to_str().unwrap(), "--name", "x:untagged"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(r#"["one", "two", "three"]"#), "{err}");
+    // DIR:TAG on the CLI, `tag` in the API, ARCHIVE:TAG.
+    env.cli_ok(&["image", "import", &format!("{}:two", layout.display()), "--name", "x:two"]);
+    assert_eq!(which("x:two"), "two");
+    let body = json!({"path": layout.to_str().unwrap(), "tag": "three", "name": "x:three"});
+    let _: Value = env.client().call("POST", "/v1/images/import", Some(&body)).unwrap();
+    assert_eq!(which("x:three"), "three");
+    let archive = work.path().join("multi.tar");
+    let st = std::process::Command::new("tar").arg("-cf").arg(&archive).arg("-C").arg(&layout).arg(".").status();
+    assert!(st.unwrap().success());
+    env.cli_ok(&["image", "import", &format!("{}:one", archive.display()), "--name", "x:one"]);
+    assert_eq!(which("x:one"), "one");
+    // A tag it does not hold: 400 listing those it does, nothing stored.
+    let body = json!({"path": layout.to_str().unwrap(), "tag": "four", "name": "x:four"});
+    match env.client().call::<Value>("POST", "/v1/images/import", Some(&body)) {
+        Err(strata::client::ClientError::Api { status: 400, message, .. }) => {
+            assert!(message.contains("four") && message.contains(r#"["one", "two", "three"]"#), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let images: Value = env.client().call("GET", "/v1/images", None::<&()>).unwrap();
+    assert_eq!(images.as_array().unwrap().len(), 3, "{images}");
+    env.finish();
+}

@@ -185,7 +185,8 @@ pub struct DaemonArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum ImageCmd {
-    /// Import an OCI image layout directory or OCI archive tar.
+    /// Import an OCI image layout directory or OCI archive tar, as
+    /// `PATH[:TAG]` (the tag picks a manifest of its index.json).
     Import {
         path: PathBuf,
         #[arg(long)]
@@ -468,6 +469,25 @@ fn shown_name(name: &str) -> std::borrow::Cow<'_, str> {
     out.into()
 }
 
+/// `PATH[:TAG]` (umoci's and skopeo's `oci:` convention): a path that
+/// exists is taken whole; else the part after its last `:` is the tag if
+/// the part before exists.
+fn split_tag(arg: &std::path::Path) -> (PathBuf, Option<String>) {
+    use std::os::unix::ffi::OsStrExt;
+    if arg.exists() {
+        return (arg.to_path_buf(), None);
+    }
+    let bytes = arg.as_os_str().as_bytes();
+    if let Some(at) = bytes.iter().rposition(|&b| b == b':') {
+        let (dir, tag) = (&bytes[..at], &bytes[at + 1..]);
+        let dir = std::path::Path::new(std::ffi::OsStr::from_bytes(dir));
+        if !tag.is_empty() && !tag.contains(&b'/') && dir.exists() {
+            return (dir.to_path_buf(), Some(String::from_utf8_lossy(tag).into_owned()));
+        }
+    }
+    (arg.to_path_buf(), None)
+}
+
 fn client(cli: &Cli) -> Result<Client> {
     Ok(Client::connect(&cli.socket)?)
 }
@@ -479,8 +499,9 @@ pub fn run(cli: Cli) -> Result<i32> {
     match &cli.cmd {
         Command::Daemon(a) => run_daemon(&cli, a),
         Command::Image(ImageCmd::Import { path, name }) => {
-            let path = std::fs::canonicalize(path).with_context(|| format!("resolve {}", path.display()))?;
-            let req = ImportRequest { path: path.to_string_lossy().into_owned(), name: name.clone() };
+            let (path, tag) = split_tag(path);
+            let path = std::fs::canonicalize(&path).with_context(|| format!("resolve {}", path.display()))?;
+            let req = ImportRequest { path: path.to_string_lossy().into_owned(), name: name.clone(), tag };
             let info: ImageInfo = client(&cli)?.call("POST", "/v1/images/import", Some(&req))?;
             println!("{}", info.name);
             Ok(0)

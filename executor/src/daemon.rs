@@ -341,7 +341,7 @@ impl Daemon {
 
     // ---- images ----
 
-    pub fn import_image(&self, path: &str, name: &str) -> Result<ImageInfo, ApiError> {
+    pub fn import_image(&self, path: &str, tag: Option<&str>, name: &str) -> Result<ImageInfo, ApiError> {
         let name: ImageName = name.parse().map_err(|e| ApiError::invalid(&e))?;
         let path = PathBuf::from(path);
         if !path.is_absolute() {
@@ -351,7 +351,7 @@ impl Daemon {
             return Err(ApiError::new(ErrorKind::InvalidArgument, format!("{} does not exist", path.display())));
         }
         let _serial = lock(&self.import_lock);
-        let row = image::import(&self.rt.store, &self.db, &path, &name)?;
+        let row = image::import(&self.rt.store, &self.db, &path, tag, &name)?;
         Ok(image_info(&row))
     }
 

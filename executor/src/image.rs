@@ -59,9 +59,16 @@ impl ImageError {
     }
 }
 
-/// Import the image at `path` as `name`. `db` is locked only for the short
-/// metadata steps, never while unpacking.
-pub fn import(store: &Store, db: &std::sync::Mutex<Db>, path: &Path, name: &ImageName) -> Result<ImageRow, ImageError> {
+/// Import the image at `path` (its manifest tagged `tag`, if given) as
+/// `name`. `db` is locked only for the short metadata steps, never while
+/// unpacking.
+pub fn import(
+    store: &Store,
+    db: &std::sync::Mutex<Db>,
+    path: &Path,
+    tag: Option<&str>,
+    name: &ImageName,
+) -> Result<ImageRow, ImageError> {
     if lock(db).image_by_name(name)?.is_some() {
         return Err(ImageError::Exists(name.to_string()));
     }
@@ -73,7 +80,7 @@ pub fn import(store: &Store, db: &std::sync::Mutex<Db>, path: &Path, name: &Imag
             path: scratch.clone(),
             source,
         })?;
-        let src = oci::open(path, &scratch, None)
+        let src = oci::open(path, &scratch, tag)
             .map_err(|source| ImageError::Layout { path: path.display().to_string(), source })?;
         import_source(store, db, &src, name, &work, Vec::new())
     })();

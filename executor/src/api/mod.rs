@@ -211,7 +211,7 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
         ["images", "import"] => match m {
             "POST" => {
                 let b: ImportRequest = body(req)?;
-                json(201, &d.import_image(&b.path, &b.name)?)
+                json(201, &d.import_image(&b.path, b.tag.as_deref(), &b.name)?)
             }
             _ => Err(not_allowed("POST")),
         },

@@ -12,6 +12,11 @@ pub struct ImportRequest {
     pub path: String,
     /// `NAME[:TAG]`.
     pub name: String,
+    /// Which manifest of the layout's `index.json` to import: the one
+    /// whose `org.opencontainers.image.ref.name` is this (needed when it
+    /// lists several).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -232,8 +232,8 @@ pub enum LayoutError {
     #[error("no manifest in index.json is tagged {tag:?} (tags: {available:?})")]
     TagNotFound { tag: String, available: Vec<String> },
     /// Several manifests could be meant and nothing picks one.
-    #[error("index lists {count} manifests and none is for {platform}; choose one by tag")]
-    Ambiguous { count: usize, platform: String },
+    #[error("index lists {count} manifests and none is for {platform}; choose one by tag (PATH:TAG): {tags:?}")]
+    Ambiguous { count: usize, platform: String, tags: Vec<String> },
     /// An image index has no manifest for this host's platform.
     #[error("image index has no manifest for {platform}")]
     NoPlatform { platform: String },
@@ -511,17 +511,24 @@ fn host_platform() -> (&'static str, &'static str) {
 /// Picks the descriptor in `index.json`: by tag if given, then as in `pick`.
 fn pick_tagged<'a>(index: &'a Index, tag: Option<&str>) -> Result<&'a Descriptor, LayoutError> {
     let Some(tag) = tag else {
-        return pick(index.manifests.iter().collect());
+        return pick(index.manifests.iter().collect()).map_err(|e| match e {
+            LayoutError::Ambiguous { count, platform, .. } => {
+                LayoutError::Ambiguous { count, platform, tags: tags(index) }
+            }
+            e => e,
+        });
     };
     let tagged: Vec<&Descriptor> =
         index.manifests.iter().filter(|d| d.annotations.get(REF_NAME).map(String::as_str) == Some(tag)).collect();
     if tagged.is_empty() {
-        return Err(LayoutError::TagNotFound {
-            tag: tag.to_owned(),
-            available: index.manifests.iter().filter_map(|d| d.annotations.get(REF_NAME).cloned()).collect(),
-        });
+        return Err(LayoutError::TagNotFound { tag: tag.to_owned(), available: tags(index) });
     }
     pick(tagged)
+}
+
+/// The tags `index.json` names, in its order.
+fn tags(index: &Index) -> Vec<String> {
+    index.manifests.iter().filter_map(|d| d.annotations.get(REF_NAME).cloned()).collect()
 }
 
 /// Picks one descriptor: the first whose platform is this host's; else the
@@ -539,7 +546,7 @@ fn pick(candidates: Vec<&Descriptor>) -> Result<&Descriptor, LayoutError> {
         [only] => Ok(only),
         [] if candidates.is_empty() => Err(LayoutError::NoManifest),
         [] => Err(LayoutError::NoPlatform { platform: format!("{os}/{arch}") }),
-        many => Err(LayoutError::Ambiguous { count: many.len(), platform: format!("{os}/{arch}") }),
+        many => Err(LayoutError::Ambiguous { count: many.len(), platform: format!("{os}/{arch}"), tags: Vec::new() }),
     }
 }
 
@@ -771,7 +778,12 @@ mod tests {
             Err(LayoutError::TagNotFound { available, .. }) => assert_eq!(available, ["v1", "v2"]),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::Ambiguous { count: 2, .. })));
+        match open_dir(dir.path(), None) {
+            Err(e @ LayoutError::Ambiguous { count: 2, .. }) => {
+                assert!(e.to_string().ends_with(r#"choose one by tag (PATH:TAG): ["v1", "v2"]"#), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
         write_index(dir.path(), json!([]));
         assert!(matches!(open_dir(dir.path(), None), Err(LayoutError::NoManifest)));
     }
