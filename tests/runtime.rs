@@ -2548,6 +2548,11 @@ fn a_layout_with_several_tags_imports_the_one_named() {
     let body = json!({"path": layout.to_str().unwrap(), "tag": "three", "name": "x:three"});
     let _: Value = env.client().call("POST", "/v1/images/import", Some(&body)).unwrap();
     assert_eq!(which("x:three"), "three");
+    // As `docker save` (Docker 25 and later) writes it: the layout plus
+    // Docker's own manifest.json and repositories, which are not read.
+    std::fs::write(layout.join("manifest.json"), r#"[{"Config":"blobs/sha256/0","RepoTags":["x:one"],"Layers":[]}]"#)
+        .unwrap();
+    std::fs::write(layout.join("repositories"), r#"{"x":{"one":"0"}}"#).unwrap();
     let archive = work.path().join("multi.tar");
     let st = std::process::Command::new("tar").arg("-cf").arg(&archive).arg("-C").arg(&layout).arg(".").status();
     assert!(st.unwrap().success());
