@@ -257,8 +257,8 @@ impl Daemon {
             .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("baseline {id} not found")))?;
         let _pin = self.pin_snapshot(&row.id)?;
         let mut base = self.snapshot_base(&row)?;
-        let wc = self.new_lineage(work_context, image.id, "baseline", Some(&row.id))?;
-        (base.work_context, base.observed_head, base.rung) = (wc.clone(), None, "baseline");
+        let wc = self.new_lineage(work_context, image.id, crate::model::StartKind::Baseline, Some(&row.id))?;
+        (base.work_context, base.observed_head, base.rung) = (wc.clone(), None, crate::model::Rung::Baseline);
         match self.launch(&base, launch) {
             Ok(sb) => Ok(sandbox_info(&sb)),
             Err(e) => {

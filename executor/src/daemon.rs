@@ -79,7 +79,7 @@ pub struct Base {
     pub work_context: String,
     pub observed_head: Option<String>,
     /// How it was chosen (recorded as the restore's rung).
-    pub rung: &'static str,
+    pub rung: crate::model::Rung,
     /// A snapshot of its chain was captured in a user namespace: it runs
     /// only in one (see [`Daemon::launch`]).
     pub captured_in_userns: bool,
@@ -397,14 +397,14 @@ impl Daemon {
         let image = lock(&self.db)
             .image_by_name(&name)?
             .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
-        let wc = self.new_lineage(req.work_context.as_deref(), image.id, "image", None)?;
+        let wc = self.new_lineage(req.work_context.as_deref(), image.id, crate::model::StartKind::Image, None)?;
         let base = Base {
             layers: image.layers.clone(),
             image,
             snapshot: None,
             work_context: wc.clone(),
             observed_head: None,
-            rung: "image",
+            rung: crate::model::Rung::Image,
             captured_in_userns: false,
         };
         match self.launch(&base, launch) {
@@ -571,7 +571,7 @@ impl Daemon {
             snapshot: base.snapshot.clone(),
             work_context: Some(base.work_context.clone()),
             observed_head: base.observed_head.clone(),
-            restored: Some(crate::db::Restored { rung: base.rung.into(), snapshot: base.snapshot.clone() }),
+            restored: Some(crate::db::Restored { rung: base.rung, snapshot: base.snapshot.clone() }),
             limits: launch.limits,
             env: launch.env,
             hostname,

@@ -11,6 +11,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ImageName, SandboxId};
+pub use crate::model::{LineageState, Rung, SandboxState, SnapshotClass, SnapshotState, StartKind};
 use crate::oci::ImageConfig;
 
 #[derive(Debug, thiserror::Error)]
@@ -377,8 +378,7 @@ pub struct SandboxSpec {
 /// How a sandbox was started for its lineage.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Restored {
-    /// `head`, `baseline`, `fork`, `image`, `snapshot` or `rollback`.
-    pub rung: String,
+    pub rung: Rung,
     /// The snapshot it started from (none for `image`).
     pub snapshot: Option<String>,
 }
@@ -405,11 +405,10 @@ pub struct SnapshotRow {
     pub image_id: i64,
     /// The snapshot below it in its layer chain (the base it ran on).
     pub parent_id: Option<String>,
-    /// `checkpoint` (of a work context) or `baseline` (of a key).
-    pub class: String,
-    /// `ready` (a lineage's head, or a live baseline), `superseded`,
-    /// `retired`, ...; set by the database's lineage rules.
-    pub state: String,
+    /// A checkpoint (of a work context) or a baseline (of a key).
+    pub class: SnapshotClass,
+    /// Set by the database's lineage rules.
+    pub state: SnapshotState,
     /// A checkpoint's lineage, its place in it and the head it replaced.
     pub work_context: Option<String>,
     pub sequence: Option<i64>,
@@ -446,8 +445,8 @@ impl SnapshotRow {
             id: SandboxId::random().to_string(),
             image_id,
             parent_id,
-            class: "checkpoint".into(),
-            state: "ready".into(),
+            class: SnapshotClass::Checkpoint,
+            state: SnapshotState::Ready,
             work_context: None,
             sequence: None,
             predecessor_id: None,
@@ -481,15 +480,14 @@ pub struct Baseline {
 pub struct WorkContextRow {
     pub id: String,
     pub image_id: i64,
-    /// `image`, `baseline` or `fork`: what the lineage began from.
-    pub start_kind: String,
+    /// What the lineage began from.
+    pub start_kind: StartKind,
     /// The baseline or fork origin it began from (none for `image`).
     pub start_id: Option<String>,
     /// Its ready head (the last checkpoint appended).
     pub head_id: Option<String>,
     pub head_seq: i64,
-    /// `active` or `retired`.
-    pub state: String,
+    pub state: LineageState,
     pub created_at: i64,
     pub used_at: i64,
     pub retired_at: Option<i64>,
@@ -497,15 +495,15 @@ pub struct WorkContextRow {
 
 impl WorkContextRow {
     /// A new, active lineage with no head yet.
-    pub fn new(id: &str, image_id: i64, start_kind: &str, start_id: Option<&str>) -> WorkContextRow {
+    pub fn new(id: &str, image_id: i64, start_kind: StartKind, start_id: Option<&str>) -> WorkContextRow {
         WorkContextRow {
             id: id.into(),
             image_id,
-            start_kind: start_kind.into(),
+            start_kind,
             start_id: start_id.map(str::to_string),
             head_id: None,
             head_seq: 0,
-            state: "active".into(),
+            state: LineageState::Active,
             created_at: 0,
             used_at: 0,
             retired_at: None,
@@ -520,8 +518,7 @@ pub struct RestoreRow {
     pub id: i64,
     pub work_context: String,
     pub sandbox_id: String,
-    /// `head`, `baseline`, `fork`, `image`, `snapshot` or `rollback`.
-    pub rung: String,
+    pub rung: Rung,
     pub snapshot_id: Option<String>,
     /// The head the sandbox observed: its next append is fenced on it.
     pub observed_head: Option<String>,
@@ -549,34 +546,6 @@ impl std::fmt::Display for Fence {
                 show(head)
             ),
             Fence::Retired { work_context } => write!(f, "work context {work_context} is retired"),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SandboxState {
-    Creating,
-    Running,
-    Paused,
-    Stopped,
-}
-
-impl SandboxState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SandboxState::Creating => "creating",
-            SandboxState::Running => "running",
-            SandboxState::Paused => "paused",
-            SandboxState::Stopped => "stopped",
-        }
-    }
-    fn parse(s: &str) -> SandboxState {
-        match s {
-            "creating" => SandboxState::Creating,
-            "running" => SandboxState::Running,
-            "paused" => SandboxState::Paused,
-            _ => SandboxState::Stopped,
         }
     }
 }
@@ -612,7 +581,7 @@ fn sandbox_lineage_in(conn: &Connection, id: &SandboxId) -> Result<(Option<Strin
 }
 
 /// A lineage's head, its sequence number and its state.
-fn lineage_head_in(conn: &Connection, wc: &str) -> Result<(Option<String>, i64, String), DbError> {
+fn lineage_head_in(conn: &Connection, wc: &str) -> Result<(Option<String>, i64, LineageState), DbError> {
     conn.query_row("SELECT head_id, head_seq, state FROM work_contexts WHERE id = ?1", [wc], |r| {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?))
     })
@@ -621,8 +590,8 @@ fn lineage_head_in(conn: &Connection, wc: &str) -> Result<(Option<String>, i64, 
 
 /// The fence an append to lineage `wc` by a sandbox that observed
 /// `observed` meets, given the lineage's `head` and `state`.
-fn fence(wc: &str, observed: &Option<String>, head: &Option<String>, state: &str) -> Option<Fence> {
-    if state != "active" {
+fn fence(wc: &str, observed: &Option<String>, head: &Option<String>, state: LineageState) -> Option<Fence> {
+    if state != LineageState::Active {
         Some(Fence::Retired { work_context: wc.into() })
     } else if head != observed {
         Some(Fence::Moved { work_context: wc.into(), observed: observed.clone(), head: head.clone() })
@@ -727,7 +696,7 @@ pub struct PulledImage {
 pub struct PulledSnapshot {
     pub row: SnapshotRow,
     pub layer: LayerRow,
-    pub start_kind: String,
+    pub start_kind: StartKind,
     pub start_id: Option<String>,
 }
 
@@ -1012,7 +981,7 @@ impl Db {
             }
         };
         let (head, seq, state) = lineage_head_in(&tx, &wc)?;
-        if let Some(fence) = fence(&wc, &observed, &head, &state) {
+        if let Some(fence) = fence(&wc, &observed, &head, state) {
             return Ok(Err(fence));
         }
         insert_layer(&tx, layer)?;
@@ -1020,8 +989,8 @@ impl Db {
             tx.execute("UPDATE snapshots SET state = 'superseded', retired_at = ?2 WHERE id = ?1", params![h, now()])
                 .map_err(q("supersede head"))?;
         }
-        snap.class = "checkpoint".into();
-        snap.state = "ready".into();
+        snap.class = SnapshotClass::Checkpoint;
+        snap.state = SnapshotState::Ready;
         snap.work_context = Some(wc.clone());
         snap.sequence = Some(seq + 1);
         snap.predecessor_id = head;
@@ -1151,7 +1120,7 @@ impl Db {
                         return Ok(Err(PullConflict::Diverged { work_context: wc.clone(), sequence: seq, here }));
                     }
                     let (head, head_seq, state) = lineage_head_in(&tx, wc)?;
-                    if state == "active" && seq > head_seq {
+                    if state == LineageState::Active && seq > head_seq {
                         if let Some(h) = &head {
                             tx.execute(
                                 "UPDATE snapshots SET state = 'superseded', retired_at = ?2 WHERE id = ?1",
@@ -1159,7 +1128,7 @@ impl Db {
                             )
                             .map_err(q("supersede head"))?;
                         }
-                        p.row.state = "ready".into();
+                        p.row.state = SnapshotState::Ready;
                         insert_pulled_row(&tx, &p.row)?;
                         tx.execute(
                             "UPDATE work_contexts SET head_id = ?2, head_seq = ?3, used_at = ?4 WHERE id = ?1",
@@ -1167,13 +1136,13 @@ impl Db {
                         )
                         .map_err(q("advance head"))?;
                     } else {
-                        p.row.state = "superseded".into();
+                        p.row.state = SnapshotState::Superseded;
                         insert_pulled_row(&tx, &p.row)?;
                     }
                 }
                 (_, _, Some(b)) => {
                     let ready = ready_baseline_in(&tx, &b.owner, &b.repo, image_id, &b.git_ref)?;
-                    p.row.state = if ready.is_some() { "superseded" } else { "ready" }.into();
+                    p.row.state = if ready.is_some() { SnapshotState::Superseded } else { SnapshotState::Ready };
                     insert_pulled_row(&tx, &p.row)?;
                 }
                 _ => return Err(DbError::Invalid(format!("pulled snapshot {} has neither lineage nor key", p.row.id))),
@@ -1546,7 +1515,7 @@ impl Db {
         spec: &SandboxSpec,
         shim_pid: i32,
         shim_start: u64,
-        rung: &str,
+        rung: Rung,
         snapshot: Option<&str>,
     ) -> Result<(), DbError> {
         let wc = spec.work_context.as_deref().unwrap_or(id.as_str());
@@ -1560,7 +1529,7 @@ impl Db {
         &self,
         work_context: &str,
         sandbox: &SandboxId,
-        rung: &str,
+        rung: Rung,
         snapshot: Option<&str>,
         observed_head: Option<&str>,
     ) -> Result<(), DbError> {
@@ -1643,7 +1612,7 @@ impl Db {
     pub fn append_fence(&self, sandbox: &SandboxId) -> Result<Option<Fence>, DbError> {
         let (Some(wc), observed) = sandbox_lineage_in(&self.conn, sandbox)? else { return Ok(None) };
         let (head, _, state) = lineage_head_in(&self.conn, &wc)?;
-        Ok(fence(&wc, &observed, &head, &state))
+        Ok(fence(&wc, &observed, &head, state))
     }
 
     /// The ready baseline for a key, if any.
@@ -1681,8 +1650,8 @@ impl Db {
             tx.execute("UPDATE snapshots SET state = 'superseded', retired_at = ?2 WHERE id = ?1", params![c, now()])
                 .map_err(q("supersede baseline"))?;
         }
-        snap.class = "baseline".into();
-        snap.state = "ready".into();
+        snap.class = SnapshotClass::Baseline;
+        snap.state = SnapshotState::Ready;
         insert_snapshot_row(&tx, snap, &info)?;
         tx.commit().map_err(q("commit publish"))?;
         Ok(Ok(()))
@@ -1804,7 +1773,7 @@ impl Db {
 
     pub fn set_sandbox_state(&self, id: &SandboxId, state: SandboxState) -> Result<(), DbError> {
         self.conn
-            .execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id.as_str(), state.as_str()])
+            .execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id.as_str(), state])
             .map_err(q("set sandbox state"))?;
         Ok(())
     }
@@ -1819,7 +1788,7 @@ impl Db {
             .conn
             .prepare("SELECT id, image_id, state, spec, shim_pid, shim_start, created_at FROM sandboxes ORDER BY created_at, id")
             .map_err(q("list sandboxes"))?;
-        type Raw = (String, i64, String, String, Option<i32>, Option<i64>, i64);
+        type Raw = (String, i64, SandboxState, String, Option<i32>, Option<i64>, i64);
         let rows: Vec<Raw> = st
             .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
             .map_err(q("list sandboxes"))?
@@ -1837,7 +1806,7 @@ impl Db {
                 Ok(SandboxRow {
                     id,
                     image_id,
-                    state: SandboxState::parse(&state),
+                    state,
                     spec,
                     shim_pid,
                     shim_start: shim_start.map(|s| s as u64),
@@ -1918,7 +1887,9 @@ mod tests {
     fn lineage_constraints_hold_in_the_schema() {
         let mut db = Db::open_in_memory().unwrap();
         let img = db.insert_image(&"a".parse().unwrap(), "m", "c", &ImageConfig::default(), &[layer('1')]).unwrap();
-        let wc = |db: &mut Db, id: &str| db.insert_work_context(&WorkContextRow::new(id, img, "image", None)).unwrap();
+        let wc = |db: &mut Db, id: &str| {
+            db.insert_work_context(&WorkContextRow::new(id, img, StartKind::Image, None)).unwrap()
+        };
         assert!(wc(&mut db, "w1"));
         assert!(!wc(&mut db, "w1"), "work context ids are unique");
         let l = "1".repeat(64);
@@ -1961,7 +1932,7 @@ mod tests {
         assert!(db.conn.execute("DELETE FROM snapshots WHERE id = '000000000000000a'", []).is_err());
         assert_eq!(db.delete_snapshot("000000000000000a").unwrap(), Err(vec!["head of work context w1".to_string()]));
         assert!(db.retire_work_context("w1").unwrap());
-        assert_eq!(db.snapshot("000000000000000a").unwrap().unwrap().state, "retired");
+        assert_eq!(db.snapshot("000000000000000a").unwrap().unwrap().state, SnapshotState::Retired);
         assert!(db.delete_snapshot("000000000000000a").unwrap().is_ok(), "a retired lineage's head may go");
     }
 

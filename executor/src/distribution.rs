@@ -78,10 +78,10 @@ struct ImageMeta {
 struct SnapshotMeta {
     id: String,
     parent_id: Option<String>,
-    class: String,
+    class: crate::model::SnapshotClass,
     work_context: Option<String>,
     /// How its lineage began (`image`, `baseline`, `fork`) and from what.
-    start_kind: Option<String>,
+    start_kind: Option<crate::model::StartKind>,
     start_id: Option<String>,
     sequence: Option<i64>,
     predecessor_id: Option<String>,
@@ -377,9 +377,9 @@ impl Daemon {
             snapshots.push(SnapshotMeta {
                 id: s.id.clone(),
                 parent_id: s.parent_id.clone(),
-                class: s.class.clone(),
+                class: s.class,
                 work_context: s.work_context.clone(),
-                start_kind: wc.as_ref().map(|w| w.start_kind.clone()),
+                start_kind: wc.as_ref().map(|w| w.start_kind),
                 start_id: wc.and_then(|w| w.start_id),
                 sequence: s.sequence,
                 predecessor_id: s.predecessor_id.clone(),
@@ -778,8 +778,9 @@ impl Daemon {
                             id: m.id.clone(),
                             image_id: 0,
                             parent_id: m.parent_id.clone(),
-                            class: m.class.clone(),
-                            state: String::new(),
+                            class: m.class,
+                            // Set when it is recorded (`record_pulled`).
+                            state: crate::model::SnapshotState::Superseded,
                             work_context: m.work_context.clone(),
                             sequence: m.sequence,
                             predecessor_id: m.predecessor_id.clone(),
@@ -794,7 +795,7 @@ impl Daemon {
                             created_at: m.created_at,
                         },
                         layer: layer.clone(),
-                        start_kind: m.start_kind.clone().unwrap_or_else(|| "image".into()),
+                        start_kind: m.start_kind.unwrap_or(crate::model::StartKind::Image),
                         start_id: m.start_id.clone(),
                     }
                 })

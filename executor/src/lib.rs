@@ -29,6 +29,7 @@ pub mod gc;
 pub mod ids;
 pub mod image;
 pub mod lineage;
+pub mod model;
 pub mod oci;
 pub mod registry;
 pub mod sandbox;

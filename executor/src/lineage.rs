@@ -18,6 +18,7 @@ use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{SnapshotRow, WorkContextRow};
 use crate::error::ErrorKind;
 use crate::ids::SandboxId;
+use crate::model::{LineageState, Rung, SnapshotState, StartKind};
 
 /// A work context id: 1-64 chars of `[A-Za-z0-9._-]`, not starting with a
 /// dot or a dash (it is a scheduler's task id, say).
@@ -34,7 +35,7 @@ impl Daemon {
         &self,
         id: Option<&str>,
         image_id: i64,
-        start_kind: &str,
+        start_kind: StartKind,
         start_id: Option<&str>,
     ) -> Result<String, ApiError> {
         let id = match id {
@@ -72,7 +73,7 @@ impl Daemon {
             ));
         };
         let wc = self.work_context_row(wc)?;
-        if wc.state != "active" || row.state == "retired" {
+        if wc.state != LineageState::Active || row.state == SnapshotState::Retired {
             return Err(ApiError::new(
                 ErrorKind::Conflict,
                 format!("snapshot {} belongs to retired work context {}: not restorable", row.id, wc.id),
@@ -97,12 +98,12 @@ impl Daemon {
         }
         let launch = self.launch_spec(req)?;
         let wc = self.work_context_row(id)?;
-        if wc.state != "active" {
+        if wc.state != LineageState::Active {
             return Err(ApiError::new(ErrorKind::Conflict, format!("work context {id} is retired")));
         }
         // Rungs 1 and 2: the head, else the snapshot the lineage began from.
-        let start_rung = if wc.start_kind == "baseline" { "baseline" } else { "fork" };
-        let rungs = [(wc.head_id.as_deref(), "head"), (wc.start_id.as_deref(), start_rung)];
+        let start_rung = if wc.start_kind == StartKind::Baseline { Rung::Baseline } else { Rung::Fork };
+        let rungs = [(wc.head_id.as_deref(), Rung::Head), (wc.start_id.as_deref(), start_rung)];
         for (snap, rung) in rungs {
             let Some(snap) = snap else { continue };
             let Some(row) = lock(&self.db).snapshot(snap)? else { continue };
@@ -123,7 +124,7 @@ impl Daemon {
             snapshot: None,
             work_context: wc.id.clone(),
             observed_head: wc.head_id.clone(),
-            rung: "image",
+            rung: Rung::Image,
             captured_in_userns: false,
         };
         Ok(sandbox_info(&*self.launch(&base, launch)?))

@@ -29,6 +29,7 @@ use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{LayerRow, SnapshotRow};
 use crate::error::ErrorKind;
 use crate::ids::SandboxId;
+use crate::model::{Rung, SnapshotClass, StartKind};
 use crate::oci;
 use crate::store::{remove_tree, BlobCompression, StoreError};
 
@@ -452,8 +453,8 @@ impl Daemon {
             image.layers.iter().map(|h| Some(digest(h))).chain(chain.iter().map(|s| s.diff_id.as_ref().map(digest)));
         Ok(SnapshotInfo {
             id: row.id.clone(),
-            class: row.class.clone(),
-            state: row.state.clone(),
+            class: row.class,
+            state: row.state,
             sealing: db.blob_pending(&row.id)?,
             hydrating: chain
                 .iter()
@@ -527,7 +528,7 @@ impl Daemon {
             snapshot: Some(row.id.clone()),
             work_context: String::new(),
             observed_head: None,
-            rung: "snapshot",
+            rung: Rung::Snapshot,
             captured_in_userns,
         })
     }
@@ -541,10 +542,10 @@ impl Daemon {
         let row = self.snapshot_row(id)?;
         let _pin = self.pin_snapshot(&row.id)?;
         let mut base = self.snapshot_base(&row)?;
-        if row.class == "baseline" {
+        if row.class == SnapshotClass::Baseline {
             // New work from a baseline: a lineage of its own.
-            let wc = self.new_lineage(None, base.image.id, "baseline", Some(&row.id))?;
-            (base.work_context, base.observed_head, base.rung) = (wc.clone(), None, "baseline");
+            let wc = self.new_lineage(None, base.image.id, StartKind::Baseline, Some(&row.id))?;
+            (base.work_context, base.observed_head, base.rung) = (wc.clone(), None, Rung::Baseline);
             return self.launch(&base, launch).map(|sb| sandbox_info(&sb)).inspect_err(|_| {
                 let _ = lock(&self.db).delete_unused_work_context(&wc);
             });
@@ -584,8 +585,11 @@ impl Daemon {
                 ));
             }
         }
-        let start_kind = if row.class == "baseline" { "baseline" } else { "fork" };
-        if row.class != "baseline" {
+        let (start_kind, rung) = match row.class {
+            SnapshotClass::Baseline => (StartKind::Baseline, Rung::Baseline),
+            SnapshotClass::Checkpoint => (StartKind::Fork, Rung::Fork),
+        };
+        if row.class != SnapshotClass::Baseline {
             self.eligible_lineage(&row)?;
         }
         // Each child is an explicit branch: a lineage of its own, whose
@@ -596,7 +600,7 @@ impl Daemon {
                 let child = Base {
                     work_context: wc.clone(),
                     observed_head: None,
-                    rung: if start_kind == "baseline" { "baseline" } else { "fork" },
+                    rung,
                     image: base.image.clone(),
                     layers: base.layers.clone(),
                     snapshot: base.snapshot.clone(),
@@ -944,12 +948,12 @@ impl Daemon {
             Some(wc) => wc,
             None => {
                 // A sandbox from before lineages: its own lineage, from now.
-                let _ = self.new_lineage(Some(sb.id.as_str()), base.image.id, "image", None);
+                let _ = self.new_lineage(Some(sb.id.as_str()), base.image.id, StartKind::Image, None);
                 sb.id.to_string()
             }
         };
         base.observed_head = observed;
-        base.rung = "rollback";
+        base.rung = Rung::Rollback;
         if !sb.begin_stop() {
             return Err(ApiError::new(
                 ErrorKind::Conflict,

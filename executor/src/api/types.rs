@@ -201,10 +201,10 @@ pub struct LaunchRequest {
 pub struct SnapshotInfo {
     pub id: String,
     /// `checkpoint` or `baseline`.
-    pub class: String,
+    pub class: crate::model::SnapshotClass,
     /// `ready` (its lineage's head), `superseded` (an older checkpoint of
     /// it), `retired` (its lineage is retired), ...
-    pub state: String,
+    pub state: crate::model::SnapshotState,
     /// True while a suspended sandbox's layer is hashed, synced and
     /// compressed (resume and fork work meanwhile).
     pub sealing: bool,
@@ -261,10 +261,10 @@ pub struct RollbackRequest {
 pub struct LineageInfo {
     pub id: String,
     /// `active` or `retired`.
-    pub state: String,
+    pub state: crate::model::LineageState,
     pub image: String,
     /// `image`, `baseline` or `fork`, and the snapshot for the latter two.
-    pub start_kind: String,
+    pub start_kind: crate::model::StartKind,
     pub start: Option<String>,
     pub head: Option<String>,
     pub created_at: i64,

@@ -1,0 +1,183 @@
+//! The catalog's closed vocabularies: a snapshot's class and state, how a
+//! lineage started and whether it is active, which rung of the restore
+//! ladder started a sandbox. Each is an enum whose text form is the one the
+//! database's CHECK constraints and the API use; reading a value that is
+//! not one of them (a row written by a newer version, a corrupt database)
+//! is an error, never a silent default.
+#![forbid(unsafe_code)]
+
+/// A text value that names none of a vocabulary's members.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{value:?} is not a {kind} (one of {})", .allowed.join(", "))]
+pub struct UnknownValue {
+    pub kind: &'static str,
+    pub value: String,
+    pub allowed: &'static [&'static str],
+}
+
+/// An enum of unit variants, each with its text form, and the conversions
+/// every vocabulary needs: `as_str`, `Display`, `FromStr` (failing on an
+/// unknown text), serde as that text, and SQLite as that text.
+macro_rules! vocabulary {
+    ($(#[$meta:meta])* $name:ident ($kind:literal) { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = UnknownValue;
+            fn from_str(s: &str) -> Result<Self, UnknownValue> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownValue {
+                        kind: $kind,
+                        value: s.to_string(),
+                        allowed: &[$($text),+],
+                    }),
+                }
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+
+        impl rusqlite::types::ToSql for $name {
+            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+                Ok(rusqlite::types::ToSqlOutput::from(self.as_str()))
+            }
+        }
+
+        impl rusqlite::types::FromSql for $name {
+            fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+                v.as_str()?.parse().map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
+            }
+        }
+    };
+}
+
+vocabulary! {
+    /// A sandbox's state as the database keeps it (across restarts).
+    SandboxState ("sandbox state") {
+        Creating = "creating",
+        Running = "running",
+        Paused = "paused",
+        Stopped = "stopped",
+    }
+}
+
+vocabulary! {
+    /// What a snapshot is for.
+    SnapshotClass ("snapshot class") {
+        /// Work: appended to a lineage (checkpoint or suspend).
+        Checkpoint = "checkpoint",
+        /// A repository's clean state that new work starts from.
+        Baseline = "baseline",
+    }
+}
+
+vocabulary! {
+    /// Where a snapshot is in its life; set by the database's lineage rules.
+    SnapshotState ("snapshot state") {
+        Capturing = "capturing",
+        /// A lineage's head, or a live baseline.
+        Ready = "ready",
+        /// Replaced by a later head or baseline; restorable by id.
+        Superseded = "superseded",
+        /// Its lineage was retired.
+        Retired = "retired",
+        /// Its layer could never be sealed (`info.seal_error`).
+        Failed = "failed",
+        Deleting = "deleting",
+    }
+}
+
+vocabulary! {
+    /// How a lineage (work context) started.
+    StartKind ("lineage start") {
+        Image = "image",
+        Baseline = "baseline",
+        Fork = "fork",
+    }
+}
+
+vocabulary! {
+    /// Whether a lineage takes new checkpoints.
+    LineageState ("lineage state") {
+        Active = "active",
+        Retired = "retired",
+    }
+}
+
+vocabulary! {
+    /// Which rung of the restore ladder started a sandbox.
+    Rung ("restore rung") {
+        /// Its lineage's head.
+        Head = "head",
+        /// The baseline its lineage started from.
+        Baseline = "baseline",
+        /// The snapshot its lineage was forked from.
+        Fork = "fork",
+        /// The image, nothing else being restorable.
+        Image = "image",
+        /// A snapshot asked for by id.
+        Snapshot = "snapshot",
+        /// A rollback to a snapshot of its own lineage.
+        Rollback = "rollback",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_forms_round_trip_and_unknown_ones_are_errors() {
+        for s in [SnapshotState::Ready, SnapshotState::Failed, SnapshotState::Deleting] {
+            assert_eq!(s.as_str().parse::<SnapshotState>(), Ok(s));
+            assert_eq!(serde_json::to_string(&s).unwrap(), format!("\"{s}\""));
+        }
+        let err = "bogus".parse::<SnapshotState>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#""bogus" is not a snapshot state (one of capturing, ready, superseded, retired, failed, deleting)"#
+        );
+        assert!(serde_json::from_str::<Rung>("\"ladder\"").is_err());
+        assert_eq!(serde_json::from_str::<Rung>("\"rollback\"").unwrap(), Rung::Rollback);
+    }
+
+    #[test]
+    fn the_database_refuses_to_read_an_unknown_value() {
+        let db = rusqlite::Connection::open_in_memory().unwrap();
+        let read = |v: &str| db.query_row("SELECT ?1", [v], |r| r.get::<_, StartKind>(0));
+        assert_eq!(read("fork").unwrap(), StartKind::Fork);
+        assert!(read("spawn").is_err());
+        let back: String = db.query_row("SELECT ?1", [LineageState::Retired], |r| r.get(0)).unwrap();
+        assert_eq!(back, "retired");
+    }
+}
