@@ -436,11 +436,8 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
 }
 
 fn compression_arg(c: Option<&str>) -> Option<crate::store::BlobCompression> {
-    match c {
-        Some("gzip") => Some(crate::store::BlobCompression::Gzip),
-        Some(_) => Some(crate::store::BlobCompression::Zstd),
-        None => None,
-    }
+    // clap has checked it is one of them.
+    c.and_then(|c| c.parse().ok())
 }
 
 /// A file name as one line of human output: a backslash, control

@@ -11,7 +11,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ImageName, SandboxId};
-pub use crate::model::{LineageState, Rung, SandboxState, SnapshotClass, SnapshotState, StartKind};
+pub use crate::model::{BlobCompression, LineageState, Rung, SandboxState, SnapshotClass, SnapshotState, StartKind};
 use crate::oci::ImageConfig;
 
 #[derive(Debug, thiserror::Error)]
@@ -422,7 +422,7 @@ pub struct SnapshotRow {
     /// `sha256:<hex>` of the compressed blob in `blobs/sha256/`.
     pub blob_digest: String,
     pub blob_size: u64,
-    pub compression: String,
+    pub compression: BlobCompression,
     pub source_sandbox: String,
     /// Capture statistics and timings (JSON).
     pub info: serde_json::Value,
@@ -455,7 +455,7 @@ impl SnapshotRow {
             diff_id: layer.diff_id.clone(),
             blob_digest: String::new(),
             blob_size: 0,
-            compression: "zstd".into(),
+            compression: BlobCompression::Zstd,
             source_sandbox: source.to_string(),
             info,
             created_at: now(),
@@ -705,8 +705,7 @@ pub struct PulledSnapshot {
 pub struct Unhydrated {
     pub layer_id: String,
     pub blob_digest: String,
-    /// `gzip` or `zstd`.
-    pub compression: String,
+    pub compression: BlobCompression,
     pub error: Option<String>,
 }
 

@@ -347,10 +347,7 @@ impl Daemon {
         }
         for s in chain {
             let digest = parse_digest(&s.blob_digest, "snapshot blob")?;
-            let c = match s.compression.as_str() {
-                "gzip" => Compression::Gzip,
-                _ => Compression::Zstd,
-            };
+            let c = layer_compression(s.compression);
             let diff_id = s
                 .diff_id
                 .clone()
@@ -660,9 +657,11 @@ impl Daemon {
                     docs.layers.len()
                 )));
             }
-            if docs.layers[n_image..].iter().any(|l| l.compression == Compression::None) {
-                return Err(invalid(format!("{reference}: snapshot layers must be compressed (zstd or gzip)")));
-            }
+            let compressions: Vec<BlobCompression> = docs.layers[n_image..]
+                .iter()
+                .map(|l| blob_compression(l.compression))
+                .collect::<Option<_>>()
+                .ok_or_else(|| invalid(format!("{reference}: snapshot layers must be compressed (zstd or gzip)")))?;
             for s in &meta.snapshots {
                 s.id.parse::<crate::ids::SandboxId>().map_err(|_| invalid(format!("bad snapshot id {:?}", s.id)))?;
                 if s.work_context.as_ref().is_some_and(|w| w.is_empty() || w.len() > 64) {
@@ -711,7 +710,7 @@ impl Daemon {
                         unhydrated.push(Unhydrated {
                             layer_id: hex.clone(),
                             blob_digest: l.digest.to_string(),
-                            compression: compression_name(l.compression).into(),
+                            compression: compressions[i - n_image],
                             error: None,
                         });
                     } else {
@@ -768,7 +767,8 @@ impl Daemon {
                 .iter()
                 .zip(&docs.layers[n_image..])
                 .zip(&rows[n_image..])
-                .map(|((m, l), layer)| {
+                .enumerate()
+                .map(|(k, ((m, l), layer))| {
                     let mut info = m.info.clone();
                     if let Some(o) = info.as_object_mut() {
                         o.insert("pulled_from".into(), serde_json::Value::String(reference.to_string()));
@@ -789,7 +789,7 @@ impl Daemon {
                             diff_id: layer.diff_id.clone(),
                             blob_digest: l.digest.to_string(),
                             blob_size: l.size,
-                            compression: compression_name(l.compression).into(),
+                            compression: compressions[k],
                             source_sandbox: m.source_sandbox.clone(),
                             info,
                             created_at: m.created_at,
@@ -879,11 +879,21 @@ struct Documents {
     labels: std::collections::HashMap<String, String>,
 }
 
-fn compression_name(c: Compression) -> &'static str {
+/// How a snapshot blob of this compression is read.
+fn layer_compression(c: BlobCompression) -> Compression {
     match c {
-        Compression::Gzip => "gzip",
-        Compression::Zstd => "zstd",
-        Compression::None => "none",
+        BlobCompression::Gzip => Compression::Gzip,
+        BlobCompression::Zstd => Compression::Zstd,
+    }
+}
+
+/// A snapshot layer's compression as a snapshot records it; none for an
+/// uncompressed one (snapshot blobs are always compressed).
+fn blob_compression(c: Compression) -> Option<BlobCompression> {
+    match c {
+        Compression::Gzip => Some(BlobCompression::Gzip),
+        Compression::Zstd => Some(BlobCompression::Zstd),
+        Compression::None => None,
     }
 }
 
@@ -987,7 +997,7 @@ impl Daemon {
         let store = &self.rt.store;
         let digest = parse_digest(&u.blob_digest, "pulled blob")?;
         let diff_id = parse_digest(&format!("sha256:{}", u.layer_id), "pulled layer")?;
-        let compression = if u.compression == "gzip" { Compression::Gzip } else { Compression::Zstd };
+        let compression = layer_compression(u.compression);
         let blob = store.blob_path(digest.hex());
         if store.layer_dir(&u.layer_id).join("fs").is_dir() {
             // Unpacked before a crash, not yet recorded.

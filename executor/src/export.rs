@@ -153,7 +153,7 @@ fn write_layout(
     for hex in image.layers.iter().chain(chain.iter().map(|s| &s.layer)) {
         let sealed = snapshot_of(hex).and_then(|s| Some((s, s.diff_id.clone()?)));
         let (digest, size, diff_id) = match sealed {
-            Some((s, diff_id)) if s.compression == compression.as_str() && !s.blob_digest.is_empty() => {
+            Some((s, diff_id)) if s.compression == compression && !s.blob_digest.is_empty() => {
                 let bhex = s.blob_digest.trim_start_matches("sha256:");
                 let dst = blobs.join(bhex);
                 std::fs::copy(store.blob_path(bhex), &dst).map_err(io("copy blob", &dst))?;

@@ -82,6 +82,25 @@ macro_rules! vocabulary {
 }
 
 vocabulary! {
+    /// How a snapshot's blob is compressed.
+    BlobCompression ("blob compression") {
+        /// zstd level 1: the default, for speed.
+        Zstd = "zstd",
+        /// gzip level 1, for tools that predate zstd layers.
+        Gzip = "gzip",
+    }
+}
+
+// Not derived: `vocabulary!` derives the same traits for every enum, and
+// only this one has a default.
+#[allow(clippy::derivable_impls)]
+impl Default for BlobCompression {
+    fn default() -> Self {
+        BlobCompression::Zstd
+    }
+}
+
+vocabulary! {
     /// A sandbox's state as the database keeps it (across restarts).
     SandboxState ("sandbox state") {
         Creating = "creating",

@@ -354,7 +354,7 @@ impl Daemon {
         let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
         let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
         (row.blob_digest, row.blob_size, row.compression) =
-            (format!("sha256:{}", blob_hold.id()), blob_size, compression.as_str().into());
+            (format!("sha256:{}", blob_hold.id()), blob_size, compression);
         // Layer and blob are on disk before any row names them. The tars
         // are spent: deleted first, so the sync does not write them out.
         for spent in [&tar, &ahead, &sealed.tar] {
@@ -473,7 +473,7 @@ impl Daemon {
             diff_id: row.diff_id.as_ref().map(digest),
             blob_digest: row.blob_digest.clone(),
             blob_size: row.blob_size,
-            compression: row.compression.clone(),
+            compression: row.compression,
             source_sandbox: row.source_sandbox.clone(),
             created_at: row.created_at,
             info: row.info.clone(),

@@ -97,25 +97,7 @@ pub fn compress_into(tar: &Path, compression: BlobCompression, out: &Path) -> st
     compress_with(compression, out, true, |w| std::io::copy(&mut src, w)).map(|(_, hex, n)| (hex, n))
 }
 
-/// How a snapshot's blob is compressed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum BlobCompression {
-    /// zstd level 1: the default, for speed.
-    #[default]
-    Zstd,
-    /// gzip level 1, for tools that predate zstd layers.
-    Gzip,
-}
-
-impl BlobCompression {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BlobCompression::Zstd => "zstd",
-            BlobCompression::Gzip => "gzip",
-        }
-    }
-}
+pub use crate::model::BlobCompression;
 
 /// Paths of one sandbox.
 #[derive(Debug, Clone)]

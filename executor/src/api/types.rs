@@ -230,7 +230,7 @@ pub struct SnapshotInfo {
     pub diff_id: Option<String>,
     pub blob_digest: String,
     pub blob_size: u64,
-    pub compression: String,
+    pub compression: crate::model::BlobCompression,
     pub source_sandbox: String,
     pub created_at: i64,
     /// Capture statistics: entries, bytes, whiteouts, opaque_dirs,
