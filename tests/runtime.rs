@@ -2513,6 +2513,13 @@ fn the_api_socket_admits_root_and_its_group_only() {
     env.finish();
 }
 
+/// The content of `path` in image `name`'s bottom layer, as hydrated.
+fn bottom_layer_file(env: &TestEnv, name: &str, path: &str) -> String {
+    let info: Value = env.client().call("GET", &format!("/v1/images/{name}"), None::<&()>).unwrap();
+    let diff_id = info["layers"][0].as_str().unwrap().trim_start_matches("sha256:").to_string();
+    std::fs::read_to_string(env.root.join("layers").join(diff_id).join("fs").join(path)).unwrap()
+}
+
 #[test]
 fn a_layout_with_several_tags_imports_the_one_named() {
     let env = TestEnv::start();
@@ -2532,11 +2539,7 @@ fn a_layout_with_several_tags_imports_the_one_named() {
     let index =
         json!({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json", "manifests": manifests});
     std::fs::write(layout.join("index.json"), index.to_string()).unwrap();
-    let which = |name: &str| {
-        let info: Value = env.client().call("GET", &format!("/v1/images/{name}"), None::<&()>).unwrap();
-        let diff_id = info["layers"][0].as_str().unwrap().trim_start_matches("sha256:").to_string();
-        std::fs::read_to_string(env.root.join("layers").join(diff_id).join("fs/etc/which")).unwrap()
-    };
+    let which = |name: &str| bottom_layer_file(&env, name, "etc/which");
 
     // Without a tag: refused, and the error says which tags there are.
     let out = env.cli(&["image", "import", layout.to_str().unwrap(), "--name", "x:untagged"]);
@@ -2568,5 +2571,59 @@ fn a_layout_with_several_tags_imports_the_one_named() {
     }
     let images: Value = env.client().call("GET", "/v1/images", None::<&()>).unwrap();
     assert_eq!(images.as_array().unwrap().len(), 3, "{images}");
+    env.finish();
+}
+
+#[test]
+fn a_docker_save_archive_of_the_old_format_imports() {
+    let env = TestEnv::start();
+    let work = tempfile::Builder::new().prefix("strata-test-docker-save-").tempdir().unwrap();
+    // As `docker save` wrote it before Docker 25: manifest.json, a config
+    // file per image and `<id>/layer.tar` per layer; no index.json.
+    let dir = work.path().join("saved");
+    let mut images = Vec::new();
+    for which in ["a", "b"] {
+        let tar = corpus::TarBuilder::new().dir("etc").file("etc/which", which.as_bytes()).finish();
+        let id = corpus::sha256(&tar)[7..].to_string();
+        std::fs::create_dir_all(dir.join(&id)).unwrap();
+        std::fs::write(dir.join(&id).join("layer.tar"), &tar).unwrap();
+        let config = json!({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/bin"]},
+                            "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{id}")]}})
+        .to_string();
+        let config_file = format!("{}.json", &corpus::sha256(config.as_bytes())[7..]);
+        std::fs::write(dir.join(&config_file), &config).unwrap();
+        images.push(json!({"Config": config_file, "RepoTags": [format!("legacy:{which}")], "Layers": [format!("{id}/layer.tar")]}));
+    }
+    let archive = |name: &str, manifest: &Value| {
+        std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
+        let path = work.path().join(name);
+        let st = std::process::Command::new("tar").arg("-cf").arg(&path).arg("-C").arg(&dir).arg(".").status();
+        assert!(st.unwrap().success());
+        path
+    };
+    let both = archive("both.tar", &json!(images));
+    let which = |name: &str| bottom_layer_file(&env, name, "etc/which");
+    // Two images: a tag picks one (the tag alone on the CLI, NAME:TAG in the API).
+    let out = env.cli(&["image", "import", both.to_str().unwrap(), "--name", "x:none"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains(r#"["legacy:a", "legacy:b"]"#), "{err}");
+    env.cli_ok(&["image", "import", &format!("{}:a", both.display()), "--name", "x:a"]);
+    assert_eq!(which("x:a"), "a");
+    let body = json!({"path": both.to_str().unwrap(), "tag": "legacy:b", "name": "x:b"});
+    let _: Value = env.client().call("POST", "/v1/images/import", Some(&body)).unwrap();
+    assert_eq!(which("x:b"), "b");
+    // A layer path out of the archive is refused, and nothing is stored.
+    let mut bad = images[0].clone();
+    bad["Layers"] = json!(["../../etc/passwd"]);
+    let hostile = archive("hostile.tar", &json!([bad]));
+    let body = json!({"path": hostile.to_str().unwrap(), "name": "x:bad"});
+    match env.client().call::<Value>("POST", "/v1/images/import", Some(&body)) {
+        Err(strata::client::ClientError::Api { status: 400, message, .. }) => {
+            assert!(message.contains(".."), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let images: Value = env.client().call("GET", "/v1/images", None::<&()>).unwrap();
+    assert_eq!(images.as_array().unwrap().len(), 2, "{images}");
     env.finish();
 }

@@ -371,6 +371,10 @@ pub fn open(path: &Path, scratch: &Path, tag: Option<&str>) -> Result<ImageSourc
         open_dir(path, tag)
     } else if meta.is_file() {
         extract_archive(path, scratch)?;
+        // `docker save` before Docker 25: no index.json, a manifest.json.
+        if !scratch.join("index.json").exists() && scratch.join("manifest.json").exists() {
+            return open_docker_archive(scratch, tag);
+        }
         open_dir(scratch, tag)
     } else {
         Err(LayoutError::NotDirOrFile { path: path.to_owned() })
@@ -408,14 +412,7 @@ pub fn open_dir_lacking(
     }
     let (config_digest, config_json) = read_blob(root, config_desc, "config")?;
     let file: ConfigFile = parse("config", &blob_path(root, &config_digest), &config_json)?;
-    let diff_ids = match file.rootfs {
-        Some(r) if r.kind == "layers" => r.diff_ids,
-        Some(r) => return Err(LayoutError::RootfsType { found: r.kind }),
-        None => return Err(LayoutError::RootfsType { found: String::new() }),
-    };
-    if diff_ids.len() != manifest.layers.len() {
-        return Err(LayoutError::LayerCount { layers: manifest.layers.len(), diff_ids: diff_ids.len() });
-    }
+    let diff_ids = diff_ids(file.rootfs, manifest.layers.len())?;
     let layers = manifest
         .layers
         .iter()
@@ -425,6 +422,111 @@ pub fn open_dir_lacking(
 
     Ok(ImageSource {
         manifest_digest,
+        manifest_json,
+        config_digest,
+        config: image_config(file.config),
+        config_json,
+        layers,
+    })
+}
+
+/// A config's `rootfs.diff_ids`, which must list `layers` layers.
+fn diff_ids(rootfs: Option<RootFs>, layers: usize) -> Result<Vec<String>, LayoutError> {
+    let diff_ids = match rootfs {
+        Some(r) if r.kind == "layers" => r.diff_ids,
+        Some(r) => return Err(LayoutError::RootfsType { found: r.kind }),
+        None => return Err(LayoutError::RootfsType { found: String::new() }),
+    };
+    if diff_ids.len() != layers {
+        return Err(LayoutError::LayerCount { layers, diff_ids: diff_ids.len() });
+    }
+    Ok(diff_ids)
+}
+
+/// One image of a `docker save` archive's `manifest.json` (the format
+/// before Docker 25, which also writes an OCI layout beside it).
+#[derive(Debug, Deserialize)]
+struct DockerSaved {
+    #[serde(rename = "Config")]
+    config: String,
+    #[serde(rename = "RepoTags", default)]
+    repo_tags: Option<Vec<String>>,
+    /// Paths of the layers' uncompressed tars, bottom first.
+    #[serde(rename = "Layers")]
+    layers: Vec<String>,
+}
+
+/// Reads an extracted `docker save` archive of the old format: the image
+/// whose `RepoTags` has `tag` (a whole `NAME:TAG`, or the tag alone if
+/// just one image has it), or the only one. Its layers are uncompressed
+/// tars whose digests are their diff_ids (the unpacker checks both); the
+/// manifest, which the archive lacks, is made from the config and layers.
+fn open_docker_archive(root: &Path, tag: Option<&str>) -> Result<ImageSource, LayoutError> {
+    let list_path = root.join("manifest.json");
+    let list: Vec<DockerSaved> = parse("manifest.json", &list_path, &read_small(&list_path)?)?;
+    let tags: Vec<String> = list.iter().flat_map(|m| m.repo_tags.clone().unwrap_or_default()).collect();
+    let has = |m: &DockerSaved, f: &dyn Fn(&str) -> bool| m.repo_tags.iter().flatten().any(|t| f(t));
+    let chosen = match tag {
+        Some(t) => {
+            let whole: Vec<&DockerSaved> = list.iter().filter(|m| has(m, &|rt| rt == t)).collect();
+            let by_tag: Vec<&DockerSaved> =
+                list.iter().filter(|m| has(m, &|rt| rt.rsplit_once(':').is_some_and(|(_, x)| x == t))).collect();
+            match (whole.as_slice(), by_tag.as_slice()) {
+                ([m, ..], _) | ([], [m]) => *m,
+                ([], []) => return Err(LayoutError::TagNotFound { tag: t.to_owned(), available: tags }),
+                ([], many) => {
+                    return Err(LayoutError::Ambiguous { count: many.len(), platform: format!("tag {t}"), tags })
+                }
+            }
+        }
+        None => match list.as_slice() {
+            [one] => one,
+            [] => return Err(LayoutError::NoManifest),
+            many => return Err(LayoutError::Ambiguous { count: many.len(), platform: "this host".into(), tags }),
+        },
+    };
+    let within = |rel: &str| -> Result<PathBuf, LayoutError> {
+        let comps = tarpath::components(rel.as_bytes())
+            .map_err(|problem| LayoutError::ArchivePath { entry: rel.into(), problem })?;
+        Ok(comps.iter().fold(root.to_path_buf(), |p, c| p.join(OsStr::from_bytes(c))))
+    };
+    let config_path = within(&chosen.config)?;
+    let config_json = read_small(&config_path)?;
+    let config_digest = Digest::sha256(&config_json);
+    let file: ConfigFile = parse("config", &config_path, &config_json)?;
+    let diff_ids = diff_ids(file.rootfs, chosen.layers.len())?;
+    let tar_type = "application/vnd.oci.image.layer.v1.tar";
+    let mut layers = Vec::with_capacity(diff_ids.len());
+    for (rel, diff_id) in chosen.layers.iter().zip(&diff_ids) {
+        let blob_path = within(rel)?;
+        let diff_id = parse_digest(diff_id, "diff_id")?;
+        let meta = fs::symlink_metadata(&blob_path).map_err(|source| LayoutError::OpenBlob {
+            what: "layer",
+            path: blob_path.clone(),
+            source,
+        })?;
+        if !meta.is_file() {
+            return Err(LayoutError::BlobNotFile { what: "layer", path: blob_path });
+        }
+        let (digest, size) = (diff_id.clone(), meta.len());
+        layers.push(LayerSource {
+            blob_path,
+            digest,
+            size,
+            media_type: tar_type.into(),
+            diff_id,
+            compression: Compression::None,
+        });
+    }
+    let manifest_json = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": MEDIA_OCI_MANIFEST,
+        "config": {"mediaType": MEDIA_OCI_CONFIG, "digest": config_digest.to_string(), "size": config_json.len()},
+        "layers": layers.iter().map(|l| serde_json::json!({"mediaType": tar_type, "digest": l.digest.to_string(), "size": l.size})).collect::<Vec<_>>(),
+    }))
+    .map_err(|source| LayoutError::Parse { what: "manifest", path: list_path.clone(), source })?;
+    Ok(ImageSource {
+        manifest_digest: Digest::sha256(&manifest_json),
         manifest_json,
         config_digest,
         config: image_config(file.config),
