@@ -691,7 +691,7 @@ fn userns_maps_root_to_an_unprivileged_host_range_and_keeps_layers_shared() {
 }
 
 #[test]
-fn idle_connections_cannot_exhaust_the_daemon() {
+fn connections_past_the_limit_get_429_until_idle_ones_close() {
     let env = TestEnv::start();
     // Fill every connection slot with connections that never send anything.
     let idle: Vec<std::os::unix::net::UnixStream> = (0..strata::api::MAX_CONNECTIONS)
