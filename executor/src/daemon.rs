@@ -184,13 +184,9 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Default pool size: one sandbox per 128 MiB of host memory, at least 1.
 pub fn default_max_sandboxes() -> usize {
-    let kb: u64 = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines().find(|l| l.starts_with("MemTotal:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(1 << 20);
-    ((kb / (128 * 1024)) as usize).clamp(1, 4096)
+    use procfs::Current;
+    let bytes = procfs::Meminfo::current().map(|m| m.mem_total).unwrap_or(1 << 30);
+    ((bytes >> 27) as usize).clamp(1, 4096)
 }
 
 fn valid_hostname(h: &str) -> bool {

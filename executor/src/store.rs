@@ -570,7 +570,9 @@ fn unescape(field: &str) -> String {
 }
 
 /// Mount points at or below `path` in the caller's mount namespace, in
-/// mount order (a later one may sit on an earlier one).
+/// mount order (a later one may sit on an earlier one). Read here, not with
+/// `procfs`: its `MountInfo::mount_point` keeps the kernel's octal escapes
+/// (`\040` for a space), so a root path with a space would match nothing.
 pub fn mounts_under(path: &Path) -> Vec<String> {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return vec![] };
     let prefix = path.to_string_lossy().into_owned();

@@ -437,10 +437,7 @@ impl Phases {
 /// Start time of a process in clock ticks since boot (field 22 of
 /// /proc/PID/stat): with the pid, an identity that survives pid reuse.
 pub fn process_start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and ')'; skip past the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split(' ').nth(19)?.parse().ok()
+    procfs::process::Process::new(pid).and_then(|p| p.stat()).ok().map(|s| s.starttime)
 }
 
 #[cfg(test)]
