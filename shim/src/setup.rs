@@ -47,7 +47,7 @@ pub enum SetupError {
     #[error("bring loopback up")]
     Loopback(#[source] Errno),
     #[error("restrict capabilities")]
-    Capabilities(#[source] Errno),
+    Capabilities(#[source] caps::errors::CapsError),
     #[error("set no_new_privs")]
     NoNewPrivs(#[source] Errno),
     #[error("mount {0}")]
@@ -221,7 +221,7 @@ pub fn run(spec: &SetupSpec, rootfs: Option<OwnedFd>) -> Result<(), SetupError> 
 
     // 8. Privileges: Docker's default capability set, no_new_privs. The shim
     //    keeps only what it needs to spawn commands as other users.
-    sys::restrict_capabilities(&sys::DEFAULT_CAPS).map_err(SetupError::Capabilities)?;
+    restrict_capabilities(&DEFAULT_CAPS).map_err(SetupError::Capabilities)?;
     nix::sys::prctl::set_no_new_privs().map_err(SetupError::NoNewPrivs)?;
 
     // 9. The seccomp filter, last: everything above needed calls it denies.
@@ -282,4 +282,46 @@ fn mount_fs(
         target,
         source,
     })
+}
+
+/// Capabilities a sandbox keeps: Docker's default set without CAP_MKNOD.
+/// Docker relies on the devices cgroup to make created nodes useless; until
+/// Strata has one (v1 devices / v2 eBPF filter), a sandbox may not create
+/// device nodes at all: with CAP_MKNOD, `mknod /dev/x b 8 0` in the sandbox's
+/// /dev tmpfs would open the host's disk.
+const DEFAULT_CAPS: [caps::Capability; 13] = {
+    use caps::Capability::*;
+    [
+        CAP_CHOWN,
+        CAP_DAC_OVERRIDE,
+        CAP_FOWNER,
+        CAP_FSETID,
+        CAP_KILL,
+        CAP_SETGID,
+        CAP_SETUID,
+        CAP_SETPCAP,
+        CAP_NET_BIND_SERVICE,
+        CAP_NET_RAW,
+        CAP_SYS_CHROOT,
+        CAP_AUDIT_WRITE,
+        CAP_SETFCAP,
+    ]
+};
+
+/// Restrict this process (and so everything it execs) to `keep`: drop every
+/// other capability the kernel knows from the bounding set, then set
+/// effective (first: it must stay within permitted), permitted and
+/// inheritable to `keep`. Ambient stays empty.
+fn restrict_capabilities(keep: &[caps::Capability]) -> Result<(), caps::errors::CapsError> {
+    use caps::CapSet;
+    let keep: caps::CapsHashSet = keep.iter().copied().collect();
+    for cap in caps::runtime::thread_all_supported() {
+        if !keep.contains(&cap) {
+            caps::drop(None, CapSet::Bounding, cap)?;
+        }
+    }
+    for set in [CapSet::Effective, CapSet::Permitted, CapSet::Inheritable] {
+        caps::set(None, set, &keep)?;
+    }
+    Ok(())
 }

@@ -548,58 +548,6 @@ pub fn loopback_up() -> Result<(), Errno> {
     Ok(())
 }
 
-/// Capabilities a sandbox keeps: Docker's default set without CAP_MKNOD.
-/// Docker relies on the devices cgroup to make created nodes useless; until
-/// Strata has one (v1 devices / v2 eBPF filter), a sandbox may not create
-/// device nodes at all: with CAP_MKNOD, `mknod /dev/x b 8 0` in the sandbox's
-/// /dev tmpfs would open the host's disk.
-/// Numbers from `<linux/capability.h>`.
-pub const DEFAULT_CAPS: [u32; 13] = [
-    0,  // CAP_CHOWN
-    1,  // CAP_DAC_OVERRIDE
-    3,  // CAP_FOWNER
-    4,  // CAP_FSETID
-    5,  // CAP_KILL
-    6,  // CAP_SETGID
-    7,  // CAP_SETUID
-    8,  // CAP_SETPCAP
-    10, // CAP_NET_BIND_SERVICE
-    13, // CAP_NET_RAW
-    18, // CAP_SYS_CHROOT
-    29, // CAP_AUDIT_WRITE
-    31, // CAP_SETFCAP
-];
-
-/// Restrict this process (and so everything it execs) to `keep`: drop every
-/// other capability from the bounding set, then set effective, permitted and
-/// inheritable to `keep`. Ambient stays empty.
-pub fn restrict_capabilities(keep: &[u32]) -> Result<(), Errno> {
-    let last: u32 =
-        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(40);
-    for cap in 0..=last {
-        if !keep.contains(&cap) {
-            // SAFETY: prctl with integer arguments only.
-            if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } < 0 {
-                let e = Errno::last();
-                if e != Errno::EINVAL {
-                    return Err(e);
-                }
-            }
-        }
-    }
-    let mut mask = [0u32; 2];
-    for &cap in keep {
-        mask[(cap / 32) as usize] |= 1 << (cap % 32);
-    }
-    let header = CapHeader { version: CAP_V3, pid: 0 };
-    let data = [0, 1].map(|i| CapData { effective: mask[i], permitted: mask[i], inheritable: mask[i] });
-    // SAFETY: header and data are the v3 layout capset(2) expects (two u32 words).
-    if unsafe { libc::syscall(libc::SYS_capset, &header as *const CapHeader, data.as_ptr()) } < 0 {
-        return Err(Errno::last());
-    }
-    Ok(())
-}
-
 /// `_LINUX_CAPABILITY_VERSION_3`.
 const CAP_V3: u32 = 0x2008_0522;
 
