@@ -907,8 +907,7 @@ mod tests {
         let upper = t.path().join("upper");
         fs::create_dir_all(&upper).unwrap();
         // 16 GiB of nothing; 1 GiB with data at both ends and in between
-        // (more extents than the header's four map slots); a small dense
-        // file beside them.
+        // (nine extents); a small dense file beside them.
         let empty = File::create(upper.join("empty16g")).unwrap();
         empty.set_len(16 << 30).unwrap();
         let holey = File::create(upper.join("holey")).unwrap();
@@ -969,7 +968,7 @@ mod tests {
         got.read_exact_at(&mut gap, 64 << 20).unwrap();
         assert_eq!(gap, [0u8; 4096]);
         assert_eq!(fs::read(out.join("dense")).unwrap(), vec![3u8; 100_000]);
-        // No scratch left beside the destination.
+        // Nothing else was made beside the destination.
         assert_eq!(fs::read_dir(t.path()).unwrap().count(), 3, "upper, layer.tar, out");
     }
 

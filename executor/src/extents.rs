@@ -22,15 +22,14 @@ use nix::unistd::{lseek, Whence};
 pub const MIN_HOLES: u64 = 1 << 20;
 
 /// Most extents a sparse entry lists; past this the nearest extents are
-/// joined (the zeros between them read as data). The unpacker reads a
-/// map within its 1 MiB header budget: 16,384 entries take 390 KiB of
-/// extension headers.
+/// joined (the zeros between them read as data), so that a file fragmented
+/// on purpose costs a map of at most a few hundred KiB (the unpacker takes
+/// up to 2^20 entries).
 pub const MAX_EXTENTS: usize = 16 << 10;
 
-/// Data extents `(offset, length)` of a file of `len` bytes: sorted,
-/// disjoint, starting and ending on 512-byte boundaries (the tar format's
-/// block; only the last may end at `len` instead), at most
-/// [`MAX_EXTENTS`]. `None` when the file has less than [`MIN_HOLES`] of
+/// Data extents `(offset, length)` of a file of `len` bytes, as the file
+/// system reports them (whole blocks; the last may end at `len`): sorted,
+/// disjoint, at most [`MAX_EXTENTS`]. `None` when the file has less than [`MIN_HOLES`] of
 /// holes (the common case, told from its block count alone), or the file
 /// system cannot say where they are.
 pub fn data_extents(file: &File, meta: &std::fs::Metadata) -> io::Result<Option<Vec<(u64, u64)>>> {
@@ -59,12 +58,7 @@ pub fn data_extents(file: &File, meta: &std::fs::Metadata) -> io::Result<Option<
         if hole <= data {
             return Err(io::Error::other("SEEK_HOLE did not advance: the file changed while it was read"));
         }
-        let start = data & !511;
-        let end = hole.next_multiple_of(512).min(len);
-        match extents.last_mut() {
-            Some((s, n)) if start <= *s + *n => *n = end.max(*s + *n) - *s,
-            _ => extents.push((start, end - start)),
-        }
+        extents.push((data, hole - data));
         pos = hole;
     }
     let extents = join_nearest(extents, MAX_EXTENTS);

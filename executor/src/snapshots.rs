@@ -31,6 +31,7 @@ use crate::error::ErrorKind;
 use crate::ids::SandboxId;
 use crate::model::{Rung, SnapshotClass, StartKind};
 use crate::oci;
+use crate::sandbox::Until;
 use crate::store::{remove_tree, BlobCompression, StoreError};
 
 /// A chain folded into one layer by `compact_if_deep`.
@@ -198,7 +199,7 @@ impl Daemon {
             .and_then(|r| r.map_err(|e| tracing::warn!("pre-copy of sandbox {}: {e}", sb.id)).ok().flatten());
         // How far the tar written ahead is (its follower makes the blob).
         let written = Arc::new(crate::sandbox::TarProgress::default());
-        let compress = |follow: crate::sandbox::TarFollower| {
+        let compress = |follow: Until<crate::sandbox::TarFollower>| {
             let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
             // Made durable with the layer, by one syncfs before the row.
             let r = store.write_blob(compression, false, |w| std::io::copy(&mut follow, w));
@@ -216,7 +217,7 @@ impl Daemon {
             // joins them before the panic goes on).
             let _ends = written.end_on_drop();
             let mut follower = copier.is_some().then(|| {
-                let follow = crate::sandbox::TarFollower::new(&ahead, written.clone()).until(sb.gone());
+                let follow = Until::new(crate::sandbox::TarFollower::new(&ahead, written.clone()), sb.gone());
                 s.spawn(move || compress(follow))
             });
             let spec = copier.map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, written.clone(), sb.gone()));
@@ -228,7 +229,7 @@ impl Daemon {
             // Else a thread compresses the frozen tar as it is written.
             let live = (follower.is_none() && !deep).then(|| {
                 let live = Arc::new(crate::sandbox::TarProgress::default());
-                let follow = crate::sandbox::TarFollower::new(&tar, live.clone()).until(sb.gone());
+                let follow = Until::new(crate::sandbox::TarFollower::new(&tar, live.clone()), sb.gone());
                 follower = Some(s.spawn(move || compress(follow)));
                 live
             });
@@ -245,7 +246,7 @@ impl Daemon {
                 // Written ahead in vain: the frozen tar is compressed.
                 give_up(follower.take());
                 if let Ok(cap) = &cap {
-                    let follow = crate::sandbox::TarFollower::finished(cap).map(|f| f.until(sb.gone()));
+                    let follow = crate::sandbox::TarFollower::finished(cap).map(|f| Until::new(f, sb.gone()));
                     let path = cap.tar.clone();
                     follower = Some(s.spawn(move || match follow {
                         Ok(follow) => compress(follow),
@@ -309,7 +310,7 @@ impl Daemon {
             None => store
                 .write_blob(compression, false, |w| {
                     let tar = std::fs::File::open(&sealed.tar)?;
-                    std::io::copy(&mut crate::sandbox::Until::new(tar, sb.gone()), w)
+                    std::io::copy(&mut Until::new(tar, sb.gone()), w)
                 })
                 .map(|(_, hold, size)| (hold, size, started.elapsed())),
         };
@@ -404,7 +405,7 @@ impl Daemon {
         std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
         // The unpacker refuses what a layer may not hold (an escaping relative
         // symlink, say): that is the sandbox's content, not a daemon fault.
-        let tar = crate::sandbox::TarFollower::finished(cap).map_err(|e| ApiError::internal(&e))?.until(gone);
+        let tar = Until::new(crate::sandbox::TarFollower::finished(cap).map_err(|e| ApiError::internal(&e))?, gone);
         let unpacked = oci::unpack_capture(tar, &|at, len| cap.prepared(at, len), &fs_dir).map_err(unsealable)?;
         let (unpacked, diff_id) = unpacked;
         Ok(((layer_dir, unpacked), diff_id.hex().to_string()))

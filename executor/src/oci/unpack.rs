@@ -792,14 +792,20 @@ impl Extractor<'_> {
         let mut file = sys::create_file_at(parent.as_fd(), name, 0o600).map_err(|e| self.io("create file", raw, e))?;
         for (off, len) in map {
             file.seek(SeekFrom::Start(off)).map_err(|e| self.io("seek in file", raw, e))?;
-            let copied = io::copy(&mut entry.take(len), &mut file).map_err(|e| match e.kind() {
-                io::ErrorKind::Other | io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidData => {
-                    self.stream_error(e)
-                }
-                _ => self.io("write file", raw, e),
-            })?;
-            if copied != len {
-                return Err(UnpackError::Truncated { digest: self.digest.clone(), path: tarpath::shown(raw) });
+            // Read and written apart, so that each failure says which side.
+            let mut left = len;
+            while left > 0 {
+                let want = self.buf.len().min(left as usize);
+                let n = match entry.read(&mut self.buf[..want]) {
+                    Ok(0) => {
+                        return Err(UnpackError::Truncated { digest: self.digest.clone(), path: tarpath::shown(raw) })
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(self.stream_error(e)),
+                };
+                file.write_all(&self.buf[..n]).map_err(|e| self.io("write file", raw, e))?;
+                left -= n as u64;
             }
             consumed += len;
         }

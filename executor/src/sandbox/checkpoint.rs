@@ -60,7 +60,7 @@ pub(super) struct SparseFile {
     /// compared (and a tar written ahead so cannot be confirmed).
     spliced: bool,
     /// Writes fail once the sandbox is going away.
-    pub(super) gone: Option<super::Gone>,
+    pub(super) gone: super::Gone,
 }
 
 /// A capture's tar written ahead of the freeze (by [`speculate`]): the
@@ -131,7 +131,7 @@ impl SparseFile {
             segments: Vec::new(),
             against: None,
             spliced: false,
-            gone: None,
+            gone: super::Gone::default(),
         }
     }
 
@@ -190,7 +190,7 @@ impl SparseFile {
         let start = self.len;
         let mut pos = 0u64;
         while pos < len && self.splice {
-            self.gone.as_ref().map_or(Ok(()), |g| g.check())?;
+            self.gone.check()?;
             // The next data extent [data, hole); without SEEK_DATA, all data.
             let data = match lseek(src.as_raw_fd(), pos as i64, Whence::SeekData) {
                 Ok(d) => (d as u64).min(len),
@@ -200,7 +200,7 @@ impl SparseFile {
             let hole = lseek(src.as_raw_fd(), data as i64, Whence::SeekHole).map_or(len, |h| (h as u64).min(len));
             let (mut off_in, mut off_out) = (data as i64, (start + data) as i64);
             while (off_in as u64) < hole {
-                self.gone.as_ref().map_or(Ok(()), |g| g.check())?;
+                self.gone.check()?;
                 let want = (hole - off_in as u64).min(STEP) as usize;
                 match nix::fcntl::copy_file_range(src, Some(&mut off_in), &self.file, Some(&mut off_out), want) {
                     Ok(0) => return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the file shrank")),
@@ -314,8 +314,8 @@ pub fn speculate(
         }
     };
     let mut sparse = SparseFile::new(file, Some(progress.clone()));
-    sparse.gone = Some(gone.clone());
-    copier.gone = Some(gone.clone());
+    sparse.gone = gone.clone();
+    copier.gone = gone.clone();
     sparse.copier = Some(copier);
     let mut w = BufWriter::with_capacity(1 << 20, sparse);
     let walked = diff::write_delta_unhashed(upper, &mut w, Some(splice_into_tar))
@@ -420,8 +420,6 @@ pub struct TarFollower {
     /// The capture being written; `None` for a finished one of `len` bytes.
     progress: Option<Arc<TarProgress>>,
     len: u64,
-    /// Reads fail once the sandbox is going away.
-    gone: Option<super::Gone>,
 }
 
 impl TarFollower {
@@ -434,7 +432,6 @@ impl TarFollower {
             open: None,
             progress: Some(progress),
             len: 0,
-            gone: None,
         }
     }
 
@@ -450,14 +447,7 @@ impl TarFollower {
             open: None,
             progress: None,
             len,
-            gone: None,
         })
-    }
-
-    /// Reads fail once `gone` is set (the sandbox is going away).
-    pub fn until(mut self, gone: &super::Gone) -> TarFollower {
-        self.gone = Some(gone.clone());
-        self
     }
 
     /// How far the tar is final (waiting for more); copies new segments.
@@ -478,7 +468,6 @@ impl TarFollower {
 impl std::io::Read for TarFollower {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         use std::os::unix::fs::FileExt;
-        self.gone.as_ref().map_or(Ok(()), |g| g.check())?;
         let len = self.final_len()?;
         if len <= self.pos || buf.is_empty() {
             return Ok(0);
@@ -526,7 +515,7 @@ impl std::io::Read for TarFollower {
 impl std::io::Write for SparseFile {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         use std::io::{Seek, SeekFrom};
-        self.gone.as_ref().map_or(Ok(()), |g| g.check())?;
+        self.gone.check()?;
         // Up to the next block boundary at most; all zeros become a hole
         // (the file system allocates whole blocks of it only if data lands
         // next to it).
@@ -625,7 +614,7 @@ impl Sandbox {
                     // hashes the tar after the thaw).
                     let unhashed = progress.is_some() || spec.is_some();
                     let mut sparse = SparseFile::new(f, progress);
-                    sparse.gone = Some(self.gone.clone());
+                    sparse.gone = self.gone.clone();
                     if let Some(ahead) = spec.and_then(|s| s.ahead.as_ref().ok()) {
                         // Not comparing only costs the blob made ahead.
                         let _ = sparse.compare(ahead);

@@ -358,7 +358,7 @@ impl<R: std::io::Read> std::io::Read for Until<R> {
 
 /// The error [`Gone::check`] returns.
 #[derive(Debug, thiserror::Error)]
-#[error("the sandbox is being removed")]
+#[error("the sandbox is being removed or suspended")]
 pub struct GoneError;
 
 impl Sandbox {

@@ -128,7 +128,7 @@ pub struct Precopier {
     /// A copy could not be written (a full disk, say): all are dropped.
     failed: bool,
     /// Copies stop once the sandbox is going away.
-    pub(super) gone: Option<super::Gone>,
+    pub(super) gone: super::Gone,
 }
 
 impl Precopier {
@@ -142,7 +142,13 @@ impl Precopier {
         }
         std::fs::create_dir(dir)?;
         let done = Precopied::default();
-        Ok(Some(Precopier { dir: dir.into(), t0: (t0.tv_sec(), t0.tv_nsec()), done, failed: false, gone: None }))
+        Ok(Some(Precopier {
+            dir: dir.into(),
+            t0: (t0.tv_sec(), t0.tv_nsec()),
+            done,
+            failed: false,
+            gone: super::Gone::default(),
+        }))
     }
 
     /// Copy `src` (a file of the live upper, open for reading; `meta` its
