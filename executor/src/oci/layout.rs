@@ -234,6 +234,9 @@ pub enum LayoutError {
     /// Several manifests could be meant and nothing picks one.
     #[error("index lists {count} manifests and none is for {platform}; choose one by tag (PATH:TAG): {tags:?}")]
     Ambiguous { count: usize, platform: String, tags: Vec<String> },
+    /// A `docker save` archive holds several images and nothing picks one.
+    #[error("manifest.json lists {count} images{what}; choose one by tag (PATH:TAG or NAME:TAG): {tags:?}")]
+    AmbiguousArchive { count: usize, what: String, tags: Vec<String> },
     /// An image index has no manifest for this host's platform.
     #[error("image index has no manifest for {platform}")]
     NoPlatform { platform: String },
@@ -475,14 +478,15 @@ fn open_docker_archive(root: &Path, tag: Option<&str>) -> Result<ImageSource, La
                 ([m, ..], _) | ([], [m]) => *m,
                 ([], []) => return Err(LayoutError::TagNotFound { tag: t.to_owned(), available: tags }),
                 ([], many) => {
-                    return Err(LayoutError::Ambiguous { count: many.len(), platform: format!("tag {t}"), tags })
+                    let what = format!(" tagged {t}");
+                    return Err(LayoutError::AmbiguousArchive { count: many.len(), what, tags });
                 }
             }
         }
         None => match list.as_slice() {
             [one] => one,
             [] => return Err(LayoutError::NoManifest),
-            many => return Err(LayoutError::Ambiguous { count: many.len(), platform: "this host".into(), tags }),
+            many => return Err(LayoutError::AmbiguousArchive { count: many.len(), what: String::new(), tags }),
         },
     };
     let within = |rel: &str| -> Result<PathBuf, LayoutError> {
