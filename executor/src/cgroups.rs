@@ -281,6 +281,23 @@ impl SandboxCgroup {
         Ok(this)
     }
 
+    /// Create (or take, if it exists) `path` for the daemon's own work on
+    /// a sandbox's behalf (`crate::worker`) and apply `limits`: no device
+    /// rules (the workers are the daemon's code; a hydration makes the
+    /// whiteout devices a layer holds).
+    pub fn create_work(path: &str, limits: &Limits) -> Result<SandboxCgroup, CgroupError> {
+        let hier = cgroups_rs::hierarchies::auto();
+        let v2 = hier.v2();
+        let cg = Cgroup::new_with_specified_controllers(hier, path, Some(controllers(v2)))
+            .map_err(|source| CgroupError::Create { path: path.into(), source })?;
+        let this = SandboxCgroup { cg, path: path.to_string() };
+        if let Err(e) = this.apply(limits) {
+            let _ = this.cg.delete();
+            return Err(e);
+        }
+        Ok(this)
+    }
+
     /// A handle on an existing sandbox cgroup (after a daemon restart).
     pub fn load(path: &str) -> SandboxCgroup {
         let hier = cgroups_rs::hierarchies::auto();

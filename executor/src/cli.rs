@@ -35,6 +35,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the daemon (as root).
     Daemon(DaemonArgs),
+    /// A capture worker the daemon starts (one JSON job on stdin); not
+    /// for use by hand.
+    #[command(hide = true)]
+    Worker,
     /// Manage images.
     #[command(subcommand)]
     Image(ImageCmd),
@@ -495,6 +499,7 @@ const NO_BODY: Option<&()> = None;
 pub fn run(cli: Cli) -> Result<i32> {
     match &cli.cmd {
         Command::Daemon(a) => run_daemon(&cli, a),
+        Command::Worker => Ok(crate::worker::main()),
         Command::Image(ImageCmd::Import { path, name }) => {
             let (path, tag) = split_tag(path);
             let path = std::fs::canonicalize(&path).with_context(|| format!("resolve {}", path.display()))?;

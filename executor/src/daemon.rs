@@ -310,6 +310,9 @@ impl Daemon {
             if let Err(e) = cg.remove(std::time::Duration::from_secs(5)) {
                 tracing::warn!("sweep cgroup of {id}: {}", crate::error::chain(&e));
             }
+            if let Err(e) = crate::sandbox::remove_capture_cgroup(cg.path(), std::time::Duration::from_secs(5)) {
+                tracing::warn!("sweep capture cgroup of {id}: {}", crate::error::chain(&e));
+            }
         }
         self.rt.store.sweep(&known_layers, &known_sandboxes)?;
         // Blobs the database does not list (a checkpoint cut short).

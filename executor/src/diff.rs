@@ -89,7 +89,7 @@ fn descend(rel: &Path) -> Result<(), DiffError> {
 }
 
 /// What a delta contains.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DeltaStats {
     pub entries: u64,
     pub whiteouts: u64,

@@ -39,3 +39,4 @@ pub mod store;
 pub mod stream;
 pub mod tree;
 pub mod userns;
+pub mod worker;

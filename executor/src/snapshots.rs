@@ -124,6 +124,42 @@ fn unsealable(e: oci::UnpackError) -> ApiError {
     ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
 }
 
+/// A capture worker's failure (`worker.rs`): what the sandbox left (an
+/// escaping symlink, say) is a conflict, a host failure is 500/507.
+fn worker_err(e: crate::worker::WorkerError) -> ApiError {
+    use crate::worker::WorkerError;
+    match &e {
+        WorkerError::Failed(f) if f.content => {
+            ApiError::new(ErrorKind::Conflict, format!("the sandbox's changes cannot be sealed: {}", f.message))
+        }
+        _ => {
+            let kind = match e.errno() {
+                Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorKind::NoSpace,
+                _ => ErrorKind::Internal,
+            };
+            ApiError::new(kind, crate::error::chain(&e))
+        }
+    }
+}
+
+/// Unpack a captured tar into `work/layer/fs`, in a worker (`place`d in
+/// the sandbox's capture cgroup), with the same per-entry checks as image
+/// layers. Returns `work/layer`, what was unpacked, the tar's sha256 hex
+/// (its diff_id) and the worker's CPU time.
+fn unpack_capture(
+    cap: &crate::sandbox::Capture,
+    work: &Path,
+    place: crate::worker::Place<'_>,
+    gone: &crate::sandbox::Gone,
+) -> Result<((std::path::PathBuf, oci::UnpackStats), String, std::time::Duration), ApiError> {
+    let layer_dir = work.join("layer");
+    let fs_dir = layer_dir.join("fs");
+    std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
+    let (unpacked, diff_id, cpu) =
+        crate::worker::unpack(&cap.tar, &cap.segments, &fs_dir, place, gone).map_err(worker_err)?;
+    Ok(((layer_dir, unpacked), diff_id, cpu))
+}
+
 /// A capture abandoned because its sandbox went away (removed or
 /// suspended) while it ran.
 fn removed_meanwhile(sb: &crate::sandbox::Sandbox) -> ApiError {
@@ -199,11 +235,30 @@ impl Daemon {
             .and_then(|r| r.map_err(|e| tracing::warn!("pre-copy of sandbox {}: {e}", sb.id)).ok().flatten());
         // How far the tar written ahead is (its follower makes the blob).
         let written = Arc::new(crate::sandbox::TarProgress::default());
+        // Compression and hydration run in workers charged to the sandbox
+        // (`worker.rs`); their CPU time, in microseconds.
+        let worker_cpu = std::sync::atomic::AtomicU64::new(0);
+        let place = |pid: u32| sb.place_worker(pid);
+        let spent = |cpu: std::time::Duration| {
+            worker_cpu.fetch_add(cpu.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
+        };
+        // Made durable with the layer, by one syncfs before the row.
+        let blob_of = |input: &mut dyn std::io::Read| {
+            let tmp = store.new_blob_path();
+            match crate::worker::compress(input, compression, &tmp, false, &place, sb.gone()) {
+                Ok(((hex, size), cpu)) => {
+                    spent(cpu);
+                    store.place_blob(&tmp, &hex).map(|hold| (hold, size)).map_err(store_err)
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    Err(worker_err(e))
+                }
+            }
+        };
         let compress = |follow: Until<crate::sandbox::TarFollower>| {
             let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
-            // Made durable with the layer, by one syncfs before the row.
-            let r = store.write_blob(compression, false, |w| std::io::copy(&mut follow, w));
-            (r.map(|(_, hold, size)| (hold, size)), started.elapsed())
+            (blob_of(&mut follow), started.elapsed())
         };
         // Stop the follower of the tar written ahead and drop its blob.
         let give_up = |follower: Option<std::thread::ScopedJoinHandle<'_, _>>| {
@@ -250,16 +305,18 @@ impl Daemon {
                     let path = cap.tar.clone();
                     follower = Some(s.spawn(move || match follow {
                         Ok(follow) => compress(follow),
-                        Err(source) => {
-                            (Err(StoreError::Io { step: "read checkpoint tar", path, source }), started.elapsed())
-                        }
+                        Err(source) => (
+                            Err(store_err(StoreError::Io { step: "read checkpoint tar", path, source })),
+                            started.elapsed(),
+                        ),
                     }));
                 }
             }
             crate::failpoint::hit("checkpoint:captured");
             // Hydrate while the blob is being finished.
             let unpacked = cap.map_err(ApiError::from).and_then(|mut cap| {
-                let (u, diff_id) = self.unpack_capture(&cap, work, sb.gone())?;
+                let (u, diff_id, cpu) = unpack_capture(&cap, work, &place, sb.gone())?;
+                spent(cpu);
                 cap.diff_id.get_or_insert(diff_id);
                 Ok((cap, u))
             });
@@ -276,11 +333,7 @@ impl Daemon {
         });
         let follower = follower.map(|joined| match joined {
             Ok((r, at)) => r.map(|(hex, size)| (hex, size, at)),
-            Err(_) => Err(StoreError::Io {
-                step: "write blob",
-                path: tar.clone(),
-                source: std::io::Error::other("the blob thread panicked"),
-            }),
+            Err(_) => Err(ApiError::new(ErrorKind::Internal, "the blob thread panicked")),
         });
         let reused: u64 = match &unpacked {
             Ok((cap, _)) => cap.segments.iter().map(|s| s.len).sum(),
@@ -295,7 +348,7 @@ impl Daemon {
                     Err(e)
                 }
             },
-            (Ok(_), Some(Err(e))) => Err(store_err(e)),
+            (Ok(_), Some(Err(e))) => Err(e),
             (Err(e), follower) => {
                 if let Some(Ok((hex, _, _))) = follower {
                     self.give_up_blob(hex);
@@ -307,18 +360,18 @@ impl Daemon {
         crate::failpoint::hit("checkpoint:layer-committed");
         let blob = match blob {
             Some(b) => Ok(b),
-            None => store
-                .write_blob(compression, false, |w| {
-                    let tar = std::fs::File::open(&sealed.tar)?;
-                    std::io::copy(&mut Until::new(tar, sb.gone()), w)
+            None => std::fs::File::open(&sealed.tar)
+                .map_err(|source| {
+                    store_err(StoreError::Io { step: "read checkpoint tar", path: sealed.tar.clone(), source })
                 })
-                .map(|(_, hold, size)| (hold, size, started.elapsed())),
+                .and_then(|tar| blob_of(&mut Until::new(tar, sb.gone())))
+                .map(|(hold, size)| (hold, size, started.elapsed())),
         };
         let (blob_hold, blob_size, blob_at) = match blob {
             Ok(b) => b,
             Err(e) => {
                 self.give_up_layer(layer_hold);
-                return Err(store_err(e));
+                return Err(e);
             }
         };
 
@@ -349,6 +402,7 @@ impl Daemon {
             "reused_bytes": reused,
             "log_upto": log_upto,
             "compacted": sealed.compacted,
+            "worker_cpu_ms": worker_cpu.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1000.0,
         });
         merge_stats(&mut info, stats);
         mark_userns(&mut info, sb);
@@ -389,26 +443,6 @@ impl Daemon {
             sealed.frozen.as_secs_f64() * 1000.0
         );
         Ok(info)
-    }
-
-    /// Unpack a captured tar into `work/layer/fs` with the same per-entry
-    /// checks as image layers. Returns `work/layer`, what was unpacked, and
-    /// the tar's sha256 hex (its diff_id).
-    fn unpack_capture(
-        &self,
-        cap: &crate::sandbox::Capture,
-        work: &Path,
-        gone: &crate::sandbox::Gone,
-    ) -> Result<((std::path::PathBuf, oci::UnpackStats), String), ApiError> {
-        let layer_dir = work.join("layer");
-        let fs_dir = layer_dir.join("fs");
-        std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
-        // The unpacker refuses what a layer may not hold (an escaping relative
-        // symlink, say): that is the sandbox's content, not a daemon fault.
-        let tar = Until::new(crate::sandbox::TarFollower::finished(cap).map_err(|e| ApiError::internal(&e))?, gone);
-        let unpacked = oci::unpack_capture(tar, &|at, len| cap.prepared(at, len), &fs_dir).map_err(unsealable)?;
-        let (unpacked, diff_id) = unpacked;
-        Ok(((layer_dir, unpacked), diff_id.hex().to_string()))
     }
 
     /// Put an unpacked capture in place under `layers/<diff_id>` (or reuse
@@ -776,6 +810,8 @@ impl Daemon {
                 "compacted": compacted.is_some(),
                 "total_ms": started.elapsed().as_secs_f64() * 1000.0,
                 "log_upto": log_upto,
+                // For the seal's worker (`seal_blob`): the sandbox's quota.
+                "cpus": sb.spec.limits.cpus,
             });
             if let Some(c) = &compacted {
                 merge_stats(&mut info, &c.stats);
@@ -875,33 +911,37 @@ impl Daemon {
         let store = &self.rt.store;
         let dir = store.layer_dir(&row.layer);
         store.sync_layer(&dir).map_err(store_err)?;
-        // One pass: serialise the layer straight into the compressor.
-        let fs = dir.join("fs");
-        let written = store.write_blob(BlobCompression::Zstd, true, |w| {
-            crate::diff::write_delta(&fs, w).map_err(std::io::Error::other)
-        });
-        let ((stats, hex), held, size) = match written {
+        // One pass, in a worker charged to the sandbox it was (its capture
+        // cgroup, with its CPU quota, made again if need be and removed
+        // after): serialise the layer straight into the compressor.
+        let sandbox_cg = format!("{}/{}", self.cfg.cgroup_parent, row.source_sandbox);
+        let cg = crate::sandbox::capture_cgroup(&sandbox_cg, row.info["cpus"].as_f64())
+            .map_err(|e| ApiError::internal(&e))?;
+        let place = |pid: u32| cg.add(pid).map_err(crate::sandbox::SandboxError::Cgroup);
+        let tmp = store.new_blob_path();
+        let written = crate::worker::seal(&dir.join("fs"), &tmp, &place);
+        if let Err(e) = crate::sandbox::remove_capture_cgroup(&sandbox_cg, std::time::Duration::from_secs(5)) {
+            tracing::warn!("remove capture cgroup of {}: {}", row.source_sandbox, crate::error::chain(&e));
+        }
+        let ((stats, hex, bhex, size), cpu) = match written {
             Ok(w) => w,
             Err(e) => {
-                let content = match &e {
-                    StoreError::Io { source, .. } => source
-                        .get_ref()
-                        .and_then(|i| i.downcast_ref::<crate::diff::DiffError>())
-                        .is_some_and(|d| d.is_content()),
-                    _ => false,
-                };
-                if content {
-                    let mut info = row.info.clone();
-                    info["seal_error"] = serde_json::json!(crate::error::chain(&e));
-                    lock(&self.db).set_seal_failed(id, &info)?;
-                    return Err(ApiError::new(
-                        ErrorKind::Conflict,
-                        format!("snapshot {id} cannot be sealed: {}", crate::error::chain(&e)),
-                    ));
+                let _ = std::fs::remove_file(&tmp);
+                if let crate::worker::WorkerError::Failed(f) = &e {
+                    if f.content {
+                        let mut info = row.info.clone();
+                        info["seal_error"] = serde_json::json!(f.message);
+                        lock(&self.db).set_seal_failed(id, &info)?;
+                        return Err(ApiError::new(
+                            ErrorKind::Conflict,
+                            format!("snapshot {id} cannot be sealed: {}", f.message),
+                        ));
+                    }
                 }
-                return Err(store_err(e));
+                return Err(worker_err(e));
             }
         };
+        let held = store.place_blob(&tmp, &bhex).map_err(store_err)?;
         crate::failpoint::hit("seal:blob-written");
         let bhex = held.id().to_string();
         if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
@@ -914,6 +954,7 @@ impl Daemon {
         let mut info = row.info.clone();
         merge_stats(&mut info, &stats);
         info["seal_ms"] = serde_json::json!(started.elapsed().as_secs_f64() * 1000.0);
+        info["worker_cpu_ms"] = serde_json::json!(cpu.as_secs_f64() * 1000.0);
         let layer = LayerRow { id: row.layer.clone(), diff_id: Some(hex), size: stats.bytes, entries: stats.entries };
         lock(&self.db).set_snapshot_blob(id, &format!("sha256:{bhex}"), size, &layer, &info)?;
         drop(held);

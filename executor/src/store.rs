@@ -432,7 +432,7 @@ impl Store {
         fsync: bool,
         produce: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<T>,
     ) -> Result<(T, Hold<'_>, u64), StoreError> {
-        let tmp = self.tmp_dir().join(format!("blob-{:016x}", rand::random::<u64>()));
+        let tmp = self.new_blob_path();
         let (t, hex, size) = match compress_with(compression, &tmp, fsync, produce) {
             Ok(r) => r,
             Err(source) => {
@@ -440,15 +440,26 @@ impl Store {
                 return Err(StoreError::Io { step: "write blob", path: tmp, source });
             }
         };
-        let dst = self.blob_path(&hex);
+        self.place_blob(&tmp, &hex).map(|hold| (t, hold, size))
+    }
+
+    /// A new file for [`Store::place_blob`], under `tmp/`.
+    pub fn new_blob_path(&self) -> PathBuf {
+        self.tmp_dir().join(format!("blob-{:016x}", rand::random::<u64>()))
+    }
+
+    /// Put the blob file `tmp` (under `tmp/`, its sha256 `hex`) in place,
+    /// held (see [`Store::write_blob`]). On error `tmp` is removed.
+    pub fn place_blob(&self, tmp: &Path, hex: &str) -> Result<Hold<'_>, StoreError> {
+        let dst = self.blob_path(hex);
         // Held before it is in place: a removal of the same blob that
         // comes later leaves it.
-        let hold = self.hold_blob(&hex);
-        if let Err(e) = std::fs::rename(&tmp, &dst) {
-            let _ = std::fs::remove_file(&tmp);
+        let hold = self.hold_blob(hex);
+        if let Err(e) = std::fs::rename(tmp, &dst) {
+            let _ = std::fs::remove_file(tmp);
             return Err(StoreError::Io { step: "rename blob into place", path: dst, source: e });
         }
-        Ok((t, hold, size))
+        Ok(hold)
     }
 
     /// Move the verified blob file `src` (under `tmp/`) into `blobs/` as

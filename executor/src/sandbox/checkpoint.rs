@@ -437,17 +437,15 @@ impl TarFollower {
 
     /// Reads a finished capture.
     pub fn finished(cap: &Capture) -> std::io::Result<TarFollower> {
-        let file = std::fs::File::open(&cap.tar)?;
+        TarFollower::of_file(&cap.tar, cap.segments.clone())
+    }
+
+    /// Reads a finished capture's tar, whose `segments` are in their
+    /// pre-copied files.
+    pub fn of_file(tar: &Path, segments: Vec<Segment>) -> std::io::Result<TarFollower> {
+        let file = std::fs::File::open(tar)?;
         let len = file.metadata()?.len();
-        Ok(TarFollower {
-            path: cap.tar.clone(),
-            file: Some(file),
-            pos: 0,
-            segments: cap.segments.clone(),
-            open: None,
-            progress: None,
-            len,
-        })
+        Ok(TarFollower { path: tar.to_path_buf(), file: Some(file), pos: 0, segments, open: None, progress: None, len })
     }
 
     /// How far the tar is final (waiting for more); copies new segments.

@@ -262,6 +262,7 @@ pub fn start(
         state: std::sync::Mutex::new(super::RunState::Running),
         next_exec: AtomicU64::new(1),
         gone: super::Gone::default(),
+        capture_cg: Default::default(),
     })
 }
 
@@ -319,6 +320,7 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
         state: std::sync::Mutex::new(if paused { super::RunState::Paused } else { super::RunState::Running }),
         next_exec: AtomicU64::new(1 << 32),
         gone: super::Gone::default(),
+        capture_cg: Default::default(),
     })
 }
 
@@ -336,6 +338,7 @@ pub fn reap_orphan(rt: &Runtime, row: &SandboxRow) -> Result<(), SandboxError> {
         }
     }
     SandboxCgroup::load(&row.spec.cgroup).remove(Duration::from_secs(5)).map_err(SandboxError::Cgroup)?;
+    super::remove_capture_cgroup(&row.spec.cgroup, Duration::from_secs(5)).map_err(SandboxError::Cgroup)?;
     rt.store.remove_sandbox(&row.id).map_err(SandboxError::Remove)?;
     Ok(())
 }

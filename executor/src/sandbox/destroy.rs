@@ -91,6 +91,7 @@ impl Sandbox {
         kill_and_reap(self.shim_pid, self.pidfd.as_fd())?;
         t.mark("kill");
         self.cgroup.remove(Duration::from_secs(KILL_TIMEOUT_SECS)).map_err(SandboxError::Cgroup)?;
+        self.remove_capture_cgroup(Duration::from_secs(KILL_TIMEOUT_SECS))?;
         t.mark("cgroup");
         Ok(())
     }

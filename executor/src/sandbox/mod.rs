@@ -15,7 +15,7 @@ mod shim_exe;
 pub use checkpoint::{speculate, Ahead, Capture, EndOnDrop, Segment, Speculation, TarFollower, TarProgress};
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest, ExecSummary};
-pub use precopy::{Precopied, Precopier};
+pub use precopy::{PreCopy, Precopied, Precopier};
 pub use shim_exe::{ShimExe, ShimExeError};
 
 use std::os::fd::OwnedFd;
@@ -312,7 +312,38 @@ pub struct Sandbox {
     /// Set while it is being removed or suspended: work the daemon does on
     /// its behalf (a checkpoint's copies, compression, hydration) stops.
     gone: Gone,
+    /// Its capture cgroup (`crate::worker`), once made; its lock orders
+    /// placing a worker there against removing it.
+    capture_cg: std::sync::Mutex<Option<SandboxCgroup>>,
 }
+
+/// The capture cgroup beside sandbox cgroup `cg` (see
+/// [`Sandbox::place_worker`]).
+fn capture_cgroup_of(cg: &str) -> String {
+    format!("{cg}.capture")
+}
+
+/// Make (or take) the capture cgroup beside sandbox cgroup `cg`, with the
+/// sandbox's CPU quota `cpus`.
+pub fn capture_cgroup(cg: &str, cpus: Option<f64>) -> Result<SandboxCgroup, CgroupError> {
+    let limits = crate::cgroups::Limits { cpus, pids: Some(CAPTURE_PIDS), ..Default::default() };
+    SandboxCgroup::create_work(&capture_cgroup_of(cg), &limits)
+}
+
+/// Remove the capture cgroup beside sandbox cgroup `cg`, if there is one:
+/// kill the workers still in it (the daemon's own, of a capture told to
+/// stop, or left by a daemon killed meanwhile), wait up to `budget`.
+pub fn remove_capture_cgroup(cg: &str, budget: std::time::Duration) -> Result<(), CgroupError> {
+    let cg = SandboxCgroup::load(&capture_cgroup_of(cg));
+    for pid in cg.procs() {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+    }
+    cg.remove(budget)
+}
+
+/// Capture workers a sandbox may run at once (`crate::worker`): two per
+/// capture (compression, hydration), a few captures.
+const CAPTURE_PIDS: u64 = 16;
 
 /// Whether a sandbox is going away (see [`Sandbox::gone`]); shared with
 /// the readers and writers of its captures, which check it as they go.
@@ -380,6 +411,34 @@ impl Sandbox {
 
     pub fn cgroup_path(&self) -> &str {
         self.cgroup.path()
+    }
+
+    /// Where its capture workers run (`crate::worker`): beside its own
+    /// cgroup (which a capture freezes), with its CPU quota.
+    pub fn capture_cgroup_path(&self) -> String {
+        capture_cgroup_of(self.cgroup.path())
+    }
+
+    /// Put a capture worker (`pid`) of this sandbox in its capture cgroup,
+    /// made on first use; refused once the sandbox is going away, so that
+    /// nothing is placed (or made) after its removal took the cgroup.
+    pub fn place_worker(&self, pid: u32) -> Result<(), SandboxError> {
+        let mut cg = self.capture_cg.lock().unwrap_or_else(|p| p.into_inner());
+        if self.gone.is_set() {
+            return Err(SandboxError::Stopping(self.id.clone()));
+        }
+        if cg.is_none() {
+            *cg = Some(capture_cgroup(self.cgroup.path(), self.spec.limits.cpus).map_err(SandboxError::Cgroup)?);
+        }
+        cg.as_ref().map_or(Ok(()), |cg| cg.add(pid).map_err(SandboxError::Cgroup))
+    }
+
+    /// Remove its capture cgroup (made by this daemon or an earlier one),
+    /// once the workers in it are gone. Call after [`Sandbox::begin_stop`].
+    fn remove_capture_cgroup(&self, budget: std::time::Duration) -> Result<(), SandboxError> {
+        let mut cg = self.capture_cg.lock().unwrap_or_else(|p| p.into_inner());
+        cg.take();
+        remove_capture_cgroup(self.cgroup.path(), budget).map_err(SandboxError::Cgroup)
     }
 
     pub fn is_alive(&self) -> bool {
