@@ -111,6 +111,9 @@ impl WorkerError {
     }
 }
 
+/// The pipe a worker is fed through, in bytes.
+const PIPE_SIZE: i32 = 1 << 20;
+
 /// Where a worker goes before it is given its job: called with its pid.
 pub type Place<'a> = &'a dyn Fn(u32) -> Result<(), crate::sandbox::SandboxError>;
 
@@ -131,6 +134,14 @@ impl Worker {
             .stderr(Stdio::inherit())
             .spawn()
             .map_err(WorkerError::Spawn)?;
+        if let Some(stdin) = &child.stdin {
+            // Fewer, larger writes when feeding a compressor (the default
+            // pipe holds 64 KiB); best effort (capped by pipe-max-size).
+            let _ = nix::fcntl::fcntl(
+                std::os::fd::AsRawFd::as_raw_fd(stdin),
+                nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE),
+            );
+        }
         let mut w = Worker { child, gone: gone.clone() };
         place(w.child.id()).map_err(WorkerError::Place)?;
         let mut line = serde_json::to_vec(job).map_err(|e| WorkerError::Pipe(e.into()))?;
