@@ -2627,3 +2627,60 @@ fn a_docker_save_archive_of_the_old_format_imports() {
     assert_eq!(images.as_array().unwrap().len(), 2, "{images}");
     env.finish();
 }
+
+#[test]
+fn capture_work_is_charged_to_the_sandbox_not_the_daemon() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let daemon = env.daemon.as_ref().unwrap().id();
+    let id = create(&env, json!({"image": "busybox", "cpus": 1.5}));
+    // 256 MiB of text: seconds of gzip.
+    let make =
+        "i=0; while [ $i -lt 2000 ]; do echo \"line $i of some compressible text $i $i\"; i=$((i+1)); done > /t; \
+                while [ $(stat -c %s /big) -lt 268435456 ]; do cat /t /t /t /t /t /t /t /t >> /big; done; echo ok";
+    let v = sh(&env, &id, &format!("touch /big; {make}"));
+    assert_eq!(stdout(&v), "ok\n", "{v}");
+    let sb: serde_json::Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    let cg = sb["cgroup"].as_str().unwrap().to_string();
+    let before = cpu_seconds(daemon);
+    let snap: serde_json::Value = env
+        .client()
+        .call("POST", &format!("/v1/sandboxes/{id}/checkpoint"), Some(&json!({"compression": "gzip"})))
+        .unwrap();
+    let used = cpu_seconds(daemon) - before;
+    let worker = snap["info"]["worker_cpu_ms"].as_f64().unwrap() / 1000.0;
+    let (charged, quota) = capture_cgroup_cpu(&cg).expect("the sandbox's capture cgroup");
+    // Before, the daemon paid it all (3.96 s of its CPU for this, the
+    // capture's compression, hashing and hydration); now the workers do,
+    // in the sandbox's capture cgroup, under the sandbox's CPU quota.
+    assert!(worker > 1.0, "the workers used {worker:.2} s: {snap}");
+    assert!(charged >= worker * 0.9, "the capture cgroup was charged {charged:.2} s of the workers' {worker:.2} s");
+    // What the daemon still does is the frozen copy into the tar and
+    // feeding the compressor (here 0.8-1.6 s against the workers' 1.7-2.3).
+    assert!(used < worker * 0.8, "the daemon used {used:.2} s of CPU, the workers {worker:.2} s");
+    assert!(quota == "150000" || quota == "150000 100000", "capture cgroup quota {quota:?}");
+    // The snapshot is whole.
+    let resumed = env.cli_ok(&["resume", snap["id"].as_str().unwrap()]).trim().to_string();
+    let sum = |sid: &str| stdout(&sh(&env, sid, "md5sum /big | cut -d' ' -f1"));
+    assert_eq!(sum(&resumed), sum(&id));
+    env.cli_ok(&["rm", &resumed]);
+    // Its capture cgroup goes with the sandbox.
+    env.cli_ok(&["rm", &id]);
+    assert_eq!(capture_cgroup_cpu(&cg), None, "the capture cgroup outlived its sandbox");
+    // A suspend moves the upper; its seal (the tar and zstd blob of the
+    // layer, after the sandbox is gone) runs in a worker in that sandbox's
+    // capture cgroup too, removed when the seal ends.
+    let id = create(&env, json!({"image": "busybox", "cpus": 1.5}));
+    let v = sh(&env, &id, &format!("touch /big; {make}"));
+    assert_eq!(stdout(&v), "ok\n", "{v}");
+    let before = cpu_seconds(daemon);
+    let snap = env.cli_ok(&["suspend", &id]).trim().to_string();
+    let info = sealed(&env, &snap);
+    let used = cpu_seconds(daemon) - before;
+    let worker = info["info"]["worker_cpu_ms"].as_f64().unwrap() / 1000.0;
+    assert!(worker > 0.1, "the seal's worker used {worker:.2} s: {info}");
+    assert!(used < worker, "the daemon used {used:.2} s of CPU for a suspend, the seal's worker {worker:.2} s");
+    let cg = cg.replace(&sb["id"].as_str().unwrap().to_string(), &id);
+    assert_eq!(capture_cgroup_cpu(&cg), None, "the seal left its capture cgroup");
+    env.finish();
+}

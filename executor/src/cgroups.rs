@@ -81,7 +81,37 @@ impl Default for LimitPolicy {
     }
 }
 
+/// A [`LimitPolicy`] that contradicts itself.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PolicyError {
+    #[error("--default-pids {default} is above --max-pids {max}")]
+    Pids { default: u64, max: u64 },
+    #[error("--default-memory {default} is above --max-memory {max}")]
+    Memory { default: u64, max: u64 },
+    #[error("{flag} {value} is below the minimum of {MIN_MEMORY} bytes")]
+    MemoryTooSmall { flag: &'static str, value: u64 },
+}
+
 impl LimitPolicy {
+    /// Refuse a policy whose defaults are above its maximums, or whose
+    /// memory values no sandbox could start with.
+    pub fn check(&self) -> Result<(), PolicyError> {
+        if self.default_pids > self.max_pids {
+            return Err(PolicyError::Pids { default: self.default_pids, max: self.max_pids });
+        }
+        if let (Some(default), Some(max)) = (self.default_memory, self.max_memory) {
+            if default > max {
+                return Err(PolicyError::Memory { default, max });
+            }
+        }
+        for (flag, v) in [("--default-memory", self.default_memory), ("--max-memory", self.max_memory)] {
+            if let Some(value) = v.filter(|v| *v < MIN_MEMORY) {
+                return Err(PolicyError::MemoryTooSmall { flag, value });
+            }
+        }
+        Ok(())
+    }
+
     /// `asked` with the defaults filled in, refused past a maximum. A
     /// sandbox may ask for less than a default, or more, up to the maximum.
     pub fn settle(&self, asked: Limits) -> Result<Limits, LimitsError> {
@@ -489,6 +519,21 @@ mod tests {
         }
         let l = Limits { memory: Some(MIN_MEMORY), pids: Some(1), cpus: Some(2.0), disk: Some(crate::disk::MIN_DISK) };
         assert!(l.validate(2).is_ok());
+    }
+
+    #[test]
+    fn a_policy_that_contradicts_itself_is_refused() {
+        assert_eq!(LimitPolicy::default().check(), Ok(()));
+        let p = LimitPolicy { default_pids: 10, max_pids: 5, ..Default::default() };
+        assert_eq!(p.check(), Err(PolicyError::Pids { default: 10, max: 5 }));
+        let p = LimitPolicy { default_memory: Some(2 << 30), max_memory: Some(1 << 30), ..Default::default() };
+        assert_eq!(p.check(), Err(PolicyError::Memory { default: 2 << 30, max: 1 << 30 }));
+        let p = LimitPolicy { max_memory: Some(1024), ..Default::default() };
+        assert_eq!(p.check(), Err(PolicyError::MemoryTooSmall { flag: "--max-memory", value: 1024 }));
+        assert_eq!(
+            p.check().unwrap_err().to_string(),
+            format!("--max-memory 1024 is below the minimum of {MIN_MEMORY} bytes")
+        );
     }
 
     #[test]

@@ -4,8 +4,6 @@
 use std::io::{IsTerminal, Read, Write};
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -15,7 +13,7 @@ use crate::api::types::{
     SnapshotInfo,
 };
 use crate::client::{Client, ClientError};
-use crate::daemon::{Daemon, DaemonConfig};
+use crate::daemon::DaemonConfig;
 use crate::stream::{self, FrameKind};
 
 pub const DEFAULT_ROOT: &str = "/var/lib/strata";
@@ -804,63 +802,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
             max_memory: a.max_memory,
         },
     };
-    if a.default_pids > a.max_pids {
-        bail!("--default-pids {} is above --max-pids {}", a.default_pids, a.max_pids);
-    }
-    if let (Some(d), Some(m)) = (a.default_memory, a.max_memory) {
-        if d > m {
-            bail!("--default-memory {d} is above --max-memory {m}");
-        }
-    }
-    for (flag, v) in [("--default-memory", a.default_memory), ("--max-memory", a.max_memory)] {
-        if let Some(v) = v {
-            if v < crate::cgroups::MIN_MEMORY {
-                bail!("{flag} {v} is below the minimum of {} bytes", crate::cgroups::MIN_MEMORY);
-            }
-        }
-    }
-    for clash in crate::userns::host_ids_in_ranges(a.userns_base) {
-        tracing::warn!(
-            "--userns ranges from {} include a host id, {clash}: choose another --userns-base",
-            a.userns_base
-        );
-    }
-    // Block the shutdown signals before any thread exists so only the
-    // signal thread below receives them.
-    let mut sigs = nix::sys::signal::SigSet::empty();
-    sigs.add(nix::sys::signal::Signal::SIGTERM);
-    sigs.add(nix::sys::signal::Signal::SIGINT);
-    sigs.thread_block()?;
-    let daemon = Arc::new(Daemon::open(cfg.clone())?);
-    let listener = bind_socket(&cfg.socket, cfg.socket_gid)?;
-    tracing::info!(
-        "strata daemon on {} (root {}, max {} sandboxes)",
-        cfg.socket.display(),
-        cfg.root.display(),
-        daemon.max_sandboxes()
-    );
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        // A second descriptor of the listener: shutting it down wakes the
-        // accept loop even if the socket's path was removed or replaced.
-        let wake = listener.try_clone().context("duplicate the API listener")?;
-        std::thread::spawn(move || {
-            if let Ok(sig) = sigs.wait() {
-                tracing::info!("{sig:?}: stopping the daemon; sandboxes keep running and are re-adopted at next start");
-            }
-            stop.store(true, std::sync::atomic::Ordering::Release);
-            let _ =
-                nix::sys::socket::shutdown(std::os::fd::AsRawFd::as_raw_fd(&wake), nix::sys::socket::Shutdown::Both);
-        });
-    }
-    daemon.start_warm_pool();
-    daemon.start_blob_writer();
-    daemon.start_hydrator();
-    daemon.start_gc(a.gc_interval, a.retention, a.stale_after);
-    crate::api::serve(daemon.clone(), listener, stop);
-    let _ = std::fs::remove_file(&cfg.socket);
-    daemon.shutdown();
+    crate::server::run(cfg, a.gc_interval)?;
     Ok(0)
 }
 
@@ -961,30 +903,6 @@ fn run_cp(cli: &Cli, src: &str, dst: &str, no_symlinks: bool) -> Result<i32> {
         eprintln!("left out {} symlinks (--no-symlinks)", total.skipped_symlinks);
     }
     Ok(0)
-}
-
-fn bind_socket(path: &std::path::Path, gid: Option<u32>) -> Result<std::os::unix::net::UnixListener> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-    }
-    // We hold the root's lock, so a socket file here is a stale one.
-    if let Ok(m) = std::fs::symlink_metadata(path) {
-        if !m.file_type().is_socket() {
-            bail!("{} exists and is not a socket; refusing to replace it", path.display());
-        }
-        std::fs::remove_file(path).with_context(|| format!("remove stale socket {}", path.display()))?;
-    }
-    // Bound with umask 0177 so the socket is never, even for a moment,
-    // connectable by others; then root:GROUP 0660.
-    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
-    let bound = std::os::unix::net::UnixListener::bind(path);
-    nix::sys::stat::umask(old);
-    let l = bound.with_context(|| format!("bind {}", path.display()))?;
-    std::os::unix::fs::chown(path, Some(0), Some(gid.unwrap_or(0)))
-        .with_context(|| format!("chown {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-    Ok(l)
 }
 
 /// Puts the local terminal in raw mode and restores it on drop.

@@ -51,6 +51,13 @@ pub struct DaemonConfig {
     pub limit_policy: crate::cgroups::LimitPolicy,
 }
 
+/// See [`Daemon::sealing`].
+#[derive(Debug, Default)]
+pub(crate) struct Sealing {
+    pub(crate) cgroup: Option<String>,
+    pub(crate) stopped: bool,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     #[error("another strata daemon (pid {pid}) is already running on root {root}")]
@@ -163,6 +170,9 @@ pub struct Daemon {
     warm: WarmPool,
     /// Snapshot ids whose blob the background writer must produce.
     blobs: Mutex<Option<std::sync::mpsc::Sender<String>>>,
+    /// The sandbox cgroup whose capture cgroup the seal under way made
+    /// (`seal_blob`), for shutdown to end it; no new seal starts after.
+    pub(crate) sealing: Mutex<Sealing>,
     pub(crate) rt: Runtime,
     pub(crate) db: Mutex<Db>,
     pub(crate) pool: Mutex<Pool>,
@@ -247,6 +257,7 @@ impl Daemon {
             cfg,
             warm: WarmPool::default(),
             blobs: Mutex::new(None),
+            sealing: Mutex::new(Sealing::default()),
             rt,
             db: Mutex::new(db),
             pool: Mutex::new(Pool::default()),
@@ -721,6 +732,17 @@ impl Daemon {
     /// Stop refilling and tear down every warm shim. Live sandboxes keep
     /// running; the next daemon re-adopts them.
     pub fn shutdown(&self) {
+        {
+            // End the seal under way (its worker is killed; the snapshot
+            // stays pending for the next start) and start no other.
+            let mut sealing = lock(&self.sealing);
+            sealing.stopped = true;
+            if let Some(cg) = sealing.cgroup.take() {
+                if let Err(e) = crate::sandbox::remove_capture_cgroup(&cg, std::time::Duration::from_secs(5)) {
+                    tracing::warn!("remove capture cgroup beside {cg}: {}", crate::error::chain(&e));
+                }
+            }
+        }
         {
             // Under the lock: the refill thread checks `stop` and starts
             // waiting atomically with respect to this, so no wake-up is lost.

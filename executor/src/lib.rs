@@ -33,6 +33,7 @@ pub mod model;
 pub mod oci;
 pub mod registry;
 pub mod sandbox;
+pub mod server;
 pub mod shim_client;
 pub mod snapshots;
 pub mod store;

@@ -915,13 +915,26 @@ impl Daemon {
         // cgroup, with its CPU quota, made again if need be and removed
         // after): serialise the layer straight into the compressor.
         let sandbox_cg = format!("{}/{}", self.cfg.cgroup_parent, row.source_sandbox);
-        let cg = crate::sandbox::capture_cgroup(&sandbox_cg, row.info["cpus"].as_f64())
-            .map_err(|e| ApiError::internal(&e))?;
+        let cg = {
+            // Made and recorded at once, so that shutdown ends it.
+            let mut sealing = lock(&self.sealing);
+            if sealing.stopped {
+                return Err(ApiError::new(ErrorKind::Conflict, "the daemon is stopping"));
+            }
+            let cg = crate::sandbox::capture_cgroup(&sandbox_cg, row.info["cpus"].as_f64())
+                .map_err(|e| ApiError::internal(&e))?;
+            sealing.cgroup = Some(sandbox_cg.clone());
+            cg
+        };
         let place = |pid: u32| cg.add(pid).map_err(crate::sandbox::SandboxError::Cgroup);
         let tmp = store.new_blob_path();
         let written = crate::worker::seal(&dir.join("fs"), &tmp, &place);
-        if let Err(e) = crate::sandbox::remove_capture_cgroup(&sandbox_cg, std::time::Duration::from_secs(5)) {
-            tracing::warn!("remove capture cgroup of {}: {}", row.source_sandbox, crate::error::chain(&e));
+        {
+            let mut sealing = lock(&self.sealing);
+            sealing.cgroup = None;
+            if let Err(e) = crate::sandbox::remove_capture_cgroup(&sandbox_cg, std::time::Duration::from_secs(5)) {
+                tracing::warn!("remove capture cgroup of {}: {}", row.source_sandbox, crate::error::chain(&e));
+            }
         }
         let ((stats, hex, bhex, size), cpu) = match written {
             Ok(w) => w,

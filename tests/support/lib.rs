@@ -450,3 +450,44 @@ pub fn create(env: &TestEnv, body: serde_json::Value) -> String {
     let v: serde_json::Value = env.client().call("POST", "/v1/sandboxes", Some(&body)).expect("create");
     v["id"].as_str().unwrap().to_string()
 }
+
+/// CPU time (user + system, seconds) process `pid` has used so far.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 14th and 15th of the whole line.
+    let rest: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = rest[11].parse::<u64>().unwrap() + rest[12].parse::<u64>().unwrap();
+    ticks as f64 / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).unwrap().unwrap() as f64
+}
+
+/// Wait up to 60 s for a snapshot's background seal to end.
+pub fn sealed(env: &TestEnv, snap: &str) -> serde_json::Value {
+    let start = std::time::Instant::now();
+    loop {
+        let info: serde_json::Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+        if info["sealing"] != true {
+            return info;
+        }
+        assert!(start.elapsed().as_secs() < 60, "still sealing: {info}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// CPU seconds used in the capture cgroup beside sandbox cgroup `cg`, and
+/// its CPU quota as the kernel has it (v1 `cpu.cfs_quota_us`, v2
+/// `cpu.max`); `None` once it is gone.
+pub fn capture_cgroup_cpu(cg: &str) -> Option<(f64, String)> {
+    let base = std::path::Path::new("/sys/fs/cgroup");
+    let unified = base.join(format!("{cg}.capture"));
+    if unified.join("cpu.stat").is_file() {
+        let stat = std::fs::read_to_string(unified.join("cpu.stat")).ok()?;
+        let usec: f64 = stat.lines().find_map(|l| l.strip_prefix("usage_usec "))?.trim().parse().ok()?;
+        let max = std::fs::read_to_string(unified.join("cpu.max")).ok()?;
+        return Some((usec / 1e6, max.trim().to_string()));
+    }
+    let ns: f64 =
+        std::fs::read_to_string(base.join(format!("cpuacct/{cg}.capture/cpuacct.usage"))).ok()?.trim().parse().ok()?;
+    let quota = std::fs::read_to_string(base.join(format!("cpu/{cg}.capture/cpu.cfs_quota_us"))).ok()?;
+    Some((ns / 1e9, quota.trim().to_string()))
+}

@@ -1,0 +1,114 @@
+//! Daemon start-up and shut-down: check the configuration, open the
+//! daemon (lock, database, sweep, adopt), bind the API socket, start the
+//! background threads, serve until SIGTERM or SIGINT, stop. `cli.rs` only
+//! turns flags into a [`DaemonConfig`] and calls [`run`].
+
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cgroups::PolicyError;
+use crate::daemon::{Daemon, DaemonConfig, DaemonError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    #[error("block the shutdown signals")]
+    Signals(#[source] nix::Error),
+    #[error(transparent)]
+    Open(#[from] DaemonError),
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    #[error("{step} {path}")]
+    Socket {
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Run the daemon until SIGTERM or SIGINT (sandboxes keep running and are
+/// adopted at the next start); `gc_interval` zero runs no periodic gc.
+pub fn run(cfg: DaemonConfig, gc_interval: Duration) -> Result<(), ServeError> {
+    cfg.limit_policy.check()?;
+    for clash in crate::userns::host_ids_in_ranges(cfg.userns_base) {
+        tracing::warn!(
+            "--userns ranges from {} include a host id, {clash}: choose another --userns-base",
+            cfg.userns_base
+        );
+    }
+    // Block the shutdown signals before any thread exists so only the
+    // signal thread below receives them.
+    let mut sigs = nix::sys::signal::SigSet::empty();
+    sigs.add(nix::sys::signal::Signal::SIGTERM);
+    sigs.add(nix::sys::signal::Signal::SIGINT);
+    sigs.thread_block().map_err(ServeError::Signals)?;
+    let daemon = Arc::new(Daemon::open(cfg.clone())?);
+    let listener = bind_socket(&cfg.socket, cfg.socket_gid)?;
+    tracing::info!(
+        "strata daemon on {} (root {}, max {} sandboxes)",
+        cfg.socket.display(),
+        cfg.root.display(),
+        daemon.max_sandboxes()
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        // A second descriptor of the listener: shutting it down wakes the
+        // accept loop even if the socket's path was removed or replaced.
+        let wake = listener.try_clone().map_err(|source| ServeError::Socket {
+            step: "duplicate the listener on",
+            path: cfg.socket.clone(),
+            source,
+        })?;
+        std::thread::spawn(move || {
+            if let Ok(sig) = sigs.wait() {
+                tracing::info!("{sig:?}: stopping the daemon; sandboxes keep running and are re-adopted at next start");
+            }
+            stop.store(true, std::sync::atomic::Ordering::Release);
+            let _ =
+                nix::sys::socket::shutdown(std::os::fd::AsRawFd::as_raw_fd(&wake), nix::sys::socket::Shutdown::Both);
+        });
+    }
+    daemon.start_warm_pool();
+    daemon.start_blob_writer();
+    daemon.start_hydrator();
+    daemon.start_gc(gc_interval, cfg.retention, cfg.stale_after);
+    crate::api::serve(daemon.clone(), listener, stop);
+    let _ = std::fs::remove_file(&cfg.socket);
+    daemon.shutdown();
+    Ok(())
+}
+
+/// Bind the API socket at `path`, root:`gid` (root's group without one)
+/// 0660, never connectable by others even for a moment. A socket file
+/// already there is a stale one (the caller holds the root's lock).
+fn bind_socket(path: &Path, gid: Option<u32>) -> Result<UnixListener, ServeError> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let err = |step| move |source| ServeError::Socket { step, path: path.to_path_buf(), source };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| ServeError::Socket {
+            step: "create",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    }
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_socket() {
+            return Err(ServeError::NotASocket(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(err("remove stale socket"))?;
+    }
+    // Bound with umask 0177; then root:GROUP 0660.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let l = bound.map_err(err("bind"))?;
+    std::os::unix::fs::chown(path, Some(0), Some(gid.unwrap_or(0))).map_err(err("chown"))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(err("chmod"))?;
+    Ok(l)
+}
