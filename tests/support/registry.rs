@@ -32,7 +32,7 @@ use crate::PREFIX;
 /// The registry binary (Debian package `docker-registry`).
 pub const REGISTRY_BIN: &str = "/usr/bin/docker-registry";
 
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct Registry {
     child: Option<Child>,
