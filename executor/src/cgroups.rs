@@ -299,16 +299,7 @@ impl SandboxCgroup {
     /// Create `path` (e.g. `strata/0123456789abcdef`) and apply `limits`.
     /// On error nothing is left behind.
     pub fn create(path: &str, limits: &Limits) -> Result<SandboxCgroup, CgroupError> {
-        let hier = cgroups_rs::hierarchies::auto();
-        let v2 = hier.v2();
-        let cg = Cgroup::new_with_specified_controllers(hier, path, Some(controllers(v2)))
-            .map_err(|source| CgroupError::Create { path: path.into(), source })?;
-        let this = SandboxCgroup { cg, path: path.to_string() };
-        if let Err(e) = this.restrict_devices().and_then(|()| this.apply(limits)) {
-            let _ = this.cg.delete();
-            return Err(e);
-        }
-        Ok(this)
+        SandboxCgroup::create_with(path, limits, true)
     }
 
     /// Create (or take, if it exists) `path` for the daemon's own work on
@@ -316,12 +307,19 @@ impl SandboxCgroup {
     /// rules (the workers are the daemon's code; a hydration makes the
     /// whiteout devices a layer holds).
     pub fn create_work(path: &str, limits: &Limits) -> Result<SandboxCgroup, CgroupError> {
+        SandboxCgroup::create_with(path, limits, false)
+    }
+
+    /// Create `path`, restrict its devices (if `devices`), apply `limits`;
+    /// on error nothing is left behind.
+    fn create_with(path: &str, limits: &Limits, devices: bool) -> Result<SandboxCgroup, CgroupError> {
         let hier = cgroups_rs::hierarchies::auto();
         let v2 = hier.v2();
         let cg = Cgroup::new_with_specified_controllers(hier, path, Some(controllers(v2)))
             .map_err(|source| CgroupError::Create { path: path.into(), source })?;
         let this = SandboxCgroup { cg, path: path.to_string() };
-        if let Err(e) = this.apply(limits) {
+        let restricted = if devices { this.restrict_devices() } else { Ok(()) };
+        if let Err(e) = restricted.and_then(|()| this.apply(limits)) {
             let _ = this.cg.delete();
             return Err(e);
         }

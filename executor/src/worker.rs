@@ -302,25 +302,21 @@ fn run(job: Job, input: &mut dyn Read) -> Result<Done, Failed> {
                 })
         }
         Job::Unpack { tar, segments, dest } => {
-            let segments: Vec<(u64, u64, PathBuf)> = segments.into_iter().map(|s| (s.offset, s.len, s.path)).collect();
-            let prepared = |offset: u64, len: u64| {
-                let i = segments.partition_point(|s| s.0 < offset);
-                segments.get(i).filter(|s| s.0 == offset && s.1 == len).map(|s| s.2.clone())
-            };
             let io = |e: std::io::Error| Failed {
                 message: crate::error::chain(&e),
                 content: false,
                 errno: e.raw_os_error(),
             };
-            let parts = segments
-                .iter()
-                .map(|(offset, len, path)| Segment {
-                    offset: *offset,
-                    len: *len,
-                    copy: crate::sandbox::PreCopy { path: path.as_path().into() },
+            let parts: Vec<Segment> = segments
+                .into_iter()
+                .map(|s| Segment {
+                    offset: s.offset,
+                    len: s.len,
+                    copy: crate::sandbox::PreCopy { path: s.path.into() },
                 })
                 .collect();
-            let follower = crate::sandbox::TarFollower::of_file(&tar, parts).map_err(io)?;
+            let prepared = |offset: u64, len: u64| crate::sandbox::prepared_in(&parts, offset, len);
+            let follower = crate::sandbox::TarFollower::of_file(&tar, parts.clone()).map_err(io)?;
             let (stats, diff_id) = crate::oci::unpack_capture(follower, &prepared, &dest).map_err(|e| Failed {
                 message: crate::error::chain(&e),
                 content: !e.is_io(),

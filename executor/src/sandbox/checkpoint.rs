@@ -556,9 +556,15 @@ pub struct Capture {
 impl Capture {
     /// The pre-copied file holding exactly the `len` bytes at `offset`.
     pub fn prepared(&self, offset: u64, len: u64) -> Option<PathBuf> {
-        let i = self.segments.partition_point(|s| s.offset < offset);
-        self.segments.get(i).filter(|s| s.offset == offset && s.len == len).map(|s| s.copy.path.to_path_buf())
+        prepared_in(&self.segments, offset, len)
     }
+}
+
+/// The pre-copied file among `segments` (by offset) holding exactly the
+/// `len` bytes at `offset`.
+pub fn prepared_in(segments: &[Segment], offset: u64, len: u64) -> Option<PathBuf> {
+    let i = segments.partition_point(|s| s.offset < offset);
+    segments.get(i).filter(|s| s.offset == offset && s.len == len).map(|s| s.copy.path.to_path_buf())
 }
 
 impl Sandbox {

@@ -12,7 +12,9 @@ mod freeze;
 mod precopy;
 mod shim_exe;
 
-pub use checkpoint::{speculate, Ahead, Capture, EndOnDrop, Segment, Speculation, TarFollower, TarProgress};
+pub use checkpoint::{
+    prepared_in, speculate, Ahead, Capture, EndOnDrop, Segment, Speculation, TarFollower, TarProgress,
+};
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest, ExecSummary};
 pub use precopy::{PreCopy, Precopied, Precopier};
