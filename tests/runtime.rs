@@ -479,13 +479,13 @@ fn api_errors() {
     // 405: a known path with the wrong method.
     assert_eq!(status_of(c.request("PUT", "/v1/sandboxes", none)), 405);
     for (path, allow) in [("/v1/sandboxes", "GET, POST"), ("/v1/snapshots/0123456789abcdef", "GET, DELETE")] {
-        let r = c.raw("PATCH", path, b"", "").unwrap();
+        let r = c.raw("PATCH", path, b"", &[]).unwrap();
         assert_eq!(r.status, 405);
         let got = r.headers.iter().find(|(k, _)| k == "allow").map(|(_, v)| v.trim());
         assert_eq!(got, Some(allow), "Allow header of {path}: {:?}", r.headers);
     }
     // 400: malformed JSON, unknown field, bad values.
-    let r = c.raw("POST", "/v1/sandboxes", b"{not json", "").unwrap();
+    let r = c.raw("POST", "/v1/sandboxes", b"{not json", &[]).unwrap();
     assert_eq!(r.status, 400);
     let err: Value = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(err["error"]["code"], "invalid_argument");

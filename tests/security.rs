@@ -2,7 +2,11 @@
 //! daemon or the shim, and each attempt must fail safely and leave the host
 //! unchanged. See docs/security.md for the defence each one exercises.
 
-use serde_json::json;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
 use strata_tests::*;
 
 /// Run `script` in the sandbox; returns (exit code, stdout + stderr).
@@ -692,25 +696,140 @@ fn userns_maps_root_to_an_unprivileged_host_range_and_keeps_layers_shared() {
 
 #[test]
 fn connections_past_the_limit_get_429_until_idle_ones_close() {
-    let env = TestEnv::start();
+    let env = TestEnv::start_with(&["--max-connections", "64"]);
     // Fill every connection slot with connections that never send anything.
-    let idle: Vec<std::os::unix::net::UnixStream> = (0..strata::api::MAX_CONNECTIONS)
-        .map(|_| std::os::unix::net::UnixStream::connect(&env.socket).unwrap())
-        .collect();
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    let idle: Vec<UnixStream> = (0..64).map(|_| UnixStream::connect(&env.socket).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(300));
     // One more is answered 429 at once (not left hanging) and closed.
     let r = env.client().request("GET", "/v1/version", None::<&()>);
-    assert!(matches!(r, Err(strata::client::ClientError::Api { status: 429, .. })), "{r:?}");
+    match r {
+        Err(strata::client::ClientError::Api { status: 429, message, .. }) => {
+            assert!(message.contains("64"), "{message}")
+        }
+        other => panic!("expected 429, got {other:?}"),
+    }
     // Slots come back when the idle ones go.
     drop(idle);
-    let start = std::time::Instant::now();
+    let start = Instant::now();
     loop {
         match env.client().request("GET", "/v1/version", None::<&()>) {
             Ok(_) => break,
             Err(e) => assert!(start.elapsed().as_secs() < 10, "the daemon did not recover: {e}"),
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(50));
     }
+    env.finish();
+}
+
+/// Threads of a running process.
+fn threads(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
+}
+
+/// Whether the daemon has closed `s` (EOF or reset), without waiting.
+fn closed_by_daemon(s: &mut UnixStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 512];
+    match s.read(&mut buf) {
+        Ok(0) => true,
+        Ok(_) => closed_by_daemon(s),
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
+
+#[test]
+fn idle_and_half_sent_connections_cannot_starve_the_daemon() {
+    let env = TestEnv::start_with(&["--header-timeout", "6s", "--idle-timeout", "12s", "--body-timeout", "2s"]);
+    env.import_busybox();
+    let daemon = env.daemon.as_ref().unwrap().id();
+    let opened = Instant::now();
+    let mut idle: Vec<UnixStream> = (0..2000).map(|_| UnixStream::connect(&env.socket).unwrap()).collect();
+    let mut half: Vec<UnixStream> = (0..200)
+        .map(|_| {
+            let mut s = UnixStream::connect(&env.socket).unwrap();
+            s.write_all(b"GET /v1/version HTTP/1.1\r\nHost: strata\r\nX-Slow: ").unwrap();
+            s
+        })
+        .collect();
+    // A kept-alive client that has had its answer.
+    let mut kept = env.client();
+    kept.request("GET", "/v1/version", None::<&()>).unwrap();
+
+    // A new client is served at once, and real work goes through.
+    let t = Instant::now();
+    env.client().request("GET", "/v1/version", None::<&()>).unwrap();
+    let took = t.elapsed();
+    assert!(took < Duration::from_millis(100), "GET /v1/version took {took:?} with 2200 connections open");
+    let id = create(&env, json!({"image": "busybox"}));
+    assert_eq!(stdout(&sh(&env, &id, "echo ok")), "ok\n");
+    env.cli_ok(&["rm", &id]);
+    let n = threads(daemon);
+    assert!(n < 64, "the daemon runs {n} threads with 2200 connections open");
+    assert!(
+        opened.elapsed() < Duration::from_secs(6),
+        "the checks took {:?}: past the header timeout, so they did not run against open connections",
+        opened.elapsed()
+    );
+
+    // A body sent at 1 byte/s is cut by the body timeout: 408, then closed.
+    let mut slow = UnixStream::connect(&env.socket).unwrap();
+    slow.write_all(b"POST /v1/sandboxes HTTP/1.1\r\nHost: strata\r\nContent-Length: 100\r\n\r\n{").unwrap();
+    let mut trickle = slow.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        for _ in 0..20 {
+            std::thread::sleep(Duration::from_secs(1));
+            if trickle.write_all(b" ").is_err() {
+                return;
+            }
+        }
+    });
+    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = Instant::now();
+    let mut answer = Vec::new();
+    let _ = slow.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert!(t.elapsed() < Duration::from_secs(5), "the slow body was cut after {:?}", t.elapsed());
+    writer.join().unwrap();
+
+    // Past the header timeout: the idle and the half-sent connections are
+    // closed; the kept-alive one is not (its limit is the idle timeout).
+    std::thread::sleep(Duration::from_secs(7).saturating_sub(opened.elapsed()));
+    let open_idle = idle.iter_mut().map(|s| !closed_by_daemon(s)).filter(|o| *o).count();
+    let open_half = half.iter_mut().map(|s| !closed_by_daemon(s)).filter(|o| *o).count();
+    assert_eq!((open_idle, open_half), (0, 0), "connections still open past the header timeout");
+    kept.request("GET", "/v1/version", None::<&()>).expect("a kept-alive connection closed before its idle timeout");
+    // Past the idle timeout it is closed too.
+    std::thread::sleep(Duration::from_secs(13));
+    assert!(kept.request("GET", "/v1/version", None::<&()>).is_err(), "an idle connection outlived the idle timeout");
+    env.finish();
+}
+
+#[test]
+fn sigterm_lets_requests_in_flight_finish() {
+    let mut env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let socket = env.socket.clone();
+    let slow = std::thread::spawn(move || {
+        let mut c = strata::client::Client::connect(&socket).unwrap();
+        c.call::<Value>(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&json!({"argv": ["sh", "-c", "sleep 2; echo done"]})),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    let idle = UnixStream::connect(&env.socket).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let status = env.stop_daemon();
+    assert!(status.success(), "{status}");
+    let r = slow.join().unwrap().expect("the request in flight was cut by SIGTERM");
+    assert_eq!(r["stdout"], "done\n");
+    drop(idle);
+    env.start_daemon();
     env.finish();
 }
 

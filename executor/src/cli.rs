@@ -183,6 +183,30 @@ pub struct DaemonArgs {
     /// The largest memory limit a create may ask for (default none).
     #[arg(long, value_parser = parse_bytes)]
     pub max_memory: Option<u64>,
+    /// Close an API connection whose request head is not whole this long
+    /// after its first byte (or after the connection opened).
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    pub header_timeout: std::time::Duration,
+    /// Close a kept-alive API connection idle (no request in flight) this long.
+    #[arg(long, default_value = "60s", value_parser = positive_duration)]
+    pub idle_timeout: std::time::Duration,
+    /// Answer 408 and close when a request body is not whole this long
+    /// after its head.
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
+    pub body_timeout: std::time::Duration,
+    /// API connections open at once; past it a new one is answered 429.
+    #[arg(long, default_value_t = crate::api::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: u32,
+    /// On SIGTERM, how long API requests in flight may take to finish.
+    #[arg(long, default_value = "30s", value_parser = crate::gc::parse_duration)]
+    pub shutdown_grace: std::time::Duration,
+}
+
+fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    match crate::gc::parse_duration(s)? {
+        d if d.is_zero() => Err(format!("{s:?}: must be longer than 0s")),
+        d => Ok(d),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -802,7 +826,14 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
             max_memory: a.max_memory,
         },
     };
-    crate::server::run(cfg, a.gc_interval)?;
+    let http = crate::api::ServeConfig {
+        header_timeout: a.header_timeout,
+        idle_timeout: a.idle_timeout,
+        body_timeout: a.body_timeout,
+        max_connections: a.max_connections as usize,
+        shutdown_grace: a.shutdown_grace,
+    };
+    crate::server::run(cfg, a.gc_interval, http)?;
     Ok(0)
 }
 

@@ -2,9 +2,14 @@
 //! integration tests and the benchmark. One `Client` is one kept-alive
 //! connection.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -21,6 +26,8 @@ pub enum ClientError {
     },
     #[error("talk to daemon")]
     Io(#[from] std::io::Error),
+    #[error("talk to daemon")]
+    Http(#[from] hyper::Error),
     #[error("bad response from daemon: {0}")]
     Protocol(String),
     #[error("{message}")]
@@ -37,8 +44,10 @@ impl ClientError {
 }
 
 pub struct Client {
-    writer: UnixStream,
-    reader: BufReader<UnixStream>,
+    /// Drives the connection while a call waits (a current-thread runtime:
+    /// the CLI and the tests call from plain threads).
+    rt: tokio::runtime::Runtime,
+    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
 }
 
 pub struct Response {
@@ -47,35 +56,66 @@ pub struct Response {
     pub body: Vec<u8>,
 }
 
+type Io = hyper_util::rt::TokioIo<tokio::net::UnixStream>;
+
 impl Client {
     pub fn connect(path: &Path) -> Result<Client, ClientError> {
-        let s = UnixStream::connect(path).map_err(|source| ClientError::Connect { path: path.into(), source })?;
-        let reader = BufReader::new(s.try_clone()?);
-        Ok(Client { writer: s, reader })
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let send = rt.block_on(async {
+            let s = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|source| ClientError::Connect { path: path.into(), source })?;
+            let (send, conn) = hyper::client::conn::http1::handshake::<Io, Full<Bytes>>(TokioIo::new(s)).await?;
+            tokio::spawn(conn.with_upgrades());
+            Ok::<_, ClientError>(send)
+        })?;
+        Ok(Client { rt, send })
     }
 
-    /// Send raw bytes as a request body (for tests of malformed input).
-    pub fn raw(&mut self, method: &str, path: &str, body: &[u8], extra_headers: &str) -> Result<Response, ClientError> {
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: strata\r\nContent-Length: {}\r\n{extra_headers}\r\n",
-            body.len()
-        );
-        let mut msg = head.into_bytes();
-        msg.extend_from_slice(body);
-        self.writer.write_all(&msg)?;
-        self.read_response()
+    /// Send one request and return the response with its body unread.
+    fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Result<hyper::Response<Incoming>, ClientError> {
+        let method = hyper::Method::from_bytes(method.as_bytes())
+            .map_err(|e| ClientError::Protocol(format!("method {method:?}: {e}")))?;
+        let mut req = hyper::Request::builder().method(method).uri(path).header(hyper::header::HOST, "strata");
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(Bytes::from(body))).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let send = &mut self.send;
+        Ok(self.rt.block_on(async move {
+            send.ready().await?;
+            send.send_request(req).await
+        })?)
     }
 
-    fn read_response(&mut self) -> Result<Response, ClientError> {
-        let (status, headers) = self.read_head()?;
-        let len = headers
+    fn read(&mut self, r: hyper::Response<Incoming>) -> Result<Response, ClientError> {
+        let (parts, body) = r.into_parts();
+        let body = self.rt.block_on(body.collect())?.to_bytes().to_vec();
+        let headers = parts
+            .headers
             .iter()
-            .find(|(k, _)| k == "content-length")
-            .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-            .unwrap_or(0);
-        let mut body = vec![0; if status == 101 { 0 } else { len }];
-        self.reader.read_exact(&mut body)?;
-        Ok(Response { status, headers, body })
+            .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+            .collect();
+        Ok(Response { status: parts.status.as_u16(), headers, body })
+    }
+
+    /// Send raw bytes as a request body, with extra `Name: value` headers
+    /// (for tests of malformed input).
+    pub fn raw(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+        extra_headers: &[(&str, &str)],
+    ) -> Result<Response, ClientError> {
+        let r = self.send(method, path, body.to_vec(), extra_headers)?;
+        self.read(r)
     }
 
     /// A request answered with a progress stream (`progress: true` on push
@@ -88,23 +128,13 @@ impl Client {
         on_progress: &mut dyn FnMut(crate::api::types::Progress),
     ) -> Result<T, ClientError> {
         let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: strata\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            bytes.len()
-        );
-        self.writer.write_all(head.as_bytes())?;
-        self.writer.write_all(&bytes)?;
-        let (status, headers) = self.read_head()?;
-        let ndjson = headers.iter().any(|(k, v)| k == "content-type" && v.starts_with("application/x-ndjson"));
+        let r = self.send("POST", path, bytes, &[("content-type", "application/json")])?;
+        let ndjson = r
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/x-ndjson"));
         if !ndjson {
-            let len = headers
-                .iter()
-                .find(|(k, _)| k == "content-length")
-                .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            let mut body = vec![0; len];
-            self.reader.read_exact(&mut body)?;
-            let b = check(Response { status, headers, body })?;
+            let b = check(self.read(r)?)?;
             return serde_json::from_slice(&b).map_err(|e| ClientError::Protocol(format!("decode response: {e}")));
         }
         #[derive(serde::Deserialize)]
@@ -114,14 +144,23 @@ impl Client {
             result: Option<serde_json::Value>,
             error: Option<crate::api::types::ErrorDetail>,
         }
-        let mut line = String::new();
+        let mut body = r.into_body();
+        let mut pending: Vec<u8> = Vec::new();
         loop {
-            line.clear();
-            if self.reader.read_line(&mut line)? == 0 {
-                return Err(ClientError::Protocol("progress stream ended without a result".into()));
-            }
+            let Some(end) = pending.iter().position(|b| *b == b'\n') else {
+                match self.rt.block_on(body.frame()) {
+                    None => return Err(ClientError::Protocol("progress stream ended without a result".into())),
+                    Some(frame) => {
+                        if let Ok(data) = frame?.into_data() {
+                            pending.extend_from_slice(&data);
+                        }
+                        continue;
+                    }
+                }
+            };
+            let line: Vec<u8> = pending.drain(..=end).collect();
             let l: Line =
-                serde_json::from_str(&line).map_err(|e| ClientError::Protocol(format!("decode progress: {e}")))?;
+                serde_json::from_slice(&line).map_err(|e| ClientError::Protocol(format!("decode progress: {e}")))?;
             if let Some(p) = l.progress {
                 on_progress(p);
                 continue;
@@ -134,39 +173,13 @@ impl Client {
         }
     }
 
-    fn read_head(&mut self) -> Result<(u16, Vec<(String, String)>), ClientError> {
-        let mut head = Vec::new();
-        loop {
-            let n = self.reader.read_until(b'\n', &mut head)?;
-            if n == 0 {
-                return Err(ClientError::Protocol("connection closed before a response".into()));
-            }
-            if head.ends_with(b"\r\n\r\n") {
-                break;
-            }
-            if head.len() > 64 * 1024 {
-                return Err(ClientError::Protocol("response head too large".into()));
-            }
-        }
-        let mut hbuf = [httparse::EMPTY_HEADER; 32];
-        let mut resp = httparse::Response::new(&mut hbuf);
-        resp.parse(&head).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let status = resp.code.unwrap_or(0);
-        let headers: Vec<(String, String)> = resp
-            .headers
-            .iter()
-            .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
-            .collect();
-        Ok((status, headers))
-    }
-
     /// One request; a non-2xx answer becomes [`ClientError::Api`].
     pub fn request(&mut self, method: &str, path: &str, body: Option<&impl Serialize>) -> Result<Vec<u8>, ClientError> {
         let bytes = match body {
             Some(b) => serde_json::to_vec(b).map_err(|e| ClientError::Protocol(e.to_string()))?,
             None => Vec::new(),
         };
-        let extra = if bytes.is_empty() { "" } else { "Content-Type: application/json\r\n" };
+        let extra: &[(&str, &str)] = if bytes.is_empty() { &[] } else { &[("content-type", "application/json")] };
         let r = self.raw(method, path, &bytes, extra)?;
         check(r)
     }
@@ -186,19 +199,30 @@ impl Client {
     /// frames that arrived together with the 101.
     pub fn attach(mut self, path: &str, body: &impl Serialize) -> Result<Attached, ClientError> {
         let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?;
-        let extra = format!("Connection: Upgrade\r\nUpgrade: {}\r\n", crate::api::http::UPGRADE_PROTOCOL);
-        let r = self.raw("POST", path, &bytes, &extra)?;
-        if r.status != 101 {
-            check(r)?;
+        let headers = [
+            ("content-type", "application/json"),
+            ("connection", "Upgrade"),
+            ("upgrade", crate::api::http::UPGRADE_PROTOCOL),
+        ];
+        let r = self.send("POST", path, bytes, &headers)?;
+        if r.status() != hyper::StatusCode::SWITCHING_PROTOCOLS {
+            check(self.read(r)?)?;
             return Err(ClientError::Protocol("daemon did not upgrade the connection".into()));
         }
-        Ok(Attached { reader: self.reader, writer: self.writer })
+        let upgraded = self.rt.block_on(hyper::upgrade::on(r))?;
+        let parts = upgraded
+            .downcast::<Io>()
+            .map_err(|_| ClientError::Protocol("upgraded connection of an unexpected type".into()))?;
+        let stream = parts.io.into_inner().into_std()?;
+        stream.set_nonblocking(false)?;
+        let early = std::io::Cursor::new(parts.read_buf.to_vec());
+        Ok(Attached { reader: BufReader::new(early.chain(stream.try_clone()?)), writer: stream })
     }
 }
 
 /// An upgraded exec connection: read frames from `reader`, write to `writer`.
 pub struct Attached {
-    pub reader: BufReader<UnixStream>,
+    pub reader: BufReader<std::io::Chain<std::io::Cursor<Vec<u8>>, UnixStream>>,
     pub writer: UnixStream,
 }
 

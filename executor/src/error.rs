@@ -23,6 +23,10 @@ pub enum ErrorKind {
     /// A registry (or other upstream server) failed, refused the
     /// credentials or served bad data (502).
     Upstream,
+    /// A request body larger than the API takes (413).
+    TooLarge,
+    /// A request body that did not arrive in time (408).
+    RequestTimeout,
 }
 
 impl ErrorKind {
@@ -37,6 +41,8 @@ impl ErrorKind {
             ErrorKind::NoSpace => 507,
             ErrorKind::Upstream => 502,
             ErrorKind::PermissionDenied => 403,
+            ErrorKind::TooLarge => 413,
+            ErrorKind::RequestTimeout => 408,
         }
     }
 
@@ -51,6 +57,8 @@ impl ErrorKind {
             ErrorKind::NoSpace => "no_space",
             ErrorKind::Upstream => "upstream",
             ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::RequestTimeout => "request_timeout",
         }
     }
 

@@ -5,7 +5,6 @@
 
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,8 +32,9 @@ pub enum ServeError {
 
 /// Run the daemon until SIGTERM or SIGINT (sandboxes keep running and are
 /// adopted at the next start); `gc_interval` zero runs no periodic gc.
-pub fn run(cfg: DaemonConfig, gc_interval: Duration) -> Result<(), ServeError> {
+pub fn run(cfg: DaemonConfig, gc_interval: Duration, http: crate::api::ServeConfig) -> Result<(), ServeError> {
     cfg.limit_policy.check()?;
+    raise_open_files(http.max_connections);
     for clash in crate::userns::host_ids_in_ranges(cfg.userns_base) {
         tracing::warn!(
             "--userns ranges from {} include a host id, {clash}: choose another --userns-base",
@@ -55,33 +55,38 @@ pub fn run(cfg: DaemonConfig, gc_interval: Duration) -> Result<(), ServeError> {
         cfg.root.display(),
         daemon.max_sandboxes()
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = stop.clone();
-        // A second descriptor of the listener: shutting it down wakes the
-        // accept loop even if the socket's path was removed or replaced.
-        let wake = listener.try_clone().map_err(|source| ServeError::Socket {
-            step: "duplicate the listener on",
-            path: cfg.socket.clone(),
-            source,
-        })?;
-        std::thread::spawn(move || {
-            if let Ok(sig) = sigs.wait() {
-                tracing::info!("{sig:?}: stopping the daemon; sandboxes keep running and are re-adopted at next start");
-            }
-            stop.store(true, std::sync::atomic::Ordering::Release);
-            let _ =
-                nix::sys::socket::shutdown(std::os::fd::AsRawFd::as_raw_fd(&wake), nix::sys::socket::Shutdown::Both);
-        });
-    }
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    std::thread::spawn(move || {
+        if let Ok(sig) = sigs.wait() {
+            tracing::info!("{sig:?}: stopping the daemon; sandboxes keep running and are re-adopted at next start");
+        }
+        let _ = stop.send(true);
+    });
     daemon.start_warm_pool();
     daemon.start_blob_writer();
     daemon.start_hydrator();
     daemon.start_gc(gc_interval, cfg.retention, cfg.stale_after);
-    crate::api::serve(daemon.clone(), listener, stop);
+    let served = crate::api::serve(daemon.clone(), listener, http, stopped);
     let _ = std::fs::remove_file(&cfg.socket);
     daemon.shutdown();
-    Ok(())
+    served.map_err(|source| ServeError::Socket { step: "serve the API on", path: cfg.socket.clone(), source })
+}
+
+/// Raise the soft limit of open files to the hard one (each API connection
+/// is a descriptor); warn when even that leaves too few for
+/// `max_connections` and the sandboxes.
+fn raise_open_files(max_connections: usize) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return };
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_err() {
+        tracing::warn!("could not raise the open-files limit from {soft} to {hard}");
+    }
+    let want = max_connections as u64 + 1024;
+    if hard < want {
+        tracing::warn!(
+            "the open-files limit ({hard}) is below --max-connections plus 1024 for sandboxes ({want}): lower --max-connections or raise the limit"
+        );
+    }
 }
 
 /// Bind the API socket at `path`, root:`gid` (root's group without one)

@@ -1,13 +1,15 @@
-//! The HTTP+JSON API on the daemon's Unix socket. `http` reads and writes
-//! messages, `route` turns a request into a typed call on the [`Daemon`] with
-//! no I/O of its own, and [`ApiError`] is the one mapping from error kinds
-//! to `{"error":{"code","message"}}` with a status.
+//! The HTTP+JSON API on the daemon's Unix socket. `serve` is the hyper
+//! server (connections, timeouts, bodies, streams, the exec upgrade),
+//! `route` turns a read request into a typed call on the [`Daemon`], and
+//! [`ApiError`] is the one mapping from error kinds to
+//! `{"error":{"code","message"}}` with a status.
 
 pub mod http;
+mod serve;
 pub mod types;
 
-use std::io::BufReader;
-use std::os::unix::net::{UnixListener, UnixStream};
+pub use serve::{serve, ServeConfig, DEFAULT_MAX_CONNECTIONS};
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -401,114 +403,10 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
     }
 }
 
-/// Run `op`, streaming its progress as JSON lines, then its result.
-/// The operation runs to the end even if the client goes away.
-fn stream_reply(d: &Daemon, op: StreamOp, w: &mut UnixStream) -> std::io::Result<()> {
-    use std::io::Write;
-    w.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nConnection: close\r\n\r\n")?;
-    let mut gone = false;
-    let mut line = |v: serde_json::Value, w: &mut UnixStream| {
-        if !gone {
-            let mut b = serde_json::to_vec(&v).unwrap_or_default();
-            b.push(b'\n');
-            gone = w.write_all(&b).is_err();
-        }
-    };
-    let mut out = w.try_clone()?;
-    let last = match op.run(d, &mut |p| line(serde_json::json!({ "progress": p }), &mut out)) {
-        Ok(Reply::Json(status, body)) => {
-            let result: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-            serde_json::json!({"status": status, "result": result})
-        }
-        Ok(_) => serde_json::json!({"status": 204}),
-        Err(e) => {
-            if e.kind == ErrorKind::Internal {
-                tracing::error!("stream: {}", e.message);
-            }
-            serde_json::json!({"status": e.status(), "error": {"code": e.kind.code(), "message": e.message}})
-        }
-    };
-    line(last, w);
-    w.flush()
-}
-
-/// Serve one connection until the client closes it.
-pub fn serve_connection(d: Arc<Daemon>, stream: UnixStream) {
-    let denied = peer_allowed(&stream, d.cfg.socket_gid).err();
-    let Ok(mut writer) = stream.try_clone() else { return };
-    let mut reader = BufReader::new(stream);
-    loop {
-        let req = match http::read_request(&mut reader) {
-            Ok(r) => r,
-            Err(http::HttpError::Bad { status, message }) => {
-                let e = ApiError::new(ErrorKind::InvalidArgument, message);
-                let _ = http::write_response(&mut writer, status, &e.body(), false);
-                return;
-            }
-            Err(_) => return,
-        };
-        // A peer that may not use the API gets its answer after its request
-        // is read (so that it sees the answer, not a broken pipe).
-        if let Some(why) = &denied {
-            tracing::warn!("refused API request {} {}: {why}", req.method, req.path);
-            let e = ApiError::new(ErrorKind::PermissionDenied, why.clone());
-            let _ = http::write_response(&mut writer, e.status(), &e.body(), false);
-            return;
-        }
-        let keep = req.keep_alive;
-        let reply = route(&d, &req);
-        let result = match reply {
-            Ok(Reply::Json(status, b)) => http::write_response(&mut writer, status, &b, keep),
-            Ok(Reply::Empty(status)) => http::write_response(&mut writer, status, &[], keep),
-            Ok(Reply::Stream(op)) => {
-                let _ = stream_reply(&d, op, &mut writer);
-                return;
-            }
-            Ok(Reply::Attach { sandbox, req: ereq }) => {
-                // The connection now belongs to the exec; buffered bytes past
-                // the request head would be lost, so refuse pipelined data.
-                if !reader.buffer().is_empty() {
-                    let e = ApiError::new(ErrorKind::InvalidArgument, "data sent before the 101 response");
-                    let _ = http::write_response(&mut writer, 400, &e.body(), false);
-                    return;
-                }
-                let conn = match writer.try_clone() {
-                    Ok(c) => c,
-                    Err(_) => return,
-                };
-                let mut started = false;
-                let r = sandbox.exec_attached(&ereq, conn, |c| {
-                    started = true;
-                    http::write_upgrade(c)
-                });
-                match r {
-                    Ok(summary) => d.record_exec(&sandbox, &ereq, &summary),
-                    Err(e) if !started => {
-                        let e = ApiError::from(e);
-                        let _ = http::write_response(&mut writer, e.status(), &e.body(), false);
-                    }
-                    Err(_) => {}
-                }
-                return;
-            }
-            Err(e) => {
-                if e.kind == ErrorKind::Internal {
-                    tracing::error!("{} {}: {}", req.method, req.path, e.message);
-                }
-                let allow: Vec<(&str, &str)> = e.allow.iter().map(|a| ("Allow", *a)).collect();
-                http::write_response_with(&mut writer, e.status(), &e.body(), keep, &allow)
-            }
-        };
-        if result.is_err() || !keep {
-            return;
-        }
-    }
-}
-
 /// Whether the peer of `s` may use the API: root, or a process whose
 /// group (SO_PEERCRED) or supplementary groups (SO_PEERGROUPS) include
 /// `gid`, as they were when it connected.
-fn peer_allowed(s: &UnixStream, gid: Option<u32>) -> Result<(), String> {
+fn peer_allowed(s: &impl std::os::fd::AsFd, gid: Option<u32>) -> Result<(), String> {
     let cred = nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials)
         .map_err(|e| format!("read peer credentials: {e}"))?;
     if cred.uid() == 0 {
@@ -521,71 +419,9 @@ fn peer_allowed(s: &UnixStream, gid: Option<u32>) -> Result<(), String> {
     if cred.gid() == gid {
         return Ok(());
     }
-    use std::os::fd::AsFd;
     let groups = strata_shim::sys::peer_groups(s.as_fd()).map_err(|e| format!("read peer groups: {e}"))?;
     if groups.contains(&gid) {
         return Ok(());
     }
     Err(format!("{who} is not root and not in the socket group {gid}"))
-}
-
-/// Open API connections served at once (one thread each); past it a new
-/// connection gets 429 and is closed.
-pub const MAX_CONNECTIONS: usize = 512;
-
-/// Accept connections until `stop` is set (the signal thread then shuts the
-/// listener down, which ends the blocked accept).
-pub fn serve(d: Arc<Daemon>, listener: UnixListener, stop: Arc<std::sync::atomic::AtomicBool>) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let open = Arc::new(AtomicUsize::new(0));
-    let mut refused = std::collections::VecDeque::new();
-    for conn in listener.incoming() {
-        if stop.load(Ordering::Acquire) {
-            return;
-        }
-        match conn {
-            Ok(mut s) if open.load(Ordering::Acquire) >= MAX_CONNECTIONS => {
-                let e = ApiError::new(
-                    ErrorKind::LimitReached,
-                    format!("the daemon serves at most {MAX_CONNECTIONS} connections at once; retry later"),
-                );
-                // Answer without reading (a slow client must not hold the
-                // accept loop): the request lands in the socket's buffer,
-                // the client reads the 429 and then EOF. The socket stays
-                // open (shut for writing) among the last few refused, so the
-                // client's write of its request does not fail either.
-                let _ = s.set_nonblocking(true);
-                let _ = http::write_response(&mut s, e.status(), &e.body(), false);
-                let _ = s.shutdown(std::net::Shutdown::Write);
-                refused.push_back(s);
-                if refused.len() > 64 {
-                    refused.pop_front();
-                }
-            }
-            Ok(s) => {
-                let d = d.clone();
-                // Counted until the thread ends, even by a panic.
-                struct Open(Arc<AtomicUsize>);
-                impl Drop for Open {
-                    fn drop(&mut self) {
-                        self.0.fetch_sub(1, Ordering::AcqRel);
-                    }
-                }
-                open.fetch_add(1, Ordering::AcqRel);
-                let counted = Open(open.clone());
-                // 8 MiB of stack (reserved, not committed): request
-                // handlers walk trees (bounded by diff::MAX_DEPTH).
-                let spawned =
-                    std::thread::Builder::new().name("api-conn".into()).stack_size(8 << 20).spawn(move || {
-                        let _counted = counted;
-                        serve_connection(d, s);
-                    });
-                if let Err(e) = spawned {
-                    tracing::error!("spawn connection thread: {e}");
-                }
-            }
-            Err(_) if stop.load(Ordering::Acquire) => return,
-            Err(e) => tracing::warn!("accept: {e}"),
-        }
-    }
 }
