@@ -133,53 +133,9 @@ fn parse_reference(s: &str) -> Result<Reference, ApiError> {
     Reference::parse(s).map_err(|e| invalid(e.to_string()))
 }
 
-// --- wire formats read back from a registry ---
+// --- documents read back from a registry: oci-spec's types ---
 
-#[derive(Deserialize)]
-struct WireDescriptor {
-    #[serde(rename = "mediaType", default)]
-    media_type: String,
-    digest: String,
-    size: u64,
-    #[serde(default)]
-    platform: Option<WirePlatform>,
-}
-
-#[derive(Deserialize)]
-struct WirePlatform {
-    #[serde(default)]
-    os: String,
-    #[serde(default)]
-    architecture: String,
-}
-
-#[derive(Deserialize)]
-struct WireManifest {
-    config: Option<WireDescriptor>,
-    #[serde(default)]
-    layers: Vec<WireDescriptor>,
-    #[serde(default)]
-    manifests: Vec<WireDescriptor>,
-}
-
-#[derive(Deserialize)]
-struct WireConfig {
-    #[serde(default)]
-    config: Option<WireContainerConfig>,
-    rootfs: WireRootfs,
-}
-
-#[derive(Deserialize)]
-struct WireContainerConfig {
-    #[serde(rename = "Labels", default)]
-    labels: Option<std::collections::HashMap<String, String>>,
-}
-
-#[derive(Deserialize)]
-struct WireRootfs {
-    #[serde(default)]
-    diff_ids: Vec<String>,
-}
+use oci_spec::image::{ImageConfiguration, ImageIndex, ImageManifest};
 
 fn parse_digest(s: &str, what: &str) -> Result<Digest, ApiError> {
     s.parse().map_err(|e| invalid(format!("{what}: {e}")))
@@ -245,12 +201,9 @@ impl Daemon {
                 progress(Progress { action: action.into(), digest: b.digest.to_string(), size: b.size, done: b.size });
             }
             let meta = self.chain_meta(&image, &chain)?;
-            let mut labels = serde_json::Map::new();
-            labels.insert(
-                CHAIN_LABEL.into(),
-                serde_json::Value::String(serde_json::to_string(&meta).map_err(|e| ApiError::internal(&e))?),
-            );
-            labels.insert("dev.strata.snapshot".into(), serde_json::Value::String(row.id.clone()));
+            let mut labels = std::collections::HashMap::new();
+            labels.insert(CHAIN_LABEL.to_string(), serde_json::to_string(&meta).map_err(|e| ApiError::internal(&e))?);
+            labels.insert("dev.strata.snapshot".into(), row.id.clone());
             let diff_ids: Vec<String> = blobs.iter().map(|b| format!("sha256:{}", b.diff_id)).collect();
             let config = crate::export::config_document(&image, &diff_ids, labels);
             let config_bytes = serde_json::to_vec(&config).map_err(|e| ApiError::internal(&e))?;
@@ -261,16 +214,10 @@ impl Daemon {
             } else {
                 result.present_blobs += 1;
             }
-            let layers = blobs
-                .iter()
-                .map(|b| serde_json::json!({"mediaType": b.media_type, "digest": b.digest, "size": b.size}))
-                .collect();
-            let manifest = crate::export::manifest_document(
-                config_digest.as_str(),
-                config_bytes.len(),
-                layers,
-                crate::export::chain_annotations(&image, &chain),
-            );
+            let layers = blobs.iter().map(|b| oci::descriptor(b.media_type, &b.digest, b.size)).collect();
+            let config_desc = oci::descriptor(oci::layout::MEDIA_OCI_CONFIG, &config_digest, config_bytes.len() as u64);
+            let manifest =
+                crate::export::manifest_document(config_desc, layers, crate::export::chain_annotations(&image, &chain));
             let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| ApiError::internal(&e))?;
             client.put_manifest(repo, &tag, oci::layout::MEDIA_OCI_MANIFEST, &manifest_bytes)?;
             result.manifest_digest = Digest::sha256(&manifest_bytes).to_string();
@@ -411,65 +358,72 @@ impl Daemon {
     ) -> Result<Documents, ApiError> {
         let repo = &reference.repository;
         let (_, mut bytes, mut digest) = client.get_manifest(repo, &reference.manifest_ref())?;
-        let mut parsed: WireManifest = serde_json::from_slice(&bytes)
-            .map_err(|e| upstream(client, format!("manifest {reference} is not valid JSON: {e}")))?;
+        let json = |bytes: &[u8], what: &dyn std::fmt::Display| {
+            serde_json::from_slice::<serde_json::Value>(bytes)
+                .map_err(|e| upstream(client, format!("manifest {what} is not valid JSON: {e}")))
+        };
+        let mut doc = json(&bytes, reference)?;
         let mut index = None;
-        if !parsed.manifests.is_empty() {
+        if doc.get("manifests").and_then(|m| m.as_array()).is_some_and(|m| !m.is_empty()) {
             // An image index: this host's platform.
-            let arch = match std::env::consts::ARCH {
-                "x86_64" => "amd64",
-                "aarch64" => "arm64",
-                other => other,
-            };
-            let chosen = parsed
-                .manifests
+            let parsed: ImageIndex =
+                serde_json::from_value(doc).map_err(|e| invalid(format!("{reference} is not an image index: {e}")))?;
+            let arch = crate::export::oci_arch();
+            let manifests = parsed.manifests();
+            let chosen = manifests
                 .iter()
-                .find(|d| d.platform.as_ref().is_some_and(|p| p.os == "linux" && p.architecture == arch))
-                .or(if parsed.manifests.len() == 1 { parsed.manifests.first() } else { None })
+                .find(|d| {
+                    d.platform()
+                        .as_ref()
+                        .is_some_and(|p| p.os() == &oci_spec::image::Os::Linux && p.architecture().to_string() == arch)
+                })
+                .or(if manifests.len() == 1 { manifests.first() } else { None })
                 .ok_or_else(|| invalid(format!("{reference} has no manifest for linux/{arch}")))?;
-            let child = parse_digest(&chosen.digest, "index entry")?;
-            index = Some((digest.clone(), bytes.clone(), chosen.media_type.clone(), chosen.size));
+            let child = parse_digest(chosen.digest().as_ref(), "index entry")?;
+            index = Some((digest.clone(), bytes.clone(), chosen.media_type().to_string(), chosen.size()));
             (_, bytes, digest) = client.get_manifest(repo, child.as_str())?;
             if digest != child {
                 return Err(upstream(client, format!("manifest {child} came back as {digest}")));
             }
-            parsed = serde_json::from_slice(&bytes)
-                .map_err(|e| upstream(client, format!("manifest {child} is not valid JSON: {e}")))?;
+            doc = json(&bytes, &child)?;
         }
-        let config_desc =
-            parsed.config.as_ref().ok_or_else(|| invalid(format!("{reference} is not an image manifest")))?;
-        if config_desc.size > MAX_CONFIG {
-            return Err(invalid(format!("{reference}: config of {} bytes is over the limit", config_desc.size)));
+        let parsed: ImageManifest =
+            serde_json::from_value(doc).map_err(|e| invalid(format!("{reference} is not an image manifest: {e}")))?;
+        let config_desc = parsed.config();
+        if config_desc.size() > MAX_CONFIG {
+            return Err(invalid(format!("{reference}: config of {} bytes is over the limit", config_desc.size())));
         }
-        let config_digest = parse_digest(&config_desc.digest, "config descriptor")?;
+        let config_digest = parse_digest(config_desc.digest().as_ref(), "config descriptor")?;
         let mut config = Vec::new();
-        client.get_blob(repo, &config_digest, config_desc.size, &mut config, &mut |_| {})?;
+        client.get_blob(repo, &config_digest, config_desc.size(), &mut config, &mut |_| {})?;
         *fetched += config.len() as u64;
-        let cfg: WireConfig = serde_json::from_slice(&config)
+        let cfg: ImageConfiguration = serde_json::from_slice(&config)
             .map_err(|e| upstream(client, format!("config {config_digest} is not an image config: {e}")))?;
-        if cfg.rootfs.diff_ids.len() != parsed.layers.len() {
+        let diff_ids = cfg.rootfs().diff_ids();
+        if diff_ids.len() != parsed.layers().len() {
             return Err(upstream(
                 client,
                 format!(
                     "manifest {digest} has {} layers but its config {} diff_ids",
-                    parsed.layers.len(),
-                    cfg.rootfs.diff_ids.len()
+                    parsed.layers().len(),
+                    diff_ids.len()
                 ),
             ));
         }
         let mut layers = Vec::new();
-        for (d, diff) in parsed.layers.iter().zip(&cfg.rootfs.diff_ids) {
-            let compression = Compression::from_media_type(&d.media_type)
-                .ok_or_else(|| invalid(format!("layer {} has media type {:?}", d.digest, d.media_type)))?;
+        for (d, diff) in parsed.layers().iter().zip(diff_ids) {
+            let media_type = d.media_type().to_string();
+            let compression = Compression::from_media_type(&media_type)
+                .ok_or_else(|| invalid(format!("layer {} has media type {media_type:?}", d.digest())))?;
             layers.push(WireLayer {
-                digest: parse_digest(&d.digest, "layer descriptor")?,
-                size: d.size,
-                media_type: d.media_type.clone(),
+                digest: parse_digest(d.digest().as_ref(), "layer descriptor")?,
+                size: d.size(),
+                media_type,
                 compression,
                 diff_id: parse_digest(diff, "config diff_id")?,
             });
         }
-        let labels = cfg.config.and_then(|c| c.labels).unwrap_or_default();
+        let labels = cfg.config().as_ref().and_then(|c| c.labels().clone()).unwrap_or_default();
         Ok(Documents { digest, manifest: bytes, index, config_digest, config, layers, labels })
     }
 
@@ -569,20 +523,11 @@ impl Daemon {
             let top = match &docs.index {
                 Some((d, bytes, mt, _)) => {
                     write(d.hex(), bytes)?;
-                    serde_json::json!({"mediaType": mt_or(mt, oci::layout::MEDIA_OCI_INDEX), "digest": d, "size": bytes.len()})
+                    oci::descriptor(mt_or(mt, oci::layout::MEDIA_OCI_INDEX), d, bytes.len() as u64)
                 }
-                None => serde_json::json!({
-                    "mediaType": oci::layout::MEDIA_OCI_MANIFEST, "digest": docs.digest, "size": docs.manifest.len()
-                }),
+                None => oci::descriptor(oci::layout::MEDIA_OCI_MANIFEST, &docs.digest, docs.manifest.len() as u64),
             };
-            std::fs::write(layout.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).map_err(host_io)?;
-            std::fs::write(
-                layout.join("index.json"),
-                serde_json::to_vec(&serde_json::json!({
-                "schemaVersion": 2, "manifests": [top]}))
-                .unwrap_or_default(),
-            )
-            .map_err(host_io)?;
+            oci::layout::write_root(&layout, vec![top]).map_err(host_io)?;
             held.extend(docs.layers.iter().map(|l| self.rt.store.hold_layer(l.diff_id.hex())));
             let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
             let paths =

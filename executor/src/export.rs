@@ -11,7 +11,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde_json::json;
+use std::collections::HashMap;
+
+use crate::oci::layout::{MEDIA_OCI_CONFIG, MEDIA_OCI_MANIFEST};
 use sha2::{Digest as _, Sha256};
 
 use crate::db::{ImageRow, SnapshotRow};
@@ -39,6 +41,24 @@ pub enum ExportError {
     },
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A digest recorded in the catalog is not a sha256 digest.
+    #[error("recorded digest {digest:?}")]
+    Digest {
+        digest: String,
+        #[source]
+        source: crate::oci::DigestError,
+    },
+}
+
+/// A descriptor of a blob whose digest the catalog recorded as text.
+pub(crate) fn recorded_descriptor(
+    media_type: &str,
+    digest: &str,
+    size: u64,
+) -> Result<oci_spec::image::Descriptor, ExportError> {
+    let d: crate::oci::Digest =
+        digest.parse().map_err(|source| ExportError::Digest { digest: digest.to_string(), source })?;
+    Ok(crate::oci::descriptor(media_type, &d, size))
 }
 
 fn io<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ExportError + 'a {
@@ -68,7 +88,7 @@ fn put_blob(dir: &Path, bytes: &[u8]) -> Result<String, ExportError> {
     Ok(format!("sha256:{hex}"))
 }
 
-fn oci_arch() -> &'static str {
+pub(crate) fn oci_arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -145,7 +165,6 @@ fn write_layout(
     let dir = work.join("layout");
     let blobs = dir.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).map_err(io("create", &blobs))?;
-    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).map_err(io("write", &dir))?;
 
     let mut layers = Vec::new();
     let mut diff_ids = Vec::new();
@@ -167,10 +186,10 @@ fn write_layout(
             }
         };
         diff_ids.push(format!("sha256:{diff_id}"));
-        layers.push(json!({"mediaType": layer_media_type(compression), "digest": digest, "size": size}));
+        layers.push(recorded_descriptor(layer_media_type(compression), &digest, size)?);
     }
 
-    let config = config_document(image, &diff_ids, serde_json::Map::new());
+    let config = config_document(image, &diff_ids, HashMap::new());
     let config_bytes = serde_json::to_vec(&config).map_err(|e| ExportError::Io {
         step: "encode config",
         path: dir.clone(),
@@ -178,25 +197,17 @@ fn write_layout(
     })?;
     let config_digest = put_blob(&dir, &config_bytes)?;
     let count = layers.len();
-    let manifest = manifest_document(&config_digest, config_bytes.len(), layers, chain_annotations(image, chain));
+    let config_desc = recorded_descriptor(MEDIA_OCI_CONFIG, &config_digest, config_bytes.len() as u64)?;
+    let manifest = manifest_document(config_desc, layers, chain_annotations(image, chain));
     let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| ExportError::Io {
         step: "encode manifest",
         path: dir.clone(),
         source: e.into(),
     })?;
     let manifest_digest = put_blob(&dir, &manifest_bytes)?;
-    let index = json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": manifest_digest,
-            "size": manifest_bytes.len(),
-            "annotations": {"org.opencontainers.image.ref.name": "latest"},
-        }],
-    });
-    let index_path = dir.join("index.json");
-    std::fs::write(&index_path, serde_json::to_vec(&index).unwrap_or_default()).map_err(io("write", &index_path))?;
+    let mut entry = recorded_descriptor(MEDIA_OCI_MANIFEST, &manifest_digest, manifest_bytes.len() as u64)?;
+    entry.set_annotations(Some(HashMap::from([(oci_spec::image::ANNOTATION_REF_NAME.to_string(), "latest".into())])));
+    crate::oci::layout::write_root(&dir, vec![entry]).map_err(io("write the layout root in", &dir))?;
     Ok(Exported { path: String::new(), manifest_digest, layers: count })
 }
 
@@ -235,60 +246,48 @@ pub(crate) fn serialise_layer(
 pub(crate) fn config_document(
     image: &ImageRow,
     diff_ids: &[String],
-    labels: serde_json::Map<String, serde_json::Value>,
-) -> serde_json::Value {
+    labels: HashMap<String, String>,
+) -> oci_spec::image::ImageConfiguration {
     let c = &image.config;
-    let mut cfg = serde_json::Map::new();
-    if !c.env.is_empty() {
-        cfg.insert("Env".into(), json!(c.env));
-    }
-    if let Some(w) = &c.working_dir {
-        cfg.insert("WorkingDir".into(), json!(w));
-    }
-    if let Some(u) = &c.user {
-        cfg.insert("User".into(), json!(u));
-    }
-    if !c.entrypoint.is_empty() {
-        cfg.insert("Entrypoint".into(), json!(c.entrypoint));
-    }
-    if !c.cmd.is_empty() {
-        cfg.insert("Cmd".into(), json!(c.cmd));
-    }
-    if !labels.is_empty() {
-        cfg.insert("Labels".into(), serde_json::Value::Object(labels));
-    }
-    json!({
-        "architecture": oci_arch(),
-        "os": "linux",
-        "config": cfg,
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-    })
+    let some = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
+    let mut cfg = oci_spec::image::Config::default();
+    cfg.set_env(some(&c.env));
+    cfg.set_working_dir(c.working_dir.clone());
+    cfg.set_user(c.user.clone());
+    cfg.set_entrypoint(some(&c.entrypoint));
+    cfg.set_cmd(some(&c.cmd));
+    cfg.set_labels((!labels.is_empty()).then_some(labels));
+    let mut rootfs = oci_spec::image::RootFs::default();
+    rootfs.set_diff_ids(diff_ids.to_vec());
+    let mut doc = oci_spec::image::ImageConfiguration::default();
+    doc.set_architecture(oci_arch().into());
+    doc.set_os(oci_spec::image::Os::Linux);
+    doc.set_config(Some(cfg));
+    doc.set_rootfs(rootfs);
+    doc
 }
 
 /// The manifest's annotations: the image's name and the top snapshot.
-pub(crate) fn chain_annotations(image: &ImageRow, chain: &[SnapshotRow]) -> serde_json::Map<String, serde_json::Value> {
-    let mut annotations = serde_json::Map::new();
-    annotations.insert("dev.strata.image".into(), json!(image.name));
+pub(crate) fn chain_annotations(image: &ImageRow, chain: &[SnapshotRow]) -> HashMap<String, String> {
+    let mut annotations = HashMap::new();
+    annotations.insert("dev.strata.image".into(), image.name.to_string());
     if let Some(top) = chain.last() {
-        annotations.insert("dev.strata.snapshot.id".into(), json!(top.id));
-        annotations.insert("dev.strata.snapshot.parent".into(), json!(top.parent_id));
-        annotations.insert("dev.strata.snapshot.source-sandbox".into(), json!(top.source_sandbox));
+        annotations.insert("dev.strata.snapshot.id".into(), top.id.clone());
+        if let Some(parent) = &top.parent_id {
+            annotations.insert("dev.strata.snapshot.parent".into(), parent.clone());
+        }
+        annotations.insert("dev.strata.snapshot.source-sandbox".into(), top.source_sandbox.clone());
     }
     annotations
 }
 
-/// An OCI image manifest.
+/// An OCI image manifest with annotations.
 pub(crate) fn manifest_document(
-    config_digest: &str,
-    config_size: usize,
-    layers: Vec<serde_json::Value>,
-    annotations: serde_json::Map<String, serde_json::Value>,
-) -> serde_json::Value {
-    json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
-        "layers": layers,
-        "annotations": annotations,
-    })
+    config: oci_spec::image::Descriptor,
+    layers: Vec<oci_spec::image::Descriptor>,
+    annotations: HashMap<String, String>,
+) -> oci_spec::image::ImageManifest {
+    let mut m = crate::oci::image_manifest(config, layers);
+    m.set_annotations(Some(annotations));
+    m
 }

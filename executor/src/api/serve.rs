@@ -1,7 +1,10 @@
 //! The API's HTTP/1.1 server: hyper on a small tokio runtime, over the
-//! daemon's Unix socket. A connection is a task, not a thread; every
-//! request's work (`route`: mounts, fork, tar, SQLite) runs on tokio's
-//! blocking pool, never on the async workers.
+//! daemon's Unix socket. A connection is a task, not a thread. A request's
+//! work (`route`: mounts, fork, tar, SQLite) never blocks an async worker:
+//! it runs under `block_in_place` (the worker hands its other tasks to
+//! another thread for the duration; a hop to the blocking pool per request
+//! cost 15 µs more, BENCHMARKS.md), and progress streams and attached
+//! execs, which run long, go to the blocking pool.
 //!
 //! Timeouts, each a daemon flag ([`ServeConfig`]):
 //! - a request head must be whole within `header_timeout` of its first
@@ -440,26 +443,21 @@ async fn answer(
         Ok(Ok(b)) => b.to_bytes(),
     };
     let request = http::Request::from_parts(&parts, body.to_vec());
-    let routed = {
-        let d = d.clone();
-        tokio::task::spawn_blocking(move || {
-            let r = route(&d, &request);
-            if let Err(e) = &r {
-                if e.kind == ErrorKind::Internal {
-                    tracing::error!("{} {}: {}", request.method, request.path, e.message);
-                }
+    let routed = tokio::task::block_in_place(|| {
+        let r = route(&d, &request);
+        if let Err(e) = &r {
+            if e.kind == ErrorKind::Internal {
+                tracing::error!("{} {}: {}", request.method, request.path, e.message);
             }
-            r
-        })
-        .await
-    };
+        }
+        r
+    });
     match routed {
-        Ok(Ok(Reply::Json(status, b))) => respond(status, b),
-        Ok(Ok(Reply::Empty(status))) => respond(status, Vec::new()),
-        Ok(Ok(Reply::Stream(op))) => stream(d, op),
-        Ok(Ok(Reply::Attach { sandbox, req })) => attach(d, sandbox, req, upgrade).await,
-        Ok(Err(e)) => error_response(&e),
-        Err(join) => error_response(&ApiError::new(ErrorKind::Internal, format!("request handler failed: {join}"))),
+        Ok(Reply::Json(status, b)) => respond(status, b),
+        Ok(Reply::Empty(status)) => respond(status, Vec::new()),
+        Ok(Reply::Stream(op)) => stream(d, op),
+        Ok(Reply::Attach { sandbox, req }) => attach(d, sandbox, req, upgrade).await,
+        Err(e) => error_response(&e),
     }
 }
 

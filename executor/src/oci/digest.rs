@@ -71,6 +71,13 @@ impl FromStr for Digest {
     }
 }
 
+impl From<&Digest> for oci_spec::image::Digest {
+    fn from(d: &Digest) -> Self {
+        // A `Digest` is a validated `sha256:<64 hex>`, which oci-spec accepts.
+        d.as_str().parse().expect("a validated sha256 digest")
+    }
+}
+
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

@@ -22,6 +22,26 @@ pub use unpack::{
     unpack_capture, unpack_layer, unpack_own_stream, unpack_own_tar, LayerName, UnpackError, UnpackStats,
 };
 
+/// A descriptor of the blob `digest`, `size` bytes of `media_type`.
+pub fn descriptor(media_type: &str, digest: &Digest, size: u64) -> oci_spec::image::Descriptor {
+    oci_spec::image::Descriptor::new(media_type.into(), size, digest)
+}
+
+/// An OCI image manifest (schema 2) of `config` and `layers`.
+pub fn image_manifest(
+    config: oci_spec::image::Descriptor,
+    layers: Vec<oci_spec::image::Descriptor>,
+) -> oci_spec::image::ImageManifest {
+    oci_spec::image::ImageManifestBuilder::default()
+        .schema_version(oci_spec::image::SCHEMA_VERSION)
+        .media_type(oci_spec::image::MediaType::ImageManifest)
+        .config(config)
+        .layers(layers)
+        .build()
+        // The builder fails only on a required field left unset; all are set.
+        .expect("schema version, config and layers are set")
+}
+
 /// The hostile-layer corpus of the root integration tests, compiled into the
 /// unit tests too so that every case is proven to be refused without root.
 #[cfg(test)]
