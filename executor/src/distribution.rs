@@ -206,7 +206,7 @@ impl Daemon {
             labels.insert("dev.strata.snapshot".into(), row.id.clone());
             let diff_ids: Vec<String> = blobs.iter().map(|b| format!("sha256:{}", b.diff_id)).collect();
             let config = crate::export::config_document(&image, &diff_ids, labels);
-            let config_bytes = serde_json::to_vec(&config).map_err(|e| ApiError::internal(&e))?;
+            let config_bytes = crate::oci::canonical_json(&config).map_err(|e| ApiError::internal(&e))?;
             let config_digest = Digest::sha256(&config_bytes);
             if client.push_bytes(repo, &config_digest, &config_bytes)? == Pushed::Uploaded {
                 result.uploaded_blobs += 1;
@@ -218,7 +218,7 @@ impl Daemon {
             let config_desc = oci::descriptor(oci::layout::MEDIA_OCI_CONFIG, &config_digest, config_bytes.len() as u64);
             let manifest =
                 crate::export::manifest_document(config_desc, layers, crate::export::chain_annotations(&image, &chain));
-            let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| ApiError::internal(&e))?;
+            let manifest_bytes = crate::oci::canonical_json(&manifest).map_err(|e| ApiError::internal(&e))?;
             client.put_manifest(repo, &tag, oci::layout::MEDIA_OCI_MANIFEST, &manifest_bytes)?;
             result.manifest_digest = Digest::sha256(&manifest_bytes).to_string();
             tracing::info!("pushed snapshot {} to {} ({})", row.id, result.reference, result.manifest_digest);

@@ -190,7 +190,7 @@ fn write_layout(
     }
 
     let config = config_document(image, &diff_ids, HashMap::new());
-    let config_bytes = serde_json::to_vec(&config).map_err(|e| ExportError::Io {
+    let config_bytes = crate::oci::canonical_json(&config).map_err(|e| ExportError::Io {
         step: "encode config",
         path: dir.clone(),
         source: e.into(),
@@ -199,7 +199,7 @@ fn write_layout(
     let count = layers.len();
     let config_desc = recorded_descriptor(MEDIA_OCI_CONFIG, &config_digest, config_bytes.len() as u64)?;
     let manifest = manifest_document(config_desc, layers, chain_annotations(image, chain));
-    let manifest_bytes = serde_json::to_vec(&manifest).map_err(|e| ExportError::Io {
+    let manifest_bytes = crate::oci::canonical_json(&manifest).map_err(|e| ExportError::Io {
         step: "encode manifest",
         path: dir.clone(),
         source: e.into(),

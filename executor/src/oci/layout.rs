@@ -377,8 +377,8 @@ pub fn write_root(dir: &Path, manifests: Vec<Descriptor>) -> io::Result<()> {
         .manifests(manifests)
         .build()
         .map_err(io::Error::other)?;
-    fs::write(dir.join("oci-layout"), serde_json::to_vec(&layout)?)?;
-    fs::write(dir.join("index.json"), serde_json::to_vec(&index)?)
+    fs::write(dir.join("oci-layout"), crate::oci::canonical_json(&layout)?)?;
+    fs::write(dir.join("index.json"), crate::oci::canonical_json(&index)?)
 }
 
 /// A config's `rootfs.diff_ids`, which must list `layers` layers.
@@ -473,7 +473,7 @@ fn open_docker_archive(root: &Path, tag: Option<&str>) -> Result<ImageSource, La
         super::descriptor(MEDIA_OCI_CONFIG, &config_digest, config_json.len() as u64),
         layers.iter().map(|l| super::descriptor(tar_type, &l.digest, l.size)).collect(),
     );
-    let manifest_json = serde_json::to_vec(&manifest).map_err(|source| LayoutError::Parse {
+    let manifest_json = crate::oci::canonical_json(&manifest).map_err(|source| LayoutError::Parse {
         what: "manifest",
         path: list_path.clone(),
         source,
