@@ -797,8 +797,8 @@ fn idle_and_half_sent_connections_cannot_starve_the_daemon() {
     // Past the header timeout: the idle and the half-sent connections are
     // closed; the kept-alive one is not (its limit is the idle timeout).
     std::thread::sleep(Duration::from_secs(7).saturating_sub(opened.elapsed()));
-    let open_idle = idle.iter_mut().map(|s| !closed_by_daemon(s)).filter(|o| *o).count();
-    let open_half = half.iter_mut().map(|s| !closed_by_daemon(s)).filter(|o| *o).count();
+    let open_idle = idle.iter_mut().map(closed_by_daemon).filter(|closed| !closed).count();
+    let open_half = half.iter_mut().map(closed_by_daemon).filter(|closed| !closed).count();
     assert_eq!((open_idle, open_half), (0, 0), "connections still open past the header timeout");
     kept.request("GET", "/v1/version", None::<&()>).expect("a kept-alive connection closed before its idle timeout");
     // Past the idle timeout it is closed too.

@@ -523,7 +523,7 @@ impl Daemon {
             let top = match &docs.index {
                 Some((d, bytes, mt, _)) => {
                     write(d.hex(), bytes)?;
-                    oci::descriptor(mt_or(mt, oci::layout::MEDIA_OCI_INDEX), d, bytes.len() as u64)
+                    oci::descriptor(mt, d, bytes.len() as u64)
                 }
                 None => oci::descriptor(oci::layout::MEDIA_OCI_MANIFEST, &docs.digest, docs.manifest.len() as u64),
             };
@@ -781,14 +781,6 @@ impl Daemon {
         }
         let _ = crate::store::remove_tree(&work);
         result
-    }
-}
-
-fn mt_or<'a>(mt: &'a str, default: &'a str) -> &'a str {
-    if mt.is_empty() {
-        default
-    } else {
-        mt
     }
 }
 
