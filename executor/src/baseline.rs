@@ -16,12 +16,12 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::types::{LaunchRequest, SandboxInfo, SnapshotInfo};
-use crate::api::ApiError;
+use crate::daemon::OpError;
 use crate::daemon::{lock, sandbox_info, Daemon};
 use crate::db::{Baseline, LayerRow, SnapshotRow};
 use crate::error::ErrorKind;
 use crate::store::{remove_tree, BlobCompression};
+use crate::types::{LaunchRequest, SandboxInfo, SnapshotInfo};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -122,7 +122,7 @@ impl Daemon {
         repo: &str,
         git_ref: &str,
         remote: &str,
-    ) -> Result<Vec<Check>, ApiError> {
+    ) -> Result<Vec<Check>, OpError> {
         let req = crate::sandbox::ExecRequest {
             argv: ["sh", "-c", CHECKS, "strata-baseline-checks", repo, git_ref, remote].map(str::to_string).to_vec(),
             env: vec![],
@@ -134,7 +134,7 @@ impl Daemon {
         };
         let out = sb.exec_buffered(&req, Vec::new())?;
         if out.timed_out || out.status.shell_code() != 0 {
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::Conflict,
                 format!(
                     "the repository checks did not run to the end ({:?}): {}",
@@ -152,14 +152,14 @@ impl Daemon {
             })
             .collect();
         if checks.is_empty() {
-            return Err(ApiError::new(ErrorKind::Internal, "the repository checks printed nothing"));
+            return Err(OpError::new(ErrorKind::Internal, "the repository checks printed nothing"));
         }
         Ok(checks)
     }
 
     /// Validate, capture and publish a baseline of sandbox `id`.
-    pub fn publish_baseline(&self, id: &str, req: PublishRequest) -> Result<SnapshotInfo, ApiError> {
-        let invalid = |m: String| ApiError::new(ErrorKind::InvalidArgument, m);
+    pub fn publish_baseline(&self, id: &str, req: PublishRequest) -> Result<SnapshotInfo, OpError> {
+        let invalid = |m: String| OpError::new(ErrorKind::InvalidArgument, m);
         let owner = req.owner.clone().unwrap_or_else(|| "local".into());
         let remote = req.remote.clone().unwrap_or_else(|| "origin".into());
         let repo_name = req.repo.trim_end_matches('/').rsplit('/').next().unwrap_or_default().to_string();
@@ -175,15 +175,15 @@ impl Daemon {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
         let image = lock(&self.db)
-            .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+            .image_by_name(&sb.spec.image.parse().map_err(|e| OpError::invalid(&e))?)?
+            .ok_or_else(|| OpError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
         // The compare-and-swap's expected value: the ready baseline now.
         let observed = lock(&self.db).ready_baseline(&owner, &repo_name, image.id, &req.git_ref)?;
         let checks = self.validate_repo(&sb, &req.repo, &req.git_ref, &remote)?;
         let failed: Vec<String> =
             checks.iter().filter(|c| !c.ok).map(|c| format!("{}: {}", c.name, c.detail)).collect();
         if !failed.is_empty() {
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::Conflict,
                 format!("baseline refused, failed checks: {}", failed.join("; ")),
             ));
@@ -201,10 +201,10 @@ impl Daemon {
         let key = format!("{}/{}@{}", baseline.owner, baseline.repo, baseline.git_ref);
         // The tree must be the one validated: check again after the capture,
         // before the row is written.
-        let recheck = || -> Result<(), ApiError> {
+        let recheck = || -> Result<(), OpError> {
             let again = self.validate_repo(&sb, &req.repo, &req.git_ref, &remote)?;
             if again != checks {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::Conflict,
                     "baseline refused: the repository changed while it was being published",
                 ));
@@ -215,7 +215,7 @@ impl Daemon {
             row.baseline = Some(baseline.clone());
             match db.publish_baseline(row, layer, observed.as_deref())? {
                 Ok(()) => Ok(()),
-                Err(current) => Err(ApiError::new(
+                Err(current) => Err(OpError::new(
                     ErrorKind::Conflict,
                     format!(
                         "baseline refused: {key} is now {} (published after this publish began, from {}); \
@@ -226,7 +226,7 @@ impl Daemon {
                 )),
             }
         };
-        let work = self.rt.store.new_tmp("baseline").map_err(|e| ApiError::internal(&e))?;
+        let work = self.rt.store.new_tmp("baseline").map_err(|e| OpError::internal(&e))?;
         let result = self.capture_in(&sb, &work, BlobCompression::Zstd, started, Some(&recheck), &publish);
         let _ = remove_tree(&work);
         let info = result?;
@@ -242,19 +242,19 @@ impl Daemon {
         image: &str,
         work_context: Option<&str>,
         launch: LaunchRequest,
-    ) -> Result<SandboxInfo, ApiError> {
-        let (owner, repo, git_ref) = parse_key(key).map_err(|m| ApiError::new(ErrorKind::InvalidArgument, m))?;
+    ) -> Result<SandboxInfo, OpError> {
+        let (owner, repo, git_ref) = parse_key(key).map_err(|m| OpError::new(ErrorKind::InvalidArgument, m))?;
         let launch = self.launch_spec(launch)?;
-        let name: crate::ids::ImageName = image.parse().map_err(|e| ApiError::invalid(&e))?;
+        let name: crate::ids::ImageName = image.parse().map_err(|e| OpError::invalid(&e))?;
         let image = lock(&self.db)
             .image_by_name(&name)?
-            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
+            .ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
         let id = lock(&self.db).ready_baseline(&owner, &repo, image.id, &git_ref)?.ok_or_else(|| {
-            ApiError::new(ErrorKind::NotFound, format!("no ready baseline {key} for image {}", image.name))
+            OpError::new(ErrorKind::NotFound, format!("no ready baseline {key} for image {}", image.name))
         })?;
         let row = lock(&self.db)
             .snapshot(&id)?
-            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("baseline {id} not found")))?;
+            .ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("baseline {id} not found")))?;
         let _pin = self.pin_snapshot(&row.id)?;
         let mut base = self.snapshot_base(&row)?;
         let wc = self.new_lineage(work_context, image.id, crate::model::StartKind::Baseline, Some(&row.id))?;

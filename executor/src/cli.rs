@@ -8,13 +8,13 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
-use crate::api::types::{
-    CheckpointRequest, CreateRequest, ExecRequestBody, ImageInfo, ImportRequest, LaunchRequest, SandboxInfo,
-    SnapshotInfo,
-};
 use crate::client::{Client, ClientError};
 use crate::daemon::DaemonConfig;
 use crate::stream::{self, FrameKind};
+use crate::types::{
+    CheckpointRequest, CreateRequest, ExecRequestBody, ImageInfo, ImportRequest, LaunchRequest, SandboxInfo,
+    SnapshotInfo,
+};
 
 pub const DEFAULT_ROOT: &str = "/var/lib/strata";
 pub const DEFAULT_SOCKET: &str = "/run/strata/strata.sock";
@@ -114,10 +114,10 @@ pub enum Command {
     /// snapshots past retention (the daemon also does this periodically).
     Gc {
         /// Default: the daemon's --retention.
-        #[arg(long, value_parser = crate::gc::parse_duration)]
+        #[arg(long, value_parser = crate::units::parse_duration)]
         retention: Option<std::time::Duration>,
         /// Default: the daemon's --stale-after.
-        #[arg(long, value_parser = crate::gc::parse_duration)]
+        #[arg(long, value_parser = crate::units::parse_duration)]
         stale_after: Option<std::time::Duration>,
     },
     /// Freeze every process of a sandbox in place (nothing is written).
@@ -158,13 +158,13 @@ pub struct DaemonArgs {
     pub userns_base: u32,
     /// Keep superseded, retired and failed snapshots this long (30s, 15m,
     /// 2h, 7d).
-    #[arg(long, default_value = "7d", value_parser = crate::gc::parse_duration)]
+    #[arg(long, default_value = "7d", value_parser = crate::units::parse_duration)]
     pub retention: std::time::Duration,
     /// Retire an active lineage neither captured nor restored for this long.
-    #[arg(long, default_value = "14d", value_parser = crate::gc::parse_duration)]
+    #[arg(long, default_value = "14d", value_parser = crate::units::parse_duration)]
     pub stale_after: std::time::Duration,
     /// Run the collector this often (0 disables the periodic run).
-    #[arg(long, default_value = "1h", value_parser = crate::gc::parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = crate::units::parse_duration)]
     pub gc_interval: std::time::Duration,
     /// Group (name or gid) whose members may use the API socket; without
     /// it only root may. The socket is root:GROUP, mode 0660, and every
@@ -178,10 +178,10 @@ pub struct DaemonArgs {
     #[arg(long, default_value_t = crate::cgroups::MAX_PIDS, value_parser = clap::value_parser!(u64).range(1..=crate::cgroups::MAX_PIDS))]
     pub max_pids: u64,
     /// Memory limit of a sandbox that asks for none (e.g. 1g; default none).
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = crate::units::parse_bytes)]
     pub default_memory: Option<u64>,
     /// The largest memory limit a create may ask for (default none).
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = crate::units::parse_bytes)]
     pub max_memory: Option<u64>,
     /// Close an API connection whose request head is not whole this long
     /// after its first byte (or after the connection opened).
@@ -198,12 +198,12 @@ pub struct DaemonArgs {
     #[arg(long, default_value_t = crate::api::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,
     /// On SIGTERM, how long API requests in flight may take to finish.
-    #[arg(long, default_value = "30s", value_parser = crate::gc::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::units::parse_duration)]
     pub shutdown_grace: std::time::Duration,
 }
 
 fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
-    match crate::gc::parse_duration(s)? {
+    match crate::units::parse_duration(s)? {
         d if d.is_zero() => Err(format!("{s:?}: must be longer than 0s")),
         d => Ok(d),
     }
@@ -252,7 +252,7 @@ pub struct RegistryArgs {
 }
 
 impl RegistryArgs {
-    fn request(&self, reference: &str, name: Option<String>) -> Result<crate::api::types::RegistryRequest> {
+    fn request(&self, reference: &str, name: Option<String>) -> Result<crate::types::RegistryRequest> {
         let password = if self.password_stdin {
             let mut p = String::new();
             std::io::stdin().read_line(&mut p).context("read password from stdin")?;
@@ -266,7 +266,7 @@ impl RegistryArgs {
         if self.username.is_some() && password.is_none() {
             bail!("--username needs --password-stdin (or STRATA_REGISTRY_PASSWORD)");
         }
-        Ok(crate::api::types::RegistryRequest {
+        Ok(crate::types::RegistryRequest {
             reference: reference.to_string(),
             insecure: self.insecure,
             username: self.username.clone(),
@@ -277,7 +277,7 @@ impl RegistryArgs {
     }
 
     /// A progress printer for standard error.
-    fn printer(&self) -> impl FnMut(crate::api::types::Progress) {
+    fn printer(&self) -> impl FnMut(crate::types::Progress) {
         let quiet = self.quiet;
         move |p| {
             if quiet {
@@ -369,7 +369,7 @@ pub enum SnapshotCmd {
 #[derive(Args, Debug)]
 pub struct LaunchArgs {
     /// Memory limit in bytes (suffixes k, m, g accepted).
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = crate::units::parse_bytes)]
     pub memory: Option<u64>,
     /// Maximum number of processes.
     #[arg(long)]
@@ -379,7 +379,7 @@ pub struct LaunchArgs {
     pub cpus: Option<f64>,
     /// Cap on what the sandbox can write, in bytes (suffixes k, m, g): its
     /// changes live on a filesystem of this size; past it, ENOSPC.
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = crate::units::parse_bytes)]
     pub disk: Option<u64>,
     /// Environment for every exec, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e')]
@@ -441,24 +441,6 @@ pub struct ExecArgs {
     pub timeout: Option<f64>,
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
-}
-
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => {
-            let m: u64 = match c.to_ascii_lowercase() {
-                'k' => 1 << 10,
-                'm' => 1 << 20,
-                'g' => 1 << 30,
-                _ => return Err(format!("unknown size suffix in {s:?} (use k, m or g)")),
-            };
-            (&s[..i], m)
-        }
-        _ => (s, 1),
-    };
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size in bytes"))?;
-    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
 }
 
 fn compression_arg(c: Option<&str>) -> Option<crate::store::BlobCompression> {
@@ -532,7 +514,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
         Command::Image(ImageCmd::Pull { reference, name, registry }) => {
             let req = registry.request(reference, name.clone())?;
-            let r: crate::api::types::PullResult =
+            let r: crate::types::PullResult =
                 client(&cli)?.call_streamed("/v1/images/pull", &req, &mut registry.printer())?;
             eprintln!(
                 "fetched {} blobs, {} bytes; {} layers reused",
@@ -651,7 +633,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Gc { retention, stale_after } => {
-            let req = crate::api::types::GcRequest {
+            let req = crate::types::GcRequest {
                 retention_secs: retention.map(|d| d.as_secs()),
                 stale_after_secs: stale_after.map(|d| d.as_secs()),
             };
@@ -668,13 +650,12 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Lineage(LineageCmd::Show { id }) => {
-            let l: crate::api::types::LineageInfo =
-                client(&cli)?.call("GET", &format!("/v1/lineages/{id}"), NO_BODY)?;
+            let l: crate::types::LineageInfo = client(&cli)?.call("GET", &format!("/v1/lineages/{id}"), NO_BODY)?;
             print_lineage(&l);
             Ok(0)
         }
         Command::Lineage(LineageCmd::Retire { id }) => {
-            let l: crate::api::types::LineageInfo =
+            let l: crate::types::LineageInfo =
                 client(&cli)?.call("POST", &format!("/v1/lineages/{id}/retire"), NO_BODY)?;
             print_lineage(&l);
             Ok(0)
@@ -691,7 +672,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Rollback { id, to } => {
-            let req = crate::api::types::RollbackRequest { to: to.clone() };
+            let req = crate::types::RollbackRequest { to: to.clone() };
             let info: SandboxInfo = client(&cli)?.call("POST", &format!("/v1/sandboxes/{id}/rollback"), Some(&req))?;
             println!("{}", info.id);
             Ok(0)
@@ -747,7 +728,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
         Command::Snapshot(SnapshotCmd::Push { id, reference, registry }) => {
             let req = registry.request(reference, None)?;
-            let r: crate::api::types::PushResult =
+            let r: crate::types::PushResult =
                 client(&cli)?.call_streamed(&format!("/v1/snapshots/{id}/push"), &req, &mut registry.printer())?;
             eprintln!(
                 "uploaded {} blobs ({} bytes); {} present, {} mounted",
@@ -758,7 +739,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
         Command::Snapshot(SnapshotCmd::Pull { reference, registry }) => {
             let req = registry.request(reference, None)?;
-            let r: crate::api::types::PullResult =
+            let r: crate::types::PullResult =
                 client(&cli)?.call_streamed("/v1/snapshots/pull", &req, &mut registry.printer())?;
             eprintln!(
                 "fetched {} blobs, {} bytes; {} layers reused",
@@ -769,7 +750,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
         Command::Snapshot(SnapshotCmd::Export { id, dir, compression }) => {
             let dir = if dir.is_absolute() { dir.clone() } else { std::env::current_dir()?.join(dir) };
-            let req = crate::api::types::ExportRequest {
+            let req = crate::types::ExportRequest {
                 path: dir.to_string_lossy().into_owned(),
                 compression: compression_arg(compression.as_deref()),
             };
@@ -1030,7 +1011,7 @@ fn run_exec(cli: &Cli, a: &ExecArgs) -> Result<i32> {
     }
 }
 
-fn print_lineage(l: &crate::api::types::LineageInfo) {
+fn print_lineage(l: &crate::types::LineageInfo) {
     println!("work context {} ({}), image {}", l.id, l.state, l.image);
     println!(
         "began from   {}",
@@ -1064,16 +1045,6 @@ fn print_lineage(l: &crate::api::types::LineageInfo) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_bytes("1024"), Ok(1024));
-        assert_eq!(parse_bytes("256m"), Ok(256 << 20));
-        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
-        assert!(parse_bytes("1x").is_err());
-        assert!(parse_bytes("abc").is_err());
-        assert!(parse_bytes("99999999999999g").is_err());
-    }
 
     #[test]
     fn names_in_human_output_cannot_forge_lines() {

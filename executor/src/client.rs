@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::api::types::ErrorBody;
+use crate::types::ErrorBody;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -125,7 +125,7 @@ impl Client {
         &mut self,
         path: &str,
         body: &impl Serialize,
-        on_progress: &mut dyn FnMut(crate::api::types::Progress),
+        on_progress: &mut dyn FnMut(crate::types::Progress),
     ) -> Result<T, ClientError> {
         let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?;
         let r = self.send("POST", path, bytes, &[("content-type", "application/json")])?;
@@ -139,10 +139,10 @@ impl Client {
         }
         #[derive(serde::Deserialize)]
         struct Line {
-            progress: Option<crate::api::types::Progress>,
+            progress: Option<crate::types::Progress>,
             status: Option<u16>,
             result: Option<serde_json::Value>,
-            error: Option<crate::api::types::ErrorDetail>,
+            error: Option<crate::types::ErrorDetail>,
         }
         let mut body = r.into_body();
         let mut pending: Vec<u8> = Vec::new();

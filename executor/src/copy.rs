@@ -326,21 +326,21 @@ pub struct CopyRequest {
 
 impl crate::daemon::Daemon {
     /// Copy between the host and a running (or paused) sandbox.
-    pub fn copy(&self, id: &str, req: &CopyRequest) -> Result<Copied, crate::api::ApiError> {
-        use crate::api::ApiError;
+    pub fn copy(&self, id: &str, req: &CopyRequest) -> Result<Copied, crate::daemon::OpError> {
+        use crate::daemon::OpError;
         use crate::error::ErrorKind;
         let sb = self.sandbox(id)?;
         let host = PathBuf::from(&req.host_path);
         if !host.is_absolute() {
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::InvalidArgument,
                 "host_path must be absolute (it is used by the daemon)",
             ));
         }
         if matches!(sb.run_state(), crate::sandbox::RunState::Stopping) {
-            return Err(ApiError::new(ErrorKind::Conflict, format!("sandbox {id} is {}", sb.run_state())));
+            return Err(OpError::new(ErrorKind::Conflict, format!("sandbox {id} is {}", sb.run_state())));
         }
-        let root = sandbox_root(sb.shim_pid).map_err(|e| ApiError::internal(&e))?;
+        let root = sandbox_root(sb.shim_pid).map_err(|e| OpError::internal(&e))?;
         let r = match (req.direction, sb.spec.userns) {
             (Direction::In, None) => copy_in(root.as_fd(), &host, &req.path),
             // In a user namespace the upper is idmapped: new files are
@@ -361,7 +361,7 @@ impl crate::daemon::Daemon {
                 }
                 e => ErrorKind::of_host_failure(e),
             };
-            ApiError::new(kind, crate::error::chain(&e))
+            OpError::new(kind, crate::error::chain(&e))
         })
     }
 }

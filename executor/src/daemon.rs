@@ -12,15 +12,70 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::api::types::{CreateRequest, ImageInfo, SandboxInfo};
-use crate::api::ApiError;
 use crate::cgroups::Limits;
-use crate::db::{Db, DbError, ImageRow, SandboxSpec, SandboxState};
+use crate::db::{Db, DbError, ImageRow, SandboxState};
 use crate::error::ErrorKind;
 use crate::ids::{ImageName, SandboxId};
 use crate::image;
 use crate::sandbox::{self, ExecDefaults, Runtime, Sandbox};
+use crate::spec::{MountDecl, SandboxSpec};
 use crate::store::{Store, StoreError};
+use crate::types::{CreateRequest, ImageInfo, SandboxInfo};
+
+/// Why an operation failed, as far as its caller is concerned: what kind
+/// of failure (the API maps it to a status; `error::ErrorKind`) and the
+/// whole chain of causes as one line.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct OpError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl OpError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> OpError {
+        OpError { kind, message: message.into() }
+    }
+    pub fn invalid(e: &dyn std::error::Error) -> OpError {
+        OpError::new(ErrorKind::InvalidArgument, crate::error::chain(e))
+    }
+    /// A host failure (500), or 507 if it ran out of space.
+    pub fn internal(e: &(dyn std::error::Error + 'static)) -> OpError {
+        OpError::new(ErrorKind::of_host_failure(e), crate::error::chain(e))
+    }
+}
+
+impl From<image::ImageError> for OpError {
+    fn from(e: image::ImageError) -> Self {
+        match e.kind() {
+            ErrorKind::Internal => OpError::internal(&e),
+            kind => OpError::new(kind, crate::error::chain(&e)),
+        }
+    }
+}
+
+impl From<sandbox::SandboxError> for OpError {
+    fn from(e: sandbox::SandboxError) -> Self {
+        match e.kind() {
+            ErrorKind::Internal => OpError::internal(&e),
+            kind => OpError::new(kind, crate::error::chain(&e)),
+        }
+    }
+}
+
+impl From<DbError> for OpError {
+    fn from(e: DbError) -> Self {
+        match &e {
+            // The row a request was working on was deleted by another
+            // request meanwhile (a checkpoint or suspend racing `rm`): that
+            // object is gone, not the daemon broken.
+            DbError::Query { source: rusqlite::Error::QueryReturnedNoRows, what } => {
+                OpError::new(ErrorKind::NotFound, format!("{what}: not found (removed while this request ran)"))
+            }
+            _ => OpError::internal(&e),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct DaemonConfig {
@@ -98,7 +153,7 @@ pub struct LaunchSpec {
     pub limits: Limits,
     pub env: Vec<String>,
     pub hostname: Option<String>,
-    pub mounts: Vec<sandbox::MountDecl>,
+    pub mounts: Vec<MountDecl>,
     /// `--seccomp unconfined`: no seccomp filter.
     pub seccomp_unconfined: bool,
     /// `--userns`: its own user namespace; `None`: as the base's chain was
@@ -132,10 +187,10 @@ pub(crate) struct SnapshotPin<'d> {
 
 impl Daemon {
     /// Pin `id` against removal; refused if it is being removed.
-    pub(crate) fn pin_snapshot(&self, id: &str) -> Result<SnapshotPin<'_>, ApiError> {
+    pub(crate) fn pin_snapshot(&self, id: &str) -> Result<SnapshotPin<'_>, OpError> {
         let mut pool = lock(&self.pool);
         if pool.doomed.contains(id) {
-            return Err(ApiError::new(ErrorKind::NotFound, format!("snapshot {id:?} is being removed")));
+            return Err(OpError::new(ErrorKind::NotFound, format!("snapshot {id:?} is being removed")));
         }
         *pool.pinned.entry(id.to_string()).or_default() += 1;
         Ok(SnapshotPin { daemon: self, id: id.to_string() })
@@ -280,8 +335,8 @@ impl Daemon {
             let adopted = match row.state {
                 SandboxState::Running | SandboxState::Paused => self
                     .defaults_for(&row.image_id, &row.spec)
-                    .and_then(|d| sandbox::adopt(&self.rt, &row, d).map_err(|e| ApiError::internal(&e))),
-                _ => Err(ApiError::new(ErrorKind::Internal, "sandbox was not running")),
+                    .and_then(|d| sandbox::adopt(&self.rt, &row, d).map_err(|e| OpError::internal(&e))),
+                _ => Err(OpError::new(ErrorKind::Internal, "sandbox was not running")),
             };
             match adopted {
                 Ok(sb) => {
@@ -333,16 +388,16 @@ impl Daemon {
         Ok(())
     }
 
-    fn defaults_for(&self, image_id: &i64, spec: &SandboxSpec) -> Result<ExecDefaults, ApiError> {
+    fn defaults_for(&self, image_id: &i64, spec: &SandboxSpec) -> Result<ExecDefaults, OpError> {
         let image = lock(&self.db)
             .image_by_id(*image_id)?
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "sandbox's image row is missing"))?;
+            .ok_or_else(|| OpError::new(ErrorKind::Internal, "sandbox's image row is missing"))?;
         self.exec_defaults(&image, spec)
     }
 
-    fn exec_defaults(&self, image: &ImageRow, spec: &SandboxSpec) -> Result<ExecDefaults, ApiError> {
+    fn exec_defaults(&self, image: &ImageRow, spec: &SandboxSpec) -> Result<ExecDefaults, OpError> {
         let layers: Vec<PathBuf> = image.layers.iter().rev().map(|h| self.rt.store.layer_dir(h).join("fs")).collect();
-        ExecDefaults::new(&image.config, &spec.env, &layers).map_err(|m| ApiError::new(ErrorKind::InvalidArgument, m))
+        ExecDefaults::new(&image.config, &spec.env, &layers).map_err(|m| OpError::new(ErrorKind::InvalidArgument, m))
     }
 
     pub fn max_sandboxes(&self) -> usize {
@@ -351,32 +406,32 @@ impl Daemon {
 
     // ---- images ----
 
-    pub fn import_image(&self, path: &str, tag: Option<&str>, name: &str) -> Result<ImageInfo, ApiError> {
-        let name: ImageName = name.parse().map_err(|e| ApiError::invalid(&e))?;
+    pub fn import_image(&self, path: &str, tag: Option<&str>, name: &str) -> Result<ImageInfo, OpError> {
+        let name: ImageName = name.parse().map_err(|e| OpError::invalid(&e))?;
         let path = PathBuf::from(path);
         if !path.is_absolute() {
-            return Err(ApiError::new(ErrorKind::InvalidArgument, "path must be absolute (it is read by the daemon)"));
+            return Err(OpError::new(ErrorKind::InvalidArgument, "path must be absolute (it is read by the daemon)"));
         }
         if !path.exists() {
-            return Err(ApiError::new(ErrorKind::InvalidArgument, format!("{} does not exist", path.display())));
+            return Err(OpError::new(ErrorKind::InvalidArgument, format!("{} does not exist", path.display())));
         }
         let _serial = lock(&self.import_lock);
         let row = image::import(&self.rt.store, &self.db, &path, tag, &name)?;
         Ok(image_info(&row))
     }
 
-    pub fn list_images(&self) -> Result<Vec<ImageInfo>, ApiError> {
+    pub fn list_images(&self) -> Result<Vec<ImageInfo>, OpError> {
         Ok(lock(&self.db).list_images()?.iter().map(image_info).collect())
     }
 
-    pub fn get_image(&self, name: &str) -> Result<ImageInfo, ApiError> {
-        let name: ImageName = name.parse().map_err(|e| ApiError::invalid(&e))?;
+    pub fn get_image(&self, name: &str) -> Result<ImageInfo, OpError> {
+        let name: ImageName = name.parse().map_err(|e| OpError::invalid(&e))?;
         let row = lock(&self.db).image_by_name(&name)?;
-        row.map(|r| image_info(&r)).ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))
+        row.map(|r| image_info(&r)).ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("image {name} not found")))
     }
 
-    pub fn remove_image(&self, name: &str) -> Result<(), ApiError> {
-        let name: ImageName = name.parse().map_err(|e| ApiError::invalid(&e))?;
+    pub fn remove_image(&self, name: &str) -> Result<(), OpError> {
+        let name: ImageName = name.parse().map_err(|e| OpError::invalid(&e))?;
         let _serial = lock(&self.import_lock);
         image::remove(&self.rt.store, &self.db, &name)?;
         Ok(())
@@ -384,10 +439,10 @@ impl Daemon {
 
     // ---- sandboxes ----
 
-    pub fn create_sandbox(&self, req: CreateRequest) -> Result<SandboxInfo, ApiError> {
+    pub fn create_sandbox(&self, req: CreateRequest) -> Result<SandboxInfo, OpError> {
         // Validate everything before reserving anything.
-        let name: ImageName = req.image.parse().map_err(|e| ApiError::invalid(&e))?;
-        let launch = crate::api::types::LaunchRequest {
+        let name: ImageName = req.image.parse().map_err(|e| OpError::invalid(&e))?;
+        let launch = crate::types::LaunchRequest {
             memory: req.memory,
             pids: req.pids,
             cpus: req.cpus,
@@ -406,7 +461,7 @@ impl Daemon {
         let launch = self.launch_spec(launch)?;
         let image = lock(&self.db)
             .image_by_name(&name)?
-            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
+            .ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
         let wc = self.new_lineage(req.work_context.as_deref(), image.id, crate::model::StartKind::Image, None)?;
         let base = Base {
             layers: image.layers.clone(),
@@ -427,8 +482,8 @@ impl Daemon {
     }
 
     /// Validate what every way of starting a sandbox takes.
-    pub fn launch_spec(&self, req: crate::api::types::LaunchRequest) -> Result<LaunchSpec, ApiError> {
-        let crate::api::types::LaunchRequest {
+    pub fn launch_spec(&self, req: crate::types::LaunchRequest) -> Result<LaunchSpec, OpError> {
+        let crate::types::LaunchRequest {
             memory,
             pids,
             cpus,
@@ -445,23 +500,23 @@ impl Daemon {
             None | Some("default") => false,
             Some("unconfined") => true,
             Some(other) => {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::InvalidArgument,
                     format!("seccomp {other:?} must be \"default\" or \"unconfined\""),
                 ))
             }
         };
         let limits = Limits { memory, pids, cpus, disk };
-        limits.validate(self.host_cpus).map_err(|e| ApiError::invalid(&e))?;
-        let limits = self.cfg.limit_policy.settle(limits).map_err(|e| ApiError::invalid(&e))?;
+        limits.validate(self.host_cpus).map_err(|e| OpError::invalid(&e))?;
+        let limits = self.cfg.limit_policy.settle(limits).map_err(|e| OpError::invalid(&e))?;
         if let Some(d) = limits.disk {
             // A cap past the store's whole file system caps nothing, and
             // formatting one costs time in proportion to its size.
             let total = nix::sys::statvfs::statvfs(self.rt.store.root())
                 .map(|s| s.blocks() * s.fragment_size())
-                .map_err(|e| ApiError::internal(&e))?;
+                .map_err(|e| OpError::internal(&e))?;
             if d > total {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::InvalidArgument,
                     format!("disk cap {d} bytes is larger than the store's file system ({total} bytes)"),
                 ));
@@ -469,33 +524,33 @@ impl Daemon {
         }
         for e in &env {
             if !e.contains('=') || e.starts_with('=') || e.contains('\0') {
-                return Err(ApiError::new(ErrorKind::InvalidArgument, format!("env entry {e:?} is not KEY=VALUE")));
+                return Err(OpError::new(ErrorKind::InvalidArgument, format!("env entry {e:?} is not KEY=VALUE")));
             }
         }
         // Every exec carries the sandbox's env to the shim: past this, every
         // exec would fail (it once did, with 500 EMSGSIZE).
         let env_bytes = serde_json::to_vec(&env).map_or(usize::MAX, |b| b.len());
         if env_bytes > strata_shim::proto::MAX_SANDBOX_ENV {
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::InvalidArgument,
                 format!("env takes {env_bytes} bytes encoded; at most {}", strata_shim::proto::MAX_SANDBOX_ENV),
             ));
         }
         if let Some(h) = &hostname {
             if !valid_hostname(h) {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::InvalidArgument,
                     format!("hostname {h:?} must be 1-63 chars of [A-Za-z0-9.-]"),
                 ));
             }
         }
-        let bad = |m: String| ApiError::new(ErrorKind::InvalidArgument, m);
+        let bad = |m: String| OpError::new(ErrorKind::InvalidArgument, m);
         let mut mounts = Vec::new();
         for s in &scratch {
-            mounts.push(sandbox::MountDecl::parse_scratch(s).map_err(bad)?);
+            mounts.push(MountDecl::parse_scratch(s).map_err(bad)?);
         }
         for c in &cache {
-            mounts.push(sandbox::MountDecl::parse_cache(c).map_err(bad)?);
+            mounts.push(MountDecl::parse_cache(c).map_err(bad)?);
         }
         for (i, m) in mounts.iter().enumerate() {
             if mounts[..i].iter().any(|o| o.path() == m.path()) {
@@ -509,10 +564,10 @@ impl Daemon {
     /// in a user namespace wrote (a setuid-root file, file capabilities,
     /// /etc/ld.so.preload) is host root's once it runs without one, so a
     /// chain with any snapshot captured in one runs only in one.
-    fn settle_userns(&self, base: &Base, mut launch: LaunchSpec) -> Result<LaunchSpec, ApiError> {
+    fn settle_userns(&self, base: &Base, mut launch: LaunchSpec) -> Result<LaunchSpec, OpError> {
         let userns = match (launch.userns, base.captured_in_userns) {
             (Some(false), true) => {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::InvalidArgument,
                     "this snapshot's chain was captured in a user namespace: it runs only in one (userns: true)",
                 ))
@@ -520,10 +575,10 @@ impl Daemon {
             (Some(u), _) => u,
             (None, c) => c,
         };
-        if userns && launch.mounts.iter().any(|m| matches!(m, sandbox::MountDecl::Cache { .. })) {
+        if userns && launch.mounts.iter().any(|m| matches!(m, MountDecl::Cache { .. })) {
             // A cache is a host directory owned by host ids: unusable
             // (nobody-owned) in a user namespace until caches are idmapped.
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::InvalidArgument,
                 "cache mounts are not available with userns (a cache's files are owned by host ids)",
             ));
@@ -533,13 +588,13 @@ impl Daemon {
     }
 
     /// Start one sandbox on `base`, within the pool's bound.
-    pub(crate) fn launch(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, ApiError> {
+    pub(crate) fn launch(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, OpError> {
         let launch = self.settle_userns(base, launch)?;
         // Reserve a slot: past the cap nothing is made.
         {
             let mut pool = lock(&self.pool);
             if pool.live.len() + pool.reserved >= self.max_sandboxes {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::LimitReached,
                     format!(
                         "sandbox limit reached: {} of {} live (daemon --max-sandboxes)",
@@ -565,7 +620,7 @@ impl Daemon {
         base: &Base,
         launch: LaunchSpec,
         fixed_id: Option<SandboxId>,
-    ) -> Result<Arc<Sandbox>, ApiError> {
+    ) -> Result<Arc<Sandbox>, OpError> {
         // A sandbox with a disk cap needs its disk mounted before its shim
         // is cloned (the shim's mount namespace is a copy of ours); one with
         // a user namespace needs a shim cloned into one.
@@ -581,7 +636,7 @@ impl Daemon {
             snapshot: base.snapshot.clone(),
             work_context: Some(base.work_context.clone()),
             observed_head: base.observed_head.clone(),
-            restored: Some(crate::db::Restored { rung: base.rung, snapshot: base.snapshot.clone() }),
+            restored: Some(crate::spec::Restored { rung: base.rung, snapshot: base.snapshot.clone() }),
             limits: launch.limits,
             env: launch.env,
             hostname,
@@ -621,7 +676,7 @@ impl Daemon {
 
     /// A host id range no live sandbox uses. Starts where the last search
     /// ended, so launches in flight (not yet live) get different ranges.
-    fn alloc_userns(&self) -> Result<crate::userns::UsernsMap, ApiError> {
+    fn alloc_userns(&self) -> Result<crate::userns::UsernsMap, OpError> {
         let base = self.cfg.userns_base;
         let slots = crate::userns::slots(base).max(1);
         let mut pool = lock(&self.pool);
@@ -643,7 +698,7 @@ impl Daemon {
                 }
             }
         }
-        Err(ApiError::new(ErrorKind::LimitReached, "every user namespace range is in use"))
+        Err(OpError::new(ErrorKind::LimitReached, "every user namespace range is in use"))
     }
 
     /// A warm shim that is still alive; dead ones are torn down (their
@@ -762,14 +817,42 @@ impl Daemon {
         }
     }
 
-    pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, ApiError> {
+    /// Run a command in a sandbox to completion, its output buffered, and
+    /// log it.
+    pub fn exec(
+        &self,
+        sb: &Sandbox,
+        req: &sandbox::ExecRequest,
+        stdin: Vec<u8>,
+    ) -> Result<sandbox::ExecOutput, OpError> {
+        let out = sb.exec_buffered(req, stdin)?;
+        self.record_exec(sb, req, &out.summary);
+        Ok(out)
+    }
+
+    /// Run a command in a sandbox attached to `conn` (the exec stream
+    /// protocol); `started` is called once it runs, before any frame. The
+    /// command is logged when it ends.
+    pub fn exec_attached(
+        &self,
+        sb: &Arc<Sandbox>,
+        req: &sandbox::ExecRequest,
+        conn: std::os::unix::net::UnixStream,
+        started: impl FnOnce(&mut std::os::unix::net::UnixStream) -> std::io::Result<()>,
+    ) -> Result<(), OpError> {
+        let summary = sb.exec_attached(req, conn, started)?;
+        self.record_exec(sb, req, &summary);
+        Ok(())
+    }
+
+    pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, OpError> {
         let id: SandboxId =
-            id.parse().map_err(|_| ApiError::new(ErrorKind::NotFound, format!("sandbox {id:?} not found")))?;
+            id.parse().map_err(|_| OpError::new(ErrorKind::NotFound, format!("sandbox {id:?} not found")))?;
         lock(&self.pool)
             .live
             .get(&id)
             .cloned()
-            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("sandbox {id} not found")))
+            .ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("sandbox {id} not found")))
     }
 
     pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
@@ -782,24 +865,24 @@ impl Daemon {
     }
 
     /// Freeze every process of a sandbox in place (temporal snapshot).
-    pub fn pause_sandbox(&self, id: &str) -> Result<(), ApiError> {
+    pub fn pause_sandbox(&self, id: &str) -> Result<(), OpError> {
         let sb = self.sandbox(id)?;
         sb.pause()?;
         lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Paused)?;
         Ok(())
     }
 
-    pub fn unpause_sandbox(&self, id: &str) -> Result<(), ApiError> {
+    pub fn unpause_sandbox(&self, id: &str) -> Result<(), OpError> {
         let sb = self.sandbox(id)?;
         sb.unpause()?;
         lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Running)?;
         Ok(())
     }
 
-    pub fn remove_sandbox(&self, id: &str) -> Result<(), ApiError> {
+    pub fn remove_sandbox(&self, id: &str) -> Result<(), OpError> {
         let sb = self.sandbox(id)?;
         if !sb.begin_stop() {
-            return Err(ApiError::new(ErrorKind::Conflict, format!("sandbox {} is already being removed", sb.id)));
+            return Err(OpError::new(ErrorKind::Conflict, format!("sandbox {} is already being removed", sb.id)));
         }
         lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Stopped)?;
         if let Err(e) = sb.destroy(&self.rt.store) {

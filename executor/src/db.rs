@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::{ImageName, SandboxId};
 pub use crate::model::{BlobCompression, LineageState, Rung, SandboxState, SnapshotClass, SnapshotState, StartKind};
 use crate::oci::ImageConfig;
+use crate::spec::SandboxSpec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
@@ -334,53 +335,6 @@ pub struct ImageRow {
     /// pulled (kept in `blobs/` since imports keep them).
     pub blobs: Vec<String>,
     pub created_at: i64,
-}
-
-/// What a sandbox was created with; stored as JSON so later schema versions
-/// can add fields without a migration.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-pub struct SandboxSpec {
-    pub image: String,
-    /// The layer chain it runs on (layer ids), bottom first: the image's
-    /// layers, then those of the snapshot chain it was resumed from.
-    #[serde(default)]
-    pub layers: Vec<String>,
-    /// The snapshot it was resumed or forked from.
-    #[serde(default)]
-    pub snapshot: Option<String>,
-    /// The lineage it works for (none only for sandboxes made before
-    /// lineages existed: their first checkpoint makes one).
-    #[serde(default)]
-    pub work_context: Option<String>,
-    /// The head it observed at activation or at its last append: its next
-    /// append is fenced on it. The database row is the truth; appends
-    /// update it in the same transaction.
-    #[serde(default)]
-    pub observed_head: Option<String>,
-    /// How it was started: the ladder's rung and the snapshot used.
-    #[serde(default)]
-    pub restored: Option<Restored>,
-    /// Scratch and cache mounts (never captured).
-    #[serde(default)]
-    pub mounts: Vec<crate::sandbox::MountDecl>,
-    /// Started without the seccomp filter (`--seccomp unconfined`).
-    #[serde(default)]
-    pub seccomp_unconfined: bool,
-    /// Its own user namespace (`--userns`) and the host range it maps to.
-    #[serde(default)]
-    pub userns: Option<crate::userns::UsernsMap>,
-    pub limits: crate::cgroups::Limits,
-    pub env: Vec<String>,
-    pub hostname: String,
-    pub cgroup: String,
-}
-
-/// How a sandbox was started for its lineage.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Restored {
-    pub rung: Rung,
-    /// The snapshot it started from (none for `image`).
-    pub snapshot: Option<String>,
 }
 
 /// One command run in a sandbox, as the exec log keeps it.
@@ -1956,7 +1910,7 @@ mod tests {
         let name: ImageName = "a".parse().unwrap();
         let img = db.insert_image(&name, "m", "c", &ImageConfig::default(), &[layer('1')]).unwrap();
         let id = SandboxId::random();
-        db.insert_running_sandbox(&id, img, &SandboxSpec::default(), 42, 7).unwrap();
+        db.insert_running_sandbox(&id, img, &crate::spec::SandboxSpec::default(), 42, 7).unwrap();
         assert_eq!(db.delete_image(img).unwrap(), Err(vec![id.to_string()]));
         db.delete_sandbox(&id).unwrap();
         assert!(db.delete_image(img).unwrap().is_ok());
@@ -1967,7 +1921,7 @@ mod tests {
         let mut db = Db::open_in_memory().unwrap();
         let img = db.insert_image(&"a".parse().unwrap(), "m", "c", &ImageConfig::default(), &[]).unwrap();
         let id = SandboxId::random();
-        db.insert_running_sandbox(&id, img, &SandboxSpec::default(), 42, 7).unwrap();
+        db.insert_running_sandbox(&id, img, &crate::spec::SandboxSpec::default(), 42, 7).unwrap();
         assert!(db.conn.execute("UPDATE sandboxes SET state = 'bogus' WHERE id = ?1", [id.as_str()]).is_err());
         let rows = db.list_sandboxes().unwrap();
         assert_eq!(rows[0].state, SandboxState::Running);

@@ -223,15 +223,6 @@ pub fn write_delta(upper: &Path, out: impl Write) -> Result<(DeltaStats, String)
 /// allows it; `false` if it did not, and the writer copies it.
 pub type SpliceFile<W> = fn(&mut W, &File, &fs::Metadata) -> io::Result<bool>;
 
-/// Copy exactly `len` bytes of `src` from its current offset to `out`; a
-/// file that ends sooner (it shrank while read) is an error.
-pub fn copy_exactly(src: &File, len: u64, out: &mut impl Write) -> io::Result<()> {
-    match io::copy(&mut io::Read::take(src, len), out)? {
-        n if n == len => Ok(()),
-        n => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{n} of {len} bytes: the file shrank"))),
-    }
-}
-
 /// [`write_delta`] without the hashing, for a caller that hashes the tar as
 /// it reads it back (a checkpoint's frozen capture: copying only). With
 /// `splice`, file contents are appended by it instead of read and written.
@@ -585,7 +576,7 @@ impl<W: Write> Writer<W> {
             out.write_all(&map)?;
             for &(off, n) in extents {
                 io::Seek::seek(&mut &*file, io::SeekFrom::Start(off))?;
-                copy_exactly(file, n, out)?;
+                crate::extents::copy_exactly(file, n, out)?;
             }
             let pad = (512 - stored % 512) % 512;
             out.write_all(&[0; 512][..pad as usize])
@@ -708,7 +699,7 @@ impl<W: Write> Writer<W> {
                 out.written += len;
                 Ok(())
             }
-            Ok(false) => copy_exactly(&file, len, out),
+            Ok(false) => crate::extents::copy_exactly(&file, len, out),
             Err(e) => Err(e),
         };
         let pad = (512 - len % 512) % 512;

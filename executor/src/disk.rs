@@ -142,7 +142,7 @@ pub fn release(dir: &Path) -> Result<(), DiskError> {
     if !target.exists() {
         return Ok(());
     }
-    while !crate::store::mounts_under(&target).is_empty() {
+    while !crate::tree::mounts_under(&target).is_empty() {
         match umount2(&target, MntFlags::empty()) {
             Ok(()) => {}
             Err(Errno::EBUSY) => {

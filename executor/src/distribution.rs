@@ -16,15 +16,15 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::types::{Progress, PullResult, PushResult, RegistryRequest};
-use crate::api::ApiError;
 use crate::daemon::Daemon;
+use crate::daemon::OpError;
 use crate::db::{Baseline, LayerRow, PulledImage, PulledSnapshot, SnapshotRow, Unhydrated};
 use crate::error::ErrorKind;
 use crate::ids::ImageName;
 use crate::oci::{self, Compression, Digest, ImageConfig};
 use crate::registry::{Client, Credentials, Pushed, Reference, RegistryError};
 use crate::store::{BlobCompression, StoreError};
+use crate::types::{Progress, PullResult, PushResult, RegistryRequest};
 
 /// The config label that makes an image a Strata snapshot.
 pub const CHAIN_LABEL: &str = "dev.strata.chain";
@@ -37,23 +37,23 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl From<RegistryError> for ApiError {
+impl From<RegistryError> for OpError {
     fn from(e: RegistryError) -> Self {
-        ApiError::new(e.kind(), crate::error::chain(&e))
+        OpError::new(e.kind(), crate::error::chain(&e))
     }
 }
 
-fn store_err(e: StoreError) -> ApiError {
-    ApiError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e))
+fn store_err(e: StoreError) -> OpError {
+    OpError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e))
 }
 
 /// A host file-system failure: 507 when the store is full, else 500.
-fn host_io(e: std::io::Error) -> ApiError {
-    ApiError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e))
+fn host_io(e: std::io::Error) -> OpError {
+    OpError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e))
 }
 
-fn invalid(msg: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorKind::InvalidArgument, msg)
+fn invalid(msg: impl Into<String>) -> OpError {
+    OpError::new(ErrorKind::InvalidArgument, msg)
 }
 
 /// The chain's metadata, as the `dev.strata.chain` label's JSON.
@@ -120,7 +120,7 @@ fn sniff(path: &Path) -> std::io::Result<Compression> {
     })
 }
 
-fn client(req: &RegistryRequest, reference: &Reference) -> Result<Client, ApiError> {
+fn client(req: &RegistryRequest, reference: &Reference) -> Result<Client, OpError> {
     let credentials = match (&req.username, &req.password) {
         (Some(u), Some(p)) => Some(Credentials { username: u.clone(), password: p.clone() }),
         (None, None) => None,
@@ -129,7 +129,7 @@ fn client(req: &RegistryRequest, reference: &Reference) -> Result<Client, ApiErr
     Ok(Client::new(&reference.registry, req.insecure, credentials))
 }
 
-fn parse_reference(s: &str) -> Result<Reference, ApiError> {
+fn parse_reference(s: &str) -> Result<Reference, OpError> {
     Reference::parse(s).map_err(|e| invalid(e.to_string()))
 }
 
@@ -137,7 +137,7 @@ fn parse_reference(s: &str) -> Result<Reference, ApiError> {
 
 use oci_spec::image::{ImageConfiguration, ImageIndex, ImageManifest};
 
-fn parse_digest(s: &str, what: &str) -> Result<Digest, ApiError> {
+fn parse_digest(s: &str, what: &str) -> Result<Digest, OpError> {
     s.parse().map_err(|e| invalid(format!("{what}: {e}")))
 }
 
@@ -152,7 +152,7 @@ impl Daemon {
         id: &str,
         req: &RegistryRequest,
         progress: &mut dyn FnMut(Progress),
-    ) -> Result<PushResult, ApiError> {
+    ) -> Result<PushResult, OpError> {
         let reference = parse_reference(&req.reference)?;
         let Some(tag) = reference.tag.clone().filter(|_| reference.digest.is_none()) else {
             return Err(invalid("a push needs a tag, not a digest (the registry computes the digest)"));
@@ -202,11 +202,11 @@ impl Daemon {
             }
             let meta = self.chain_meta(&image, &chain)?;
             let mut labels = std::collections::HashMap::new();
-            labels.insert(CHAIN_LABEL.to_string(), serde_json::to_string(&meta).map_err(|e| ApiError::internal(&e))?);
+            labels.insert(CHAIN_LABEL.to_string(), serde_json::to_string(&meta).map_err(|e| OpError::internal(&e))?);
             labels.insert("dev.strata.snapshot".into(), row.id.clone());
             let diff_ids: Vec<String> = blobs.iter().map(|b| format!("sha256:{}", b.diff_id)).collect();
             let config = crate::export::config_document(&image, &diff_ids, labels);
-            let config_bytes = crate::oci::canonical_json(&config).map_err(|e| ApiError::internal(&e))?;
+            let config_bytes = crate::oci::canonical_json(&config).map_err(|e| OpError::internal(&e))?;
             let config_digest = Digest::sha256(&config_bytes);
             if client.push_bytes(repo, &config_digest, &config_bytes)? == Pushed::Uploaded {
                 result.uploaded_blobs += 1;
@@ -218,7 +218,7 @@ impl Daemon {
             let config_desc = oci::descriptor(oci::layout::MEDIA_OCI_CONFIG, &config_digest, config_bytes.len() as u64);
             let manifest =
                 crate::export::manifest_document(config_desc, layers, crate::export::chain_annotations(&image, &chain));
-            let manifest_bytes = crate::oci::canonical_json(&manifest).map_err(|e| ApiError::internal(&e))?;
+            let manifest_bytes = crate::oci::canonical_json(&manifest).map_err(|e| OpError::internal(&e))?;
             client.put_manifest(repo, &tag, oci::layout::MEDIA_OCI_MANIFEST, &manifest_bytes)?;
             result.manifest_digest = Digest::sha256(&manifest_bytes).to_string();
             tracing::info!("pushed snapshot {} to {} ({})", row.id, result.reference, result.manifest_digest);
@@ -230,17 +230,17 @@ impl Daemon {
 
     /// The snapshot's image and layer chain once every blob of the chain is
     /// sealed (a suspend seals in the background).
-    fn sealed_chain(&self, row: &SnapshotRow) -> Result<(crate::db::ImageRow, Vec<SnapshotRow>), ApiError> {
+    fn sealed_chain(&self, row: &SnapshotRow) -> Result<(crate::db::ImageRow, Vec<SnapshotRow>), OpError> {
         let started = Instant::now();
         loop {
             let (image, chain, pending) = {
                 let db = lock(&self.db);
                 let image = db
                     .image_by_id(row.image_id)?
-                    .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+                    .ok_or_else(|| OpError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
                 let chain = db.snapshot_layer_chain(&row.id)?;
                 if let Some((s, why)) = chain.iter().find_map(|s| Some((s, s.info.get("seal_error")?.as_str()?))) {
-                    return Err(ApiError::new(
+                    return Err(OpError::new(
                         ErrorKind::Conflict,
                         format!("snapshot {} has no blob and never will: {why}", s.id),
                     ));
@@ -255,7 +255,7 @@ impl Daemon {
                 return Ok((image, chain));
             }
             if started.elapsed() > SEAL_WAIT {
-                return Err(ApiError::new(ErrorKind::Conflict, format!("snapshot {} is still sealing; retry", row.id)));
+                return Err(OpError::new(ErrorKind::Conflict, format!("snapshot {} is still sealing; retry", row.id)));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -269,19 +269,19 @@ impl Daemon {
         image: &crate::db::ImageRow,
         chain: &[SnapshotRow],
         work: &Path,
-    ) -> Result<Vec<PushBlob>, ApiError> {
+    ) -> Result<Vec<PushBlob>, OpError> {
         let store = &self.rt.store;
         let mut out = Vec::new();
         for (layer, blob) in image.layers.iter().zip(&image.blobs) {
             let digest = parse_digest(blob, "image layer blob")?;
             let path = store.blob_path(digest.hex());
             if path.is_file() {
-                let size = path.metadata().map_err(|e| ApiError::internal(&e))?.len();
-                let c = sniff(&path).map_err(|e| ApiError::internal(&e))?;
+                let size = path.metadata().map_err(|e| OpError::internal(&e))?.len();
+                let c = sniff(&path).map_err(|e| OpError::internal(&e))?;
                 out.push(PushBlob { path, digest, size, media_type: media_type(c), diff_id: layer.clone() });
             } else {
                 let s = crate::export::serialise_layer(store, layer, work, BlobCompression::Zstd)
-                    .map_err(|e| ApiError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e)))?;
+                    .map_err(|e| OpError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e)))?;
                 let digest = parse_digest(&format!("sha256:{}", s.digest_hex), "serialised layer")?;
                 out.push(PushBlob {
                     path: s.path,
@@ -298,7 +298,7 @@ impl Daemon {
             let diff_id = s
                 .diff_id
                 .clone()
-                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "sealed snapshot without diff_id"))?;
+                .ok_or_else(|| OpError::new(ErrorKind::Internal, "sealed snapshot without diff_id"))?;
             out.push(PushBlob {
                 path: store.blob_path(digest.hex()),
                 digest,
@@ -310,7 +310,7 @@ impl Daemon {
         Ok(out)
     }
 
-    fn chain_meta(&self, image: &crate::db::ImageRow, chain: &[SnapshotRow]) -> Result<ChainMeta, ApiError> {
+    fn chain_meta(&self, image: &crate::db::ImageRow, chain: &[SnapshotRow]) -> Result<ChainMeta, OpError> {
         let db = lock(&self.db);
         let mut snapshots = Vec::new();
         for s in chain {
@@ -350,12 +350,7 @@ impl Daemon {
 
     /// Fetch the manifest and config at `reference`: the manifest's digest,
     /// its layers, the config's diff_ids and labels.
-    fn fetch_documents(
-        &self,
-        client: &Client,
-        reference: &Reference,
-        fetched: &mut u64,
-    ) -> Result<Documents, ApiError> {
+    fn fetch_documents(&self, client: &Client, reference: &Reference, fetched: &mut u64) -> Result<Documents, OpError> {
         let repo = &reference.repository;
         let (_, mut bytes, mut digest) = client.get_manifest(repo, &reference.manifest_ref())?;
         let json = |bytes: &[u8], what: &dyn std::fmt::Display| {
@@ -437,7 +432,7 @@ impl Daemon {
         work: &Path,
         tally: &mut Tally,
         progress: &mut dyn FnMut(Progress),
-    ) -> Result<Vec<Option<PathBuf>>, ApiError> {
+    ) -> Result<Vec<Option<PathBuf>>, OpError> {
         let store = &self.rt.store;
         let mut out = Vec::new();
         for l in layers {
@@ -478,11 +473,7 @@ impl Daemon {
     }
 
     /// Pull an image from a registry; only layers the host lacks are fetched.
-    pub fn pull_image(
-        &self,
-        req: &RegistryRequest,
-        progress: &mut dyn FnMut(Progress),
-    ) -> Result<PullResult, ApiError> {
+    pub fn pull_image(&self, req: &RegistryRequest, progress: &mut dyn FnMut(Progress)) -> Result<PullResult, OpError> {
         let reference = parse_reference(&req.reference)?;
         let name = match &req.name {
             Some(n) => n.clone(),
@@ -492,9 +483,9 @@ impl Daemon {
                 (None, None) => reference.repository.clone(),
             },
         };
-        let name: ImageName = name.parse().map_err(|e| ApiError::invalid(&e))?;
+        let name: ImageName = name.parse().map_err(|e| OpError::invalid(&e))?;
         if lock(&self.db).image_by_name(&name)?.is_some() {
-            return Err(ApiError::new(ErrorKind::Conflict, format!("image {name} already exists")));
+            return Err(OpError::new(ErrorKind::Conflict, format!("image {name} already exists")));
         }
         let client = client(req, &reference)?;
         let _serial = lock(&self.import_lock);
@@ -542,7 +533,7 @@ impl Daemon {
             }
             let have = |d: &Digest| lock(&self.db).layer_exists(d.hex()).unwrap_or(false);
             let src = oci::layout::open_dir_lacking(&layout, None, &have).map_err(|e| {
-                ApiError::new(
+                OpError::new(
                     ErrorKind::Upstream,
                     format!("{reference} from {}: {}", client.registry(), crate::error::chain(&e)),
                 )
@@ -572,7 +563,7 @@ impl Daemon {
         &self,
         req: &RegistryRequest,
         progress: &mut dyn FnMut(Progress),
-    ) -> Result<PullResult, ApiError> {
+    ) -> Result<PullResult, OpError> {
         let reference = parse_reference(&req.reference)?;
         if req.name.is_some() {
             return Err(invalid("name applies to image pull only"));
@@ -650,7 +641,7 @@ impl Daemon {
                             done: 0,
                         });
                         check_diff_id(&blob, l).map_err(|e| {
-                            ApiError::new(ErrorKind::Upstream, format!("registry {}: {e}", client.registry()))
+                            OpError::new(ErrorKind::Upstream, format!("registry {}: {e}", client.registry()))
                         })?;
                         unhydrated.push(Unhydrated {
                             layer_id: hex.clone(),
@@ -670,7 +661,7 @@ impl Daemon {
                         });
                         let stats = oci::unpack_layer(&layer_source(&blob, l), &fs).map_err(|e| {
                             let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Upstream };
-                            ApiError::new(
+                            OpError::new(
                                 kind,
                                 format!("layer {} from {}: {}", l.digest, client.registry(), crate::error::chain(&e)),
                             )
@@ -695,7 +686,7 @@ impl Daemon {
                     }
                 }
             }
-            let name: ImageName = meta.image.name.parse().map_err(|e| ApiError::invalid(&e))?;
+            let name: ImageName = meta.image.name.parse().map_err(|e| OpError::invalid(&e))?;
             let image = PulledImage {
                 name,
                 manifest_digest: meta.image.manifest_digest.clone(),
@@ -746,15 +737,14 @@ impl Daemon {
                 })
                 .collect();
             let recorded = lock(&self.db).record_pull(&image, &mut snaps, &unhydrated)?;
-            let image_id = recorded.map_err(|c| ApiError::new(ErrorKind::Conflict, c.to_string()))?;
+            let image_id = recorded.map_err(|c| OpError::new(ErrorKind::Conflict, c.to_string()))?;
             let top = &snaps[snaps.len() - 1].row.id;
             let db = lock(&self.db);
             let image = db
                 .image_by_id(image_id)?
-                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "pulled image row is missing"))?;
-            let top = db
-                .snapshot(top)?
-                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "pulled snapshot row is missing"))?;
+                .ok_or_else(|| OpError::new(ErrorKind::Internal, "pulled image row is missing"))?;
+            let top =
+                db.snapshot(top)?.ok_or_else(|| OpError::new(ErrorKind::Internal, "pulled snapshot row is missing"))?;
             let snapshot = self.snapshot_info_locked(&db, &top)?;
             drop(db);
             for u in &unhydrated {
@@ -784,8 +774,8 @@ impl Daemon {
     }
 }
 
-fn upstream(client: &Client, what: String) -> ApiError {
-    ApiError::new(ErrorKind::Upstream, format!("registry {}: {what}", client.registry()))
+fn upstream(client: &Client, what: String) -> OpError {
+    OpError::new(ErrorKind::Upstream, format!("registry {}: {what}", client.registry()))
 }
 
 /// What a pull fetched (the config counts as one blob) and reused.
@@ -910,17 +900,14 @@ impl Daemon {
     /// Make sure layer `id`'s tree is in place: unpack it now if a pull
     /// left it to be hydrated, or wait for the unpack in progress. A layer
     /// whose unpack failed is refused with the reason.
-    pub(crate) fn hydrate_layer(&self, id: &str) -> Result<(), ApiError> {
+    pub(crate) fn hydrate_layer(&self, id: &str) -> Result<(), OpError> {
         let mut busy = lock(&self.hydrating);
         while busy.contains(id) {
             busy = self.hydrated.wait(busy).unwrap_or_else(|p| p.into_inner());
         }
         let Some(u) = lock(&self.db).unhydrated(id)? else { return Ok(()) };
         if let Some(e) = &u.error {
-            return Err(ApiError::new(
-                ErrorKind::InvalidArgument,
-                format!("pulled layer {id} cannot be unpacked: {e}"),
-            ));
+            return Err(OpError::new(ErrorKind::InvalidArgument, format!("pulled layer {id} cannot be unpacked: {e}")));
         }
         busy.insert(id.to_string());
         drop(busy);
@@ -930,7 +917,7 @@ impl Daemon {
         r
     }
 
-    fn unpack_pulled(&self, u: &Unhydrated) -> Result<(), ApiError> {
+    fn unpack_pulled(&self, u: &Unhydrated) -> Result<(), OpError> {
         let store = &self.rt.store;
         let digest = parse_digest(&u.blob_digest, "pulled blob")?;
         let diff_id = parse_digest(&format!("sha256:{}", u.layer_id), "pulled layer")?;
@@ -941,7 +928,7 @@ impl Daemon {
             lock(&self.db).hydrated(&u.layer_id, 0, 0)?;
             return Ok(());
         }
-        let size = blob.metadata().map_err(|e| ApiError::internal(&e))?.len();
+        let size = blob.metadata().map_err(|e| OpError::internal(&e))?.len();
         let work = store.new_tmp("hydrate").map_err(store_err)?;
         let result = (|| {
             let dir = work.join("layer");
@@ -950,12 +937,12 @@ impl Daemon {
             let stats = match oci::unpack_layer(&layer_source(&blob, &l), &dir.join("fs")) {
                 Ok(s) => s,
                 Err(e) if e.is_io() => {
-                    return Err(ApiError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e)))
+                    return Err(OpError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e)))
                 }
                 Err(e) => {
                     let msg = crate::error::chain(&e);
                     lock(&self.db).hydration_failed(&u.layer_id, &msg)?;
-                    return Err(ApiError::new(
+                    return Err(OpError::new(
                         ErrorKind::InvalidArgument,
                         format!("pulled layer {} cannot be unpacked: {msg}", u.layer_id),
                     ));

@@ -10,12 +10,21 @@
 #![forbid(unsafe_code)]
 
 use std::fs::File;
-use std::io::{self, Seek, SeekFrom};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 
 use nix::errno::Errno;
 use nix::unistd::{lseek, Whence};
+
+/// Copy exactly `len` bytes of `src` from its current offset to `out`; a
+/// file that ends sooner (it shrank while read) is an error.
+pub fn copy_exactly(src: &File, len: u64, out: &mut impl Write) -> io::Result<()> {
+    match io::copy(&mut io::Read::take(src, len), out)? {
+        n if n == len => Ok(()),
+        n => Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("{n} of {len} bytes: the file shrank"))),
+    }
+}
 
 /// Holes smaller than this in all are not worth a sparse entry (its map
 /// and the extra headers cost more than the zeros).
@@ -102,7 +111,7 @@ pub fn copy_file(src: &File, meta: &std::fs::Metadata, dst: &File) -> io::Result
     for (off, n) in extents {
         (&*src).seek(SeekFrom::Start(off))?;
         (&*dst).seek(SeekFrom::Start(off))?;
-        crate::diff::copy_exactly(src, n, &mut &*dst)?;
+        copy_exactly(src, n, &mut &*dst)?;
     }
     dst.set_len(len)?;
     Ok(len)

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::ApiError;
+use crate::daemon::OpError;
 use crate::daemon::{lock, Daemon};
 use crate::error::ErrorKind;
 
@@ -25,24 +25,9 @@ pub struct GcReport {
     pub kept: Vec<(String, String)>,
 }
 
-/// `30s`, `15m`, `2h`, `7d` or plain seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num.parse().map_err(|_| format!("bad duration {s:?}: use e.g. 30s, 15m, 2h, 7d"))?;
-    let mult = match unit {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(format!("bad duration unit in {s:?}: use s, m, h or d")),
-    };
-    n.checked_mul(mult).map(Duration::from_secs).ok_or_else(|| format!("duration {s:?} is too long"))
-}
-
 impl Daemon {
     /// Retire stale lineages, then delete what retention allows.
-    pub fn gc(&self, retention: Duration, stale_after: Duration) -> Result<GcReport, ApiError> {
+    pub fn gc(&self, retention: Duration, stale_after: Duration) -> Result<GcReport, OpError> {
         let now = crate::db::now();
         let cutoff = |d: Duration| now.saturating_sub(i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
         let mut report = GcReport::default();
@@ -103,22 +88,6 @@ impl Daemon {
         });
         if let Err(e) = spawned {
             tracing::error!("start gc thread: {e}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
-        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(7 * 86_400));
-        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
-        for bad in ["", "d", "7w", "-1s", "1.5h", "99999999999999999999d"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
 }

@@ -12,13 +12,13 @@
 //! - every activation is recorded (`restores`), and the sandbox observes
 //!   the lineage's head then: its appends are fenced on it.
 
-use crate::api::types::{LaunchRequest, LineageInfo, SandboxInfo};
-use crate::api::ApiError;
+use crate::daemon::OpError;
 use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{SnapshotRow, WorkContextRow};
 use crate::error::ErrorKind;
 use crate::ids::SandboxId;
 use crate::model::{LineageState, Rung, SnapshotState, StartKind};
+use crate::types::{LaunchRequest, LineageInfo, SandboxInfo};
 
 /// A work context id: 1-64 chars of `[A-Za-z0-9._-]`, not starting with a
 /// dot or a dash (it is a scheduler's task id, say).
@@ -37,10 +37,10 @@ impl Daemon {
         image_id: i64,
         start_kind: StartKind,
         start_id: Option<&str>,
-    ) -> Result<String, ApiError> {
+    ) -> Result<String, OpError> {
         let id = match id {
             Some(id) if !valid_work_context(id) => {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::InvalidArgument,
                     format!("work context {id:?} must be 1-64 chars of [A-Za-z0-9._-], not starting with . or -"),
                 ))
@@ -49,7 +49,7 @@ impl Daemon {
             None => SandboxId::random().to_string(),
         };
         if !lock(&self.db).insert_work_context(&WorkContextRow::new(&id, image_id, start_kind, start_id))? {
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::Conflict,
                 format!("work context {id} exists: continue it with `resume --work-context {id}`"),
             ));
@@ -57,24 +57,24 @@ impl Daemon {
         Ok(id)
     }
 
-    fn work_context_row(&self, id: &str) -> Result<WorkContextRow, ApiError> {
+    fn work_context_row(&self, id: &str) -> Result<WorkContextRow, OpError> {
         lock(&self.db)
             .work_context(id)?
-            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("work context {id:?} not found")))
+            .ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("work context {id:?} not found")))
     }
 
     /// The lineage a resume or fork of `row` continues or branches from;
     /// refused if it is retired (its checkpoints left restore eligibility).
-    pub(crate) fn eligible_lineage(&self, row: &SnapshotRow) -> Result<WorkContextRow, ApiError> {
+    pub(crate) fn eligible_lineage(&self, row: &SnapshotRow) -> Result<WorkContextRow, OpError> {
         let Some(wc) = &row.work_context else {
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::Conflict,
                 format!("snapshot {} is a {}, not a checkpoint of a lineage", row.id, row.class),
             ));
         };
         let wc = self.work_context_row(wc)?;
         if wc.state != LineageState::Active || row.state == SnapshotState::Retired {
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::Conflict,
                 format!("snapshot {} belongs to retired work context {}: not restorable", row.id, wc.id),
             ));
@@ -83,23 +83,23 @@ impl Daemon {
     }
 
     /// Refuse early if an append for this sandbox would be refused.
-    pub(crate) fn check_fence(&self, sandbox: &SandboxId) -> Result<(), ApiError> {
+    pub(crate) fn check_fence(&self, sandbox: &SandboxId) -> Result<(), OpError> {
         match lock(&self.db).append_fence(sandbox)? {
-            Some(f) => Err(ApiError::new(ErrorKind::Conflict, format!("suspend refused: {f}"))),
+            Some(f) => Err(OpError::new(ErrorKind::Conflict, format!("suspend refused: {f}"))),
             None => Ok(()),
         }
     }
 
     /// `resume --work-context ID`: start a sandbox for the lineage from the
     /// highest rung of its ladder that exists.
-    pub fn resume_lineage(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, ApiError> {
+    pub fn resume_lineage(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, OpError> {
         if req.count.is_some() {
-            return Err(ApiError::new(ErrorKind::InvalidArgument, "count is for fork"));
+            return Err(OpError::new(ErrorKind::InvalidArgument, "count is for fork"));
         }
         let launch = self.launch_spec(req)?;
         let wc = self.work_context_row(id)?;
         if wc.state != LineageState::Active {
-            return Err(ApiError::new(ErrorKind::Conflict, format!("work context {id} is retired")));
+            return Err(OpError::new(ErrorKind::Conflict, format!("work context {id} is retired")));
         }
         // Rungs 1 and 2: the head, else the snapshot the lineage began from.
         let start_rung = if wc.start_kind == StartKind::Baseline { Rung::Baseline } else { Rung::Fork };
@@ -117,7 +117,7 @@ impl Daemon {
         // Rung 3: a cold start from the lineage's image.
         let image = lock(&self.db)
             .image_by_id(wc.image_id)?
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the work context's image row is missing"))?;
+            .ok_or_else(|| OpError::new(ErrorKind::Internal, "the work context's image row is missing"))?;
         let base = Base {
             layers: image.layers.clone(),
             image,
@@ -130,7 +130,7 @@ impl Daemon {
         Ok(sandbox_info(&*self.launch(&base, launch)?))
     }
 
-    pub fn lineage(&self, id: &str) -> Result<LineageInfo, ApiError> {
+    pub fn lineage(&self, id: &str) -> Result<LineageInfo, OpError> {
         let wc = self.work_context_row(id)?;
         let db = lock(&self.db);
         let image = db.image_by_id(wc.image_id)?.map(|i| i.name).unwrap_or_default();
@@ -153,7 +153,7 @@ impl Daemon {
 
     /// Retire a finished lineage: its checkpoints leave restore
     /// eligibility (they stay until removed or collected).
-    pub fn retire_lineage(&self, id: &str) -> Result<LineageInfo, ApiError> {
+    pub fn retire_lineage(&self, id: &str) -> Result<LineageInfo, OpError> {
         self.work_context_row(id)?;
         lock(&self.db).retire_work_context(id)?;
         self.lineage(id)

@@ -23,8 +23,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::api::types::{LaunchRequest, SandboxInfo, SnapshotInfo};
-use crate::api::ApiError;
+use crate::daemon::OpError;
 use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{LayerRow, SnapshotRow};
 use crate::error::ErrorKind;
@@ -33,6 +32,7 @@ use crate::model::{Rung, SnapshotClass, StartKind};
 use crate::oci;
 use crate::sandbox::Until;
 use crate::store::{remove_tree, BlobCompression, StoreError};
+use crate::types::{LaunchRequest, SandboxInfo, SnapshotInfo};
 
 /// A chain folded into one layer by `compact_if_deep`.
 struct Compacted {
@@ -78,17 +78,17 @@ fn merge_stats(info: &mut serde_json::Value, stats: &crate::diff::DeltaStats) {
 /// (`--disk`, another file system) or when `copy` says a move is unsafe
 /// (`MountDecl::passes_descriptors`). Returns whether it was moved (and
 /// must be given back on failure).
-fn move_or_copy_upper(upper: &Path, work: &Path, copy: bool) -> Result<bool, ApiError> {
+fn move_or_copy_upper(upper: &Path, work: &Path, copy: bool) -> Result<bool, OpError> {
     let fs_dir = work.join("fs");
     if !copy {
         match std::fs::rename(upper, &fs_dir) {
             Ok(()) => return Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
-            Err(e) => return Err(ApiError::internal(&e)),
+            Err(e) => return Err(OpError::internal(&e)),
         }
     }
-    std::fs::create_dir(&fs_dir).map_err(|e| ApiError::internal(&e))?;
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| ApiError::internal(&e))?;
+    std::fs::create_dir(&fs_dir).map_err(|e| OpError::internal(&e))?;
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| OpError::internal(&e))?;
     let (written, unpacked) = std::thread::scope(|s| {
         let writer = s.spawn(move || {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::from(w));
@@ -103,7 +103,7 @@ fn move_or_copy_upper(upper: &Path, work: &Path, copy: bool) -> Result<bool, Api
         // The unpacker refused an entry and stopped reading: the writer's
         // broken pipe is only the echo of that.
         (Err(e), Err(u)) if broken_pipe(&e) => Err(unsealable(u)),
-        (Err(e), _) => Err(ApiError::new(ErrorKind::of_host_failure(&e), format!("copy the upper: {e}"))),
+        (Err(e), _) => Err(OpError::new(ErrorKind::of_host_failure(&e), format!("copy the upper: {e}"))),
         (Ok(()), Err(u)) => Err(unsealable(u)),
     }
 }
@@ -119,25 +119,25 @@ fn broken_pipe(e: &std::io::Error) -> bool {
 
 /// An unpack of a sandbox's own tar failed: what the sandbox left there
 /// (an escaping symlink, say) is a conflict, a host failure is 500/507.
-fn unsealable(e: oci::UnpackError) -> ApiError {
+fn unsealable(e: oci::UnpackError) -> OpError {
     let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Conflict };
-    ApiError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
+    OpError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
 }
 
 /// A capture worker's failure (`worker.rs`): what the sandbox left (an
 /// escaping symlink, say) is a conflict, a host failure is 500/507.
-fn worker_err(e: crate::worker::WorkerError) -> ApiError {
+fn worker_err(e: crate::worker::WorkerError) -> OpError {
     use crate::worker::WorkerError;
     match &e {
         WorkerError::Failed(f) if f.content => {
-            ApiError::new(ErrorKind::Conflict, format!("the sandbox's changes cannot be sealed: {}", f.message))
+            OpError::new(ErrorKind::Conflict, format!("the sandbox's changes cannot be sealed: {}", f.message))
         }
         _ => {
             let kind = match e.errno() {
                 Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorKind::NoSpace,
                 _ => ErrorKind::Internal,
             };
-            ApiError::new(kind, crate::error::chain(&e))
+            OpError::new(kind, crate::error::chain(&e))
         }
     }
 }
@@ -151,10 +151,10 @@ fn unpack_capture(
     work: &Path,
     place: crate::worker::Place<'_>,
     gone: &crate::sandbox::Gone,
-) -> Result<((std::path::PathBuf, oci::UnpackStats), String, std::time::Duration), ApiError> {
+) -> Result<((std::path::PathBuf, oci::UnpackStats), String, std::time::Duration), OpError> {
     let layer_dir = work.join("layer");
     let fs_dir = layer_dir.join("fs");
-    std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
+    std::fs::create_dir_all(&fs_dir).map_err(|e| OpError::internal(&e))?;
     let (unpacked, diff_id, cpu) =
         crate::worker::unpack(&cap.tar, &cap.segments, &fs_dir, place, gone).map_err(worker_err)?;
     Ok(((layer_dir, unpacked), diff_id, cpu))
@@ -162,8 +162,8 @@ fn unpack_capture(
 
 /// A capture abandoned because its sandbox went away (removed or
 /// suspended) while it ran.
-fn removed_meanwhile(sb: &crate::sandbox::Sandbox) -> ApiError {
-    ApiError::new(ErrorKind::Conflict, format!("sandbox {} was removed (or suspended) during its checkpoint", sb.id))
+fn removed_meanwhile(sb: &crate::sandbox::Sandbox) -> OpError {
+    OpError::new(ErrorKind::Conflict, format!("sandbox {} was removed (or suspended) during its checkpoint", sb.id))
 }
 
 /// Mark a snapshot captured in a user namespace: its chain then runs only
@@ -174,13 +174,13 @@ fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
     }
 }
 
-fn store_err(e: StoreError) -> ApiError {
-    ApiError::internal(&e)
+fn store_err(e: StoreError) -> OpError {
+    OpError::internal(&e)
 }
 
 impl Daemon {
     /// Seal the sandbox's current changes as a snapshot; it keeps running.
-    pub fn checkpoint(&self, id: &str, compression: BlobCompression) -> Result<SnapshotInfo, ApiError> {
+    pub fn checkpoint(&self, id: &str, compression: BlobCompression) -> Result<SnapshotInfo, OpError> {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
         let work = self.rt.store.new_tmp("checkpoint").map_err(store_err)?;
@@ -189,7 +189,7 @@ impl Daemon {
             .append_checkpoint(&sb.id, row, layer, false, false)?
         {
             Ok(()) => Ok(()),
-            Err(fence) => Err(ApiError::new(ErrorKind::Conflict, format!("checkpoint refused: {fence}"))),
+            Err(fence) => Err(OpError::new(ErrorKind::Conflict, format!("checkpoint refused: {fence}"))),
         };
         let result = self.capture_in(&sb, &work, compression, started, None, &append);
         let _ = remove_tree(&work);
@@ -208,9 +208,9 @@ impl Daemon {
         work: &Path,
         compression: BlobCompression,
         started: Instant,
-        check: Option<&dyn Fn() -> Result<(), ApiError>>,
-        record: &dyn Fn(&mut crate::db::Db, &mut SnapshotRow, &LayerRow) -> Result<(), ApiError>,
-    ) -> Result<SnapshotInfo, ApiError> {
+        check: Option<&dyn Fn() -> Result<(), OpError>>,
+        record: &dyn Fn(&mut crate::db::Db, &mut SnapshotRow, &LayerRow) -> Result<(), OpError>,
+    ) -> Result<SnapshotInfo, OpError> {
         let store = &self.rt.store;
         let dirs = sb.dirs(store);
         let tar = work.join("layer.tar");
@@ -314,7 +314,7 @@ impl Daemon {
             }
             crate::failpoint::hit("checkpoint:captured");
             // Hydrate while the blob is being finished.
-            let unpacked = cap.map_err(ApiError::from).and_then(|mut cap| {
+            let unpacked = cap.map_err(OpError::from).and_then(|mut cap| {
                 let (u, diff_id, cpu) = unpack_capture(&cap, work, &place, sb.gone())?;
                 spent(cpu);
                 cap.diff_id.get_or_insert(diff_id);
@@ -333,7 +333,7 @@ impl Daemon {
         });
         let follower = follower.map(|joined| match joined {
             Ok((r, at)) => r.map(|(hex, size)| (hex, size, at)),
-            Err(_) => Err(ApiError::new(ErrorKind::Internal, "the blob thread panicked")),
+            Err(_) => Err(OpError::new(ErrorKind::Internal, "the blob thread panicked")),
         });
         let reused: u64 = match &unpacked {
             Ok((cap, _)) => cap.segments.iter().map(|s| s.len).sum(),
@@ -378,9 +378,9 @@ impl Daemon {
         let looked_up = (|| {
             let db = lock(&self.db);
             let image = db
-                .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
-                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
-            Ok::<_, ApiError>((image, db.last_exec_record(sb.id.as_str())?))
+                .image_by_name(&sb.spec.image.parse().map_err(|e| OpError::invalid(&e))?)?
+                .ok_or_else(|| OpError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+            Ok::<_, OpError>((image, db.last_exec_record(sb.id.as_str())?))
         })();
         let (image, log_upto) = match looked_up {
             Ok(l) => l,
@@ -454,8 +454,8 @@ impl Daemon {
         cap: crate::sandbox::Capture,
         (layer_dir, unpacked): (std::path::PathBuf, oci::UnpackStats),
         work: &Path,
-    ) -> Result<(Sealed, crate::store::Hold<'_>), ApiError> {
-        let diff_id = cap.diff_id.ok_or_else(|| ApiError::new(ErrorKind::Internal, "the capture has no diff_id"))?;
+    ) -> Result<(Sealed, crate::store::Hold<'_>), OpError> {
+        let diff_id = cap.diff_id.ok_or_else(|| OpError::new(ErrorKind::Internal, "the capture has no diff_id"))?;
         let mut sealed = Sealed {
             diff_id,
             tar: cap.tar,
@@ -478,10 +478,10 @@ impl Daemon {
         Ok((sealed, hold))
     }
 
-    pub(crate) fn snapshot_info_locked(&self, db: &crate::db::Db, row: &SnapshotRow) -> Result<SnapshotInfo, ApiError> {
+    pub(crate) fn snapshot_info_locked(&self, db: &crate::db::Db, row: &SnapshotRow) -> Result<SnapshotInfo, OpError> {
         let image = db
             .image_by_id(row.image_id)?
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+            .ok_or_else(|| OpError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
         let chain = db.snapshot_layer_chain(&row.id)?;
         let digest = |h: &String| format!("sha256:{h}");
         let layers =
@@ -515,35 +515,35 @@ impl Daemon {
         })
     }
 
-    pub(crate) fn snapshot_row(&self, id: &str) -> Result<SnapshotRow, ApiError> {
+    pub(crate) fn snapshot_row(&self, id: &str) -> Result<SnapshotRow, OpError> {
         self.snapshot_row_in(&lock(&self.db), id)
     }
 
-    fn snapshot_row_in(&self, db: &crate::db::Db, id: &str) -> Result<SnapshotRow, ApiError> {
-        let not_found = || ApiError::new(ErrorKind::NotFound, format!("snapshot {id:?} not found"));
+    fn snapshot_row_in(&self, db: &crate::db::Db, id: &str) -> Result<SnapshotRow, OpError> {
+        let not_found = || OpError::new(ErrorKind::NotFound, format!("snapshot {id:?} not found"));
         let id: SandboxId = id.parse().map_err(|_| not_found())?;
         db.snapshot(id.as_str())?.ok_or_else(not_found)
     }
 
-    pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, ApiError> {
+    pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, OpError> {
         let db = lock(&self.db);
         db.list_snapshots()?.iter().map(|r| self.snapshot_info_locked(&db, r)).collect()
     }
 
     /// Row and pending mark read under one lock: a seal committing between
     /// them would show "not sealing" with no blob yet.
-    pub fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, ApiError> {
+    pub fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, OpError> {
         let db = lock(&self.db);
         let row = self.snapshot_row_in(&db, id)?;
         self.snapshot_info_locked(&db, &row)
     }
 
     /// What a resume or fork of `row` starts from: its image and whole chain.
-    pub(crate) fn snapshot_base(&self, row: &SnapshotRow) -> Result<Base, ApiError> {
+    pub(crate) fn snapshot_base(&self, row: &SnapshotRow) -> Result<Base, OpError> {
         let db = lock(&self.db);
         let image = db
             .image_by_id(row.image_id)?
-            .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+            .ok_or_else(|| OpError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
         let mut layers = image.layers.clone();
         let chain = db.snapshot_layer_chain(&row.id)?;
         // The chain ends at the nearest compacted snapshot, whose sandbox
@@ -569,9 +569,9 @@ impl Daemon {
     }
 
     /// Start a sandbox whose files are exactly the snapshot's.
-    pub fn resume(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, ApiError> {
+    pub fn resume(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, OpError> {
         if req.count.is_some() {
-            return Err(ApiError::new(ErrorKind::InvalidArgument, "count is for fork"));
+            return Err(OpError::new(ErrorKind::InvalidArgument, "count is for fork"));
         }
         let launch = self.launch_spec(req)?;
         let row = self.snapshot_row(id)?;
@@ -594,13 +594,13 @@ impl Daemon {
     /// Start `count` independent sandboxes on one snapshot. No file data is
     /// copied: they share its layers and each gets its own empty upper. All
     /// or nothing: if one cannot start, the others are removed.
-    pub fn fork(&self, id: &str, req: LaunchRequest) -> Result<Vec<SandboxInfo>, ApiError> {
+    pub fn fork(&self, id: &str, req: LaunchRequest) -> Result<Vec<SandboxInfo>, OpError> {
         let count = req.count.unwrap_or(1);
         if !(1..=MAX_FORK).contains(&count) {
-            return Err(ApiError::new(ErrorKind::InvalidArgument, format!("count must be 1-{MAX_FORK}, got {count}")));
+            return Err(OpError::new(ErrorKind::InvalidArgument, format!("count must be 1-{MAX_FORK}, got {count}")));
         }
         if req.hostname.is_some() && count > 1 {
-            return Err(ApiError::new(ErrorKind::InvalidArgument, "a hostname can only be given to a fork of count 1"));
+            return Err(OpError::new(ErrorKind::InvalidArgument, "a hostname can only be given to a fork of count 1"));
         }
         // Validate once, before anything is reserved or started.
         let launch = self.launch_spec(req)?;
@@ -611,7 +611,7 @@ impl Daemon {
             let pool = lock(&self.pool);
             let free = self.max_sandboxes().saturating_sub(pool.live.len() + pool.reserved);
             if (count as usize) > free {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::LimitReached,
                     format!(
                         "fork of {count} refused: {free} of {} sandbox slots free (--max-sandboxes)",
@@ -686,7 +686,7 @@ impl Daemon {
 
     /// The exec log of a live sandbox, or the log sealed with a snapshot
     /// (its whole chain's, oldest first).
-    pub fn logs(&self, id: &str) -> Result<Vec<crate::db::ExecRecord>, ApiError> {
+    pub fn logs(&self, id: &str) -> Result<Vec<crate::db::ExecRecord>, OpError> {
         if let Ok(sb) = self.sandbox(id) {
             return Ok(lock(&self.db).exec_records(sb.id.as_str(), None)?);
         }
@@ -701,7 +701,7 @@ impl Daemon {
     }
 
     /// Added, changed and deleted paths of a live sandbox's upper.
-    pub fn sandbox_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, ApiError> {
+    pub fn sandbox_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, OpError> {
         let sb = self.sandbox(id)?;
         let upper = sb.dirs(&self.rt.store).upper;
         let lowers = self.layer_fs(&sb.spec.layers);
@@ -711,12 +711,12 @@ impl Daemon {
     }
 
     /// Added, changed and deleted paths of a snapshot's own delta.
-    pub fn snapshot_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, ApiError> {
+    pub fn snapshot_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, OpError> {
         let row = self.snapshot_row(id)?;
         let base = self.snapshot_base(&row)?;
         let below = &base.layers[..base.layers.len().saturating_sub(1)];
         let delta = self.rt.store.layer_dir(&row.layer).join("fs");
-        crate::diff::changes(&delta, &self.layer_fs(below)).map_err(|e| ApiError::internal(&e))
+        crate::diff::changes(&delta, &self.layer_fs(below)).map_err(|e| OpError::internal(&e))
     }
 
     /// Stop every process of a sandbox, move its upper into the layer store
@@ -724,14 +724,14 @@ impl Daemon {
     /// sandbox and return the snapshot. Hashing, syncing and compressing the
     /// layer happen in the background (`state` is `sealing` until then);
     /// resume and fork work at once.
-    pub fn suspend(&self, id: &str) -> Result<SnapshotInfo, ApiError> {
+    pub fn suspend(&self, id: &str) -> Result<SnapshotInfo, OpError> {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
         // Refuse before stopping anything if the append would be refused (the
         // append checks again, atomically).
         self.check_fence(&sb.id)?;
         if !sb.begin_stop() {
-            return Err(ApiError::new(ErrorKind::Conflict, format!("sandbox {} is not running or paused", sb.id)));
+            return Err(OpError::new(ErrorKind::Conflict, format!("sandbox {} is not running or paused", sb.id)));
         }
         if let Err(e) = sb.stop() {
             sb.end_stop();
@@ -758,15 +758,15 @@ impl Daemon {
     /// Move (or, past --compact-depth, fold) a stopped sandbox's upper into
     /// the layer store and record the snapshot. On error the upper is where
     /// it was.
-    fn seal_upper(&self, sb: &crate::sandbox::Sandbox, started: Instant) -> Result<SnapshotInfo, ApiError> {
+    fn seal_upper(&self, sb: &crate::sandbox::Sandbox, started: Instant) -> Result<SnapshotInfo, OpError> {
         let store = &self.rt.store;
         let upper = sb.dirs(store).upper;
         let work = store.new_tmp("suspend").map_err(store_err)?;
         let result = (|| {
             let image_id = lock(&self.db)
-                .image_by_name(&sb.spec.image.parse().map_err(|e| ApiError::invalid(&e))?)?
+                .image_by_name(&sb.spec.image.parse().map_err(|e| OpError::invalid(&e))?)?
                 .map(|i| i.id)
-                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+                .ok_or_else(|| OpError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
             // Before the upper moves (nothing may fail between the move and
             // the row but what gives the upper back); the sandbox is
             // stopped, so no exec comes later.
@@ -784,7 +784,7 @@ impl Daemon {
                     // shared cache): moved, they would write into the sealed
                     // layer. A copy is new inodes no one holds; the upper
                     // goes with the sandbox's dir.
-                    let copy = sb.spec.mounts.iter().any(crate::sandbox::MountDecl::passes_descriptors);
+                    let copy = sb.spec.mounts.iter().any(crate::spec::MountDecl::passes_descriptors);
                     let moved = move_or_copy_upper(&upper, &work, copy)?;
                     let id = LayerRow::suspended_id(&snap_id);
                     (LayerRow { id, diff_id: None, size: 0, entries: 0 }, work.clone(), moved)
@@ -823,8 +823,8 @@ impl Daemon {
             let appended = db.append_checkpoint(&sb.id, &mut row, &layer, true, true);
             let inserted = match appended {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(fence)) => Err(ApiError::new(ErrorKind::Conflict, format!("suspend refused: {fence}"))),
-                Err(e) => Err(ApiError::from(e)),
+                Ok(Err(fence)) => Err(OpError::new(ErrorKind::Conflict, format!("suspend refused: {fence}"))),
+                Err(e) => Err(OpError::from(e)),
             };
             if let Err(e) = inserted {
                 drop(db);
@@ -849,7 +849,7 @@ impl Daemon {
 
     /// Whether a snapshot on top of `parent` would make its layer chain
     /// longer than `--compact-depth`.
-    fn needs_compaction(&self, parent: Option<&str>) -> Result<bool, ApiError> {
+    fn needs_compaction(&self, parent: Option<&str>) -> Result<bool, OpError> {
         let depth = match parent {
             Some(p) => lock(&self.db).snapshot_layer_chain(p)?.len(),
             None => 0,
@@ -867,7 +867,7 @@ impl Daemon {
         delta: &Path,
         work: &Path,
         want_tar: bool,
-    ) -> Result<Option<Compacted>, ApiError> {
+    ) -> Result<Option<Compacted>, OpError> {
         if !self.needs_compaction(parent)? {
             return Ok(None);
         }
@@ -880,18 +880,17 @@ impl Daemon {
         layers.push(delta.to_path_buf());
         let dir = work.join("compact");
         let fs_dir = dir.join("fs");
-        std::fs::create_dir_all(&fs_dir).map_err(|e| ApiError::internal(&e))?;
-        crate::diff::flatten(&layers, &fs_dir).map_err(|e| ApiError::internal(&e))?;
+        std::fs::create_dir_all(&fs_dir).map_err(|e| OpError::internal(&e))?;
+        crate::diff::flatten(&layers, &fs_dir).map_err(|e| OpError::internal(&e))?;
         let (stats, diff_id, tar) = if want_tar {
             let tar = work.join("compact.tar");
-            let f = std::fs::File::create(&tar).map_err(|e| ApiError::internal(&e))?;
+            let f = std::fs::File::create(&tar).map_err(|e| OpError::internal(&e))?;
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-            let (stats, hex) = crate::diff::write_delta(&fs_dir, &mut w).map_err(|e| ApiError::internal(&e))?;
-            std::io::Write::flush(&mut w).map_err(|e| ApiError::internal(&e))?;
+            let (stats, hex) = crate::diff::write_delta(&fs_dir, &mut w).map_err(|e| OpError::internal(&e))?;
+            std::io::Write::flush(&mut w).map_err(|e| OpError::internal(&e))?;
             (stats, hex, Some(tar))
         } else {
-            let (stats, hex) =
-                crate::diff::write_delta(&fs_dir, std::io::sink()).map_err(|e| ApiError::internal(&e))?;
+            let (stats, hex) = crate::diff::write_delta(&fs_dir, std::io::sink()).map_err(|e| OpError::internal(&e))?;
             (stats, hex, None)
         };
         tracing::info!("compacted a chain of {} snapshot layers into {diff_id}", layers.len());
@@ -901,7 +900,7 @@ impl Daemon {
     /// Seal a suspended snapshot: hash its layer (its diff_id), sync it,
     /// write its blob, record all three and mark it ready. Run by the
     /// daemon's blob thread (and at start for any left sealing).
-    pub fn seal_blob(&self, id: &str) -> Result<(), ApiError> {
+    pub fn seal_blob(&self, id: &str) -> Result<(), OpError> {
         let Ok(_pin) = self.pin_snapshot(id) else { return Ok(()) };
         let Some(row) = lock(&self.db).snapshot(id)? else { return Ok(()) };
         if !lock(&self.db).blob_pending(id)? {
@@ -919,10 +918,10 @@ impl Daemon {
             // Made and recorded at once, so that shutdown ends it.
             let mut sealing = lock(&self.sealing);
             if sealing.stopped {
-                return Err(ApiError::new(ErrorKind::Conflict, "the daemon is stopping"));
+                return Err(OpError::new(ErrorKind::Conflict, "the daemon is stopping"));
             }
             let cg = crate::sandbox::capture_cgroup(&sandbox_cg, row.info["cpus"].as_f64())
-                .map_err(|e| ApiError::internal(&e))?;
+                .map_err(|e| OpError::internal(&e))?;
             sealing.cgroup = Some(sandbox_cg.clone());
             cg
         };
@@ -945,7 +944,7 @@ impl Daemon {
                         let mut info = row.info.clone();
                         info["seal_error"] = serde_json::json!(f.message);
                         lock(&self.db).set_seal_failed(id, &info)?;
-                        return Err(ApiError::new(
+                        return Err(OpError::new(
                             ErrorKind::Conflict,
                             format!("snapshot {id} cannot be sealed: {}", f.message),
                         ));
@@ -959,7 +958,7 @@ impl Daemon {
         let bhex = held.id().to_string();
         if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
             self.give_up_blob(held);
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::Internal,
                 format!("snapshot {id}: layer serialises to {hex}, not its diff_id {:?}", row.diff_id),
             ));
@@ -978,7 +977,7 @@ impl Daemon {
     /// its own lineage (its base chain, or a checkpoint it took). Processes
     /// are restarted fresh; the sandbox keeps its id, limits, env and
     /// hostname. Later checkpoints are children of that snapshot.
-    pub fn rollback(&self, id: &str, to: &str) -> Result<SandboxInfo, ApiError> {
+    pub fn rollback(&self, id: &str, to: &str) -> Result<SandboxInfo, OpError> {
         let sb = self.sandbox(id)?;
         let row = self.snapshot_row(to)?;
         let in_base = match &sb.spec.snapshot {
@@ -988,7 +987,7 @@ impl Daemon {
         let (wc, observed) = lock(&self.db).sandbox_lineage(&sb.id)?;
         let own = wc.is_some() && row.work_context == wc;
         if !in_base && !own && row.source_sandbox != sb.id.as_str() {
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::Conflict,
                 format!(
                     "snapshot {} is not in sandbox {}'s lineage (neither its base nor its own checkpoint)",
@@ -1010,7 +1009,7 @@ impl Daemon {
         base.observed_head = observed;
         base.rung = Rung::Rollback;
         if !sb.begin_stop() {
-            return Err(ApiError::new(
+            return Err(OpError::new(
                 ErrorKind::Conflict,
                 format!("sandbox {} is {}: rollback refused", sb.id, sb.run_state()),
             ));
@@ -1020,7 +1019,7 @@ impl Daemon {
         let result = (|| {
             if let Err(e) = sb.destroy(&self.rt.store) {
                 sb.end_stop();
-                return Err(ApiError::from(e));
+                return Err(OpError::from(e));
             }
             lock(&self.pool).live.remove(&sb.id);
             lock(&self.db).delete_sandbox(&sb.id)?;
@@ -1049,13 +1048,13 @@ impl Daemon {
         id: &str,
         path: &str,
         compression: BlobCompression,
-    ) -> Result<crate::export::Exported, ApiError> {
+    ) -> Result<crate::export::Exported, OpError> {
         let row = self.snapshot_row(id)?;
         let (image, chain) = {
             let db = lock(&self.db);
             let image = db
                 .image_by_id(row.image_id)?
-                .ok_or_else(|| ApiError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+                .ok_or_else(|| OpError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
             (image, db.snapshot_layer_chain(&row.id)?)
         };
         for s in &chain {
@@ -1067,13 +1066,13 @@ impl Daemon {
                 crate::export::ExportError::Exists(_) => ErrorKind::Conflict,
                 _ => ErrorKind::Internal,
             };
-            ApiError::new(kind, crate::error::chain(&e))
+            OpError::new(kind, crate::error::chain(&e))
         })
     }
 
     /// Remove a snapshot; refused while a sandbox, a launch in flight or a
     /// child snapshot uses it.
-    pub fn remove_snapshot(&self, id: &str) -> Result<(), ApiError> {
+    pub fn remove_snapshot(&self, id: &str) -> Result<(), OpError> {
         let row = self.snapshot_row(id)?;
         {
             let mut pool = lock(&self.pool);
@@ -1084,13 +1083,13 @@ impl Daemon {
                 .map(|s| s.id.to_string())
                 .collect();
             if !users.is_empty() {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::Conflict,
                     format!("snapshot {} is used by sandboxes {users:?}; remove them first", row.id),
                 ));
             }
             if pool.pinned.contains_key(&row.id) || !pool.doomed.insert(row.id.clone()) {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::Conflict,
                     format!(
                         "snapshot {} is in use by an operation in flight (resume, fork, rollback, sealing); retry",
@@ -1104,11 +1103,11 @@ impl Daemon {
         r
     }
 
-    fn remove_unused_snapshot(&self, row: &SnapshotRow) -> Result<(), ApiError> {
+    fn remove_unused_snapshot(&self, row: &SnapshotRow) -> Result<(), OpError> {
         let mut db = lock(&self.db);
         let orphan = match db.delete_snapshot(&row.id)? {
             Err(children) => {
-                return Err(ApiError::new(
+                return Err(OpError::new(
                     ErrorKind::Conflict,
                     format!("snapshot {} has child snapshots {children:?}; remove them first", row.id),
                 ))

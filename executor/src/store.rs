@@ -277,7 +277,7 @@ impl Store {
     pub fn discard_sandbox(&self, id: &SandboxId) -> Result<(), StoreError> {
         let d = self.sandbox_dirs(id);
         crate::disk::release(&d.dir)?;
-        if let Some(mount) = mounts_under(&d.dir).into_iter().next() {
+        if let Some(mount) = crate::tree::mounts_under(&d.dir).into_iter().next() {
             return Err(StoreError::StillMounted { path: d.dir, mount });
         }
         let doomed = self.tmp_dir().join(format!("rm-{id}-{:08x}", rand::random::<u32>()));
@@ -348,7 +348,7 @@ impl Store {
     /// Delete what it returns once the database is unlocked.
     pub fn take_layer_aside(&self, id: &str) -> Result<Option<PathBuf>, StoreError> {
         let dir = self.layer_dir(id);
-        if let Some(mount) = mounts_under(&dir).into_iter().next() {
+        if let Some(mount) = crate::tree::mounts_under(&dir).into_iter().next() {
             return Err(StoreError::StillMounted { path: dir, mount });
         }
         let doomed = self.tmp_dir().join(format!("removed-{:016x}", rand::random::<u64>()));
@@ -546,7 +546,7 @@ impl Store {
                 // crash: a disk, or the idmapped trees and overlay of a
                 // `--userns` root being built (all ours: nothing else mounts
                 // in the store).
-                for m in mounts_under(&entry.path()).into_iter().rev() {
+                for m in crate::tree::mounts_under(&entry.path()).into_iter().rev() {
                     tracing::info!("sweep: unmounting {m}");
                     let _ = nix::mount::umount2(m.as_str(), nix::mount::MntFlags::MNT_DETACH);
                 }
@@ -562,43 +562,10 @@ impl Store {
     }
 }
 
-/// The kernel escapes space, tab, newline and backslash in mount points as
-/// `\ooo` octal.
-fn unescape(field: &str) -> String {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Mount points at or below `path` in the caller's mount namespace, in
-/// mount order (a later one may sit on an earlier one). Read here, not with
-/// `procfs`: its `MountInfo::mount_point` keeps the kernel's octal escapes
-/// (`\040` for a space), so a root path with a space would match nothing.
-pub fn mounts_under(path: &Path) -> Vec<String> {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return vec![] };
-    let prefix = path.to_string_lossy().into_owned();
-    let below = format!("{}/", prefix.trim_end_matches('/'));
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape)
-        .filter(|mp| *mp == prefix || mp.starts_with(&below))
-        .collect()
-}
-
 /// Remove a file or a tree of any depth ([`crate::tree::remove_all`]:
 /// sandboxes make the trees), but never through a mount.
 pub fn remove_tree(path: &Path) -> Result<(), StoreError> {
-    if let Some(mount) = mounts_under(path).into_iter().next() {
+    if let Some(mount) = crate::tree::mounts_under(path).into_iter().next() {
         return Err(StoreError::StillMounted { path: path.into(), mount });
     }
     crate::tree::remove_all(path).map_err(io("remove", path))
@@ -713,19 +680,5 @@ mod tests {
         s.remove_orphans(guard.lock().unwrap(), &layers, []).unwrap();
         assert!(!s.layer_dir("e2").exists());
         assert_eq!(std::fs::read_dir(s.tmp_dir()).unwrap().count(), 0, "left under tmp/");
-    }
-
-    #[test]
-    fn octal_escapes_are_decoded() {
-        assert_eq!(unescape(r"/a\040b\011c\134d"), "/a b\tc\\d");
-        assert_eq!(unescape(r"/plain"), "/plain");
-        assert_eq!(unescape(r"/short\04"), r"/short\04");
-    }
-
-    #[test]
-    fn mounts_under_matches_whole_components() {
-        // "/" is always mounted; "/pro" must not match "/proc".
-        assert!(!mounts_under(Path::new("/")).is_empty());
-        assert!(mounts_under(Path::new("/pro")).is_empty());
     }
 }

@@ -9,7 +9,7 @@
 //! (plus one listing of it) at a time, climbs back with `..` checked
 //! against the device and inode it left, and never crosses a mount.
 //!
-//! Owns: removal of trees. Does not own deciding what may be removed
+//! Owns: removal of trees, and reading which mounts sit under a path. Does not own deciding what may be removed
 //! (the store checks for mounts and holds first).
 
 #![forbid(unsafe_code)]
@@ -162,6 +162,39 @@ pub fn remove_all(path: &Path) -> io::Result<()> {
     std::fs::remove_dir(path)
 }
 
+/// The kernel escapes space, tab, newline and backslash in mount points as
+/// `\ooo` octal.
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Mount points at or below `path` in the caller's mount namespace, in
+/// mount order (a later one may sit on an earlier one). Read here, not with
+/// `procfs`: its `MountInfo::mount_point` keeps the kernel's octal escapes
+/// (`\040` for a space), so a root path with a space would match nothing.
+pub fn mounts_under(path: &Path) -> Vec<String> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return vec![] };
+    let prefix = path.to_string_lossy().into_owned();
+    let below = format!("{}/", prefix.trim_end_matches('/'));
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape)
+        .filter(|mp| *mp == prefix || mp.starts_with(&below))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,5 +290,19 @@ mod tests {
         std::fs::write(&f, "z").unwrap();
         remove_all(&f).unwrap();
         assert!(!f.exists());
+    }
+
+    #[test]
+    fn octal_escapes_are_decoded() {
+        assert_eq!(unescape(r"/a\040b\011c\134d"), "/a b\tc\\d");
+        assert_eq!(unescape(r"/plain"), "/plain");
+        assert_eq!(unescape(r"/short\04"), r"/short\04");
+    }
+
+    #[test]
+    fn mounts_under_matches_whole_components() {
+        // "/" is always mounted; "/pro" must not match "/proc".
+        assert!(!mounts_under(Path::new("/")).is_empty());
+        assert!(mounts_under(Path::new("/pro")).is_empty());
     }
 }

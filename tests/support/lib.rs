@@ -413,7 +413,7 @@ fn remove_cgroup_tree(dir: &Path) {
     }
 }
 
-pub use strata::store::mounts_under;
+pub use strata::tree::mounts_under;
 
 /// Every process whose command line mentions `needle` (for leak checks).
 pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {

@@ -6,7 +6,6 @@
 
 pub mod http;
 mod serve;
-pub mod types;
 
 pub use serve::{serve, ServeConfig, DEFAULT_MAX_CONNECTIONS};
 
@@ -16,10 +15,12 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, OpError};
 use crate::error::{chain, ErrorKind};
 use crate::sandbox::ExecRequest;
-use types::{CreateRequest, ErrorBody, ErrorDetail, ExecRequestBody, ExecResult, ImportRequest, VersionInfo};
+use crate::types::{
+    self, CreateRequest, ErrorBody, ErrorDetail, ExecRequestBody, ExecResult, ImportRequest, VersionInfo,
+};
 
 pub const API_VERSION: &str = "v1";
 
@@ -51,35 +52,9 @@ impl ApiError {
     }
 }
 
-impl From<crate::image::ImageError> for ApiError {
-    fn from(e: crate::image::ImageError) -> Self {
-        match e.kind() {
-            ErrorKind::Internal => ApiError::internal(&e),
-            kind => ApiError::new(kind, chain(&e)),
-        }
-    }
-}
-
-impl From<crate::sandbox::SandboxError> for ApiError {
-    fn from(e: crate::sandbox::SandboxError) -> Self {
-        match e.kind() {
-            ErrorKind::Internal => ApiError::internal(&e),
-            kind => ApiError::new(kind, chain(&e)),
-        }
-    }
-}
-
-impl From<crate::db::DbError> for ApiError {
-    fn from(e: crate::db::DbError) -> Self {
-        match &e {
-            // The row a request was working on was deleted by another
-            // request meanwhile (a checkpoint or suspend racing `rm`): that
-            // object is gone, not the daemon broken.
-            crate::db::DbError::Query { source: rusqlite::Error::QueryReturnedNoRows, what } => {
-                ApiError::new(ErrorKind::NotFound, format!("{what}: not found (removed while this request ran)"))
-            }
-            _ => ApiError::internal(&e),
-        }
+impl From<OpError> for ApiError {
+    fn from(e: OpError) -> Self {
+        ApiError::new(e.kind, e.message)
     }
 }
 
@@ -168,8 +143,56 @@ fn exec_request(b: &ExecRequestBody) -> Result<ExecRequest, ApiError> {
     })
 }
 
-/// Resolve one request against the daemon.
-pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
+/// A request, parsed: the operation and its typed input. [`parse`] makes
+/// one from a read request without I/O (it touches no daemon state, so it
+/// can be tested alone); [`execute`] runs it against the daemon.
+#[derive(Debug)]
+pub enum Action {
+    Version,
+    ListImages,
+    PullImage(types::RegistryRequest),
+    ImportImage(ImportRequest),
+    GetImage(String),
+    RemoveImage(String),
+    ListSandboxes,
+    CreateSandbox(CreateRequest),
+    GetSandbox(String),
+    RemoveSandbox(String),
+    Checkpoint(String, types::CheckpointRequest),
+    Suspend(String),
+    Rollback(String, types::RollbackRequest),
+    SandboxDiff(String),
+    PublishBaseline(String, crate::baseline::PublishRequest),
+    Copy(String, crate::copy::CopyRequest),
+    Pause(String),
+    Unpause(String),
+    /// A buffered exec: run to completion, answer with its output.
+    Exec(String, ExecRequest, Vec<u8>),
+    /// An attached exec: the connection is upgraded to the exec stream.
+    Attach(String, ExecRequest),
+    /// An exec log: of a live sandbox or of a snapshot's chain.
+    Logs(String),
+    ListSnapshots,
+    PullSnapshot(types::RegistryRequest),
+    PushSnapshot(String, types::RegistryRequest),
+    GetSnapshot(String),
+    RemoveSnapshot(String),
+    SnapshotDiff(String),
+    Export(String, types::ExportRequest),
+    Resume(String, types::LaunchRequest),
+    Fork(String, types::LaunchRequest),
+    /// A collection pass; `None` takes the daemon's configured durations.
+    Gc {
+        retention: Option<Duration>,
+        stale_after: Option<Duration>,
+    },
+    Lineage(String),
+    ResumeLineage(String, types::LaunchRequest),
+    RetireLineage(String),
+}
+
+/// Parse a request: its route, method, headers and body. No I/O.
+pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
     let path = req.path.trim_end_matches('/');
     let Some(rest) = path.strip_prefix("/v1").filter(|r| r.is_empty() || r.starts_with('/')) else {
         return Err(ApiError::new(
@@ -186,202 +209,177 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
             format!("method {m} not allowed on {} (allowed: {allow})", req.path),
         )
     };
-    match segs.as_slice() {
-        ["version"] => match m {
-            "GET" => json(
-                200,
-                &VersionInfo {
-                    version: env!("CARGO_PKG_VERSION").into(),
-                    api: API_VERSION.into(),
-                    cgroup: if crate::cgroups::is_v2() { "v2" } else { "v1" }.into(),
-                },
-            ),
-            _ => Err(not_allowed("GET")),
-        },
-        ["images"] => match m {
-            "GET" => json(200, &d.list_images()?),
-            _ => Err(not_allowed("GET")),
-        },
-        ["images", "pull"] => match m {
-            "POST" => {
-                let b: types::RegistryRequest = body(req)?;
-                let p = b.progress;
-                StreamOp::PullImage(b).reply(d, p)
-            }
-            _ => Err(not_allowed("POST")),
-        },
-        ["images", "import"] => match m {
-            "POST" => {
-                let b: ImportRequest = body(req)?;
-                json(201, &d.import_image(&b.path, b.tag.as_deref(), &b.name)?)
-            }
-            _ => Err(not_allowed("POST")),
-        },
-        ["images", ..] => {
+    let id = |s: &&str| s.to_string();
+    use Action as A;
+    let action = match (segs.as_slice(), m) {
+        (["version"], "GET") => A::Version,
+        (["version"], _) => return Err(not_allowed("GET")),
+        (["images"], "GET") => A::ListImages,
+        (["images"], _) => return Err(not_allowed("GET")),
+        (["images", "pull"], "POST") => A::PullImage(body(req)?),
+        (["images", "pull"], _) => return Err(not_allowed("POST")),
+        (["images", "import"], "POST") => A::ImportImage(body(req)?),
+        (["images", "import"], _) => return Err(not_allowed("POST")),
+        (["images", ..], m) => {
             let name = http::percent_decode(rest.strip_prefix("/images/").unwrap_or(""));
             match m {
-                "GET" => json(200, &d.get_image(&name)?),
-                "DELETE" => d.remove_image(&name).map(|()| Reply::Empty(204)),
-                _ => Err(not_allowed("GET, DELETE")),
+                "GET" => A::GetImage(name),
+                "DELETE" => A::RemoveImage(name),
+                _ => return Err(not_allowed("GET, DELETE")),
             }
         }
-        ["sandboxes"] => match m {
-            "GET" => json(200, &d.list_sandboxes()),
-            "POST" => {
-                let b: CreateRequest = body(req)?;
-                json(201, &d.create_sandbox(b)?)
+        (["sandboxes"], "GET") => A::ListSandboxes,
+        (["sandboxes"], "POST") => A::CreateSandbox(body(req)?),
+        (["sandboxes"], _) => return Err(not_allowed("GET, POST")),
+        (["sandboxes", s], "GET") => A::GetSandbox(id(s)),
+        (["sandboxes", s], "DELETE") => A::RemoveSandbox(id(s)),
+        (["sandboxes", _], _) => return Err(not_allowed("GET, DELETE")),
+        (["sandboxes", s, op], "POST") => match *op {
+            "checkpoint" => A::Checkpoint(id(s), body_or_default(req)?),
+            "suspend" => A::Suspend(id(s)),
+            "rollback" => A::Rollback(id(s), body(req)?),
+            "baseline" => A::PublishBaseline(id(s), body(req)?),
+            "copy" => A::Copy(id(s), body(req)?),
+            "pause" => A::Pause(id(s)),
+            "unpause" => A::Unpause(id(s)),
+            "exec" => exec_action(id(s), req)?,
+            "logs" | "diff" => return Err(not_allowed("GET")),
+            _ => return Err(no_route(req)),
+        },
+        (["sandboxes", s, op], "GET") => match *op {
+            "logs" => A::Logs(id(s)),
+            "diff" => A::SandboxDiff(id(s)),
+            "checkpoint" | "suspend" | "rollback" | "baseline" | "copy" | "pause" | "unpause" | "exec" => {
+                return Err(not_allowed("POST"))
             }
-            _ => Err(not_allowed("GET, POST")),
+            _ => return Err(no_route(req)),
         },
-        ["sandboxes", id] => match m {
-            "GET" => {
-                let sb = d.sandbox(id)?;
-                json(200, &crate::daemon::sandbox_info(&sb))
+        (["snapshots"], "GET") => A::ListSnapshots,
+        (["snapshots"], _) => return Err(not_allowed("GET")),
+        (["snapshots", "pull"], "POST") => A::PullSnapshot(body(req)?),
+        (["snapshots", "pull"], _) => return Err(not_allowed("POST")),
+        (["snapshots", s], "GET") => A::GetSnapshot(id(s)),
+        (["snapshots", s], "DELETE") => A::RemoveSnapshot(id(s)),
+        (["snapshots", _], _) => return Err(not_allowed("GET, DELETE")),
+        (["snapshots", s, op], "POST") => match *op {
+            "push" => A::PushSnapshot(id(s), body(req)?),
+            "export" => A::Export(id(s), body(req)?),
+            "resume" => A::Resume(id(s), body_or_default(req)?),
+            "fork" => A::Fork(id(s), body_or_default(req)?),
+            "logs" | "diff" => return Err(not_allowed("GET")),
+            _ => return Err(no_route(req)),
+        },
+        (["snapshots", s, op], "GET") => match *op {
+            "logs" => A::Logs(id(s)),
+            "diff" => A::SnapshotDiff(id(s)),
+            "push" | "export" | "resume" | "fork" => return Err(not_allowed("POST")),
+            _ => return Err(no_route(req)),
+        },
+        (["gc"], "POST") => {
+            let r: types::GcRequest = body_or_default(req)?;
+            if [r.retention_secs, r.stale_after_secs].iter().flatten().any(|v| *v > i64::MAX as u64) {
+                return Err(ApiError::new(ErrorKind::InvalidArgument, "durations are int64 seconds"));
             }
-            "DELETE" => d.remove_sandbox(id).map(|()| Reply::Empty(204)),
-            _ => Err(not_allowed("GET, DELETE")),
-        },
-        ["sandboxes", id, "checkpoint"] => match m {
-            "POST" => {
-                let b: types::CheckpointRequest = body_or_default(req)?;
-                json(201, &d.checkpoint(id, b.compression.unwrap_or_default())?)
+            A::Gc {
+                retention: r.retention_secs.map(Duration::from_secs),
+                stale_after: r.stale_after_secs.map(Duration::from_secs),
             }
-            _ => Err(not_allowed("POST")),
-        },
-        ["snapshots"] => match m {
-            "GET" => json(200, &d.list_snapshots()?),
-            _ => Err(not_allowed("GET")),
-        },
-        ["snapshots", "pull"] => match m {
-            "POST" => {
-                let b: types::RegistryRequest = body(req)?;
-                let p = b.progress;
-                StreamOp::PullSnapshot(b).reply(d, p)
-            }
-            _ => Err(not_allowed("POST")),
-        },
-        ["snapshots", id, "push"] => match m {
-            "POST" => {
-                let b: types::RegistryRequest = body(req)?;
-                let p = b.progress;
-                StreamOp::PushSnapshot(id.to_string(), b).reply(d, p)
-            }
-            _ => Err(not_allowed("POST")),
-        },
-        ["snapshots", id] => match m {
-            "GET" => json(200, &d.get_snapshot(id)?),
-            "DELETE" => d.remove_snapshot(id).map(|()| Reply::Empty(204)),
-            _ => Err(not_allowed("GET, DELETE")),
-        },
-        ["snapshots", id, "diff"] => match m {
-            "GET" => json(200, &d.snapshot_diff(id)?),
-            _ => Err(not_allowed("GET")),
-        },
-        ["sandboxes", id, "suspend"] => match m {
-            "POST" => json(201, &d.suspend(id)?),
-            _ => Err(not_allowed("POST")),
-        },
-        ["sandboxes", id, "rollback"] => match m {
-            "POST" => {
-                let b: types::RollbackRequest = body(req)?;
-                json(200, &d.rollback(id, &b.to)?)
-            }
-            _ => Err(not_allowed("POST")),
-        },
-        ["sandboxes", id, "logs"] | ["snapshots", id, "logs"] => match m {
-            "GET" => json(200, &d.logs(id)?),
-            _ => Err(not_allowed("GET")),
-        },
-        ["sandboxes", id, "diff"] => match m {
-            "GET" => json(200, &d.sandbox_diff(id)?),
-            _ => Err(not_allowed("GET")),
-        },
-        ["snapshots", id, "export"] => match m {
-            "POST" => {
-                let b: types::ExportRequest = body(req)?;
-                json(201, &d.export_snapshot(id, &b.path, b.compression.unwrap_or_default())?)
-            }
-            _ => Err(not_allowed("POST")),
-        },
-        ["snapshots", id, "resume"] => match m {
-            "POST" => json(201, &d.resume(id, body_or_default(req)?)?),
-            _ => Err(not_allowed("POST")),
-        },
-        ["sandboxes", id, "baseline"] => match m {
-            "POST" => json(201, &d.publish_baseline(id, body(req)?)?),
-            _ => Err(not_allowed("POST")),
-        },
-        ["gc"] => match m {
-            "POST" => {
-                let r: crate::api::types::GcRequest = body_or_default(req)?;
-                if [r.retention_secs, r.stale_after_secs].iter().flatten().any(|v| *v > i64::MAX as u64) {
-                    return Err(ApiError::new(ErrorKind::InvalidArgument, "durations are int64 seconds"));
-                }
-                let secs = |v: Option<u64>, d: Duration| v.map(Duration::from_secs).unwrap_or(d);
-                let retention = secs(r.retention_secs, d.cfg.retention);
-                json(200, &d.gc(retention, secs(r.stale_after_secs, d.cfg.stale_after))?)
-            }
-            _ => Err(not_allowed("POST")),
-        },
-        ["lineages", id] => match m {
-            "GET" => json(200, &d.lineage(id)?),
-            _ => Err(not_allowed("GET")),
-        },
-        ["lineages", id, "resume"] => match m {
-            "POST" => json(201, &d.resume_lineage(id, body_or_default(req)?)?),
-            _ => Err(not_allowed("POST")),
-        },
-        ["lineages", id, "retire"] => match m {
-            "POST" => json(200, &d.retire_lineage(id)?),
-            _ => Err(not_allowed("POST")),
-        },
-        ["snapshots", id, "fork"] => match m {
-            "POST" => json(201, &d.fork(id, body_or_default(req)?)?),
-            _ => Err(not_allowed("POST")),
-        },
-        ["sandboxes", id, "copy"] => match m {
-            "POST" => {
-                let b: crate::copy::CopyRequest = body(req)?;
-                json(200, &d.copy(id, &b)?)
-            }
-            _ => Err(not_allowed("POST")),
-        },
-        ["sandboxes", id, "pause"] => match m {
-            "POST" => d.pause_sandbox(id).map(|()| Reply::Empty(204)),
-            _ => Err(not_allowed("POST")),
-        },
-        ["sandboxes", id, "unpause"] => match m {
-            "POST" => d.unpause_sandbox(id).map(|()| Reply::Empty(204)),
-            _ => Err(not_allowed("POST")),
-        },
-        ["sandboxes", id, "exec"] => {
-            if m != "POST" {
-                return Err(not_allowed("POST"));
-            }
-            let sb = d.sandbox(id)?;
-            let b: ExecRequestBody = body(req)?;
-            let ereq = exec_request(&b)?;
-            let upgrade = match req.header("upgrade") {
-                None => false,
-                Some(u) if u.eq_ignore_ascii_case(http::UPGRADE_PROTOCOL) => true,
-                Some(u) => {
-                    return Err(ApiError::new(
-                        ErrorKind::InvalidArgument,
-                        format!("cannot upgrade to {u:?}; the attached exec protocol is {}", http::UPGRADE_PROTOCOL),
-                    ))
-                }
-            };
-            if upgrade {
-                if b.stdin.is_some() {
-                    return Err(ApiError::new(
-                        ErrorKind::InvalidArgument,
-                        "stdin is sent as frames on an attached exec",
-                    ));
-                }
-                return Ok(Reply::Attach { sandbox: sb, req: ereq });
-            }
-            let out = sb.exec_buffered(&ereq, b.stdin.unwrap_or_default().into_bytes())?;
-            d.record_exec(&sb, &ereq, &out.summary);
+        }
+        (["gc"], _) => return Err(not_allowed("POST")),
+        (["lineages", s], "GET") => A::Lineage(id(s)),
+        (["lineages", _], _) => return Err(not_allowed("GET")),
+        (["lineages", s, "resume"], "POST") => A::ResumeLineage(id(s), body_or_default(req)?),
+        (["lineages", s, "retire"], "POST") => A::RetireLineage(id(s)),
+        (["lineages", _, "resume" | "retire"], _) => return Err(not_allowed("POST")),
+        (["sandboxes" | "snapshots", _, op], _) if known_op(segs[0], op) => {
+            return Err(not_allowed(if matches!(*op, "logs" | "diff") { "GET" } else { "POST" }))
+        }
+        _ => return Err(no_route(req)),
+    };
+    Ok(action)
+}
+
+fn no_route(req: &http::Request) -> ApiError {
+    ApiError::new(ErrorKind::NotFound, format!("no route {} {}", req.method, req.path))
+}
+
+/// Whether `op` is an operation on a sandbox or snapshot (so another
+/// method on it is a 405, not a 404).
+fn known_op(on: &str, op: &str) -> bool {
+    match on {
+        "sandboxes" => {
+            matches!(
+                op,
+                "checkpoint"
+                    | "suspend"
+                    | "rollback"
+                    | "baseline"
+                    | "copy"
+                    | "pause"
+                    | "unpause"
+                    | "exec"
+                    | "logs"
+                    | "diff"
+            )
+        }
+        _ => matches!(op, "push" | "export" | "resume" | "fork" | "logs" | "diff"),
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/exec`: buffered, or attached when the request
+/// asks to upgrade to the exec stream protocol.
+fn exec_action(id: String, req: &http::Request) -> Result<Action, ApiError> {
+    let b: ExecRequestBody = body(req)?;
+    let ereq = exec_request(&b)?;
+    match req.header("upgrade") {
+        None => Ok(Action::Exec(id, ereq, b.stdin.unwrap_or_default().into_bytes())),
+        Some(u) if !u.eq_ignore_ascii_case(http::UPGRADE_PROTOCOL) => Err(ApiError::new(
+            ErrorKind::InvalidArgument,
+            format!("cannot upgrade to {u:?}; the attached exec protocol is {}", http::UPGRADE_PROTOCOL),
+        )),
+        Some(_) if b.stdin.is_some() => {
+            Err(ApiError::new(ErrorKind::InvalidArgument, "stdin is sent as frames on an attached exec"))
+        }
+        Some(_) => Ok(Action::Attach(id, ereq)),
+    }
+}
+
+/// Run a parsed request against the daemon.
+pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
+    use Action as A;
+    let done = |r: Result<(), OpError>| r.map(|()| Reply::Empty(204)).map_err(ApiError::from);
+    match action {
+        A::Version => json(
+            200,
+            &VersionInfo {
+                version: env!("CARGO_PKG_VERSION").into(),
+                api: API_VERSION.into(),
+                cgroup: if crate::cgroups::is_v2() { "v2" } else { "v1" }.into(),
+            },
+        ),
+        A::ListImages => json(200, &d.list_images()?),
+        A::PullImage(r) => {
+            let p = r.progress;
+            StreamOp::PullImage(r).reply(d, p)
+        }
+        A::ImportImage(b) => json(201, &d.import_image(&b.path, b.tag.as_deref(), &b.name)?),
+        A::GetImage(name) => json(200, &d.get_image(&name)?),
+        A::RemoveImage(name) => done(d.remove_image(&name)),
+        A::ListSandboxes => json(200, &d.list_sandboxes()),
+        A::CreateSandbox(b) => json(201, &d.create_sandbox(b)?),
+        A::GetSandbox(id) => json(200, &crate::daemon::sandbox_info(&*d.sandbox(&id)?)),
+        A::RemoveSandbox(id) => done(d.remove_sandbox(&id)),
+        A::Checkpoint(id, b) => json(201, &d.checkpoint(&id, b.compression.unwrap_or_default())?),
+        A::Suspend(id) => json(201, &d.suspend(&id)?),
+        A::Rollback(id, b) => json(200, &d.rollback(&id, &b.to)?),
+        A::SandboxDiff(id) => json(200, &d.sandbox_diff(&id)?),
+        A::PublishBaseline(id, b) => json(201, &d.publish_baseline(&id, b)?),
+        A::Copy(id, b) => json(200, &d.copy(&id, &b)?),
+        A::Pause(id) => done(d.pause_sandbox(&id)),
+        A::Unpause(id) => done(d.unpause_sandbox(&id)),
+        A::Exec(id, req, stdin) => {
+            let sb = d.sandbox(&id)?;
+            let out = d.exec(&sb, &req, stdin)?;
             let signal = match out.status {
                 strata_shim::proto::ExitStatus::Signal(s) => Some(s),
                 _ => None,
@@ -399,8 +397,35 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
                 },
             )
         }
-        _ => Err(ApiError::new(ErrorKind::NotFound, format!("no route {} {}", req.method, req.path))),
+        A::Attach(id, req) => Ok(Reply::Attach { sandbox: d.sandbox(&id)?, req }),
+        A::Logs(id) => json(200, &d.logs(&id)?),
+        A::ListSnapshots => json(200, &d.list_snapshots()?),
+        A::PullSnapshot(r) => {
+            let p = r.progress;
+            StreamOp::PullSnapshot(r).reply(d, p)
+        }
+        A::PushSnapshot(id, r) => {
+            let p = r.progress;
+            StreamOp::PushSnapshot(id, r).reply(d, p)
+        }
+        A::GetSnapshot(id) => json(200, &d.get_snapshot(&id)?),
+        A::RemoveSnapshot(id) => done(d.remove_snapshot(&id)),
+        A::SnapshotDiff(id) => json(200, &d.snapshot_diff(&id)?),
+        A::Export(id, b) => json(201, &d.export_snapshot(&id, &b.path, b.compression.unwrap_or_default())?),
+        A::Resume(id, b) => json(201, &d.resume(&id, b)?),
+        A::Fork(id, b) => json(201, &d.fork(&id, b)?),
+        A::Gc { retention, stale_after } => {
+            json(200, &d.gc(retention.unwrap_or(d.cfg.retention), stale_after.unwrap_or(d.cfg.stale_after))?)
+        }
+        A::Lineage(id) => json(200, &d.lineage(&id)?),
+        A::ResumeLineage(id, b) => json(201, &d.resume_lineage(&id, b)?),
+        A::RetireLineage(id) => json(200, &d.retire_lineage(&id)?),
     }
+}
+
+/// Resolve one request against the daemon: parse it, then execute it.
+pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
+    execute(d, parse(req)?)
 }
 
 /// Whether the peer of `s` may use the API: root, or a process whose
@@ -424,4 +449,88 @@ fn peer_allowed(s: &impl std::os::fd::AsFd, gid: Option<u32>) -> Result<(), Stri
         return Ok(());
     }
     Err(format!("{who} is not root and not in the socket group {gid}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(method: &str, path: &str, body: &str) -> http::Request {
+        http::Request { method: method.into(), path: path.into(), body: body.as_bytes().to_vec(), ..Default::default() }
+    }
+
+    fn parsed(method: &str, path: &str, body: &str) -> Result<Action, ApiError> {
+        parse(&req(method, path, body))
+    }
+
+    #[test]
+    fn each_route_parses_to_its_operation() {
+        assert!(matches!(parsed("GET", "/v1/version", ""), Ok(Action::Version)));
+        assert!(matches!(parsed("GET", "/v1/sandboxes/", ""), Ok(Action::ListSandboxes)));
+        assert!(
+            matches!(parsed("POST", "/v1/sandboxes", r#"{"image":"x"}"#), Ok(Action::CreateSandbox(c)) if c.image == "x")
+        );
+        assert!(matches!(parsed("DELETE", "/v1/sandboxes/abc", ""), Ok(Action::RemoveSandbox(id)) if id == "abc"));
+        assert!(matches!(parsed("GET", "/v1/images/a%2Fb:1", ""), Ok(Action::GetImage(n)) if n == "a/b:1"));
+        assert!(matches!(parsed("GET", "/v1/snapshots/s1/logs", ""), Ok(Action::Logs(id)) if id == "s1"));
+        assert!(
+            matches!(parsed("POST", "/v1/snapshots/s1/fork", ""), Ok(Action::Fork(id, l)) if id == "s1" && l.count.is_none())
+        );
+        assert!(matches!(
+            parsed("POST", "/v1/gc", r#"{"retention_secs":5}"#),
+            Ok(Action::Gc { retention: Some(r), stale_after: None }) if r == Duration::from_secs(5)
+        ));
+        assert!(matches!(
+            parsed("POST", "/v1/sandboxes/abc/checkpoint", ""),
+            Ok(Action::Checkpoint(id, c)) if id == "abc" && c.compression.is_none()
+        ));
+    }
+
+    #[test]
+    fn a_wrong_method_is_405_with_allow_and_an_unknown_path_404() {
+        for (m, p, allow) in [
+            ("POST", "/v1/version", "GET"),
+            ("PUT", "/v1/sandboxes", "GET, POST"),
+            ("POST", "/v1/sandboxes/abc", "GET, DELETE"),
+            ("GET", "/v1/sandboxes/abc/exec", "POST"),
+            ("DELETE", "/v1/sandboxes/abc/pause", "POST"),
+            ("POST", "/v1/sandboxes/abc/logs", "GET"),
+            ("PUT", "/v1/snapshots/abc/diff", "GET"),
+            ("GET", "/v1/lineages/w/retire", "POST"),
+        ] {
+            let e = parsed(m, p, "").unwrap_err();
+            assert_eq!((e.kind, e.allow), (ErrorKind::MethodNotAllowed, Some(allow)), "{m} {p}");
+        }
+        for (m, p) in [("GET", "/version"), ("GET", "/v1/nope"), ("POST", "/v1/sandboxes/abc/nope"), ("GET", "/v1x")] {
+            assert_eq!(parsed(m, p, "").unwrap_err().kind, ErrorKind::NotFound, "{m} {p}");
+        }
+    }
+
+    #[test]
+    fn bodies_are_checked_before_anything_runs() {
+        for (p, body) in [
+            ("/v1/sandboxes", "[]"),
+            ("/v1/sandboxes", r#"{"image":"x","bogus":1}"#),
+            ("/v1/sandboxes/abc/exec", r#"{"argv":["true"],"timeout":-1}"#),
+            ("/v1/gc", r#"{"retention_secs":18446744073709551615}"#),
+            ("/v1/sandboxes/abc/rollback", ""),
+        ] {
+            assert_eq!(parsed("POST", p, body).unwrap_err().kind, ErrorKind::InvalidArgument, "{p} {body}");
+        }
+    }
+
+    #[test]
+    fn an_exec_is_attached_only_when_it_asks_for_the_exec_protocol() {
+        let mut r = req("POST", "/v1/sandboxes/abc/exec", r#"{"argv":["sh"]}"#);
+        assert!(
+            matches!(parse(&r), Ok(Action::Exec(id, e, stdin)) if id == "abc" && e.argv == ["sh"] && stdin.is_empty())
+        );
+        r.headers.push(("Upgrade".into(), http::UPGRADE_PROTOCOL.into()));
+        assert!(matches!(parse(&r), Ok(Action::Attach(id, _)) if id == "abc"));
+        r.body = br#"{"argv":["sh"],"stdin":"x"}"#.to_vec();
+        assert_eq!(parse(&r).unwrap_err().kind, ErrorKind::InvalidArgument);
+        r.headers[0].1 = "websocket".into();
+        r.body = br#"{"argv":["sh"]}"#.to_vec();
+        assert_eq!(parse(&r).unwrap_err().kind, ErrorKind::InvalidArgument);
+    }
 }

@@ -511,19 +511,14 @@ async fn attach(
     let (tx, rx) = oneshot::channel::<Result<(), ApiError>>();
     tokio::task::spawn_blocking(move || {
         let mut tx = Some(tx);
-        let r = sandbox.exec_attached(&req, theirs, |_| {
+        let r = d.exec_attached(&sandbox, &req, theirs, |_| {
             if let Some(tx) = tx.take() {
                 let _ = tx.send(Ok(()));
             }
             Ok(())
         });
-        match r {
-            Ok(summary) => d.record_exec(&sandbox, &req, &summary),
-            Err(e) => {
-                if let Some(tx) = tx.take() {
-                    let _ = tx.send(Err(ApiError::from(e)));
-                }
-            }
+        if let (Err(e), Some(tx)) = (r, tx.take()) {
+            let _ = tx.send(Err(ApiError::from(e)));
         }
     });
     match rx.await {

@@ -228,7 +228,7 @@ impl SparseFile {
             (&*src).seek(SeekFrom::Start(pos))?;
             // In blocks large enough for `write` to find runs of zeros.
             let mut buffered = BufWriter::with_capacity(1 << 20, &mut *self);
-            diff::copy_exactly(src, len - pos, &mut buffered)?;
+            crate::extents::copy_exactly(src, len - pos, &mut buffered)?;
             buffered.flush()?;
         }
         if let Some(p) = &self.progress {

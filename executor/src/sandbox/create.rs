@@ -21,9 +21,10 @@ use strata_shim::sys;
 
 use super::{destroy, process_start_time, ExecDefaults, Sandbox, SandboxError};
 use crate::cgroups::SandboxCgroup;
-use crate::db::{SandboxRow, SandboxSpec};
+use crate::db::SandboxRow;
 use crate::ids::SandboxId;
 use crate::shim_client::{self, ShimClient};
+use crate::spec::SandboxSpec;
 use crate::store::{Store, StoreError};
 
 /// How long a shim may take to set a sandbox up or answer after a restart.
@@ -229,8 +230,10 @@ pub fn start(
             .mounts
             .iter()
             .map(|m| match m {
-                super::MountDecl::Scratch { path, size } => Ok(ExtraMount::Scratch { path: path.clone(), size: *size }),
-                super::MountDecl::Cache { name, path } => Ok(ExtraMount::Cache {
+                crate::spec::MountDecl::Scratch { path, size } => {
+                    Ok(ExtraMount::Scratch { path: path.clone(), size: *size })
+                }
+                crate::spec::MountDecl::Cache { name, path } => Ok(ExtraMount::Cache {
                     source: rt.store.cache_dir(name).map_err(SandboxError::Dirs)?,
                     path: path.clone(),
                 }),

@@ -82,7 +82,7 @@ pub struct SandboxInfo {
     pub shim_pid: i32,
     pub cgroup: String,
     /// Scratch and cache mounts.
-    pub mounts: Vec<crate::sandbox::MountDecl>,
+    pub mounts: Vec<crate::spec::MountDecl>,
     /// Its user namespace's host range, if it has one (`--userns`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub userns: Option<crate::userns::UsernsMap>,
@@ -91,7 +91,7 @@ pub struct SandboxInfo {
     pub work_context: Option<String>,
     /// How it was started: the restore ladder's rung and the snapshot used.
     #[serde(default)]
-    pub restored: Option<crate::db::Restored>,
+    pub restored: Option<crate::spec::Restored>,
     /// `default` or `unconfined`.
     #[serde(default)]
     pub seccomp: String,

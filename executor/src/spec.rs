@@ -1,0 +1,152 @@
+//! What a sandbox is made with: its spec as the database keeps it (JSON,
+//! so later versions add fields without a migration), how it was started,
+//! and the mounts declared for it. Below both `db` (which stores it) and
+//! `sandbox` (which runs it).
+#![forbid(unsafe_code)]
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Rung;
+
+/// What a sandbox was created with; stored as JSON so later schema versions
+/// can add fields without a migration.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+pub struct SandboxSpec {
+    pub image: String,
+    /// The layer chain it runs on (layer ids), bottom first: the image's
+    /// layers, then those of the snapshot chain it was resumed from.
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// The snapshot it was resumed or forked from.
+    #[serde(default)]
+    pub snapshot: Option<String>,
+    /// The lineage it works for (none only for sandboxes made before
+    /// lineages existed: their first checkpoint makes one).
+    #[serde(default)]
+    pub work_context: Option<String>,
+    /// The head it observed at activation or at its last append: its next
+    /// append is fenced on it. The database row is the truth; appends
+    /// update it in the same transaction.
+    #[serde(default)]
+    pub observed_head: Option<String>,
+    /// How it was started: the ladder's rung and the snapshot used.
+    #[serde(default)]
+    pub restored: Option<Restored>,
+    /// Scratch and cache mounts (never captured).
+    #[serde(default)]
+    pub mounts: Vec<MountDecl>,
+    /// Started without the seccomp filter (`--seccomp unconfined`).
+    #[serde(default)]
+    pub seccomp_unconfined: bool,
+    /// Its own user namespace (`--userns`) and the host range it maps to.
+    #[serde(default)]
+    pub userns: Option<crate::userns::UsernsMap>,
+    pub limits: crate::cgroups::Limits,
+    pub env: Vec<String>,
+    pub hostname: String,
+    pub cgroup: String,
+}
+
+/// How a sandbox was started for its lineage.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Restored {
+    pub rung: Rung,
+    /// The snapshot it started from (none for `image`).
+    pub snapshot: Option<String>,
+}
+
+/// A mount declared for a sandbox that is never captured in a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MountDecl {
+    /// A size-limited tmpfs: scratch space that is thrown away.
+    Scratch { path: String, size: u64 },
+    /// The host cache directory `caches/<name>`, shared by every sandbox
+    /// that names it and rebuilt (empty) when lost.
+    Cache { name: String, path: String },
+}
+
+/// Default size of a scratch tmpfs.
+pub const DEFAULT_SCRATCH: u64 = 64 << 20;
+
+/// A mount target: absolute, normalised, not `/` and not under the
+/// runtime's own /proc, /sys or /dev.
+fn valid_target(path: &str) -> Result<(), String> {
+    let ok_component = |c: &str| !c.is_empty() && c != "." && c != ".." && !c.contains('\0');
+    let comps: Vec<&str> = path.strip_prefix('/').map(|p| p.split('/').collect()).unwrap_or_default();
+    if !path.starts_with('/') || comps.is_empty() || !comps.iter().all(|c| ok_component(c)) || path.len() > 4096 {
+        return Err(format!("mount path {path:?} must be an absolute, normalised path other than /"));
+    }
+    if matches!(comps[0], "proc" | "sys" | "dev") {
+        return Err(format!("mount path {path:?} is under /{} (the runtime's own)", comps[0]));
+    }
+    Ok(())
+}
+
+impl MountDecl {
+    /// `PATH[:SIZE]` (size in bytes or with a k, m, g suffix).
+    pub fn parse_scratch(s: &str) -> Result<MountDecl, String> {
+        let (path, size) = match s.rsplit_once(':') {
+            Some((p, sz)) => (p, crate::units::parse_bytes(sz)?),
+            None => (s, DEFAULT_SCRATCH),
+        };
+        valid_target(path)?;
+        if size < 4096 {
+            return Err(format!("scratch size {size} is below one page"));
+        }
+        Ok(MountDecl::Scratch { path: path.to_string(), size })
+    }
+
+    /// `NAME:PATH`.
+    pub fn parse_cache(s: &str) -> Result<MountDecl, String> {
+        let (name, path) = s.split_once(':').ok_or_else(|| format!("cache {s:?} must be NAME:PATH"))?;
+        let name_ok = !name.is_empty()
+            && name.len() <= 63
+            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-'))
+            && !name.starts_with(['.', '-']);
+        if !name_ok {
+            return Err(format!("cache name {name:?} must be 1-63 chars of [a-z0-9._-]"));
+        }
+        valid_target(path)?;
+        Ok(MountDecl::Cache { name: name.to_string(), path: path.to_string() })
+    }
+
+    pub fn path(&self) -> &str {
+        match self {
+            MountDecl::Scratch { path, .. } | MountDecl::Cache { path, .. } => path,
+        }
+    }
+
+    /// Whether processes of other sandboxes can reach this mount, and so
+    /// receive descriptors (SCM_RIGHTS over a socket in it) that outlive
+    /// this sandbox's processes: a cache is the one such channel (each
+    /// sandbox has its own network namespace, so abstract sockets are
+    /// private too, and scratch is its own tmpfs).
+    pub fn passes_descriptors(&self) -> bool {
+        matches!(self, MountDecl::Cache { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_declarations() {
+        assert_eq!(
+            MountDecl::parse_scratch("/scratch:16m"),
+            Ok(MountDecl::Scratch { path: "/scratch".into(), size: 16 << 20 })
+        );
+        assert_eq!(MountDecl::parse_scratch("/s"), Ok(MountDecl::Scratch { path: "/s".into(), size: DEFAULT_SCRATCH }));
+        assert_eq!(
+            MountDecl::parse_cache("pip:/root/.cache/pip"),
+            Ok(MountDecl::Cache { name: "pip".into(), path: "/root/.cache/pip".into() })
+        );
+        for bad in ["relative", "/", "/a/../b", "/proc/x", "/dev", "//x", "/a/./b", "/x:0"] {
+            assert!(MountDecl::parse_scratch(bad).is_err(), "{bad}");
+        }
+        for bad in ["nopath", "Bad:/x", "../x:/x", "c:relative", ".hidden:/x"] {
+            assert!(MountDecl::parse_cache(bad).is_err(), "{bad}");
+        }
+    }
+}
