@@ -227,7 +227,9 @@ impl Daemon {
             }
         };
         let work = self.rt.store.new_tmp("baseline").map_err(|e| OpError::internal(&e))?;
-        let result = self.capture_in(&sb, &work, BlobCompression::Zstd, started, Some(&recheck), &publish);
+        let result = self.leased(|lease| {
+            self.capture_in(&sb, &work, BlobCompression::Zstd, started, Some(&recheck), &publish, lease)
+        });
         let _ = remove_tree(&work);
         let info = result?;
         tracing::info!("published baseline {} for {key}", info.id);

@@ -637,7 +637,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 retention_secs: retention.map(|d| d.as_secs()),
                 stale_after_secs: stale_after.map(|d| d.as_secs()),
             };
-            let r: crate::gc::GcReport = client(&cli)?.call("POST", "/v1/gc", Some(&req))?;
+            let r: crate::types::GcReport = client(&cli)?.call("POST", "/v1/gc", Some(&req))?;
             for wc in &r.retired {
                 println!("retired lineage {wc}");
             }
@@ -646,6 +646,9 @@ pub fn run(cli: Cli) -> Result<i32> {
             }
             for (id, why) in &r.kept {
                 println!("kept snapshot {id}: {why}");
+            }
+            if r.collected > 0 {
+                println!("collected {} layers and blobs no row listed", r.collected);
             }
             Ok(0)
         }

@@ -353,7 +353,6 @@ impl Daemon {
                 }
             }
         }
-        let known_layers: HashSet<String> = lock(&self.db).all_layers()?.into_iter().collect();
         let known_sandboxes: HashSet<String> =
             lock(&self.db).list_sandboxes()?.into_iter().map(|r| r.id.to_string()).collect();
         // Sandbox dirs without a row belong to warm shims (or a create cut
@@ -380,11 +379,14 @@ impl Daemon {
                 tracing::warn!("sweep capture cgroup of {id}: {}", crate::error::chain(&e));
             }
         }
-        self.rt.store.sweep(&known_layers, &known_sandboxes)?;
-        // Blobs the database does not list (a checkpoint cut short).
-        let known_blobs: HashSet<String> =
-            lock(&self.db).all_blobs()?.iter().map(|d| d.trim_start_matches("sha256:").to_string()).collect();
-        self.rt.store.sweep_blobs(&known_blobs)?;
+        self.rt.store.sweep(&known_sandboxes)?;
+        // Layers and blobs no row lists (an operation cut short): no lease
+        // outlives the daemon that took it.
+        // What cannot be removed stays for the next collection: the daemon
+        // starts anyway.
+        if let Err(e) = self.collect(crate::store::Scope::Everything, []) {
+            tracing::warn!("collect at start: {}", e.message);
+        }
         Ok(())
     }
 
@@ -416,7 +418,7 @@ impl Daemon {
             return Err(OpError::new(ErrorKind::InvalidArgument, format!("{} does not exist", path.display())));
         }
         let _serial = lock(&self.import_lock);
-        let row = image::import(&self.rt.store, &self.db, &path, tag, &name)?;
+        let row = self.leased(|lease| Ok(image::import(&self.rt.store, &self.db, &path, tag, &name, lease)?))?;
         Ok(image_info(&row))
     }
 
@@ -433,7 +435,8 @@ impl Daemon {
     pub fn remove_image(&self, name: &str) -> Result<(), OpError> {
         let name: ImageName = name.parse().map_err(|e| OpError::invalid(&e))?;
         let _serial = lock(&self.import_lock);
-        image::remove(&self.rt.store, &self.db, &name)?;
+        let unlisted = image::remove(&self.db, &name)?;
+        self.collect(crate::store::Scope::Released, unlisted)?;
         Ok(())
     }
 

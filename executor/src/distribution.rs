@@ -490,10 +490,9 @@ impl Daemon {
         let client = client(req, &reference)?;
         let _serial = lock(&self.import_lock);
         let work = self.rt.store.new_tmp("pull").map_err(store_err)?;
-        // The layers found here (not fetched) are held until the import
-        // has listed them (`Hold`); it takes them over.
-        let mut held = Vec::new();
-        let result = (|| {
+        // The layers found here (not fetched) are leased until the import
+        // has listed them, as is all it puts in place.
+        let result = self.leased(|lease| {
             let mut config_bytes = 0;
             let docs = self.fetch_documents(&client, &reference, &mut config_bytes)?;
             if docs.labels.contains_key(CHAIN_LABEL) {
@@ -519,7 +518,9 @@ impl Daemon {
                 None => oci::descriptor(oci::layout::MEDIA_OCI_MANIFEST, &docs.digest, docs.manifest.len() as u64),
             };
             oci::layout::write_root(&layout, vec![top]).map_err(host_io)?;
-            held.extend(docs.layers.iter().map(|l| self.rt.store.hold_layer(l.diff_id.hex())));
+            for l in &docs.layers {
+                lease.layer(l.diff_id.hex());
+            }
             let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
             let paths =
                 self.fetch_layers(&client, &reference.repository, &docs.layers, &blobs, &mut tally, progress)?;
@@ -538,8 +539,7 @@ impl Daemon {
                     format!("{reference} from {}: {}", client.registry(), crate::error::chain(&e)),
                 )
             })?;
-            let held = std::mem::take(&mut held);
-            let row = crate::image::import_source(&self.rt.store, &self.db, &src, &name, &work, held)?;
+            let row = crate::image::import_source(&self.rt.store, &self.db, &src, &name, &work, lease)?;
             Ok(PullResult {
                 reference: reference.to_string(),
                 manifest_digest: docs.digest.to_string(),
@@ -549,10 +549,7 @@ impl Daemon {
                 fetched_bytes: tally.bytes,
                 reused_layers: tally.reused,
             })
-        })();
-        // Failed before the import took the holds over (else there are
-        // none left): a removal they turned away is done now.
-        crate::image::give_up(&self.rt.store, &self.db, held, &[]);
+        });
         let _ = crate::store::remove_tree(&work);
         result
     }
@@ -571,9 +568,7 @@ impl Daemon {
         let client = client(req, &reference)?;
         let _serial = lock(&self.import_lock);
         let work = self.rt.store.new_tmp("pull").map_err(store_err)?;
-        let mut adopted: Vec<String> = Vec::new();
-        let mut held = Vec::new();
-        let result = (|| {
+        let result = self.leased(|lease| {
             let mut config_bytes = 0;
             let docs = self.fetch_documents(&client, &reference, &mut config_bytes)?;
             let meta: ChainMeta = match docs.labels.get(CHAIN_LABEL) {
@@ -604,9 +599,11 @@ impl Daemon {
                     return Err(invalid(format!("bad work context of snapshot {}", s.id)));
                 }
             }
-            // The layers this pull finds here are held until its rows are
-            // in, as are those it commits (`Hold`).
-            held.extend(docs.layers.iter().map(|l| self.rt.store.hold_layer(l.diff_id.hex())));
+            // The layers this pull finds here are leased until its rows are
+            // in, as are those it commits.
+            for l in &docs.layers {
+                lease.layer(l.diff_id.hex());
+            }
             let mut tally = Tally { blobs: 1, bytes: config_bytes, reused: 0 };
             let paths = self.fetch_layers(&client, &reference.repository, &docs.layers, &work, &mut tally, progress)?;
             // The image's layers the host lacks are unpacked now (a plain
@@ -675,15 +672,11 @@ impl Daemon {
             }
             // Move layers and blobs into place, then record in one go.
             for (hex, dir) in &fresh {
-                held.push(store.commit_layer(dir, hex, true).map_err(store_err)?.1);
+                store.commit_layer(dir, hex, true, lease).map_err(store_err)?;
             }
             for (l, p) in docs.layers.iter().zip(&paths) {
                 if let Some(p) = p {
-                    // Held until the rows are in (`Hold`).
-                    held.push(store.hold_blob(l.digest.hex()));
-                    if store.adopt_blob(p, l.digest.hex(), true).map_err(store_err)? {
-                        adopted.push(l.digest.hex().to_string());
-                    }
+                    store.adopt_blob(p, l.digest.hex(), true, lease).map_err(store_err)?;
                 }
             }
             let name: ImageName = meta.image.name.parse().map_err(|e| OpError::invalid(&e))?;
@@ -760,15 +753,9 @@ impl Daemon {
                 fetched_bytes: tally.bytes,
                 reused_layers: tally.reused,
             })
-        })();
-        if result.is_err() {
-            // Nothing partial: layers and blobs this pull moved in that no
-            // row lists go again, as do layers it found here that no row
-            // lists (a removal its holds turned away).
-            crate::image::give_up(&self.rt.store, &self.db, held, &adopted);
-        } else {
-            drop(held);
-        }
+        });
+        // Nothing partial: what this pull moved in that no row lists is
+        // the collector's once its lease ends.
         let _ = crate::store::remove_tree(&work);
         result
     }
@@ -930,7 +917,7 @@ impl Daemon {
         }
         let size = blob.metadata().map_err(|e| OpError::internal(&e))?.len();
         let work = store.new_tmp("hydrate").map_err(store_err)?;
-        let result = (|| {
+        let result = self.leased(|lease| {
             let dir = work.join("layer");
             std::fs::create_dir_all(dir.join("fs")).map_err(host_io)?;
             let l = WireLayer { digest, size, media_type: media_type(compression).into(), compression, diff_id };
@@ -948,14 +935,13 @@ impl Daemon {
                     ));
                 }
             };
-            let (_, hold) = store.commit_layer(&dir, &u.layer_id, true).map_err(store_err)?;
-            if !lock(&self.db).hydrated(&u.layer_id, stats.bytes, stats.entries)? {
-                // Its snapshot was removed meanwhile.
-                crate::image::give_up(store, &self.db, vec![hold], &[]);
-            }
+            store.commit_layer(&dir, &u.layer_id, true, lease).map_err(store_err)?;
+            // False if its snapshot was removed meanwhile: the layer is
+            // then the collector's.
+            lock(&self.db).hydrated(&u.layer_id, stats.bytes, stats.entries)?;
             tracing::info!("hydrated pulled layer {} ({} entries)", u.layer_id, stats.entries);
             Ok(())
-        })();
+        });
         let _ = crate::store::remove_tree(&work);
         result
     }

@@ -5,25 +5,24 @@
 //! snapshot rm`, so one still used (by a live sandbox, a launch in flight, a
 //! child snapshot, or as an active lineage's head) is kept; its layer and
 //! blob go only when no image or remaining snapshot lists them.
+//!
+//! The collector (containerd's leases and garbage collector): operations
+//! lease the layers and blobs they put in place or find there
+//! ([`crate::store::Lease`]) and, failing, drop the lease and nothing else;
+//! [`Daemon::collect`], the one place that deletes layers and blobs, removes
+//! under the database lock those no row lists and no lease holds. It runs
+//! when an operation's lease ends ([`Daemon::leased`]), after a removal
+//! (with what the removal unlisted), over the whole store at start-up and
+//! in every `gc`.
 
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
 
 use crate::daemon::OpError;
 use crate::daemon::{lock, Daemon};
 use crate::error::ErrorKind;
-
-/// What one collection did.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct GcReport {
-    /// Lineages retired as stale.
-    pub retired: Vec<String>,
-    /// Snapshots deleted.
-    pub deleted: Vec<String>,
-    /// Snapshots past retention kept because something uses them, with why.
-    pub kept: Vec<(String, String)>,
-}
+use crate::store::{Lease, Resource, Scope};
+use crate::types::GcReport;
 
 impl Daemon {
     /// Retire stale lineages, then delete what retention allows.
@@ -71,7 +70,50 @@ impl Daemon {
             }
         }
         report.kept = kept.into_iter().collect();
+        report.collected = self.collect(Scope::Everything, [])?;
         Ok(report)
+    }
+
+    /// The collector: remove the layers and blobs in `scope` (and `also`)
+    /// that no row lists and no lease holds; returns how many it removed.
+    /// The rows are read and the files removed under the database lock (a
+    /// layer is moved aside under it, and deleted after), so an operation
+    /// recording a row is either seen or finds the file gone.
+    pub fn collect(&self, scope: Scope, also: impl IntoIterator<Item = Resource>) -> Result<usize, OpError> {
+        let store = &self.rt.store;
+        let mut candidates = store.take_released();
+        candidates.extend(also);
+        if scope == Scope::Everything {
+            candidates.extend(store.present().map_err(|e| OpError::internal(&e))?);
+        }
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        let db = lock(&self.db);
+        let layers: HashSet<String> = db.all_layers()?.into_iter().collect();
+        let blobs = db.all_blobs()?;
+        let doomed: BTreeSet<Resource> = candidates
+            .into_iter()
+            .filter(|r| match r {
+                Resource::Layer(id) => !layers.contains(id),
+                Resource::Blob(hex) => !blobs.contains(&format!("sha256:{hex}")),
+            })
+            .collect();
+        store.remove_unleased(db, &doomed).map_err(|e| OpError::internal(&e))
+    }
+
+    /// Run `op` with a lease on what it puts in place ([`Lease`]); when it
+    /// ends, done or failed, the lease ends and the collector looks at what
+    /// it held (what a failed operation wrote and no row lists goes; a
+    /// collection that fails is logged: the next one retries).
+    pub fn leased<T>(&self, op: impl FnOnce(&Lease) -> Result<T, OpError>) -> Result<T, OpError> {
+        let lease = self.rt.store.lease();
+        let r = op(&lease);
+        drop(lease);
+        if let Err(e) = self.collect(Scope::Released, []) {
+            tracing::warn!("collect: {}", e.message);
+        }
+        r
     }
 
     /// Collect every `interval` on a background thread (never if zero).

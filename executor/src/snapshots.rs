@@ -31,7 +31,7 @@ use crate::ids::SandboxId;
 use crate::model::{Rung, SnapshotClass, StartKind};
 use crate::oci;
 use crate::sandbox::Until;
-use crate::store::{remove_tree, BlobCompression, StoreError};
+use crate::store::{remove_tree, BlobCompression, Lease, Resource, Scope, StoreError};
 use crate::types::{LaunchRequest, SandboxInfo, SnapshotInfo};
 
 /// A chain folded into one layer by `compact_if_deep`.
@@ -191,7 +191,7 @@ impl Daemon {
             Ok(()) => Ok(()),
             Err(fence) => Err(OpError::new(ErrorKind::Conflict, format!("checkpoint refused: {fence}"))),
         };
-        let result = self.capture_in(&sb, &work, compression, started, None, &append);
+        let result = self.leased(|lease| self.capture_in(&sb, &work, compression, started, None, &append, lease));
         let _ = remove_tree(&work);
         // Whatever failed once the sandbox went away failed because it did.
         result.map_err(|e| if sb.gone().is_set() { removed_meanwhile(&sb) } else { e })
@@ -200,8 +200,10 @@ impl Daemon {
     /// Capture a running sandbox's changes as a snapshot and hand the row
     /// and its layer to `record`, which writes them to the database (a
     /// checkpoint's fenced append, a baseline's compare-and-swap), after
-    /// `check` (if any) passed. If either refuses, everything the capture
-    /// made is reclaimed.
+    /// `check` (if any) passed. What it puts in place is held by `lease`;
+    /// if either refuses, what no row lists is the collector's once the
+    /// lease ends.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn capture_in(
         &self,
         sb: &crate::sandbox::Sandbox,
@@ -210,6 +212,7 @@ impl Daemon {
         started: Instant,
         check: Option<&dyn Fn() -> Result<(), OpError>>,
         record: &dyn Fn(&mut crate::db::Db, &mut SnapshotRow, &LayerRow) -> Result<(), OpError>,
+        lease: &Lease,
     ) -> Result<SnapshotInfo, OpError> {
         let store = &self.rt.store;
         let dirs = sb.dirs(store);
@@ -248,7 +251,7 @@ impl Daemon {
             match crate::worker::compress(input, compression, &tmp, false, &place, sb.gone()) {
                 Ok(((hex, size), cpu)) => {
                     spent(cpu);
-                    store.place_blob(&tmp, &hex).map(|hold| (hold, size)).map_err(store_err)
+                    store.place_blob(&tmp, &hex, lease).map(|()| (hex, size)).map_err(store_err)
                 }
                 Err(e) => {
                     let _ = std::fs::remove_file(&tmp);
@@ -260,11 +263,12 @@ impl Daemon {
             let mut follow = std::io::BufReader::with_capacity(1 << 20, follow);
             (blob_of(&mut follow), started.elapsed())
         };
-        // Stop the follower of the tar written ahead and drop its blob.
+        // Stop the follower of the tar written ahead; its blob, if it made
+        // one, is left to the collector.
         let give_up = |follower: Option<std::thread::ScopedJoinHandle<'_, _>>| {
             written.cancel();
-            if let Some(Ok((Ok((hold, _)), _))) = follower.map(|h| h.join()) {
-                self.give_up_blob(hold);
+            if let Some(h) = follower {
+                let _ = h.join();
             }
         };
         let (unpacked, follower, spec) = std::thread::scope(|s| {
@@ -339,24 +343,11 @@ impl Daemon {
             Ok((cap, _)) => cap.segments.iter().map(|s| s.len).sum(),
             Err(_) => 0,
         };
-        let sealed = match (unpacked, follower) {
-            (Ok((cap, layer)), None) => self.finish_capture(sb, cap, layer, work).map(|s| (s, None)),
-            (Ok((cap, layer)), Some(Ok((hex, size, at)))) => match self.finish_capture(sb, cap, layer, work) {
-                Ok(s) => Ok((s, Some((hex, size, at)))),
-                Err(e) => {
-                    self.give_up_blob(hex);
-                    Err(e)
-                }
-            },
-            (Ok(_), Some(Err(e))) => Err(e),
-            (Err(e), follower) => {
-                if let Some(Ok((hex, _, _))) = follower {
-                    self.give_up_blob(hex);
-                }
-                Err(e)
-            }
+        let (sealed, blob) = match (unpacked, follower) {
+            (Ok((cap, layer)), None) => (self.finish_capture(sb, cap, layer, work, lease)?, None),
+            (Ok((cap, layer)), Some(Ok(blob))) => (self.finish_capture(sb, cap, layer, work, lease)?, Some(blob)),
+            (Ok(_), Some(Err(e))) | (Err(e), _) => return Err(e),
         };
-        let ((sealed, layer_hold), blob) = sealed?;
         crate::failpoint::hit("checkpoint:layer-committed");
         let blob = match blob {
             Some(b) => Ok(b),
@@ -365,15 +356,9 @@ impl Daemon {
                     store_err(StoreError::Io { step: "read checkpoint tar", path: sealed.tar.clone(), source })
                 })
                 .and_then(|tar| blob_of(&mut Until::new(tar, sb.gone())))
-                .map(|(hold, size)| (hold, size, started.elapsed())),
+                .map(|(hex, size)| (hex, size, started.elapsed())),
         };
-        let (blob_hold, blob_size, blob_at) = match blob {
-            Ok(b) => b,
-            Err(e) => {
-                self.give_up_layer(layer_hold);
-                return Err(e);
-            }
-        };
+        let (blob_hex, blob_size, blob_at) = blob?;
 
         let looked_up = (|| {
             let db = lock(&self.db);
@@ -382,14 +367,7 @@ impl Daemon {
                 .ok_or_else(|| OpError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
             Ok::<_, OpError>((image, db.last_exec_record(sb.id.as_str())?))
         })();
-        let (image, log_upto) = match looked_up {
-            Ok(l) => l,
-            Err(e) => {
-                self.give_up_layer(layer_hold);
-                self.give_up_blob(blob_hold);
-                return Err(e);
-            }
-        };
+        let (image, log_upto) = looked_up?;
         let stats = &sealed.stats;
         let mut info = serde_json::json!({
             "frozen_ms": sealed.frozen.as_secs_f64() * 1000.0,
@@ -408,8 +386,7 @@ impl Daemon {
         mark_userns(&mut info, sb);
         let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
         let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
-        (row.blob_digest, row.blob_size, row.compression) =
-            (format!("sha256:{}", blob_hold.id()), blob_size, compression);
+        (row.blob_digest, row.blob_size, row.compression) = (format!("sha256:{blob_hex}"), blob_size, compression);
         // Layer and blob are on disk before any row names them. The tars
         // are spent: deleted first, so the sync does not write them out.
         for spent in [&tar, &ahead, &sealed.tar] {
@@ -425,13 +402,9 @@ impl Daemon {
         // Until layer and blob are durable: all the checkpoint but the row.
         row.info["total_ms"] = (started.elapsed().as_secs_f64() * 1000.0).into();
         let mut db = lock(&self.db);
-        if let Err(e) = checked.and_then(|()| record(&mut db, &mut row, &layer)) {
-            // Reclaim what this capture made; the sandbox runs on.
-            drop(db);
-            self.give_up_layer(layer_hold);
-            self.give_up_blob(blob_hold);
-            return Err(e);
-        }
+        // Refused: what this capture made is the collector's once the
+        // lease ends; the sandbox runs on.
+        checked.and_then(|()| record(&mut db, &mut row, &layer))?;
         drop(db);
         crate::failpoint::hit("checkpoint:appended");
         let info = self.snapshot_info_locked(&lock(&self.db), &row)?;
@@ -447,14 +420,15 @@ impl Daemon {
 
     /// Put an unpacked capture in place under `layers/<diff_id>` (or reuse
     /// an identical layer), folding the chain first if it is too deep.
-    /// The layer is held until the caller records or gives it up.
+    /// The layer is held by `lease`.
     fn finish_capture(
         &self,
         sb: &crate::sandbox::Sandbox,
         cap: crate::sandbox::Capture,
         (layer_dir, unpacked): (std::path::PathBuf, oci::UnpackStats),
         work: &Path,
-    ) -> Result<(Sealed, crate::store::Hold<'_>), OpError> {
+        lease: &Lease,
+    ) -> Result<Sealed, OpError> {
         let diff_id = cap.diff_id.ok_or_else(|| OpError::new(ErrorKind::Internal, "the capture has no diff_id"))?;
         let mut sealed = Sealed {
             diff_id,
@@ -474,8 +448,8 @@ impl Daemon {
             sealed.compacted = true;
         }
         // Synced with the blob, before the row is written (capture_in).
-        let (_, hold) = self.rt.store.commit_layer(&layer_dir, &sealed.diff_id, false).map_err(store_err)?;
-        Ok((sealed, hold))
+        self.rt.store.commit_layer(&layer_dir, &sealed.diff_id, false, lease).map_err(store_err)?;
+        Ok(sealed)
     }
 
     pub(crate) fn snapshot_info_locked(&self, db: &crate::db::Db, row: &SnapshotRow) -> Result<SnapshotInfo, OpError> {
@@ -737,7 +711,7 @@ impl Daemon {
             sb.end_stop();
             return Err(e.into());
         }
-        match self.seal_upper(&sb, started) {
+        match self.leased(|lease| self.seal_upper(&sb, started, lease)) {
             Ok(info) => {
                 crate::failpoint::hit("suspend:appended");
                 lock(&self.pool).live.remove(&sb.id);
@@ -758,7 +732,12 @@ impl Daemon {
     /// Move (or, past --compact-depth, fold) a stopped sandbox's upper into
     /// the layer store and record the snapshot. On error the upper is where
     /// it was.
-    fn seal_upper(&self, sb: &crate::sandbox::Sandbox, started: Instant) -> Result<SnapshotInfo, OpError> {
+    fn seal_upper(
+        &self,
+        sb: &crate::sandbox::Sandbox,
+        started: Instant,
+        lease: &Lease,
+    ) -> Result<SnapshotInfo, OpError> {
         let store = &self.rt.store;
         let upper = sb.dirs(store).upper;
         let work = store.new_tmp("suspend").map_err(store_err)?;
@@ -797,7 +776,7 @@ impl Daemon {
             };
             crate::failpoint::hit("suspend:moved");
             // Durability comes with the blob (the seal syncs the layer).
-            let (new_layer, hold) = match store.commit_layer(&layer_src, &layer.id, compacted.is_some()) {
+            let new_layer = match store.commit_layer(&layer_src, &layer.id, compacted.is_some(), lease) {
                 Ok(n) => n,
                 Err(e) => {
                     give_back();
@@ -830,14 +809,16 @@ impl Daemon {
                 drop(db);
                 if moved && new_layer {
                     // Give the sandbox its upper back rather than lose it
-                    // (the layer is named by this snapshot: no one else's;
-                    // kept, with the upper in it, if that fails).
-                    drop(hold);
-                    if std::fs::rename(store.layer_dir(&layer.id).join("fs"), &upper).is_ok() {
-                        let _ = store.remove_layer(&layer.id);
+                    // (the layer is named by this snapshot: no one else's);
+                    // the empty layer is the collector's. Should that fail,
+                    // the upper stays in the layer, leased until the daemon
+                    // stops, so the collector leaves it meanwhile.
+                    if let Err(err) = std::fs::rename(store.layer_dir(&layer.id).join("fs"), &upper) {
+                        tracing::error!("suspend of {}: giving its upper back: {err}", sb.id);
+                        let kept = store.lease();
+                        kept.layer(&layer.id);
+                        std::mem::forget(kept);
                     }
-                } else {
-                    self.give_up_layer(hold);
                 }
                 return Err(e);
             }
@@ -901,6 +882,10 @@ impl Daemon {
     /// write its blob, record all three and mark it ready. Run by the
     /// daemon's blob thread (and at start for any left sealing).
     pub fn seal_blob(&self, id: &str) -> Result<(), OpError> {
+        self.leased(|lease| self.seal_blob_leased(id, lease))
+    }
+
+    fn seal_blob_leased(&self, id: &str, lease: &Lease) -> Result<(), OpError> {
         let Ok(_pin) = self.pin_snapshot(id) else { return Ok(()) };
         let Some(row) = lock(&self.db).snapshot(id)? else { return Ok(()) };
         if !lock(&self.db).blob_pending(id)? {
@@ -953,11 +938,9 @@ impl Daemon {
                 return Err(worker_err(e));
             }
         };
-        let held = store.place_blob(&tmp, &bhex).map_err(store_err)?;
+        store.place_blob(&tmp, &bhex, lease).map_err(store_err)?;
         crate::failpoint::hit("seal:blob-written");
-        let bhex = held.id().to_string();
         if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
-            self.give_up_blob(held);
             return Err(OpError::new(
                 ErrorKind::Internal,
                 format!("snapshot {id}: layer serialises to {hex}, not its diff_id {:?}", row.diff_id),
@@ -969,7 +952,6 @@ impl Daemon {
         info["worker_cpu_ms"] = serde_json::json!(cpu.as_secs_f64() * 1000.0);
         let layer = LayerRow { id: row.layer.clone(), diff_id: Some(hex), size: stats.bytes, entries: stats.entries };
         lock(&self.db).set_snapshot_blob(id, &format!("sha256:{bhex}"), size, &layer, &info)?;
-        drop(held);
         Ok(())
     }
 
@@ -1114,24 +1096,10 @@ impl Daemon {
             }
             Ok(orphan) => orphan,
         };
-        let blob_used = db.all_blobs()?.contains(&row.blob_digest);
-        let blob = (!blob_used && !row.blob_digest.is_empty()).then(|| row.blob_digest.trim_start_matches("sha256:"));
-        let layers: Vec<String> = orphan.into_iter().collect();
-        self.rt.store.remove_orphans(db, &layers, blob).map_err(store_err)
-    }
-}
-
-impl Daemon {
-    /// Give up a layer this operation held (and may have put in place): it
-    /// is deleted unless a row lists it or another operation holds it.
-    fn give_up_layer(&self, hold: crate::store::Hold<'_>) {
-        crate::image::give_up(&self.rt.store, &self.db, vec![hold], &[]);
-    }
-
-    /// Give up a blob this operation wrote: it is deleted unless a row
-    /// lists it or another operation holds it (the same content).
-    fn give_up_blob(&self, hold: crate::store::Hold<'_>) {
-        let hex = hold.id().to_string();
-        crate::image::give_up(&self.rt.store, &self.db, vec![hold], &[hex]);
+        drop(db);
+        // Its layer (if no other row lists it) and blob go now.
+        let blob = row.blob_digest.strip_prefix("sha256:").map(|h| Resource::Blob(h.to_string()));
+        self.collect(Scope::Released, orphan.into_iter().map(Resource::Layer).chain(blob))?;
+        Ok(())
     }
 }

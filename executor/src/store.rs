@@ -14,8 +14,9 @@
 //! shim does); it hands out paths. Directories are named by digest or
 //! by ids the daemon made, never by user text.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::ids::SandboxId;
 
@@ -117,52 +118,95 @@ pub struct SandboxDirs {
 #[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
-    /// Blobs and layers put in place (or found there) and not recorded
-    /// yet, with how many operations hold each ([`Hold`]).
-    holds: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<(Held, String), usize>>>,
+    /// Which layers and blobs operations hold ([`Lease`]), and which
+    /// ones lost their last lease since the collector last looked.
+    leases: Arc<Mutex<LeaseTable>>,
 }
 
-/// What a [`Hold`] holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Held {
-    Blob,
-    Layer,
+/// What a lease holds and the collector removes: a layer (by id) or a
+/// blob (by its sha256 hex).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Resource {
+    Layer(String),
+    Blob(String),
 }
 
-/// A blob or layer that an operation has put in place (or found there)
-/// and will record or give up: while anyone holds it,
-/// [`Store::remove_blob`] and [`Store::remove_layer`] leave it. Both are
-/// named by their content, so two checkpoints of the same tree make the
-/// same blob and layer, and one that gives up must not delete what the
-/// other is recording (nor may an image's removal delete a layer an
-/// import is about to list again).
+/// Which layers and blobs a collection looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Those whose last lease ended since the last collection (and those
+    /// the caller names).
+    Released,
+    /// Every one in the store: at start-up (no lease survives a daemon)
+    /// and in each `gc`.
+    Everything,
+}
+
+#[derive(Debug, Default)]
+struct LeaseTable {
+    /// How many live leases hold each resource.
+    held: HashMap<Resource, usize>,
+    /// Resources whose last lease ended since the collector last looked:
+    /// what it looks at next (besides what a removal names).
+    released: BTreeSet<Resource>,
+}
+
+/// An operation's claim on the layers and blobs it puts in place or finds
+/// there and will record (containerd's leases): while any lease holds one,
+/// the collector leaves it, row or no row. Layers and blobs are named by
+/// their content, so two checkpoints of the same tree make the same ones,
+/// and an operation that fails must not delete what another is
+/// recording; so no operation deletes what it wrote. It drops its lease,
+/// and the collector ([`Store::remove_unleased`], driven by
+/// `Daemon::collect` under the database lock) removes what no row lists
+/// and no lease holds. Take the lease before looking for what it names:
+/// a removal that comes later then leaves it, one that came earlier has
+/// removed it already and the operation puts its own in place.
+///
+/// Leases live in memory: a daemon that dies drops them all, and the
+/// start-up collection removes what no row lists.
+#[derive(Debug)]
 #[must_use]
-pub struct Hold<'a> {
-    store: &'a Store,
-    key: (Held, String),
+pub struct Lease {
+    table: Arc<Mutex<LeaseTable>>,
+    mine: Mutex<Vec<Resource>>,
 }
 
-impl Hold<'_> {
-    /// The blob's digest hex or the layer's id.
-    pub fn id(&self) -> &str {
-        &self.key.1
+impl Lease {
+    fn add(&self, r: Resource) {
+        *lock(&self.table).held.entry(r.clone()).or_default() += 1;
+        lock(&self.mine).push(r);
     }
 
-    pub fn is_layer(&self) -> bool {
-        self.key.0 == Held::Layer
+    /// Hold layer `id`.
+    pub fn layer(&self, id: &str) {
+        self.add(Resource::Layer(id.to_string()));
+    }
+
+    /// Hold blob `digest_hex`.
+    pub fn blob(&self, digest_hex: &str) {
+        self.add(Resource::Blob(digest_hex.to_string()));
     }
 }
 
-impl Drop for Hold<'_> {
+impl Drop for Lease {
     fn drop(&mut self) {
-        let mut holds = self.store.holds();
-        if let Some(n) = holds.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                holds.remove(&self.key);
+        let mine = std::mem::take(&mut *lock(&self.mine));
+        let mut table = lock(&self.table);
+        for r in mine {
+            if let Some(n) = table.held.get_mut(&r) {
+                *n -= 1;
+                if *n == 0 {
+                    table.held.remove(&r);
+                    table.released.insert(r);
+                }
             }
         }
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Store {
@@ -181,7 +225,7 @@ impl Store {
         std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o700))
             .map_err(io("chmod 0700", root))?;
         let root = std::fs::canonicalize(root).map_err(io("resolve", root))?;
-        Ok(Store { root, holds: Default::default() })
+        Ok(Store { root, leases: Default::default() })
     }
 
     pub fn root(&self) -> &Path {
@@ -310,94 +354,119 @@ impl Store {
     }
 
     /// Move a finished layer from `tmp/` into place as `layers/<id>`,
-    /// synced first if `durable`. Returns whether it is new (else the
-    /// layer already existed and `tmp_layer` is deleted) and the layer held
-    /// (see [`Hold`]; keep it until the layer is recorded).
-    pub fn commit_layer(&self, tmp_layer: &Path, id: &str, durable: bool) -> Result<(bool, Hold<'_>), StoreError> {
-        // Held before it is looked for: a removal that comes later leaves
-        // it; one that came earlier has moved it away already.
-        let hold = self.hold_layer(id);
+    /// synced first if `durable`, held by `lease` (keep it until the layer
+    /// is recorded). Returns whether it is new (else the layer already
+    /// existed and `tmp_layer` is deleted).
+    pub fn commit_layer(&self, tmp_layer: &Path, id: &str, durable: bool, lease: &Lease) -> Result<bool, StoreError> {
+        // Leased before it is looked for: a collection that comes later
+        // leaves it; one that came earlier has moved it away already.
+        lease.layer(id);
         let dst = self.layer_dir(id);
         if dst.exists() {
             remove_tree(tmp_layer)?;
-            return Ok((false, hold));
+            return Ok(false);
         }
         if durable {
             self.sync_layer(tmp_layer)?;
         }
         match std::fs::rename(tmp_layer, &dst) {
-            Ok(()) => Ok((true, hold)),
+            Ok(()) => Ok(true),
             // Another import or checkpoint put the same layer in place
             // between the check above and here: content-addressed, so ours
             // is the same; keep theirs.
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY) | Some(libc::EEXIST)) => {
                 remove_tree(tmp_layer)?;
-                Ok((false, hold))
+                Ok(false)
             }
             Err(e) => Err(StoreError::Io { step: "rename into place", path: dst, source: e }),
         }
     }
 
-    /// Move layer `id` aside under `tmp/`, unless an operation holds it
-    /// ([`Hold`]: that one is about to record it) or it is absent; returns
-    /// where it went, to delete with [`remove_tree`]. Call it with the
-    /// database locked, right after the database said no row lists the
-    /// layer: an operation records its row before it drops its hold, so
-    /// the layer is then unlisted and unheld at once, and a commit of the
-    /// same layer from then on finds it gone and puts its own in place.
-    /// Delete what it returns once the database is unlocked.
-    pub fn take_layer_aside(&self, id: &str) -> Result<Option<PathBuf>, StoreError> {
+    /// A new lease (see [`Lease`]).
+    pub fn lease(&self) -> Lease {
+        Lease { table: self.leases.clone(), mine: Mutex::new(Vec::new()) }
+    }
+
+    /// The resources whose last lease ended since this was last called:
+    /// the collector's candidates.
+    pub fn take_released(&self) -> BTreeSet<Resource> {
+        std::mem::take(&mut lock(&self.leases).released)
+    }
+
+    /// Every layer and blob in the store: a full collection's candidates.
+    pub fn present(&self) -> Result<BTreeSet<Resource>, StoreError> {
+        let mut all = BTreeSet::new();
+        for (sub, make) in [("layers", Resource::Layer as fn(String) -> Resource), ("blobs/sha256", Resource::Blob)] {
+            let dir = self.root.join(sub);
+            for entry in std::fs::read_dir(&dir).map_err(io("read", &dir))? {
+                let entry = entry.map_err(io("read", &dir))?;
+                all.insert(make(entry.file_name().to_string_lossy().into_owned()));
+            }
+        }
+        Ok(all)
+    }
+
+    /// The collector's half in the store: remove each of `doomed` (what
+    /// the database, locked by the caller, `locked_db` its guard, has just
+    /// said no row lists) that no lease holds. Layers are moved aside and
+    /// blobs deleted with the lease table locked, so a lease is either
+    /// taken before (and the resource stays) or after (and its operation
+    /// finds it gone and puts its own in place); then the database is
+    /// unlocked and the layers moved aside are deleted. Goes on past a
+    /// failure (what fails stays for the next collection); returns how
+    /// many it removed (absent ones are not counted), or the first failure.
+    pub fn remove_unleased<G>(&self, locked_db: G, doomed: &BTreeSet<Resource>) -> Result<usize, StoreError> {
+        let mut first = Ok(());
+        let mut aside = Vec::new();
+        let mut removed = 0;
+        {
+            let table = lock(&self.leases);
+            for r in doomed {
+                if table.held.contains_key(r) {
+                    continue;
+                }
+                // Whether it was there to remove.
+                let done = match r {
+                    Resource::Layer(id) => self.take_layer_aside(id).map(|d| {
+                        let there = d.is_some();
+                        aside.extend(d);
+                        there
+                    }),
+                    Resource::Blob(hex) => match std::fs::remove_file(self.blob_path(hex)) {
+                        Ok(()) => Ok(true),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                        Err(e) => Err(StoreError::Io { step: "remove blob", path: self.blob_path(hex), source: e }),
+                    },
+                };
+                match done {
+                    Ok(true) => {
+                        removed += 1;
+                        tracing::info!("collect: removed {r:?}");
+                    }
+                    Ok(false) => {}
+                    Err(e) => first = first.and(Err(e)),
+                }
+            }
+        }
+        drop(locked_db);
+        for d in aside {
+            first = first.and(remove_tree(&d));
+        }
+        first.map(|()| removed)
+    }
+
+    /// Move layer `id` aside under `tmp/` (unless it is absent) and return
+    /// where it went, to delete with [`remove_tree`].
+    fn take_layer_aside(&self, id: &str) -> Result<Option<PathBuf>, StoreError> {
         let dir = self.layer_dir(id);
         if let Some(mount) = crate::tree::mounts_under(&dir).into_iter().next() {
             return Err(StoreError::StillMounted { path: dir, mount });
         }
         let doomed = self.tmp_dir().join(format!("removed-{:016x}", rand::random::<u64>()));
-        let holds = self.holds();
-        if holds.contains_key(&(Held::Layer, id.to_string())) {
-            return Ok(None);
-        }
         match std::fs::rename(&dir, &doomed) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(StoreError::Io { step: "move aside", path: dir, source: e }),
             Ok(()) => Ok(Some(doomed)),
-        }
-    }
-
-    /// Remove `layers` and `blobs` that the database (locked: `locked_db`,
-    /// its guard) has just said no row lists any more: the layers are moved
-    /// aside and the blobs deleted under the lock, which is then dropped,
-    /// and the layers deleted. Goes on past a failure; returns the first.
-    pub fn remove_orphans<'b, G>(
-        &self,
-        locked_db: G,
-        layers: &[String],
-        blobs: impl IntoIterator<Item = &'b str>,
-    ) -> Result<(), StoreError> {
-        let mut first = Ok(());
-        let mut doomed = Vec::new();
-        for id in layers {
-            match self.take_layer_aside(id) {
-                Ok(d) => doomed.extend(d),
-                Err(e) => first = first.and(Err(e)),
-            }
-        }
-        for hex in blobs {
-            first = first.and(self.remove_blob(hex));
-        }
-        drop(locked_db);
-        for d in doomed {
-            first = first.and(remove_tree(&d));
-        }
-        first
-    }
-
-    /// [`Store::take_layer_aside`] and delete it: for a layer no other
-    /// operation can list (named by an id this one made), or with the
-    /// database locked (which the deletion then holds up).
-    pub fn remove_layer(&self, id: &str) -> Result<(), StoreError> {
-        match self.take_layer_aside(id)? {
-            Some(doomed) => remove_tree(&doomed),
-            None => Ok(()),
         }
     }
 
@@ -423,15 +492,16 @@ impl Store {
     /// Compress what `produce` writes into the blob store (zstd or gzip at
     /// their fastest levels), hashing as it goes: write under `tmp/`, fsync
     /// (unless the caller will [`Store::sync`] before recording it), rename.
-    /// Returns what `produce` returned, the blob held (its digest hex: see
-    /// [`Hold`]; keep it until the blob is recorded) and its size. On
-    /// error nothing is left.
+    /// Returns what `produce` returned, the blob's digest hex (held by
+    /// `lease`: keep it until the blob is recorded) and its size. On error
+    /// nothing is left.
     pub fn write_blob<T>(
         &self,
         compression: BlobCompression,
         fsync: bool,
+        lease: &Lease,
         produce: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<T>,
-    ) -> Result<(T, Hold<'_>, u64), StoreError> {
+    ) -> Result<(T, String, u64), StoreError> {
         let tmp = self.new_blob_path();
         let (t, hex, size) = match compress_with(compression, &tmp, fsync, produce) {
             Ok(r) => r,
@@ -440,7 +510,7 @@ impl Store {
                 return Err(StoreError::Io { step: "write blob", path: tmp, source });
             }
         };
-        self.place_blob(&tmp, &hex).map(|hold| (t, hold, size))
+        self.place_blob(&tmp, &hex, lease).map(|()| (t, hex, size))
     }
 
     /// A new file for [`Store::place_blob`], under `tmp/`.
@@ -449,23 +519,24 @@ impl Store {
     }
 
     /// Put the blob file `tmp` (under `tmp/`, its sha256 `hex`) in place,
-    /// held (see [`Store::write_blob`]). On error `tmp` is removed.
-    pub fn place_blob(&self, tmp: &Path, hex: &str) -> Result<Hold<'_>, StoreError> {
+    /// held by `lease`. On error `tmp` is removed.
+    pub fn place_blob(&self, tmp: &Path, hex: &str, lease: &Lease) -> Result<(), StoreError> {
         let dst = self.blob_path(hex);
-        // Held before it is in place: a removal of the same blob that
-        // comes later leaves it.
-        let hold = self.hold_blob(hex);
+        // Leased before it is in place: a collection that comes later
+        // leaves it.
+        lease.blob(hex);
         if let Err(e) = std::fs::rename(tmp, &dst) {
             let _ = std::fs::remove_file(tmp);
             return Err(StoreError::Io { step: "rename blob into place", path: dst, source: e });
         }
-        Ok(hold)
+        Ok(())
     }
 
     /// Move the verified blob file `src` (under `tmp/`) into `blobs/` as
-    /// `digest_hex`, synced first when `durable`. Returns false (and removes
-    /// `src`) if the store has it already.
-    pub fn adopt_blob(&self, src: &Path, digest_hex: &str, durable: bool) -> Result<bool, StoreError> {
+    /// `digest_hex`, synced first when `durable`, held by `lease`. Returns
+    /// false (and removes `src`) if the store has it already.
+    pub fn adopt_blob(&self, src: &Path, digest_hex: &str, durable: bool, lease: &Lease) -> Result<bool, StoreError> {
+        lease.blob(digest_hex);
         let dst = self.blob_path(digest_hex);
         if dst.is_file() {
             let _ = std::fs::remove_file(src);
@@ -478,62 +549,12 @@ impl Store {
         Ok(true)
     }
 
-    /// Remove blobs no snapshot or image row lists.
-    pub fn sweep_blobs(&self, known: &HashSet<String>) -> Result<(), StoreError> {
-        let dir = self.root.join("blobs/sha256");
-        for entry in std::fs::read_dir(&dir).map_err(io("read", &dir))? {
-            let entry = entry.map_err(io("read", &dir))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if !known.contains(&name) {
-                tracing::info!("sweep: removing blob {name}");
-                remove_tree(&entry.path())?;
-            }
-        }
-        Ok(())
-    }
-
-    fn holds(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<(Held, String), usize>> {
-        self.holds.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn hold(&self, kind: Held, id: &str) -> Hold<'_> {
-        let key = (kind, id.to_string());
-        *self.holds().entry(key.clone()).or_default() += 1;
-        Hold { store: self, key }
-    }
-
-    /// Hold blob `digest_hex` (see [`Hold`]).
-    pub fn hold_blob(&self, digest_hex: &str) -> Hold<'_> {
-        self.hold(Held::Blob, digest_hex)
-    }
-
-    /// Hold layer `id` (see [`Hold`]), one this operation found in place
-    /// and will list ([`Store::commit_layer`] holds the layers it commits).
-    pub fn hold_layer(&self, id: &str) -> Hold<'_> {
-        self.hold(Held::Layer, id)
-    }
-
-    /// Delete a blob, unless an operation holds it ([`Hold`]): that one
-    /// is about to record it.
-    pub fn remove_blob(&self, digest_hex: &str) -> Result<(), StoreError> {
-        // Under the lock: a hold is either taken before (and the blob
-        // stays) or after (and its writer puts the file back in place).
-        let holds = self.holds();
-        if holds.contains_key(&(Held::Blob, digest_hex.to_string())) {
-            return Ok(());
-        }
-        match std::fs::remove_file(self.blob_path(digest_hex)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(StoreError::Io { step: "remove blob", path: self.blob_path(digest_hex), source: e })
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Start-up sweep: empty `tmp/`, and delete layer and sandbox directories
-    /// the database does not know (left by a crash between dir and row).
-    pub fn sweep(&self, known_layers: &HashSet<String>, known_sandboxes: &HashSet<String>) -> Result<(), StoreError> {
-        for (sub, keep) in [("tmp", None), ("layers", Some(known_layers)), ("sandboxes", Some(known_sandboxes))] {
+    /// Start-up sweep: empty `tmp/`, and delete sandbox directories the
+    /// database does not know (left by a crash between dir and row).
+    /// Layers and blobs no row lists are the collector's
+    /// (`Daemon::collect`).
+    pub fn sweep(&self, known_sandboxes: &HashSet<String>) -> Result<(), StoreError> {
+        for (sub, keep) in [("tmp", None), ("sandboxes", Some(known_sandboxes))] {
             let dir = self.root.join(sub);
             for entry in std::fs::read_dir(&dir).map_err(io("read", &dir))? {
                 let entry = entry.map_err(io("read", &dir))?;
@@ -575,109 +596,119 @@ pub fn remove_tree(path: &Path) -> Result<(), StoreError> {
 mod tests {
     use super::*;
 
-    /// Two writers of the same content hold the same blob; one giving it
-    /// up does not remove it while the other holds it.
+    fn collect(s: &Store, doomed: &[Resource]) -> Result<usize, StoreError> {
+        let db = Mutex::new(());
+        s.remove_unleased(db.lock().unwrap(), &doomed.iter().cloned().collect())
+    }
+
+    /// Two writers of the same content lease the same blob; the first
+    /// one's lease ending does not let it be removed while the second's
+    /// holds it; the second's ending makes it a candidate.
     #[test]
-    fn a_held_blob_is_not_removed() {
+    fn a_leased_blob_is_not_collected() {
         let t = tempfile::tempdir().unwrap();
         let store = Store::open(t.path()).unwrap();
-        let write = || store.write_blob(BlobCompression::Zstd, false, |w| w.write_all(b"same")).unwrap();
-        let ((), first, _) = write();
-        let ((), second, _) = write();
-        assert_eq!(first.id(), second.id());
-        let hex = first.id().to_string();
+        let (first, second) = (store.lease(), store.lease());
+        let write = |l| store.write_blob(BlobCompression::Zstd, false, l, |w| w.write_all(b"same")).unwrap();
+        let ((), hex, _) = write(&first);
+        let ((), again, _) = write(&second);
+        assert_eq!(hex, again);
         drop(first);
-        store.remove_blob(&hex).unwrap();
+        assert!(store.take_released().is_empty(), "released while the second lease holds it");
+        assert_eq!(collect(&store, &[Resource::Blob(hex.clone())]).unwrap(), 0);
         assert!(store.blob_path(&hex).is_file(), "removed while the second writer holds it");
         drop(second);
-        store.remove_blob(&hex).unwrap();
+        assert_eq!(store.take_released(), [Resource::Blob(hex.clone())].into());
+        assert_eq!(collect(&store, &[Resource::Blob(hex.clone())]).unwrap(), 1);
         assert!(!store.blob_path(&hex).exists());
     }
 
     #[test]
-    fn sweep_keeps_known_and_removes_unknown() {
+    fn sweep_empties_tmp_and_removes_unknown_sandboxes_only() {
         let t = tempfile::tempdir().unwrap();
         let s = Store::open(t.path()).unwrap();
         let tmp = s.new_tmp("import").unwrap();
         std::fs::write(tmp.join("f"), b"x").unwrap();
-        std::fs::create_dir_all(s.layer_dir("aa").join("fs")).unwrap();
         std::fs::create_dir_all(s.layer_dir("bb").join("fs")).unwrap();
-        let id = SandboxId::random();
-        s.prepare_sandbox(&id, None, false).unwrap();
-        let known: HashSet<String> = ["aa".to_string()].into();
-        s.sweep(&known, &HashSet::new()).unwrap();
+        let (known, unknown) = (SandboxId::random(), SandboxId::random());
+        s.prepare_sandbox(&known, None, false).unwrap();
+        s.prepare_sandbox(&unknown, None, false).unwrap();
+        s.sweep(&[known.to_string()].into()).unwrap();
         assert!(!tmp.exists());
-        assert!(s.layer_dir("aa").exists());
-        assert!(!s.layer_dir("bb").exists());
-        assert!(!s.sandbox_dirs(&id).dir.exists());
+        assert!(s.layer_dir("bb").exists(), "layers are the collector's");
+        assert!(s.sandbox_dirs(&known).dir.exists());
+        assert!(!s.sandbox_dirs(&unknown).dir.exists());
+        let present = s.present().unwrap();
+        assert_eq!(present, [Resource::Layer("bb".into())].into());
     }
 
     #[test]
     fn commit_layer_is_idempotent() {
         let t = tempfile::tempdir().unwrap();
         let s = Store::open(t.path()).unwrap();
+        let lease = s.lease();
         for expect_new in [true, false] {
             let tmp = s.new_tmp("layer").unwrap();
             std::fs::create_dir(tmp.join("fs")).unwrap();
-            assert_eq!(s.commit_layer(&tmp, "cc", true).unwrap().0, expect_new);
+            assert_eq!(s.commit_layer(&tmp, "cc", true, &lease).unwrap(), expect_new);
             assert!(!tmp.exists());
         }
         assert!(s.layer_dir("cc").join("fs").is_dir());
     }
 
-    /// A checkpoint that put a layer in place and gives up does not
-    /// remove it while another one, which found it there, holds it; once
-    /// removed, the next commit of the same layer puts its own in place.
+    /// A checkpoint that put a layer in place and fails does not take it
+    /// from another one, which found it there and leases it; once
+    /// collected, the next commit of the same layer puts its own in place.
     #[test]
-    fn a_held_layer_is_not_removed() {
+    fn a_leased_layer_is_not_collected() {
         let t = tempfile::tempdir().unwrap();
         let s = Store::open(t.path()).unwrap();
-        let commit = || {
+        let commit = |lease: &Lease| {
             let tmp = s.new_tmp("layer").unwrap();
             std::fs::create_dir(tmp.join("fs")).unwrap();
             std::fs::write(tmp.join("fs/f"), b"x").unwrap();
-            s.commit_layer(&tmp, "dd", false).unwrap()
+            s.commit_layer(&tmp, "dd", false, lease).unwrap()
         };
-        let (new, first) = commit();
-        let (again, second) = commit();
-        assert!(new && !again);
+        let (first, second) = (s.lease(), s.lease());
+        assert!(commit(&first) && !commit(&second));
         drop(first);
-        s.remove_layer("dd").unwrap();
-        assert!(s.layer_dir("dd").join("fs/f").is_file(), "removed while the second committer holds it");
+        let dd = [Resource::Layer("dd".into())];
+        assert_eq!(collect(&s, &dd).unwrap(), 0);
+        assert!(s.layer_dir("dd").join("fs/f").is_file(), "removed while the second committer leases it");
         drop(second);
-        s.remove_layer("dd").unwrap();
+        assert_eq!(collect(&s, &dd).unwrap(), 1);
         assert!(!s.layer_dir("dd").exists());
         assert_eq!(std::fs::read_dir(s.tmp_dir()).unwrap().count(), 0, "left under tmp/");
-        let (new, _third) = commit();
-        assert!(new && s.layer_dir("dd").join("fs/f").is_file());
-        s.remove_layer("absent").unwrap();
+        let third = s.lease();
+        assert!(commit(&third) && s.layer_dir("dd").join("fs/f").is_file());
+        assert_eq!(collect(&s, &[Resource::Layer("absent".into())]).unwrap(), 0, "nothing to remove");
     }
 
-    /// Orphans are removed, except a layer an operation holds; a failure
-    /// (a "blob" that is a directory cannot be unlinked) does not stop the
-    /// rest, and is returned.
+    /// The collector goes on past a failure (a "blob" that is a directory
+    /// cannot be unlinked), returns it, and leaves leased layers.
     #[test]
-    fn orphans_are_removed_past_a_failure_but_held_layers_stay() {
+    fn collection_goes_on_past_a_failure_but_leaves_leased_layers() {
         let t = tempfile::tempdir().unwrap();
         let s = Store::open(t.path()).unwrap();
         for id in ["e1", "e2"] {
             std::fs::create_dir_all(s.layer_dir(id).join("fs")).unwrap();
         }
-        let held = s.hold_layer("e2");
-        let ((), blob, _) = s.write_blob(BlobCompression::Zstd, false, |w| w.write_all(b"orphan")).unwrap();
-        let hex = blob.id().to_string();
-        drop(blob);
+        let held = s.lease();
+        held.layer("e2");
+        let gone = s.lease();
+        let ((), hex, _) = s.write_blob(BlobCompression::Zstd, false, &gone, |w| w.write_all(b"orphan")).unwrap();
+        drop(gone);
         let bad = "0".repeat(64);
         std::fs::create_dir_all(s.blob_path(&bad).join("x")).unwrap();
-        let guard = std::sync::Mutex::new(());
-        let layers = ["e0-absent".to_string(), "e1".to_string(), "e2".to_string()];
-        let r = s.remove_orphans(guard.lock().unwrap(), &layers, [bad.as_str(), hex.as_str()]);
+        let layers = ["e0-absent", "e1", "e2"].map(|l| Resource::Layer(l.into()));
+        let blobs = [&bad, &hex].map(|b| Resource::Blob(b.clone()));
+        let r = collect(&s, &[&layers[..], &blobs[..]].concat());
         assert!(matches!(r, Err(StoreError::Io { step: "remove blob", .. })), "{r:?}");
         assert!(!s.blob_path(&hex).exists(), "stopped at the failure");
         assert!(!s.layer_dir("e1").exists(), "stopped at the failure");
-        assert!(s.layer_dir("e2").join("fs").is_dir(), "a held layer was removed");
+        assert!(s.layer_dir("e2").join("fs").is_dir(), "a leased layer was removed");
         drop(held);
-        s.remove_orphans(guard.lock().unwrap(), &layers, []).unwrap();
+        collect(&s, &layers).unwrap();
         assert!(!s.layer_dir("e2").exists());
         assert_eq!(std::fs::read_dir(s.tmp_dir()).unwrap().count(), 0, "left under tmp/");
     }

@@ -349,3 +349,18 @@ pub struct Progress {
     /// Bytes done so far (fetch).
     pub done: u64,
 }
+
+/// What one `gc` did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct GcReport {
+    /// Lineages retired as stale.
+    pub retired: Vec<String>,
+    /// Snapshots deleted.
+    pub deleted: Vec<String>,
+    /// Snapshots past retention kept because something uses them, with why.
+    pub kept: Vec<(String, String)>,
+    /// Layers and blobs the collector removed (no row listed them and no
+    /// operation leased them).
+    #[serde(default)]
+    pub collected: usize,
+}
