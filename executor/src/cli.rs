@@ -748,7 +748,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 "fetched {} blobs, {} bytes; {} layers reused",
                 r.fetched_blobs, r.fetched_bytes, r.reused_layers
             );
-            println!("{}", r.snapshot.map(|s| s.id).unwrap_or_default());
+            println!("{}", r.snapshot.map(|s| s.id.to_string()).unwrap_or_default());
             Ok(0)
         }
         Command::Snapshot(SnapshotCmd::Export { id, dir, compression }) => {

@@ -15,7 +15,7 @@ use nix::fcntl::{Flock, FlockArg};
 use crate::cgroups::Limits;
 use crate::db::{Db, DbError, ImageRow, SandboxState};
 use crate::error::ErrorKind;
-use crate::ids::{ImageName, SandboxId};
+use crate::ids::{ImageName, LayerId, SandboxId, SnapshotId};
 use crate::image;
 use crate::sandbox::{self, ExecDefaults, Runtime, Sandbox};
 use crate::spec::{MountDecl, SandboxSpec};
@@ -135,11 +135,11 @@ pub enum DaemonError {
 /// layers, plus a snapshot chain when resuming or forking).
 pub struct Base {
     pub image: ImageRow,
-    pub layers: Vec<String>,
-    pub snapshot: Option<String>,
+    pub layers: Vec<LayerId>,
+    pub snapshot: Option<SnapshotId>,
     /// The lineage the sandbox will work for, and the head it observes.
     pub work_context: String,
-    pub observed_head: Option<String>,
+    pub observed_head: Option<SnapshotId>,
     /// How it was chosen (recorded as the restore's rung).
     pub rung: crate::model::Rung,
     /// A snapshot of its chain was captured in a user namespace: it runs

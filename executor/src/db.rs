@@ -10,7 +10,7 @@ use std::path::Path;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{ImageName, SandboxId};
+use crate::ids::{ImageName, LayerId, SandboxId, SnapshotId};
 pub use crate::model::{BlobCompression, LineageState, Rung, SandboxState, SnapshotClass, SnapshotState, StartKind};
 use crate::oci::ImageConfig;
 use crate::spec::SandboxSpec;
@@ -303,7 +303,7 @@ pub struct Db {
 pub struct LayerRow {
     /// Its directory under `layers/`: the diff_id hex for a content-addressed
     /// layer, `s<snapshot id>` for a suspended sandbox's upper.
-    pub id: String,
+    pub id: LayerId,
     /// sha256 hex of its tar; `None` until a suspended layer is sealed.
     pub diff_id: Option<String>,
     pub size: u64,
@@ -311,14 +311,9 @@ pub struct LayerRow {
 }
 
 impl LayerRow {
-    /// A layer named by its content.
-    pub fn content(diff_id: &str, size: u64, entries: u64) -> LayerRow {
-        LayerRow { id: diff_id.into(), diff_id: Some(diff_id.into()), size, entries }
-    }
-
-    /// The id under which a suspend moves a sandbox's upper in.
-    pub fn suspended_id(snapshot_id: &str) -> String {
-        format!("s{snapshot_id}")
+    /// A layer named by its content (`id`: its diff_id).
+    pub fn content(id: LayerId, size: u64, entries: u64) -> LayerRow {
+        LayerRow { diff_id: Some(id.to_string()), id, size, entries }
     }
 }
 
@@ -330,7 +325,7 @@ pub struct ImageRow {
     pub config_digest: String,
     pub config: ImageConfig,
     /// Layer diff_ids (also their layer ids), bottom first (OCI order).
-    pub layers: Vec<String>,
+    pub layers: Vec<LayerId>,
     /// The `sha256:<hex>` of each layer's compressed blob, as imported or
     /// pulled (kept in `blobs/` since imports keep them).
     pub blobs: Vec<String>,
@@ -355,10 +350,10 @@ pub struct ExecRecord {
 /// A sealed snapshot: one delta layer on top of its parent (or its image).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SnapshotRow {
-    pub id: String,
+    pub id: SnapshotId,
     pub image_id: i64,
     /// The snapshot below it in its layer chain (the base it ran on).
-    pub parent_id: Option<String>,
+    pub parent_id: Option<SnapshotId>,
     /// A checkpoint (of a work context) or a baseline (of a key).
     pub class: SnapshotClass,
     /// Set by the database's lineage rules.
@@ -366,11 +361,11 @@ pub struct SnapshotRow {
     /// A checkpoint's lineage, its place in it and the head it replaced.
     pub work_context: Option<String>,
     pub sequence: Option<i64>,
-    pub predecessor_id: Option<String>,
+    pub predecessor_id: Option<SnapshotId>,
     /// A baseline's key, commit and validation evidence.
     pub baseline: Option<Baseline>,
     /// The id of its own delta layer (its directory under `layers/`).
-    pub layer: String,
+    pub layer: LayerId,
     /// diff_id hex of that layer; `None` while a suspend's layer is sealing.
     pub diff_id: Option<String>,
     /// `sha256:<hex>` of the compressed blob in `blobs/sha256/`.
@@ -390,13 +385,13 @@ impl SnapshotRow {
     /// blob fields once the blob is written.
     pub fn new(
         image_id: i64,
-        parent_id: Option<String>,
+        parent_id: Option<SnapshotId>,
         layer: &LayerRow,
         source: &SandboxId,
         info: serde_json::Value,
     ) -> SnapshotRow {
         SnapshotRow {
-            id: SandboxId::random().to_string(),
+            id: SnapshotId::random(),
             image_id,
             parent_id,
             class: SnapshotClass::Checkpoint,
@@ -437,9 +432,9 @@ pub struct WorkContextRow {
     /// What the lineage began from.
     pub start_kind: StartKind,
     /// The baseline or fork origin it began from (none for `image`).
-    pub start_id: Option<String>,
+    pub start_id: Option<SnapshotId>,
     /// Its ready head (the last checkpoint appended).
-    pub head_id: Option<String>,
+    pub head_id: Option<SnapshotId>,
     pub head_seq: i64,
     pub state: LineageState,
     pub created_at: i64,
@@ -449,12 +444,12 @@ pub struct WorkContextRow {
 
 impl WorkContextRow {
     /// A new, active lineage with no head yet.
-    pub fn new(id: &str, image_id: i64, start_kind: StartKind, start_id: Option<&str>) -> WorkContextRow {
+    pub fn new(id: &str, image_id: i64, start_kind: StartKind, start_id: Option<&SnapshotId>) -> WorkContextRow {
         WorkContextRow {
             id: id.into(),
             image_id,
             start_kind,
-            start_id: start_id.map(str::to_string),
+            start_id: start_id.cloned(),
             head_id: None,
             head_seq: 0,
             state: LineageState::Active,
@@ -473,9 +468,9 @@ pub struct RestoreRow {
     pub work_context: String,
     pub sandbox_id: String,
     pub rung: Rung,
-    pub snapshot_id: Option<String>,
+    pub snapshot_id: Option<SnapshotId>,
     /// The head the sandbox observed: its next append is fenced on it.
-    pub observed_head: Option<String>,
+    pub observed_head: Option<SnapshotId>,
     pub created_at: i64,
 }
 
@@ -483,14 +478,14 @@ pub struct RestoreRow {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fence {
     /// Another activation advanced the head since this sandbox observed it.
-    Moved { work_context: String, observed: Option<String>, head: Option<String> },
+    Moved { work_context: String, observed: Option<SnapshotId>, head: Option<SnapshotId> },
     /// The lineage is retired.
     Retired { work_context: String },
 }
 
 impl std::fmt::Display for Fence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let show = |h: &Option<String>| h.clone().unwrap_or_else(|| "none".into());
+        let show = |h: &Option<SnapshotId>| h.as_ref().map_or_else(|| "none".to_string(), |h| h.to_string());
         match self {
             Fence::Moved { work_context, observed, head } => write!(
                 f,
@@ -525,7 +520,7 @@ fn insert_layer(tx: &rusqlite::Transaction<'_>, layer: &LayerRow) -> Result<(), 
 }
 
 /// A live sandbox's lineage and the head it observed, as its row says.
-fn sandbox_lineage_in(conn: &Connection, id: &SandboxId) -> Result<(Option<String>, Option<String>), DbError> {
+fn sandbox_lineage_in(conn: &Connection, id: &SandboxId) -> Result<(Option<String>, Option<SnapshotId>), DbError> {
     conn.query_row(
         "SELECT json_extract(spec, '$.work_context'), json_extract(spec, '$.observed_head') FROM sandboxes WHERE id = ?1",
         [id.as_str()],
@@ -535,7 +530,7 @@ fn sandbox_lineage_in(conn: &Connection, id: &SandboxId) -> Result<(Option<Strin
 }
 
 /// A lineage's head, its sequence number and its state.
-fn lineage_head_in(conn: &Connection, wc: &str) -> Result<(Option<String>, i64, LineageState), DbError> {
+fn lineage_head_in(conn: &Connection, wc: &str) -> Result<(Option<SnapshotId>, i64, LineageState), DbError> {
     conn.query_row("SELECT head_id, head_seq, state FROM work_contexts WHERE id = ?1", [wc], |r| {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?))
     })
@@ -544,7 +539,7 @@ fn lineage_head_in(conn: &Connection, wc: &str) -> Result<(Option<String>, i64, 
 
 /// The fence an append to lineage `wc` by a sandbox that observed
 /// `observed` meets, given the lineage's `head` and `state`.
-fn fence(wc: &str, observed: &Option<String>, head: &Option<String>, state: LineageState) -> Option<Fence> {
+fn fence(wc: &str, observed: &Option<SnapshotId>, head: &Option<SnapshotId>, state: LineageState) -> Option<Fence> {
     if state != LineageState::Active {
         Some(Fence::Retired { work_context: wc.into() })
     } else if head != observed {
@@ -651,13 +646,13 @@ pub struct PulledSnapshot {
     pub row: SnapshotRow,
     pub layer: LayerRow,
     pub start_kind: StartKind,
-    pub start_id: Option<String>,
+    pub start_id: Option<SnapshotId>,
 }
 
 /// A pulled layer whose tree is not unpacked yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unhydrated {
-    pub layer_id: String,
+    pub layer_id: LayerId,
     pub blob_digest: String,
     pub compression: BlobCompression,
     pub error: Option<String>,
@@ -667,7 +662,7 @@ pub struct Unhydrated {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PullConflict {
     #[error("snapshot {id} exists on this host with other content (layer {here}, pulled {pulled})")]
-    Differs { id: String, here: String, pulled: String },
+    Differs { id: SnapshotId, here: String, pulled: String },
     #[error("lineage {work_context} has another checkpoint ({here}) at sequence {sequence} on this host: the lineages diverged")]
     Diverged { work_context: String, sequence: i64, here: String },
     #[error("image names {0:?} are taken by other images")]
@@ -817,7 +812,7 @@ impl Db {
             .conn
             .prepare_cached("SELECT layer_id, blob_digest FROM image_layers WHERE image_id = ?1 ORDER BY position")
             .map_err(q("image layers"))?;
-        let pairs: Vec<(String, String)> = st
+        let pairs: Vec<(LayerId, String)> = st
             .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))
             .map_err(q("image layers"))?
             .collect::<Result<_, _>>()
@@ -1024,7 +1019,7 @@ impl Db {
             }
         };
         for p in snaps.iter_mut() {
-            let pulled = p.layer.id.clone();
+            let pulled = p.layer.id.to_string();
             let here: Option<Option<String>> = tx
                 .query_row(
                     "SELECT l.diff_id FROM snapshots s JOIN layers l ON l.id = s.layer_id WHERE s.id = ?1",
@@ -1140,7 +1135,7 @@ impl Db {
 
     /// Every layer still to be hydrated (with `errors`, also those whose
     /// unpack failed).
-    pub fn unhydrated_layers_with(&self, errors: bool) -> Result<Vec<String>, DbError> {
+    pub fn unhydrated_layers_with(&self, errors: bool) -> Result<Vec<LayerId>, DbError> {
         let sql = if errors {
             "SELECT layer_id FROM layer_hydration"
         } else {
@@ -1337,7 +1332,7 @@ impl Db {
         while let Some(c) = cur {
             let Some(row) = self.snapshot(&c)? else { break };
             let compacted = row.info["compacted"].as_bool().unwrap_or(false);
-            cur = if compacted { None } else { row.parent_id.clone() };
+            cur = if compacted { None } else { row.parent_id.as_deref().map(str::to_string) };
             chain.push(row);
         }
         chain.reverse();
@@ -1350,7 +1345,7 @@ impl Db {
         let mut cur = Some(id.to_string());
         while let Some(c) = cur {
             let Some(row) = self.snapshot(&c)? else { break };
-            cur = row.parent_id.clone();
+            cur = row.parent_id.as_deref().map(str::to_string);
             chain.push(row);
         }
         chain.reverse();
@@ -1556,7 +1551,7 @@ impl Db {
     }
 
     /// The lineage and observed head a live sandbox's row holds now.
-    pub fn sandbox_lineage(&self, id: &SandboxId) -> Result<(Option<String>, Option<String>), DbError> {
+    pub fn sandbox_lineage(&self, id: &SandboxId) -> Result<(Option<String>, Option<SnapshotId>), DbError> {
         sandbox_lineage_in(&self.conn, id)
     }
 
@@ -1775,7 +1770,10 @@ mod tests {
     use super::*;
 
     fn layer(d: char) -> (LayerRow, String) {
-        (LayerRow::content(&d.to_string().repeat(64), 1, 1), format!("sha256:{}", "f".repeat(64)))
+        (
+            LayerRow::content(LayerId::content(&d.to_string().repeat(64)).unwrap(), 1, 1),
+            format!("sha256:{}", "f".repeat(64)),
+        )
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::daemon::Daemon;
 use crate::daemon::OpError;
 use crate::db::{Baseline, LayerRow, PulledImage, PulledSnapshot, SnapshotRow, Unhydrated};
 use crate::error::ErrorKind;
-use crate::ids::ImageName;
+use crate::ids::{ImageName, LayerId, SnapshotId};
 use crate::oci::{self, Compression, Digest, ImageConfig};
 use crate::registry::{Client, Credentials, Pushed, Reference, RegistryError};
 use crate::store::{BlobCompression, StoreError};
@@ -76,15 +76,15 @@ struct ImageMeta {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct SnapshotMeta {
-    id: String,
-    parent_id: Option<String>,
+    id: SnapshotId,
+    parent_id: Option<SnapshotId>,
     class: crate::model::SnapshotClass,
     work_context: Option<String>,
     /// How its lineage began (`image`, `baseline`, `fork`) and from what.
     start_kind: Option<crate::model::StartKind>,
-    start_id: Option<String>,
+    start_id: Option<SnapshotId>,
     sequence: Option<i64>,
-    predecessor_id: Option<String>,
+    predecessor_id: Option<SnapshotId>,
     baseline: Option<Baseline>,
     source_sandbox: String,
     info: serde_json::Value,
@@ -203,7 +203,7 @@ impl Daemon {
             let meta = self.chain_meta(&image, &chain)?;
             let mut labels = std::collections::HashMap::new();
             labels.insert(CHAIN_LABEL.to_string(), serde_json::to_string(&meta).map_err(|e| OpError::internal(&e))?);
-            labels.insert("dev.strata.snapshot".into(), row.id.clone());
+            labels.insert("dev.strata.snapshot".into(), row.id.to_string());
             let diff_ids: Vec<String> = blobs.iter().map(|b| format!("sha256:{}", b.diff_id)).collect();
             let config = crate::export::config_document(&image, &diff_ids, labels);
             let config_bytes = crate::oci::canonical_json(&config).map_err(|e| OpError::internal(&e))?;
@@ -278,7 +278,7 @@ impl Daemon {
             if path.is_file() {
                 let size = path.metadata().map_err(|e| OpError::internal(&e))?.len();
                 let c = sniff(&path).map_err(|e| OpError::internal(&e))?;
-                out.push(PushBlob { path, digest, size, media_type: media_type(c), diff_id: layer.clone() });
+                out.push(PushBlob { path, digest, size, media_type: media_type(c), diff_id: layer.to_string() });
             } else {
                 let s = crate::export::serialise_layer(store, layer, work, BlobCompression::Zstd)
                     .map_err(|e| OpError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e)))?;
@@ -617,10 +617,10 @@ impl Daemon {
             let mut unhydrated = Vec::new();
             for (i, (l, p)) in docs.layers.iter().zip(&paths).enumerate() {
                 let hex = l.diff_id.hex().to_string();
-                let mut row = LayerRow::content(&hex, 0, 0);
+                let mut row = LayerRow::content(LayerId::from(&l.diff_id), 0, 0);
                 let have = lock(&self.db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
                 let seen = fresh.iter().any(|(h, _): &(String, PathBuf)| *h == hex)
-                    || unhydrated.iter().any(|u: &Unhydrated| u.layer_id == hex);
+                    || unhydrated.iter().any(|u: &Unhydrated| u.layer_id == *hex);
                 if !have && !seen {
                     let blob = p.clone().unwrap_or_else(|| {
                         paths
@@ -641,7 +641,7 @@ impl Daemon {
                             OpError::new(ErrorKind::Upstream, format!("registry {}: {e}", client.registry()))
                         })?;
                         unhydrated.push(Unhydrated {
-                            layer_id: hex.clone(),
+                            layer_id: row.id.clone(),
                             blob_digest: l.digest.to_string(),
                             compression: compressions[i - n_image],
                             error: None,
@@ -872,7 +872,7 @@ impl Daemon {
         }
         if let Ok(pending) = lock(&self.db).unhydrated_layers_with(false) {
             for id in pending {
-                let _ = tx.send(id);
+                let _ = tx.send(id.to_string());
             }
         }
         *lock(&self.hydrator) = Some(tx);

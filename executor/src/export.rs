@@ -272,9 +272,9 @@ pub(crate) fn chain_annotations(image: &ImageRow, chain: &[SnapshotRow]) -> Hash
     let mut annotations = HashMap::new();
     annotations.insert("dev.strata.image".into(), image.name.to_string());
     if let Some(top) = chain.last() {
-        annotations.insert("dev.strata.snapshot.id".into(), top.id.clone());
+        annotations.insert("dev.strata.snapshot.id".into(), top.id.to_string());
         if let Some(parent) = &top.parent_id {
-            annotations.insert("dev.strata.snapshot.parent".into(), parent.clone());
+            annotations.insert("dev.strata.snapshot.parent".into(), parent.to_string());
         }
         annotations.insert("dev.strata.snapshot.source-sandbox".into(), top.source_sandbox.clone());
     }

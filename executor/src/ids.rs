@@ -1,12 +1,102 @@
-//! Identifiers, validated once when parsed so the rest of the code can use
-//! them in paths without re-checking.
+//! Identifiers, validated once when parsed (from the API, a registry's
+//! label or a database row) so the rest of the code can use them in paths
+//! without re-checking. Each reads from and writes to SQLite as its text,
+//! and reading one that is malformed is an error, never a silent default.
 
 use std::fmt;
 use std::str::FromStr;
 
+/// The conversions every id needs: `as_str`, `Display`, serde and SQLite
+/// as its text, `FromStr` (validating) for reading it back.
+macro_rules! text_id {
+    ($name:ident) => {
+        impl $name {
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        // An id is its text wherever text is taken (a path component, a
+        // query parameter, a map key looked up by `&str`): validated once,
+        // read as `&str` after.
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+                s.parse().map_err(serde::de::Error::custom)
+            }
+        }
+
+        impl rusqlite::types::ToSql for $name {
+            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+                Ok(rusqlite::types::ToSqlOutput::from(self.0.as_str()))
+            }
+        }
+
+        impl rusqlite::types::FromSql for $name {
+            fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+                v.as_str()?.parse().map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
+            }
+        }
+    };
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// A sandbox id: 16 lowercase hex characters (64 random bits).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SandboxId(String);
+text_id!(SandboxId);
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[error("invalid sandbox id {0:?}: expected 16 lowercase hex characters")]
@@ -16,16 +106,12 @@ impl SandboxId {
     pub fn random() -> Self {
         SandboxId(format!("{:016x}", rand::random::<u64>()))
     }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
 impl FromStr for SandboxId {
     type Err = BadSandboxId;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if s.len() == 16 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if is_hex(s, 16) {
             Ok(SandboxId(s.to_string()))
         } else {
             Err(BadSandboxId(s.to_string()))
@@ -33,9 +119,74 @@ impl FromStr for SandboxId {
     }
 }
 
-impl fmt::Display for SandboxId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+/// A snapshot id: 16 lowercase hex characters (64 random bits), made by
+/// the host that took it and kept across push and pull.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SnapshotId(String);
+text_id!(SnapshotId);
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("invalid snapshot id {0:?}: expected 16 lowercase hex characters")]
+pub struct BadSnapshotId(pub String);
+
+impl SnapshotId {
+    pub fn random() -> Self {
+        SnapshotId(format!("{:016x}", rand::random::<u64>()))
+    }
+}
+
+impl FromStr for SnapshotId {
+    type Err = BadSnapshotId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if is_hex(s, 16) {
+            Ok(SnapshotId(s.to_string()))
+        } else {
+            Err(BadSnapshotId(s.to_string()))
+        }
+    }
+}
+
+/// A layer id, its directory under `layers/`: the diff_id's sha256 hex
+/// for a layer named by its content, or `s<snapshot id>` for a suspended
+/// sandbox's upper moved in before it is hashed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LayerId(String);
+text_id!(LayerId);
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("invalid layer id {0:?}: expected 64 lowercase hex characters, or s and a snapshot id")]
+pub struct BadLayerId(pub String);
+
+impl LayerId {
+    /// The id of the layer whose tar has this sha256 hex (its diff_id).
+    pub fn content(diff_id_hex: &str) -> Result<Self, BadLayerId> {
+        if is_hex(diff_id_hex, 64) {
+            Ok(LayerId(diff_id_hex.to_string()))
+        } else {
+            Err(BadLayerId(diff_id_hex.to_string()))
+        }
+    }
+
+    /// The id under which a suspend moves a sandbox's upper in.
+    pub fn suspended(snapshot: &SnapshotId) -> Self {
+        LayerId(format!("s{snapshot}"))
+    }
+}
+
+/// A layer named by its content: the digest of its tar (a diff_id).
+impl From<&crate::oci::Digest> for LayerId {
+    fn from(d: &crate::oci::Digest) -> Self {
+        LayerId(d.hex().to_string())
+    }
+}
+
+impl FromStr for LayerId {
+    type Err = BadLayerId;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.strip_prefix('s') {
+            Some(snap) if is_hex(snap, 16) => Ok(LayerId(s.to_string())),
+            _ => LayerId::content(s),
+        }
     }
 }
 
@@ -95,6 +246,28 @@ mod tests {
         for bad in ["", "../../etc", "0123456789ABCDEF", "0123456789abcde", "0123456789abcdef0"] {
             assert!(bad.parse::<SandboxId>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn snapshot_and_layer_ids() {
+        let snap = SnapshotId::random();
+        assert_eq!(snap.as_str().parse::<SnapshotId>().unwrap(), snap);
+        let suspended = LayerId::suspended(&snap);
+        assert_eq!(suspended.as_str().parse::<LayerId>().unwrap(), suspended);
+        let hex = "ab".repeat(32);
+        assert_eq!(hex.parse::<LayerId>().unwrap(), LayerId::content(&hex).unwrap());
+        for bad in ["", "s", "s0123", "S0123456789abcdef", "../x", &"AB".repeat(32), &"a".repeat(63)] {
+            assert!(bad.parse::<LayerId>().is_err(), "{bad}");
+        }
+        assert!("0123456789abcdeg".parse::<SnapshotId>().is_err());
+        // A row holding a malformed id is an error when read, not a value.
+        let db = rusqlite::Connection::open_in_memory().unwrap();
+        let read = |v: &str| db.query_row("SELECT ?1", [v], |r| r.get::<_, SnapshotId>(0));
+        assert_eq!(read(snap.as_str()).unwrap(), snap);
+        assert!(read("../../etc").is_err());
+        let json = serde_json::to_string(&suspended).unwrap();
+        assert_eq!(serde_json::from_str::<LayerId>(&json).unwrap(), suspended);
+        assert!(serde_json::from_str::<LayerId>("\"x\"").is_err());
     }
 
     #[test]

@@ -116,7 +116,7 @@ pub(crate) fn import_source(
             // an image that had it, may make it a candidate).
             lease.layer(&hex);
             let have = lock(db).layer_exists(&hex)? && store.layer_dir(&hex).join("fs").is_dir();
-            let mut row = LayerRow::content(&hex, 0, 0);
+            let mut row = LayerRow::content(crate::ids::LayerId::from(&layer.diff_id), 0, 0);
             if !have && !fresh.iter().any(|(h, _): &(String, _)| *h == hex) {
                 let dir = work.join(format!("layer-{index}"));
                 let fs = dir.join("fs");

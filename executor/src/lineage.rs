@@ -16,7 +16,7 @@ use crate::daemon::OpError;
 use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{SnapshotRow, WorkContextRow};
 use crate::error::ErrorKind;
-use crate::ids::SandboxId;
+use crate::ids::{SandboxId, SnapshotId};
 use crate::model::{LineageState, Rung, SnapshotState, StartKind};
 use crate::types::{LaunchRequest, LineageInfo, SandboxInfo};
 
@@ -36,7 +36,7 @@ impl Daemon {
         id: Option<&str>,
         image_id: i64,
         start_kind: StartKind,
-        start_id: Option<&str>,
+        start_id: Option<&SnapshotId>,
     ) -> Result<String, OpError> {
         let id = match id {
             Some(id) if !valid_work_context(id) => {

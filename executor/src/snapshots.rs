@@ -27,7 +27,7 @@ use crate::daemon::OpError;
 use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{LayerRow, SnapshotRow};
 use crate::error::ErrorKind;
-use crate::ids::SandboxId;
+use crate::ids::{LayerId, SandboxId, SnapshotId};
 use crate::model::{Rung, SnapshotClass, StartKind};
 use crate::oci;
 use crate::sandbox::Until;
@@ -172,6 +172,12 @@ fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
     if sb.spec.userns.is_some() {
         info["userns"] = serde_json::Value::Bool(true);
     }
+}
+
+/// The layer id of a tar this daemon hashed (a worker's report of it is
+/// checked like any other input).
+fn own_layer_id(diff_id_hex: &str) -> Result<LayerId, OpError> {
+    LayerId::content(diff_id_hex).map_err(|e| OpError::internal(&e))
 }
 
 fn store_err(e: StoreError) -> OpError {
@@ -384,7 +390,7 @@ impl Daemon {
         });
         merge_stats(&mut info, stats);
         mark_userns(&mut info, sb);
-        let layer = LayerRow::content(&sealed.diff_id, sealed.size, sealed.entries);
+        let layer = LayerRow::content(own_layer_id(&sealed.diff_id)?, sealed.size, sealed.entries);
         let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
         (row.blob_digest, row.blob_size, row.compression) = (format!("sha256:{blob_hex}"), blob_size, compression);
         // Layer and blob are on disk before any row names them. The tars
@@ -457,9 +463,9 @@ impl Daemon {
             .image_by_id(row.image_id)?
             .ok_or_else(|| OpError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
         let chain = db.snapshot_layer_chain(&row.id)?;
-        let digest = |h: &String| format!("sha256:{h}");
+        let digest = |h: &str| format!("sha256:{h}");
         let layers =
-            image.layers.iter().map(|h| Some(digest(h))).chain(chain.iter().map(|s| s.diff_id.as_ref().map(digest)));
+            image.layers.iter().map(|h| Some(digest(h))).chain(chain.iter().map(|s| s.diff_id.as_deref().map(digest)));
         Ok(SnapshotInfo {
             id: row.id.clone(),
             class: row.class,
@@ -479,7 +485,7 @@ impl Daemon {
             parent: row.parent_id.clone(),
             layers: layers.collect(),
             layer: row.layer.clone(),
-            diff_id: row.diff_id.as_ref().map(digest),
+            diff_id: row.diff_id.as_deref().map(digest),
             blob_digest: row.blob_digest.clone(),
             blob_size: row.blob_size,
             compression: row.compression,
@@ -632,7 +638,7 @@ impl Daemon {
         Ok(made.iter().map(|s| sandbox_info(s)).collect())
     }
 
-    fn layer_fs(&self, hexes: &[String]) -> Vec<std::path::PathBuf> {
+    fn layer_fs(&self, hexes: &[LayerId]) -> Vec<std::path::PathBuf> {
         hexes.iter().rev().map(|h| self.rt.store.layer_dir(h).join("fs")).collect()
     }
 
@@ -750,13 +756,15 @@ impl Daemon {
             // the row but what gives the upper back); the sandbox is
             // stopped, so no exec comes later.
             let log_upto = lock(&self.db).last_exec_record(sb.id.as_str())?;
-            let snap_id = SandboxId::random().to_string();
+            let snap_id = SnapshotId::random();
             // The processes are gone and the overlay with them: the upper is
             // still. A deep chain is folded (that reads the data); otherwise
             // the upper itself becomes the layer, named by the snapshot.
             let compacted = self.compact_if_deep(sb.spec.snapshot.as_deref(), &upper, &work, false)?;
             let (layer, layer_src, moved) = match &compacted {
-                Some(c) => (LayerRow::content(&c.diff_id, c.stats.bytes, c.stats.entries), c.dir.clone(), false),
+                Some(c) => {
+                    (LayerRow::content(own_layer_id(&c.diff_id)?, c.stats.bytes, c.stats.entries), c.dir.clone(), false)
+                }
                 None => {
                     // Another sandbox may hold descriptors of this upper's
                     // files and directories (passed over a socket in a
@@ -765,7 +773,7 @@ impl Daemon {
                     // goes with the sandbox's dir.
                     let copy = sb.spec.mounts.iter().any(crate::spec::MountDecl::passes_descriptors);
                     let moved = move_or_copy_upper(&upper, &work, copy)?;
-                    let id = LayerRow::suspended_id(&snap_id);
+                    let id = LayerId::suspended(&snap_id);
                     (LayerRow { id, diff_id: None, size: 0, entries: 0 }, work.clone(), moved)
                 }
             };
@@ -1070,7 +1078,7 @@ impl Daemon {
                     format!("snapshot {} is used by sandboxes {users:?}; remove them first", row.id),
                 ));
             }
-            if pool.pinned.contains_key(&row.id) || !pool.doomed.insert(row.id.clone()) {
+            if pool.pinned.contains_key(row.id.as_str()) || !pool.doomed.insert(row.id.to_string()) {
                 return Err(OpError::new(
                     ErrorKind::Conflict,
                     format!(
@@ -1081,7 +1089,7 @@ impl Daemon {
             }
         }
         let r = self.remove_unused_snapshot(&row);
-        lock(&self.pool).doomed.remove(&row.id);
+        lock(&self.pool).doomed.remove(row.id.as_str());
         r
     }
 

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::ids::{LayerId, SnapshotId};
 use crate::model::Rung;
 
 /// What a sandbox was created with; stored as JSON so later schema versions
@@ -16,10 +17,10 @@ pub struct SandboxSpec {
     /// The layer chain it runs on (layer ids), bottom first: the image's
     /// layers, then those of the snapshot chain it was resumed from.
     #[serde(default)]
-    pub layers: Vec<String>,
+    pub layers: Vec<LayerId>,
     /// The snapshot it was resumed or forked from.
     #[serde(default)]
-    pub snapshot: Option<String>,
+    pub snapshot: Option<SnapshotId>,
     /// The lineage it works for (none only for sandboxes made before
     /// lineages existed: their first checkpoint makes one).
     #[serde(default)]
@@ -28,7 +29,7 @@ pub struct SandboxSpec {
     /// append is fenced on it. The database row is the truth; appends
     /// update it in the same transaction.
     #[serde(default)]
-    pub observed_head: Option<String>,
+    pub observed_head: Option<SnapshotId>,
     /// How it was started: the ladder's rung and the snapshot used.
     #[serde(default)]
     pub restored: Option<Restored>,
@@ -52,7 +53,7 @@ pub struct SandboxSpec {
 pub struct Restored {
     pub rung: Rung,
     /// The snapshot it started from (none for `image`).
-    pub snapshot: Option<String>,
+    pub snapshot: Option<SnapshotId>,
 }
 
 /// A mount declared for a sandbox that is never captured in a snapshot.

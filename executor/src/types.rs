@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cgroups::Limits;
+use crate::ids::{LayerId, SnapshotId};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -199,7 +200,7 @@ pub struct LaunchRequest {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SnapshotInfo {
-    pub id: String,
+    pub id: SnapshotId,
     /// `checkpoint` or `baseline`.
     pub class: crate::model::SnapshotClass,
     /// `ready` (its lineage's head), `superseded` (an older checkpoint of
@@ -215,17 +216,17 @@ pub struct SnapshotInfo {
     /// A checkpoint's lineage, its place in it and the head it replaced.
     pub work_context: Option<String>,
     pub sequence: Option<i64>,
-    pub predecessor: Option<String>,
+    pub predecessor: Option<SnapshotId>,
     /// A baseline's key, commit and validation evidence.
     #[serde(default)]
     pub baseline: Option<crate::db::Baseline>,
     pub image: String,
-    pub parent: Option<String>,
+    pub parent: Option<SnapshotId>,
     /// The whole chain a resume mounts, bottom first (`sha256:<hex>`
     /// diff_ids; `None` for a layer still sealing).
     pub layers: Vec<Option<String>>,
     /// The local id of its own delta layer (its directory under `layers/`).
-    pub layer: String,
+    pub layer: LayerId,
     /// `sha256:<hex>` of its own delta layer; `None` while sealing.
     pub diff_id: Option<String>,
     pub blob_digest: String,
@@ -265,8 +266,8 @@ pub struct LineageInfo {
     pub image: String,
     /// `image`, `baseline` or `fork`, and the snapshot for the latter two.
     pub start_kind: crate::model::StartKind,
-    pub start: Option<String>,
-    pub head: Option<String>,
+    pub start: Option<SnapshotId>,
+    pub head: Option<SnapshotId>,
     pub created_at: i64,
     pub used_at: i64,
     pub retired_at: Option<i64>,

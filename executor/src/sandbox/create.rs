@@ -46,7 +46,7 @@ impl Runtime {
 
     /// Layer `fs` dirs of a chain (bottom first), topmost first as
     /// overlay's lowerdir wants them.
-    pub fn lowers(&self, layers: &[String]) -> Vec<PathBuf> {
+    pub fn lowers(&self, layers: &[crate::ids::LayerId]) -> Vec<PathBuf> {
         layers.iter().rev().map(|hex| Store::lower_rel(hex)).collect()
     }
 }
