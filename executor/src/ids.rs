@@ -6,8 +6,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// The conversions every id needs: `as_str`, `Display`, serde and SQLite
-/// as its text, `FromStr` (validating) for reading it back.
+/// What every id needs besides `model::text_conversions`: `as_str`, and its text
+/// wherever text is taken.
 macro_rules! text_id {
     ($name:ident) => {
         impl $name {
@@ -16,11 +16,7 @@ macro_rules! text_id {
             }
         }
 
-        impl fmt::Display for $name {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
-            }
-        }
+        crate::model::text_conversions!($name);
 
         // An id is its text wherever text is taken (a path component, a
         // query parameter, a map key looked up by `&str`): validated once,
@@ -61,29 +57,35 @@ macro_rules! text_id {
                 self.0 == *other
             }
         }
+    };
+}
 
-        impl serde::Serialize for $name {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_str(&self.0)
+/// An id of 16 lowercase hex characters (64 random bits), with its error.
+macro_rules! random_hex_id {
+    ($(#[$meta:meta])* $name:ident, $bad:ident, $what:literal) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
+        text_id!($name);
+
+        #[derive(Debug, thiserror::Error, PartialEq)]
+        #[error("invalid {} {:?}: expected 16 lowercase hex characters", $what, .0)]
+        pub struct $bad(pub String);
+
+        impl $name {
+            pub fn random() -> Self {
+                $name(format!("{:016x}", rand::random::<u64>()))
             }
         }
 
-        impl<'de> serde::Deserialize<'de> for $name {
-            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
-                s.parse().map_err(serde::de::Error::custom)
-            }
-        }
-
-        impl rusqlite::types::ToSql for $name {
-            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
-                Ok(rusqlite::types::ToSqlOutput::from(self.0.as_str()))
-            }
-        }
-
-        impl rusqlite::types::FromSql for $name {
-            fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
-                v.as_str()?.parse().map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
+        impl FromStr for $name {
+            type Err = $bad;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                if is_hex(s, 16) {
+                    Ok($name(s.to_string()))
+                } else {
+                    Err($bad(s.to_string()))
+                }
             }
         }
     };
@@ -93,58 +95,20 @@ fn is_hex(s: &str, len: usize) -> bool {
     s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-/// A sandbox id: 16 lowercase hex characters (64 random bits).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SandboxId(String);
-text_id!(SandboxId);
+random_hex_id!(
+    /// A sandbox id: 16 lowercase hex characters (64 random bits).
+    SandboxId,
+    BadSandboxId,
+    "sandbox id"
+);
 
-#[derive(Debug, thiserror::Error, PartialEq)]
-#[error("invalid sandbox id {0:?}: expected 16 lowercase hex characters")]
-pub struct BadSandboxId(pub String);
-
-impl SandboxId {
-    pub fn random() -> Self {
-        SandboxId(format!("{:016x}", rand::random::<u64>()))
-    }
-}
-
-impl FromStr for SandboxId {
-    type Err = BadSandboxId;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if is_hex(s, 16) {
-            Ok(SandboxId(s.to_string()))
-        } else {
-            Err(BadSandboxId(s.to_string()))
-        }
-    }
-}
-
-/// A snapshot id: 16 lowercase hex characters (64 random bits), made by
-/// the host that took it and kept across push and pull.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SnapshotId(String);
-text_id!(SnapshotId);
-
-#[derive(Debug, thiserror::Error, PartialEq)]
-#[error("invalid snapshot id {0:?}: expected 16 lowercase hex characters")]
-pub struct BadSnapshotId(pub String);
-
-impl SnapshotId {
-    pub fn random() -> Self {
-        SnapshotId(format!("{:016x}", rand::random::<u64>()))
-    }
-}
-
-impl FromStr for SnapshotId {
-    type Err = BadSnapshotId;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if is_hex(s, 16) {
-            Ok(SnapshotId(s.to_string()))
-        } else {
-            Err(BadSnapshotId(s.to_string()))
-        }
-    }
-}
+random_hex_id!(
+    /// A snapshot id: 16 lowercase hex characters (64 random bits), made
+    /// by the host that took it and kept across push and pull.
+    SnapshotId,
+    BadSnapshotId,
+    "snapshot id"
+);
 
 /// A layer id, its directory under `layers/`: the diff_id's sha256 hex
 /// for a layer named by its content, or `s<snapshot id>` for a suspended

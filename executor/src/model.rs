@@ -15,42 +15,15 @@ pub struct UnknownValue {
     pub allowed: &'static [&'static str],
 }
 
-/// An enum of unit variants, each with its text form, and the conversions
-/// every vocabulary needs: `as_str`, `Display`, `FromStr` (failing on an
-/// unknown text), serde as that text, and SQLite as that text.
-macro_rules! vocabulary {
-    ($(#[$meta:meta])* $name:ident ($kind:literal) { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum $name {
-            $($(#[$vmeta])* $variant,)+
-        }
-
-        impl $name {
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($name::$variant => $text,)+
-                }
-            }
-        }
-
+/// `Display`, serde and SQLite for a type that is its text: written as
+/// its `as_str()`, read back with its `FromStr`, so a malformed value read
+/// from the database or a peer is an error, never a default. Used by the
+/// vocabularies here and the ids (`ids.rs`).
+macro_rules! text_conversions {
+    ($name:ident) => {
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str(self.as_str())
-            }
-        }
-
-        impl std::str::FromStr for $name {
-            type Err = UnknownValue;
-            fn from_str(s: &str) -> Result<Self, UnknownValue> {
-                match s {
-                    $($text => Ok($name::$variant),)+
-                    _ => Err(UnknownValue {
-                        kind: $kind,
-                        value: s.to_string(),
-                        allowed: &[$($text),+],
-                    }),
-                }
             }
         }
 
@@ -78,6 +51,44 @@ macro_rules! vocabulary {
                 v.as_str()?.parse().map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
             }
         }
+    };
+}
+pub(crate) use text_conversions;
+
+/// An enum of unit variants, each with its text form, and the conversions
+/// every vocabulary needs: `as_str`, `FromStr` (failing on an unknown
+/// text), and [`text_conversions`].
+macro_rules! vocabulary {
+    ($(#[$meta:meta])* $name:ident ($kind:literal) { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = UnknownValue;
+            fn from_str(s: &str) -> Result<Self, UnknownValue> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(UnknownValue {
+                        kind: $kind,
+                        value: s.to_string(),
+                        allowed: &[$($text),+],
+                    }),
+                }
+            }
+        }
+
+        text_conversions!($name);
     };
 }
 

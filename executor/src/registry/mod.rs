@@ -6,6 +6,22 @@
 //! everything it downloads (a registry is not trusted to serve what it was
 //! asked for). Does not own: what the blobs mean (`distribution`) or where
 //! they are kept (`store`).
+//!
+//! Why not `oci-client` (issue 18.4, read at v0.17.0, 2026-05): it cannot
+//! keep what this client does. Its token scope is the target repository
+//! only and it never answers a 401 again, so a cross-repository mount gets
+//! 401 from Docker Hub and distribution (its issue #235), and a 202 to a
+//! mount is an error to it rather than an upload into that session; a
+//! streamed push is 4 MiB chunked PATCHes only (no monolithic PUT from a
+//! file; ECR answers those with 201 and drops later chunks), or the whole
+//! blob in memory; manifests, tokens and error bodies are read without a
+//! size cap and blobs without a size check (a hostile registry streams
+//! until the hash fails at the end); failed token requests fall back to
+//! anonymous silently; there is no progress hook and no write timeout. It
+//! is async-only over reqwest with aws-lc. Worth another look if a release
+//! brings multi-scope tokens for mounts, a 401 re-challenge, monolithic
+//! streamed pushes and body limits. The documents are oci-spec types all
+//! the same (`distribution::fetch_documents`).
 #![forbid(unsafe_code)]
 
 pub mod reference;
