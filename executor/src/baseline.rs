@@ -265,7 +265,7 @@ impl Daemon {
             Ok(sb) => Ok(sandbox_info(&sb)),
             Err(e) => {
                 let _ = lock(&self.db).delete_unused_work_context(&wc);
-                Err(e)
+                Err(e.into())
             }
         }
     }

@@ -14,7 +14,7 @@ use nix::fcntl::{Flock, FlockArg};
 
 use crate::cgroups::Limits;
 use crate::db::{Db, DbError, ImageRow, SandboxState};
-use crate::error::ErrorKind;
+use crate::error::{Classify, ErrorKind};
 use crate::ids::{ImageName, LayerId, SandboxId, SnapshotId};
 use crate::image;
 use crate::sandbox::{self, ExecDefaults, Runtime, Sandbox};
@@ -45,34 +45,168 @@ impl OpError {
     }
 }
 
-impl From<image::ImageError> for OpError {
-    fn from(e: image::ImageError) -> Self {
-        match e.kind() {
-            ErrorKind::Internal => OpError::internal(&e),
-            kind => OpError::new(kind, crate::error::chain(&e)),
+/// Any classified failure (an operation's own enum, a library error) is an
+/// `OpError` of its kind with its whole chain as the message, while the
+/// operations move from `OpError` to their own enums (issue 18.2).
+impl<E: crate::error::Classify> From<E> for OpError {
+    fn from(e: E) -> Self {
+        OpError::new(e.kind(), crate::error::chain(&e))
+    }
+}
+
+// ---- what each operation can fail with (issue 18.2: one enum per
+// operation, its doc comments the messages; `Classify` gives the kind) ----
+
+/// Why `import_image` failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum ImportError {
+    /// {0}
+    Name(#[from] crate::ids::BadImageName),
+    /// path must be absolute (it is read by the daemon)
+    Relative,
+    /// {0} does not exist
+    Missing(String),
+    /// {0}
+    Import(#[from] image::ImageError),
+}
+
+impl Classify for ImportError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ImportError::Name(_) | ImportError::Relative | ImportError::Missing(_) => ErrorKind::InvalidArgument,
+            ImportError::Import(e) => e.kind(),
         }
     }
 }
 
-impl From<sandbox::SandboxError> for OpError {
-    fn from(e: sandbox::SandboxError) -> Self {
-        match e.kind() {
-            ErrorKind::Internal => OpError::internal(&e),
-            kind => OpError::new(kind, crate::error::chain(&e)),
+/// Why `get_image` or `remove_image` failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum ImageOpError {
+    /// {0}
+    Name(#[from] crate::ids::BadImageName),
+    /// image {0} not found
+    NotFound(ImageName),
+    /// {0}
+    Image(#[from] image::ImageError),
+    /// {0}
+    Db(#[from] DbError),
+    /// {0}
+    Collect(#[from] crate::gc::CollectError),
+}
+
+impl Classify for ImageOpError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ImageOpError::Name(_) => ErrorKind::InvalidArgument,
+            ImageOpError::NotFound(_) => ErrorKind::NotFound,
+            ImageOpError::Image(e) => e.kind(),
+            ImageOpError::Db(e) => e.kind(),
+            ImageOpError::Collect(e) => e.kind(),
         }
     }
 }
 
-impl From<DbError> for OpError {
-    fn from(e: DbError) -> Self {
-        match &e {
-            // The row a request was working on was deleted by another
-            // request meanwhile (a checkpoint or suspend racing `rm`): that
-            // object is gone, not the daemon broken.
-            DbError::Query { source: rusqlite::Error::QueryReturnedNoRows, what } => {
-                OpError::new(ErrorKind::NotFound, format!("{what}: not found (removed while this request ran)"))
-            }
-            _ => OpError::internal(&e),
+/// Why a sandbox could not be started (create, and the launches of
+/// resume, fork, rollback and a lineage's resume).
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum LaunchError {
+    /// seccomp {0:?} must be "default" or "unconfined"
+    Seccomp(String),
+    /// {0}
+    Limits(#[from] crate::cgroups::LimitsError),
+    /// read the size of the store's file system: {0}
+    StoreSize(#[source] nix::Error),
+    /// disk cap {cap} bytes is larger than the store's file system ({total} bytes)
+    DiskTooLarge { cap: u64, total: u64 },
+    /// env entry {0:?} is not KEY=VALUE
+    Env(String),
+    /// env takes {bytes} bytes encoded; at most {max}
+    EnvTooLarge { bytes: usize, max: usize },
+    /// hostname {0:?} must be 1-63 chars of [A-Za-z0-9.-]
+    Hostname(String),
+    /// {0}
+    Mount(String),
+    /// two mounts at {0}
+    TwoMounts(String),
+    /// this snapshot's chain was captured in a user namespace: it runs only in one (userns: true)
+    UsernsRequired,
+    /// cache mounts are not available with userns (a cache's files are owned by host ids)
+    CacheWithUserns,
+    /// sandbox limit reached: {live} of {max} live (daemon --max-sandboxes)
+    Full { live: usize, max: usize },
+    /// every user namespace range is in use
+    NoUsernsRange,
+    /// sandbox's image row is missing
+    NoImageRow,
+    /// {0}
+    Defaults(String),
+    /// {0}
+    Sandbox(#[from] sandbox::SandboxError),
+    /// {0}
+    Db(#[from] DbError),
+}
+
+impl Classify for LaunchError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            LaunchError::Full { .. } | LaunchError::NoUsernsRange => ErrorKind::LimitReached,
+            LaunchError::StoreSize(_) => ErrorKind::of_host_failure(self),
+            LaunchError::NoImageRow => ErrorKind::Internal,
+            LaunchError::Sandbox(e) => e.kind(),
+            LaunchError::Db(e) => e.kind(),
+            _ => ErrorKind::InvalidArgument,
+        }
+    }
+}
+
+/// Why `create_sandbox` failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum CreateError {
+    /// {0}
+    Name(#[from] crate::ids::BadImageName),
+    /// image {0} not found
+    NoImage(ImageName),
+    /// {0}
+    Launch(#[from] LaunchError),
+    /// {0}
+    Db(#[from] DbError),
+    /// {0}
+    Other(#[from] OpError),
+}
+
+impl Classify for CreateError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            CreateError::Name(_) => ErrorKind::InvalidArgument,
+            CreateError::NoImage(_) => ErrorKind::NotFound,
+            CreateError::Launch(e) => e.kind(),
+            CreateError::Db(e) => e.kind(),
+            CreateError::Other(e) => e.kind,
+        }
+    }
+}
+
+/// Why an operation on a live sandbox (look-up, pause, unpause, exec,
+/// remove) failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum SandboxOpError {
+    /// sandbox {0} not found
+    NotFound(String),
+    /// sandbox {0} is already being removed
+    BeingRemoved(SandboxId),
+    /// {0}
+    Sandbox(#[from] sandbox::SandboxError),
+    /// {0}
+    Db(#[from] DbError),
+}
+
+impl Classify for SandboxOpError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            SandboxOpError::NotFound(_) => ErrorKind::NotFound,
+            SandboxOpError::BeingRemoved(_) => ErrorKind::Conflict,
+            SandboxOpError::Sandbox(e) => e.kind(),
+            SandboxOpError::Db(e) => e.kind(),
         }
     }
 }
@@ -333,10 +467,11 @@ impl Daemon {
         let rows = lock(&self.db).list_sandboxes()?;
         for row in rows {
             let adopted = match row.state {
-                SandboxState::Running | SandboxState::Paused => self
-                    .defaults_for(&row.image_id, &row.spec)
-                    .and_then(|d| sandbox::adopt(&self.rt, &row, d).map_err(|e| OpError::internal(&e))),
-                _ => Err(OpError::new(ErrorKind::Internal, "sandbox was not running")),
+                SandboxState::Running | SandboxState::Paused => match self.defaults_for(&row.image_id, &row.spec) {
+                    Ok(d) => sandbox::adopt(&self.rt, &row, d).map_err(|e| crate::error::chain(&e)),
+                    Err(e) => Err(crate::error::chain(&e)),
+                },
+                _ => Err("sandbox was not running".to_string()),
             };
             match adopted {
                 Ok(sb) => {
@@ -344,7 +479,7 @@ impl Daemon {
                     lock(&self.pool).live.insert(row.id.clone(), Arc::new(sb));
                 }
                 Err(e) => {
-                    tracing::warn!("sandbox {} cannot be re-adopted ({}); removing it", row.id, e.message);
+                    tracing::warn!("sandbox {} cannot be re-adopted ({}); removing it", row.id, e);
                     if let Err(e) = sandbox::reap_orphan(&self.rt, &row) {
                         tracing::error!("clean up sandbox {}: {}", row.id, crate::error::chain(&e));
                         continue;
@@ -385,21 +520,19 @@ impl Daemon {
         // What cannot be removed stays for the next collection: the daemon
         // starts anyway.
         if let Err(e) = self.collect(crate::store::Scope::Everything, []) {
-            tracing::warn!("collect at start: {}", e.message);
+            tracing::warn!("collect at start: {}", crate::error::chain(&e));
         }
         Ok(())
     }
 
-    fn defaults_for(&self, image_id: &i64, spec: &SandboxSpec) -> Result<ExecDefaults, OpError> {
-        let image = lock(&self.db)
-            .image_by_id(*image_id)?
-            .ok_or_else(|| OpError::new(ErrorKind::Internal, "sandbox's image row is missing"))?;
+    fn defaults_for(&self, image_id: &i64, spec: &SandboxSpec) -> Result<ExecDefaults, LaunchError> {
+        let image = lock(&self.db).image_by_id(*image_id)?.ok_or(LaunchError::NoImageRow)?;
         self.exec_defaults(&image, spec)
     }
 
-    fn exec_defaults(&self, image: &ImageRow, spec: &SandboxSpec) -> Result<ExecDefaults, OpError> {
+    fn exec_defaults(&self, image: &ImageRow, spec: &SandboxSpec) -> Result<ExecDefaults, LaunchError> {
         let layers: Vec<PathBuf> = image.layers.iter().rev().map(|h| self.rt.store.layer_dir(h).join("fs")).collect();
-        ExecDefaults::new(&image.config, &spec.env, &layers).map_err(|m| OpError::new(ErrorKind::InvalidArgument, m))
+        ExecDefaults::new(&image.config, &spec.env, &layers).map_err(LaunchError::Defaults)
     }
 
     pub fn max_sandboxes(&self) -> usize {
@@ -408,32 +541,32 @@ impl Daemon {
 
     // ---- images ----
 
-    pub fn import_image(&self, path: &str, tag: Option<&str>, name: &str) -> Result<ImageInfo, OpError> {
-        let name: ImageName = name.parse().map_err(|e| OpError::invalid(&e))?;
+    pub fn import_image(&self, path: &str, tag: Option<&str>, name: &str) -> Result<ImageInfo, ImportError> {
+        let name: ImageName = name.parse()?;
         let path = PathBuf::from(path);
         if !path.is_absolute() {
-            return Err(OpError::new(ErrorKind::InvalidArgument, "path must be absolute (it is read by the daemon)"));
+            return Err(ImportError::Relative);
         }
         if !path.exists() {
-            return Err(OpError::new(ErrorKind::InvalidArgument, format!("{} does not exist", path.display())));
+            return Err(ImportError::Missing(path.display().to_string()));
         }
         let _serial = lock(&self.import_lock);
-        let row = self.leased(|lease| Ok(image::import(&self.rt.store, &self.db, &path, tag, &name, lease)?))?;
+        let row = self.leased(|lease| image::import(&self.rt.store, &self.db, &path, tag, &name, lease))?;
         Ok(image_info(&row))
     }
 
-    pub fn list_images(&self) -> Result<Vec<ImageInfo>, OpError> {
+    pub fn list_images(&self) -> Result<Vec<ImageInfo>, DbError> {
         Ok(lock(&self.db).list_images()?.iter().map(image_info).collect())
     }
 
-    pub fn get_image(&self, name: &str) -> Result<ImageInfo, OpError> {
-        let name: ImageName = name.parse().map_err(|e| OpError::invalid(&e))?;
+    pub fn get_image(&self, name: &str) -> Result<ImageInfo, ImageOpError> {
+        let name: ImageName = name.parse()?;
         let row = lock(&self.db).image_by_name(&name)?;
-        row.map(|r| image_info(&r)).ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("image {name} not found")))
+        row.map(|r| image_info(&r)).ok_or(ImageOpError::NotFound(name))
     }
 
-    pub fn remove_image(&self, name: &str) -> Result<(), OpError> {
-        let name: ImageName = name.parse().map_err(|e| OpError::invalid(&e))?;
+    pub fn remove_image(&self, name: &str) -> Result<(), ImageOpError> {
+        let name: ImageName = name.parse()?;
         let _serial = lock(&self.import_lock);
         let unlisted = image::remove(&self.db, &name)?;
         self.collect(crate::store::Scope::Released, unlisted)?;
@@ -442,9 +575,9 @@ impl Daemon {
 
     // ---- sandboxes ----
 
-    pub fn create_sandbox(&self, req: CreateRequest) -> Result<SandboxInfo, OpError> {
+    pub fn create_sandbox(&self, req: CreateRequest) -> Result<SandboxInfo, CreateError> {
         // Validate everything before reserving anything.
-        let name: ImageName = req.image.parse().map_err(|e| OpError::invalid(&e))?;
+        let name: ImageName = req.image.parse()?;
         let launch = crate::types::LaunchRequest {
             memory: req.memory,
             pids: req.pids,
@@ -459,12 +592,10 @@ impl Daemon {
             userns: req.userns,
         };
         if let Some(key) = &req.baseline {
-            return self.create_from_baseline(key, &req.image, req.work_context.as_deref(), launch);
+            return Ok(self.create_from_baseline(key, &req.image, req.work_context.as_deref(), launch)?);
         }
         let launch = self.launch_spec(launch)?;
-        let image = lock(&self.db)
-            .image_by_name(&name)?
-            .ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
+        let image = lock(&self.db).image_by_name(&name)?.ok_or(CreateError::NoImage(name))?;
         let wc = self.new_lineage(req.work_context.as_deref(), image.id, crate::model::StartKind::Image, None)?;
         let base = Base {
             layers: image.layers.clone(),
@@ -479,13 +610,13 @@ impl Daemon {
             Ok(sb) => Ok(sandbox_info(&sb)),
             Err(e) => {
                 let _ = lock(&self.db).delete_unused_work_context(&wc);
-                Err(e)
+                Err(e.into())
             }
         }
     }
 
     /// Validate what every way of starting a sandbox takes.
-    pub fn launch_spec(&self, req: crate::types::LaunchRequest) -> Result<LaunchSpec, OpError> {
+    pub fn launch_spec(&self, req: crate::types::LaunchRequest) -> Result<LaunchSpec, LaunchError> {
         let crate::types::LaunchRequest {
             memory,
             pids,
@@ -502,62 +633,47 @@ impl Daemon {
         let seccomp_unconfined = match seccomp.as_deref() {
             None | Some("default") => false,
             Some("unconfined") => true,
-            Some(other) => {
-                return Err(OpError::new(
-                    ErrorKind::InvalidArgument,
-                    format!("seccomp {other:?} must be \"default\" or \"unconfined\""),
-                ))
-            }
+            Some(other) => return Err(LaunchError::Seccomp(other.to_string())),
         };
         let limits = Limits { memory, pids, cpus, disk };
-        limits.validate(self.host_cpus).map_err(|e| OpError::invalid(&e))?;
-        let limits = self.cfg.limit_policy.settle(limits).map_err(|e| OpError::invalid(&e))?;
+        limits.validate(self.host_cpus)?;
+        let limits = self.cfg.limit_policy.settle(limits)?;
         if let Some(d) = limits.disk {
             // A cap past the store's whole file system caps nothing, and
             // formatting one costs time in proportion to its size.
             let total = nix::sys::statvfs::statvfs(self.rt.store.root())
                 .map(|s| s.blocks() * s.fragment_size())
-                .map_err(|e| OpError::internal(&e))?;
+                .map_err(LaunchError::StoreSize)?;
             if d > total {
-                return Err(OpError::new(
-                    ErrorKind::InvalidArgument,
-                    format!("disk cap {d} bytes is larger than the store's file system ({total} bytes)"),
-                ));
+                return Err(LaunchError::DiskTooLarge { cap: d, total });
             }
         }
         for e in &env {
             if !e.contains('=') || e.starts_with('=') || e.contains('\0') {
-                return Err(OpError::new(ErrorKind::InvalidArgument, format!("env entry {e:?} is not KEY=VALUE")));
+                return Err(LaunchError::Env(e.clone()));
             }
         }
         // Every exec carries the sandbox's env to the shim: past this, every
         // exec would fail (it once did, with 500 EMSGSIZE).
         let env_bytes = serde_json::to_vec(&env).map_or(usize::MAX, |b| b.len());
         if env_bytes > strata_shim::proto::MAX_SANDBOX_ENV {
-            return Err(OpError::new(
-                ErrorKind::InvalidArgument,
-                format!("env takes {env_bytes} bytes encoded; at most {}", strata_shim::proto::MAX_SANDBOX_ENV),
-            ));
+            return Err(LaunchError::EnvTooLarge { bytes: env_bytes, max: strata_shim::proto::MAX_SANDBOX_ENV });
         }
         if let Some(h) = &hostname {
             if !valid_hostname(h) {
-                return Err(OpError::new(
-                    ErrorKind::InvalidArgument,
-                    format!("hostname {h:?} must be 1-63 chars of [A-Za-z0-9.-]"),
-                ));
+                return Err(LaunchError::Hostname(h.clone()));
             }
         }
-        let bad = |m: String| OpError::new(ErrorKind::InvalidArgument, m);
         let mut mounts = Vec::new();
         for s in &scratch {
-            mounts.push(MountDecl::parse_scratch(s).map_err(bad)?);
+            mounts.push(MountDecl::parse_scratch(s).map_err(LaunchError::Mount)?);
         }
         for c in &cache {
-            mounts.push(MountDecl::parse_cache(c).map_err(bad)?);
+            mounts.push(MountDecl::parse_cache(c).map_err(LaunchError::Mount)?);
         }
         for (i, m) in mounts.iter().enumerate() {
             if mounts[..i].iter().any(|o| o.path() == m.path()) {
-                return Err(bad(format!("two mounts at {}", m.path())));
+                return Err(LaunchError::TwoMounts(m.path().to_string()));
             }
         }
         Ok(LaunchSpec { limits, env, hostname, mounts, seccomp_unconfined, userns, userns_map: None })
@@ -567,44 +683,29 @@ impl Daemon {
     /// in a user namespace wrote (a setuid-root file, file capabilities,
     /// /etc/ld.so.preload) is host root's once it runs without one, so a
     /// chain with any snapshot captured in one runs only in one.
-    fn settle_userns(&self, base: &Base, mut launch: LaunchSpec) -> Result<LaunchSpec, OpError> {
+    fn settle_userns(&self, base: &Base, mut launch: LaunchSpec) -> Result<LaunchSpec, LaunchError> {
         let userns = match (launch.userns, base.captured_in_userns) {
-            (Some(false), true) => {
-                return Err(OpError::new(
-                    ErrorKind::InvalidArgument,
-                    "this snapshot's chain was captured in a user namespace: it runs only in one (userns: true)",
-                ))
-            }
+            (Some(false), true) => return Err(LaunchError::UsernsRequired),
             (Some(u), _) => u,
             (None, c) => c,
         };
         if userns && launch.mounts.iter().any(|m| matches!(m, MountDecl::Cache { .. })) {
             // A cache is a host directory owned by host ids: unusable
             // (nobody-owned) in a user namespace until caches are idmapped.
-            return Err(OpError::new(
-                ErrorKind::InvalidArgument,
-                "cache mounts are not available with userns (a cache's files are owned by host ids)",
-            ));
+            return Err(LaunchError::CacheWithUserns);
         }
         launch.userns = Some(userns);
         Ok(launch)
     }
 
     /// Start one sandbox on `base`, within the pool's bound.
-    pub(crate) fn launch(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, OpError> {
+    pub(crate) fn launch(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, LaunchError> {
         let launch = self.settle_userns(base, launch)?;
         // Reserve a slot: past the cap nothing is made.
         {
             let mut pool = lock(&self.pool);
             if pool.live.len() + pool.reserved >= self.max_sandboxes {
-                return Err(OpError::new(
-                    ErrorKind::LimitReached,
-                    format!(
-                        "sandbox limit reached: {} of {} live (daemon --max-sandboxes)",
-                        pool.live.len() + pool.reserved,
-                        self.max_sandboxes
-                    ),
-                ));
+                return Err(LaunchError::Full { live: pool.live.len() + pool.reserved, max: self.max_sandboxes });
             }
             pool.reserved += 1;
         }
@@ -623,7 +724,7 @@ impl Daemon {
         base: &Base,
         launch: LaunchSpec,
         fixed_id: Option<SandboxId>,
-    ) -> Result<Arc<Sandbox>, OpError> {
+    ) -> Result<Arc<Sandbox>, LaunchError> {
         // A sandbox with a disk cap needs its disk mounted before its shim
         // is cloned (the shim's mount namespace is a copy of ours); one with
         // a user namespace needs a shim cloned into one.
@@ -679,7 +780,7 @@ impl Daemon {
 
     /// A host id range no live sandbox uses. Starts where the last search
     /// ended, so launches in flight (not yet live) get different ranges.
-    fn alloc_userns(&self) -> Result<crate::userns::UsernsMap, OpError> {
+    fn alloc_userns(&self) -> Result<crate::userns::UsernsMap, LaunchError> {
         let base = self.cfg.userns_base;
         let slots = crate::userns::slots(base).max(1);
         let mut pool = lock(&self.pool);
@@ -701,7 +802,7 @@ impl Daemon {
                 }
             }
         }
-        Err(OpError::new(ErrorKind::LimitReached, "every user namespace range is in use"))
+        Err(LaunchError::NoUsernsRange)
     }
 
     /// A warm shim that is still alive; dead ones are torn down (their
@@ -827,7 +928,7 @@ impl Daemon {
         sb: &Sandbox,
         req: &sandbox::ExecRequest,
         stdin: Vec<u8>,
-    ) -> Result<sandbox::ExecOutput, OpError> {
+    ) -> Result<sandbox::ExecOutput, SandboxOpError> {
         let out = sb.exec_buffered(req, stdin)?;
         self.record_exec(sb, req, &out.summary);
         Ok(out)
@@ -842,20 +943,15 @@ impl Daemon {
         req: &sandbox::ExecRequest,
         conn: std::os::unix::net::UnixStream,
         started: impl FnOnce(&mut std::os::unix::net::UnixStream) -> std::io::Result<()>,
-    ) -> Result<(), OpError> {
+    ) -> Result<(), SandboxOpError> {
         let summary = sb.exec_attached(req, conn, started)?;
         self.record_exec(sb, req, &summary);
         Ok(())
     }
 
-    pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, OpError> {
-        let id: SandboxId =
-            id.parse().map_err(|_| OpError::new(ErrorKind::NotFound, format!("sandbox {id:?} not found")))?;
-        lock(&self.pool)
-            .live
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("sandbox {id} not found")))
+    pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, SandboxOpError> {
+        let id: SandboxId = id.parse().map_err(|_| SandboxOpError::NotFound(format!("{id:?}")))?;
+        lock(&self.pool).live.get(&id).cloned().ok_or_else(|| SandboxOpError::NotFound(id.to_string()))
     }
 
     pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
@@ -868,24 +964,24 @@ impl Daemon {
     }
 
     /// Freeze every process of a sandbox in place (temporal snapshot).
-    pub fn pause_sandbox(&self, id: &str) -> Result<(), OpError> {
+    pub fn pause_sandbox(&self, id: &str) -> Result<(), SandboxOpError> {
         let sb = self.sandbox(id)?;
         sb.pause()?;
         lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Paused)?;
         Ok(())
     }
 
-    pub fn unpause_sandbox(&self, id: &str) -> Result<(), OpError> {
+    pub fn unpause_sandbox(&self, id: &str) -> Result<(), SandboxOpError> {
         let sb = self.sandbox(id)?;
         sb.unpause()?;
         lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Running)?;
         Ok(())
     }
 
-    pub fn remove_sandbox(&self, id: &str) -> Result<(), OpError> {
+    pub fn remove_sandbox(&self, id: &str) -> Result<(), SandboxOpError> {
         let sb = self.sandbox(id)?;
         if !sb.begin_stop() {
-            return Err(OpError::new(ErrorKind::Conflict, format!("sandbox {} is already being removed", sb.id)));
+            return Err(SandboxOpError::BeingRemoved(sb.id.clone()));
         }
         lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Stopped)?;
         if let Err(e) = sb.destroy(&self.rt.store) {

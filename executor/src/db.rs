@@ -31,7 +31,7 @@ pub enum DbError {
     },
     #[error("database is at schema version {found}, newer than this strata ({known}); upgrade strata")]
     TooNew { found: usize, known: usize },
-    #[error("query {what}")]
+    #[error("query {what}{}", removed_meanwhile(.source))]
     Query {
         what: &'static str,
         #[source]
@@ -45,6 +45,27 @@ pub enum DbError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+/// What a query that found no row says: the row it looked for was deleted
+/// by another request meanwhile (a checkpoint or suspend racing `rm`).
+fn removed_meanwhile(e: &rusqlite::Error) -> &'static str {
+    match e {
+        rusqlite::Error::QueryReturnedNoRows => ": not found (removed while this request ran)",
+        _ => "",
+    }
+}
+
+impl crate::error::Classify for DbError {
+    fn kind(&self) -> crate::error::ErrorKind {
+        match self {
+            // The row a request was working on was deleted by another
+            // request meanwhile (a checkpoint or suspend racing `rm`): that
+            // object is gone, not the daemon broken.
+            DbError::Query { source: rusqlite::Error::QueryReturnedNoRows, .. } => crate::error::ErrorKind::NotFound,
+            _ => crate::error::ErrorKind::of_host_failure(self),
+        }
+    }
 }
 
 fn q(what: &'static str) -> impl FnOnce(rusqlite::Error) -> DbError {

@@ -22,7 +22,7 @@ use crate::db::{Baseline, LayerRow, PulledImage, PulledSnapshot, SnapshotRow, Un
 use crate::error::ErrorKind;
 use crate::ids::{ImageName, LayerId, SnapshotId};
 use crate::oci::{self, Compression, Digest, ImageConfig};
-use crate::registry::{Client, Credentials, Pushed, Reference, RegistryError};
+use crate::registry::{Client, Credentials, Pushed, Reference};
 use crate::store::{BlobCompression, StoreError};
 use crate::types::{Progress, PullResult, PushResult, RegistryRequest};
 
@@ -35,12 +35,6 @@ const SEAL_WAIT: Duration = Duration::from_secs(1800);
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl From<RegistryError> for OpError {
-    fn from(e: RegistryError) -> Self {
-        OpError::new(e.kind(), crate::error::chain(&e))
-    }
 }
 
 fn store_err(e: StoreError) -> OpError {

@@ -78,6 +78,13 @@ impl ErrorKind {
     }
 }
 
+/// A failure that knows what kind it is: each daemon operation's error
+/// enum, and the library errors they wrap. `api` maps the kind to a status
+/// and the error's chain ([`chain`]) to the message; nothing else does.
+pub trait Classify: std::error::Error + 'static {
+    fn kind(&self) -> ErrorKind;
+}
+
 /// Render an error and its sources as one line: "outer: inner: root cause".
 pub fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();

@@ -24,6 +24,24 @@ use crate::error::ErrorKind;
 use crate::store::{Lease, Resource, Scope};
 use crate::types::GcReport;
 
+/// Why a collection failed (what it could not remove stays for the next).
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum CollectError {
+    /// collect layers and blobs: {0}
+    Store(#[from] crate::store::StoreError),
+    /// {0}
+    Db(#[from] crate::db::DbError),
+}
+
+impl crate::error::Classify for CollectError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            CollectError::Store(_) => ErrorKind::of_host_failure(self),
+            CollectError::Db(e) => e.kind(),
+        }
+    }
+}
+
 impl Daemon {
     /// Retire stale lineages, then delete what retention allows.
     pub fn gc(&self, retention: Duration, stale_after: Duration) -> Result<GcReport, OpError> {
@@ -79,12 +97,12 @@ impl Daemon {
     /// The rows are read and the files removed under the database lock (a
     /// layer is moved aside under it, and deleted after), so an operation
     /// recording a row is either seen or finds the file gone.
-    pub fn collect(&self, scope: Scope, also: impl IntoIterator<Item = Resource>) -> Result<usize, OpError> {
+    pub fn collect(&self, scope: Scope, also: impl IntoIterator<Item = Resource>) -> Result<usize, CollectError> {
         let store = &self.rt.store;
         let mut candidates = store.take_released();
         candidates.extend(also);
         if scope == Scope::Everything {
-            candidates.extend(store.present().map_err(|e| OpError::internal(&e))?);
+            candidates.extend(store.present()?);
         }
         if candidates.is_empty() {
             return Ok(0);
@@ -99,19 +117,19 @@ impl Daemon {
                 Resource::Blob(hex) => !blobs.contains(&format!("sha256:{hex}")),
             })
             .collect();
-        store.remove_unleased(db, &doomed).map_err(|e| OpError::internal(&e))
+        Ok(store.remove_unleased(db, &doomed)?)
     }
 
     /// Run `op` with a lease on what it puts in place ([`Lease`]); when it
     /// ends, done or failed, the lease ends and the collector looks at what
     /// it held (what a failed operation wrote and no row lists goes; a
     /// collection that fails is logged: the next one retries).
-    pub fn leased<T>(&self, op: impl FnOnce(&Lease) -> Result<T, OpError>) -> Result<T, OpError> {
+    pub fn leased<T, E>(&self, op: impl FnOnce(&Lease) -> Result<T, E>) -> Result<T, E> {
         let lease = self.rt.store.lease();
         let r = op(&lease);
         drop(lease);
         if let Err(e) = self.collect(Scope::Released, []) {
-            tracing::warn!("collect: {}", e.message);
+            tracing::warn!("collect: {}", crate::error::chain(&e));
         }
         r
     }

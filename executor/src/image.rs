@@ -45,16 +45,17 @@ pub enum ImageError {
     Db(#[from] DbError),
 }
 
-impl ImageError {
-    pub fn kind(&self) -> ErrorKind {
+impl crate::error::Classify for ImageError {
+    fn kind(&self) -> ErrorKind {
         match self {
             ImageError::Exists(_) | ImageError::InUse { .. } => ErrorKind::Conflict,
             ImageError::NotFound(_) => ErrorKind::NotFound,
-            ImageError::Layout { source, .. } if source.is_io() => ErrorKind::Internal,
+            ImageError::Layout { source, .. } if source.is_io() => ErrorKind::of_host_failure(self),
             ImageError::Layout { .. } => ErrorKind::InvalidArgument,
-            ImageError::Unpack { source, .. } if source.is_io() => ErrorKind::Internal,
+            ImageError::Unpack { source, .. } if source.is_io() => ErrorKind::of_host_failure(self),
             ImageError::Unpack { .. } => ErrorKind::InvalidArgument,
-            ImageError::Store(_) | ImageError::Db(_) => ErrorKind::Internal,
+            ImageError::Store(_) => ErrorKind::of_host_failure(self),
+            ImageError::Db(e) => crate::error::Classify::kind(e),
         }
     }
 }

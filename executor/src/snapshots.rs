@@ -561,9 +561,9 @@ impl Daemon {
             // New work from a baseline: a lineage of its own.
             let wc = self.new_lineage(None, base.image.id, StartKind::Baseline, Some(&row.id))?;
             (base.work_context, base.observed_head, base.rung) = (wc.clone(), None, Rung::Baseline);
-            return self.launch(&base, launch).map(|sb| sandbox_info(&sb)).inspect_err(|_| {
+            return Ok(self.launch(&base, launch).map(|sb| sandbox_info(&sb)).inspect_err(|_| {
                 let _ = lock(&self.db).delete_unused_work_context(&wc);
-            });
+            })?);
         }
         // It continues the snapshot's own lineage, fenced on its head now.
         let wc = self.eligible_lineage(&row)?;
@@ -621,7 +621,7 @@ impl Daemon {
                     snapshot: base.snapshot.clone(),
                     captured_in_userns: base.captured_in_userns,
                 };
-                self.launch(&child, launch.clone()).inspect_err(|_| {
+                self.launch(&child, launch.clone()).map_err(OpError::from).inspect_err(|_| {
                     let _ = lock(&self.db).delete_unused_work_context(&wc);
                 })
             });
@@ -1022,7 +1022,7 @@ impl Daemon {
                 userns: Some(sb.spec.userns.is_some()),
                 userns_map: sb.spec.userns,
             };
-            self.launch_reserved(&base, launch, Some(sb.id.clone()))
+            Ok(self.launch_reserved(&base, launch, Some(sb.id.clone()))?)
         })();
         let mut pool = lock(&self.pool);
         pool.reserved -= 1;

@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::daemon::{Daemon, OpError};
-use crate::error::{chain, ErrorKind};
+use crate::error::{chain, Classify, ErrorKind};
 use crate::sandbox::ExecRequest;
 use crate::types::{
     self, CreateRequest, ErrorBody, ErrorDetail, ExecRequestBody, ExecResult, ImportRequest, VersionInfo,
@@ -55,6 +55,13 @@ impl ApiError {
 impl From<OpError> for ApiError {
     fn from(e: OpError) -> Self {
         ApiError::new(e.kind, e.message)
+    }
+}
+
+/// An operation's own error: its kind, and its chain as the message.
+impl<E: Classify> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        ApiError::new(e.kind(), chain(&e))
     }
 }
 
@@ -347,7 +354,9 @@ fn exec_action(id: String, req: &http::Request) -> Result<Action, ApiError> {
 /// Run a parsed request against the daemon.
 pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
     use Action as A;
-    let done = |r: Result<(), OpError>| r.map(|()| Reply::Empty(204)).map_err(ApiError::from);
+    fn done<E: Into<ApiError>>(r: Result<(), E>) -> Result<Reply, ApiError> {
+        r.map(|()| Reply::Empty(204)).map_err(Into::into)
+    }
     match action {
         A::Version => json(
             200,
@@ -517,6 +526,20 @@ mod tests {
         ] {
             assert_eq!(parsed("POST", p, body).unwrap_err().kind, ErrorKind::InvalidArgument, "{p} {body}");
         }
+    }
+
+    #[test]
+    fn an_operations_error_keeps_its_kind_and_its_doc_comment_message() {
+        use crate::daemon::{CreateError, LaunchError};
+        let e = ApiError::from(CreateError::Launch(LaunchError::Full { live: 3, max: 3 }));
+        assert_eq!(e.kind, ErrorKind::LimitReached);
+        assert_eq!(e.message, "sandbox limit reached: 3 of 3 live (daemon --max-sandboxes)");
+        let e = ApiError::from(CreateError::NoImage("busybox".parse().unwrap()));
+        assert_eq!((e.kind, e.message.as_str()), (ErrorKind::NotFound, "image busybox:latest not found"));
+        let bad = "nope:".parse::<crate::ids::ImageName>().unwrap_err();
+        let e = ApiError::from(CreateError::Name(bad));
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.starts_with("invalid image name \"nope:\""), "{}", e.message);
     }
 
     #[test]

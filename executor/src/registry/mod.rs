@@ -92,8 +92,8 @@ pub enum RegistryError {
     },
 }
 
-impl RegistryError {
-    pub fn kind(&self) -> ErrorKind {
+impl crate::error::Classify for RegistryError {
+    fn kind(&self) -> ErrorKind {
         match self {
             RegistryError::NotFound { .. } => ErrorKind::NotFound,
             RegistryError::Io { source, .. } => match ErrorKind::of_host_failure(source) {

@@ -84,13 +84,13 @@ pub enum SandboxError {
     Userns(#[source] crate::userns::UsernsError),
 }
 
-impl SandboxError {
-    pub fn kind(&self) -> ErrorKind {
+impl crate::error::Classify for SandboxError {
+    fn kind(&self) -> ErrorKind {
         match self {
             SandboxError::Stopping(_) | SandboxError::Dead(_) | SandboxError::State { .. } => ErrorKind::Conflict,
             SandboxError::BadExec(_) => ErrorKind::InvalidArgument,
             SandboxError::Capture(e) if e.is_content() => ErrorKind::Conflict,
-            _ => ErrorKind::Internal,
+            _ => ErrorKind::of_host_failure(self),
         }
     }
 }
