@@ -622,7 +622,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Baseline(BaselineCmd::Publish { id, repo, git_ref, owner, remote }) => {
-            let req = crate::baseline::PublishRequest {
+            let req = crate::daemon::baseline::PublishRequest {
                 repo: repo.clone(),
                 git_ref: git_ref.clone(),
                 owner: owner.clone(),

@@ -10,7 +10,6 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
-pub mod baseline;
 pub mod cgroups;
 pub mod cli;
 pub mod client;
@@ -20,22 +19,18 @@ pub mod db;
 pub mod diff;
 pub mod direct;
 pub mod disk;
-pub mod distribution;
 pub mod error;
 pub mod export;
 pub mod extents;
 pub mod failpoint;
-pub mod gc;
 pub mod ids;
 pub mod image;
-pub mod lineage;
 pub mod model;
 pub mod oci;
 pub mod registry;
 pub mod sandbox;
 pub mod server;
 pub mod shim_client;
-pub mod snapshots;
 pub mod spec;
 pub mod store;
 pub mod stream;

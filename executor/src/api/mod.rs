@@ -169,7 +169,7 @@ pub enum Action {
     Suspend(String),
     Rollback(String, types::RollbackRequest),
     SandboxDiff(String),
-    PublishBaseline(String, crate::baseline::PublishRequest),
+    PublishBaseline(String, crate::daemon::baseline::PublishRequest),
     Copy(String, crate::copy::CopyRequest),
     Pause(String),
     Unpause(String),

@@ -18,29 +18,11 @@
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
-use crate::daemon::OpError;
 use crate::daemon::{lock, Daemon};
+use crate::daemon::{CollectError, OpError};
 use crate::error::ErrorKind;
 use crate::store::{Lease, Resource, Scope};
 use crate::types::GcReport;
-
-/// Why a collection failed (what it could not remove stays for the next).
-#[derive(Debug, thiserror::Error, displaydoc::Display)]
-pub enum CollectError {
-    /// collect layers and blobs: {0}
-    Store(#[from] crate::store::StoreError),
-    /// {0}
-    Db(#[from] crate::db::DbError),
-}
-
-impl crate::error::Classify for CollectError {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            CollectError::Store(_) => ErrorKind::of_host_failure(self),
-            CollectError::Db(e) => e.kind(),
-        }
-    }
-}
 
 impl Daemon {
     /// Retire stale lineages, then delete what retention allows.

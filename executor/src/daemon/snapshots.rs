@@ -611,20 +611,23 @@ impl Daemon {
         // origin is the snapshot.
         let mut made: Vec<Arc<crate::sandbox::Sandbox>> = Vec::new();
         for _ in 0..count {
-            let launched = self.new_lineage(None, base.image.id, start_kind, Some(&row.id)).and_then(|wc| {
-                let child = Base {
-                    work_context: wc.clone(),
-                    observed_head: None,
-                    rung,
-                    image: base.image.clone(),
-                    layers: base.layers.clone(),
-                    snapshot: base.snapshot.clone(),
-                    captured_in_userns: base.captured_in_userns,
-                };
-                self.launch(&child, launch.clone()).map_err(OpError::from).inspect_err(|_| {
-                    let _ = lock(&self.db).delete_unused_work_context(&wc);
-                })
-            });
+            let launched = self
+                .new_lineage(None, base.image.id, start_kind, Some(&row.id))
+                .map_err(OpError::from)
+                .and_then(|wc| {
+                    let child = Base {
+                        work_context: wc.clone(),
+                        observed_head: None,
+                        rung,
+                        image: base.image.clone(),
+                        layers: base.layers.clone(),
+                        snapshot: base.snapshot.clone(),
+                        captured_in_userns: base.captured_in_userns,
+                    };
+                    self.launch(&child, launch.clone()).map_err(OpError::from).inspect_err(|_| {
+                        let _ = lock(&self.db).delete_unused_work_context(&wc);
+                    })
+                });
             match launched {
                 Ok(sb) => made.push(sb),
                 Err(e) => {

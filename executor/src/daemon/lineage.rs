@@ -15,7 +15,7 @@
 use crate::daemon::OpError;
 use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{SnapshotRow, WorkContextRow};
-use crate::error::ErrorKind;
+use crate::error::{Classify, ErrorKind};
 use crate::ids::{SandboxId, SnapshotId};
 use crate::model::{LineageState, Rung, SnapshotState, StartKind};
 use crate::types::{LaunchRequest, LineageInfo, SandboxInfo};
@@ -28,6 +28,50 @@ pub fn valid_work_context(id: &str) -> bool {
         && !id.starts_with(['.', '-'])
 }
 
+/// Why a lineage operation failed (making one for a launch, looking one
+/// up, resuming, showing or retiring one, or the fence of an append).
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum LineageError {
+    /// work context {0:?} must be 1-64 chars of [A-Za-z0-9._-], not starting with . or -
+    BadId(String),
+    /// work context {0} exists: continue it with `resume --work-context {0}`
+    Exists(String),
+    /// work context {0:?} not found
+    NotFound(String),
+    /// snapshot {id} is a {class}, not a checkpoint of a lineage
+    NotACheckpoint { id: SnapshotId, class: crate::model::SnapshotClass },
+    /// snapshot {id} belongs to retired work context {work_context}: not restorable
+    RetiredSnapshot { id: SnapshotId, work_context: String },
+    /// work context {0} is retired
+    Retired(String),
+    /// suspend refused: {0}
+    Fenced(crate::db::Fence),
+    /// count is for fork
+    Count,
+    /// the work context's image row is missing
+    NoImageRow,
+    /// {0}
+    Launch(#[from] crate::daemon::LaunchError),
+    /// {0}
+    Db(#[from] crate::db::DbError),
+    /// {0}
+    Other(#[from] OpError),
+}
+
+impl Classify for LineageError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            LineageError::BadId(_) | LineageError::Count => ErrorKind::InvalidArgument,
+            LineageError::NotFound(_) => ErrorKind::NotFound,
+            LineageError::NoImageRow => ErrorKind::Internal,
+            LineageError::Launch(e) => e.kind(),
+            LineageError::Db(e) => e.kind(),
+            LineageError::Other(e) => e.kind,
+            _ => ErrorKind::Conflict,
+        }
+    }
+}
+
 impl Daemon {
     /// Make a new lineage (with the given id, or a random one). A taken id
     /// is a conflict: an existing lineage is continued with `resume`.
@@ -37,69 +81,53 @@ impl Daemon {
         image_id: i64,
         start_kind: StartKind,
         start_id: Option<&SnapshotId>,
-    ) -> Result<String, OpError> {
+    ) -> Result<String, LineageError> {
         let id = match id {
-            Some(id) if !valid_work_context(id) => {
-                return Err(OpError::new(
-                    ErrorKind::InvalidArgument,
-                    format!("work context {id:?} must be 1-64 chars of [A-Za-z0-9._-], not starting with . or -"),
-                ))
-            }
+            Some(id) if !valid_work_context(id) => return Err(LineageError::BadId(id.to_string())),
             Some(id) => id.to_string(),
             None => SandboxId::random().to_string(),
         };
         if !lock(&self.db).insert_work_context(&WorkContextRow::new(&id, image_id, start_kind, start_id))? {
-            return Err(OpError::new(
-                ErrorKind::Conflict,
-                format!("work context {id} exists: continue it with `resume --work-context {id}`"),
-            ));
+            return Err(LineageError::Exists(id));
         }
         Ok(id)
     }
 
-    fn work_context_row(&self, id: &str) -> Result<WorkContextRow, OpError> {
-        lock(&self.db)
-            .work_context(id)?
-            .ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("work context {id:?} not found")))
+    fn work_context_row(&self, id: &str) -> Result<WorkContextRow, LineageError> {
+        lock(&self.db).work_context(id)?.ok_or_else(|| LineageError::NotFound(id.to_string()))
     }
 
     /// The lineage a resume or fork of `row` continues or branches from;
     /// refused if it is retired (its checkpoints left restore eligibility).
-    pub(crate) fn eligible_lineage(&self, row: &SnapshotRow) -> Result<WorkContextRow, OpError> {
+    pub(crate) fn eligible_lineage(&self, row: &SnapshotRow) -> Result<WorkContextRow, LineageError> {
         let Some(wc) = &row.work_context else {
-            return Err(OpError::new(
-                ErrorKind::Conflict,
-                format!("snapshot {} is a {}, not a checkpoint of a lineage", row.id, row.class),
-            ));
+            return Err(LineageError::NotACheckpoint { id: row.id.clone(), class: row.class });
         };
         let wc = self.work_context_row(wc)?;
         if wc.state != LineageState::Active || row.state == SnapshotState::Retired {
-            return Err(OpError::new(
-                ErrorKind::Conflict,
-                format!("snapshot {} belongs to retired work context {}: not restorable", row.id, wc.id),
-            ));
+            return Err(LineageError::RetiredSnapshot { id: row.id.clone(), work_context: wc.id });
         }
         Ok(wc)
     }
 
     /// Refuse early if an append for this sandbox would be refused.
-    pub(crate) fn check_fence(&self, sandbox: &SandboxId) -> Result<(), OpError> {
+    pub(crate) fn check_fence(&self, sandbox: &SandboxId) -> Result<(), LineageError> {
         match lock(&self.db).append_fence(sandbox)? {
-            Some(f) => Err(OpError::new(ErrorKind::Conflict, format!("suspend refused: {f}"))),
+            Some(f) => Err(LineageError::Fenced(f)),
             None => Ok(()),
         }
     }
 
     /// `resume --work-context ID`: start a sandbox for the lineage from the
     /// highest rung of its ladder that exists.
-    pub fn resume_lineage(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, OpError> {
+    pub fn resume_lineage(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, LineageError> {
         if req.count.is_some() {
-            return Err(OpError::new(ErrorKind::InvalidArgument, "count is for fork"));
+            return Err(LineageError::Count);
         }
         let launch = self.launch_spec(req)?;
         let wc = self.work_context_row(id)?;
         if wc.state != LineageState::Active {
-            return Err(OpError::new(ErrorKind::Conflict, format!("work context {id} is retired")));
+            return Err(LineageError::Retired(id.to_string()));
         }
         // Rungs 1 and 2: the head, else the snapshot the lineage began from.
         let start_rung = if wc.start_kind == StartKind::Baseline { Rung::Baseline } else { Rung::Fork };
@@ -115,9 +143,7 @@ impl Daemon {
             return Ok(sandbox_info(&*self.launch(&base, launch)?));
         }
         // Rung 3: a cold start from the lineage's image.
-        let image = lock(&self.db)
-            .image_by_id(wc.image_id)?
-            .ok_or_else(|| OpError::new(ErrorKind::Internal, "the work context's image row is missing"))?;
+        let image = lock(&self.db).image_by_id(wc.image_id)?.ok_or(LineageError::NoImageRow)?;
         let base = Base {
             layers: image.layers.clone(),
             image,
@@ -130,7 +156,7 @@ impl Daemon {
         Ok(sandbox_info(&*self.launch(&base, launch)?))
     }
 
-    pub fn lineage(&self, id: &str) -> Result<LineageInfo, OpError> {
+    pub fn lineage(&self, id: &str) -> Result<LineageInfo, LineageError> {
         let wc = self.work_context_row(id)?;
         let db = lock(&self.db);
         let image = db.image_by_id(wc.image_id)?.map(|i| i.name).unwrap_or_default();
@@ -153,7 +179,7 @@ impl Daemon {
 
     /// Retire a finished lineage: its checkpoints leave restore
     /// eligibility (they stay until removed or collected).
-    pub fn retire_lineage(&self, id: &str) -> Result<LineageInfo, OpError> {
+    pub fn retire_lineage(&self, id: &str) -> Result<LineageInfo, LineageError> {
         self.work_context_row(id)?;
         lock(&self.db).retire_work_context(id)?;
         self.lineage(id)

@@ -4,6 +4,17 @@
 //! Start-up order: lock the root (one daemon per root), open the database
 //! (migrations), re-adopt live sandboxes, clean up those that died, then
 //! sweep `tmp/` and directories the database does not know.
+//!
+//! The verbs live in files of their own: `snapshots` (checkpoint, suspend,
+//! resume, fork, rollback, diff, logs, export, snapshot rm), `lineage`,
+//! `baseline`, `distribution` (push and pull), `gc` (retention and the
+//! collector); `copy.rs` at the crate root holds `cp`.
+
+pub mod baseline;
+pub mod distribution;
+pub mod gc;
+pub mod lineage;
+pub mod snapshots;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -91,7 +102,7 @@ pub enum ImageOpError {
     /// {0}
     Db(#[from] DbError),
     /// {0}
-    Collect(#[from] crate::gc::CollectError),
+    Collect(#[from] CollectError),
 }
 
 impl Classify for ImageOpError {
@@ -159,6 +170,24 @@ impl Classify for LaunchError {
     }
 }
 
+/// Why a collection failed (what it could not remove stays for the next).
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum CollectError {
+    /// collect layers and blobs: {0}
+    Store(#[from] StoreError),
+    /// {0}
+    Db(#[from] DbError),
+}
+
+impl Classify for CollectError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            CollectError::Store(_) => ErrorKind::of_host_failure(self),
+            CollectError::Db(e) => e.kind(),
+        }
+    }
+}
+
 /// Why `create_sandbox` failed.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum CreateError {
@@ -168,6 +197,8 @@ pub enum CreateError {
     NoImage(ImageName),
     /// {0}
     Launch(#[from] LaunchError),
+    /// {0}
+    Lineage(#[from] lineage::LineageError),
     /// {0}
     Db(#[from] DbError),
     /// {0}
@@ -180,6 +211,7 @@ impl Classify for CreateError {
             CreateError::Name(_) => ErrorKind::InvalidArgument,
             CreateError::NoImage(_) => ErrorKind::NotFound,
             CreateError::Launch(e) => e.kind(),
+            CreateError::Lineage(e) => e.kind(),
             CreateError::Db(e) => e.kind(),
             CreateError::Other(e) => e.kind,
         }
