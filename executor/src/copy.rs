@@ -324,23 +324,48 @@ pub struct CopyRequest {
     pub no_symlinks: bool,
 }
 
+/// Why `cp` failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum CopyOpError {
+    /// {0}
+    Sandbox(#[from] crate::daemon::SandboxOpError),
+    /// host_path must be absolute (it is used by the daemon)
+    Relative,
+    /// sandbox {0} is stopping
+    Stopping(crate::ids::SandboxId),
+    /// {0}
+    Copy(#[from] CopyError),
+}
+
+impl crate::error::Classify for CopyOpError {
+    fn kind(&self) -> crate::error::ErrorKind {
+        use crate::error::ErrorKind;
+        match self {
+            CopyOpError::Sandbox(e) => e.kind(),
+            CopyOpError::Relative => ErrorKind::InvalidArgument,
+            CopyOpError::Stopping(_) => ErrorKind::Conflict,
+            CopyOpError::Copy(CopyError::Sandbox { source: Errno::ENOENT, .. }) => ErrorKind::NotFound,
+            CopyOpError::Copy(e) if e.is_refusal() => ErrorKind::InvalidArgument,
+            CopyOpError::Copy(CopyError::Host { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+                ErrorKind::InvalidArgument
+            }
+            CopyOpError::Copy(e) => ErrorKind::of_host_failure(e),
+        }
+    }
+}
+
 impl crate::daemon::Daemon {
     /// Copy between the host and a running (or paused) sandbox.
-    pub fn copy(&self, id: &str, req: &CopyRequest) -> Result<Copied, crate::daemon::OpError> {
-        use crate::daemon::OpError;
-        use crate::error::ErrorKind;
+    pub fn copy(&self, id: &str, req: &CopyRequest) -> Result<Copied, CopyOpError> {
         let sb = self.sandbox(id)?;
         let host = PathBuf::from(&req.host_path);
         if !host.is_absolute() {
-            return Err(OpError::new(
-                ErrorKind::InvalidArgument,
-                "host_path must be absolute (it is used by the daemon)",
-            ));
+            return Err(CopyOpError::Relative);
         }
         if matches!(sb.run_state(), crate::sandbox::RunState::Stopping) {
-            return Err(OpError::new(ErrorKind::Conflict, format!("sandbox {id} is {}", sb.run_state())));
+            return Err(CopyOpError::Stopping(sb.id.clone()));
         }
-        let root = sandbox_root(sb.shim_pid).map_err(|e| OpError::internal(&e))?;
+        let root = sandbox_root(sb.shim_pid)?;
         let r = match (req.direction, sb.spec.userns) {
             (Direction::In, None) => copy_in(root.as_fd(), &host, &req.path),
             // In a user namespace the upper is idmapped: new files are
@@ -352,16 +377,6 @@ impl crate::daemon::Daemon {
             }
             (Direction::Out, _) => copy_out(root.as_fd(), &req.path, &host, req.no_symlinks),
         };
-        r.map_err(|e| {
-            let kind = match &e {
-                CopyError::Sandbox { source: Errno::ENOENT, .. } => ErrorKind::NotFound,
-                e if e.is_refusal() => ErrorKind::InvalidArgument,
-                CopyError::Host { source, .. } if source.kind() == io::ErrorKind::NotFound => {
-                    ErrorKind::InvalidArgument
-                }
-                e => ErrorKind::of_host_failure(e),
-            };
-            OpError::new(kind, crate::error::chain(&e))
-        })
+        Ok(r?)
     }
 }

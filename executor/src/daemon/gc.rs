@@ -18,15 +18,37 @@
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
+use crate::daemon::CollectError;
 use crate::daemon::{lock, Daemon};
-use crate::daemon::{CollectError, OpError};
+use crate::error::Classify;
 use crate::error::ErrorKind;
 use crate::store::{Lease, Resource, Scope};
 use crate::types::GcReport;
 
+/// Why `gc` failed (what it retired and deleted before stays so).
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum GcError {
+    /// {0}
+    Db(#[from] crate::db::DbError),
+    /// remove snapshot {id}: {source}
+    Remove { id: String, source: crate::daemon::snapshots::RemoveSnapshotError },
+    /// {0}
+    Collect(#[from] CollectError),
+}
+
+impl crate::error::Classify for GcError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            GcError::Db(e) => e.kind(),
+            GcError::Remove { source, .. } => source.kind(),
+            GcError::Collect(e) => e.kind(),
+        }
+    }
+}
+
 impl Daemon {
     /// Retire stale lineages, then delete what retention allows.
-    pub fn gc(&self, retention: Duration, stale_after: Duration) -> Result<GcReport, OpError> {
+    pub fn gc(&self, retention: Duration, stale_after: Duration) -> Result<GcReport, GcError> {
         let now = crate::db::now();
         let cutoff = |d: Duration| now.saturating_sub(i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
         let mut report = GcReport::default();
@@ -59,10 +81,10 @@ impl Daemon {
                         report.deleted.push(id);
                         progress = true;
                     }
-                    Err(e) if matches!(e.kind, ErrorKind::Conflict | ErrorKind::NotFound) => {
-                        kept.insert(id, e.message);
+                    Err(e) if matches!(e.kind(), ErrorKind::Conflict | ErrorKind::NotFound) => {
+                        kept.insert(id, crate::error::chain(&e));
                     }
-                    Err(e) => return Err(e),
+                    Err(source) => return Err(GcError::Remove { id, source }),
                 }
             }
             if !progress {
@@ -125,7 +147,7 @@ impl Daemon {
         let spawned = std::thread::Builder::new().name("gc".into()).spawn(move || loop {
             std::thread::sleep(interval);
             if let Err(e) = d.gc(retention, stale_after) {
-                tracing::error!("gc: {}", e.message);
+                tracing::error!("gc: {}", crate::error::chain(&e));
             }
         });
         if let Err(e) = spawned {

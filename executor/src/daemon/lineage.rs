@@ -51,6 +51,8 @@ pub enum LineageError {
     /// the work context's image row is missing
     NoImageRow,
     /// {0}
+    Snapshot(#[from] crate::daemon::snapshots::SnapshotLookupError),
+    /// {0}
     Launch(#[from] crate::daemon::LaunchError),
     /// {0}
     Db(#[from] crate::db::DbError),
@@ -64,6 +66,7 @@ impl Classify for LineageError {
             LineageError::BadId(_) | LineageError::Count => ErrorKind::InvalidArgument,
             LineageError::NotFound(_) => ErrorKind::NotFound,
             LineageError::NoImageRow => ErrorKind::Internal,
+            LineageError::Snapshot(e) => e.kind(),
             LineageError::Launch(e) => e.kind(),
             LineageError::Db(e) => e.kind(),
             LineageError::Other(e) => e.kind,

@@ -353,10 +353,10 @@ pub(crate) struct SnapshotPin<'d> {
 
 impl Daemon {
     /// Pin `id` against removal; refused if it is being removed.
-    pub(crate) fn pin_snapshot(&self, id: &str) -> Result<SnapshotPin<'_>, OpError> {
+    pub(crate) fn pin_snapshot(&self, id: &SnapshotId) -> Result<SnapshotPin<'_>, snapshots::SnapshotLookupError> {
         let mut pool = lock(&self.pool);
-        if pool.doomed.contains(id) {
-            return Err(OpError::new(ErrorKind::NotFound, format!("snapshot {id:?} is being removed")));
+        if pool.doomed.contains(id.as_str()) {
+            return Err(snapshots::SnapshotLookupError::BeingRemoved(id.clone()));
         }
         *pool.pinned.entry(id.to_string()).or_default() += 1;
         Ok(SnapshotPin { daemon: self, id: id.to_string() })

@@ -26,7 +26,7 @@ use std::time::Instant;
 use crate::daemon::OpError;
 use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{LayerRow, SnapshotRow};
-use crate::error::ErrorKind;
+use crate::error::{Classify, ErrorKind};
 use crate::ids::{LayerId, SandboxId, SnapshotId};
 use crate::model::{Rung, SnapshotClass, StartKind};
 use crate::oci;
@@ -182,6 +182,144 @@ fn own_layer_id(diff_id_hex: &str) -> Result<LayerId, OpError> {
 
 fn store_err(e: StoreError) -> OpError {
     OpError::internal(&e)
+}
+
+/// Why a snapshot could not be found, listed or shown: the look-up that
+/// every operation on a snapshot starts with.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum SnapshotLookupError {
+    /// snapshot {0} not found
+    NotFound(String),
+    /// snapshot {0} is being removed
+    BeingRemoved(SnapshotId),
+    /// snapshot's image row is missing
+    NoImageRow,
+    /// {0}
+    Db(#[from] crate::db::DbError),
+    /// {0}
+    Hydrate(#[from] OpError),
+}
+
+impl Classify for SnapshotLookupError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            SnapshotLookupError::NotFound(_) | SnapshotLookupError::BeingRemoved(_) => ErrorKind::NotFound,
+            SnapshotLookupError::NoImageRow => ErrorKind::Internal,
+            SnapshotLookupError::Db(e) => e.kind(),
+            SnapshotLookupError::Hydrate(e) => e.kind,
+        }
+    }
+}
+
+/// Why `resume` or `fork` of a snapshot failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum ResumeError {
+    /// count is for fork
+    Count,
+    /// count must be 1-{max}, got {count}
+    BadCount { count: u32, max: u32 },
+    /// a hostname can only be given to a fork of count 1
+    HostnameForMany,
+    /// fork of {count} refused: {free} of {max} sandbox slots free (--max-sandboxes)
+    NoRoom { count: u32, free: usize, max: usize },
+    /// {0}
+    Snapshot(#[from] SnapshotLookupError),
+    /// {0}
+    Launch(#[from] crate::daemon::LaunchError),
+    /// {0}
+    Lineage(#[from] crate::daemon::lineage::LineageError),
+}
+
+impl Classify for ResumeError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            ResumeError::Count | ResumeError::BadCount { .. } | ResumeError::HostnameForMany => {
+                ErrorKind::InvalidArgument
+            }
+            ResumeError::NoRoom { .. } => ErrorKind::LimitReached,
+            ResumeError::Snapshot(e) => e.kind(),
+            ResumeError::Launch(e) => e.kind(),
+            ResumeError::Lineage(e) => e.kind(),
+        }
+    }
+}
+
+/// Why `snapshot diff` failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum SnapshotDiffError {
+    /// {0}
+    Snapshot(#[from] SnapshotLookupError),
+    /// {0}
+    Diff(#[from] crate::diff::DiffError),
+}
+
+impl Classify for SnapshotDiffError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            SnapshotDiffError::Snapshot(e) => e.kind(),
+            SnapshotDiffError::Diff(_) => ErrorKind::of_host_failure(self),
+        }
+    }
+}
+
+/// Why `snapshot rm` failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum RemoveSnapshotError {
+    /// {0}
+    Snapshot(#[from] SnapshotLookupError),
+    /// snapshot {id} is used by sandboxes {users:?}; remove them first
+    UsedBy { id: SnapshotId, users: Vec<String> },
+    /// snapshot {0} is in use by an operation in flight (resume, fork, rollback, sealing); retry
+    InFlight(SnapshotId),
+    /// snapshot {id} has child snapshots {children:?}; remove them first
+    HasChildren { id: SnapshotId, children: Vec<String> },
+    /// {0}
+    Db(#[from] crate::db::DbError),
+    /// {0}
+    Collect(#[from] crate::daemon::CollectError),
+}
+
+impl Classify for RemoveSnapshotError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            RemoveSnapshotError::Snapshot(e) => e.kind(),
+            RemoveSnapshotError::Db(e) => e.kind(),
+            RemoveSnapshotError::Collect(e) => e.kind(),
+            _ => ErrorKind::Conflict,
+        }
+    }
+}
+
+/// Why `rollback` failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum RollbackError {
+    /// {0}
+    Sandbox(#[from] crate::daemon::SandboxOpError),
+    /// {0}
+    Snapshot(#[from] SnapshotLookupError),
+    /// snapshot {snapshot} is not in sandbox {sandbox}'s lineage (neither its base nor its own checkpoint)
+    NotInLineage { snapshot: SnapshotId, sandbox: SandboxId },
+    /// sandbox {sandbox} is {state}: rollback refused
+    Stopping { sandbox: SandboxId, state: crate::sandbox::RunState },
+    /// {0}
+    Stop(#[from] crate::sandbox::SandboxError),
+    /// {0}
+    Launch(#[from] crate::daemon::LaunchError),
+    /// {0}
+    Db(#[from] crate::db::DbError),
+}
+
+impl Classify for RollbackError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            RollbackError::Sandbox(e) => e.kind(),
+            RollbackError::Snapshot(e) => e.kind(),
+            RollbackError::NotInLineage { .. } | RollbackError::Stopping { .. } => ErrorKind::Conflict,
+            RollbackError::Stop(e) => e.kind(),
+            RollbackError::Launch(e) => e.kind(),
+            RollbackError::Db(e) => e.kind(),
+        }
+    }
 }
 
 impl Daemon {
@@ -458,10 +596,12 @@ impl Daemon {
         Ok(sealed)
     }
 
-    pub(crate) fn snapshot_info_locked(&self, db: &crate::db::Db, row: &SnapshotRow) -> Result<SnapshotInfo, OpError> {
-        let image = db
-            .image_by_id(row.image_id)?
-            .ok_or_else(|| OpError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+    pub(crate) fn snapshot_info_locked(
+        &self,
+        db: &crate::db::Db,
+        row: &SnapshotRow,
+    ) -> Result<SnapshotInfo, SnapshotLookupError> {
+        let image = db.image_by_id(row.image_id)?.ok_or(SnapshotLookupError::NoImageRow)?;
         let chain = db.snapshot_layer_chain(&row.id)?;
         let digest = |h: &str| format!("sha256:{h}");
         let layers =
@@ -495,35 +635,33 @@ impl Daemon {
         })
     }
 
-    pub(crate) fn snapshot_row(&self, id: &str) -> Result<SnapshotRow, OpError> {
+    pub(crate) fn snapshot_row(&self, id: &str) -> Result<SnapshotRow, SnapshotLookupError> {
         self.snapshot_row_in(&lock(&self.db), id)
     }
 
-    fn snapshot_row_in(&self, db: &crate::db::Db, id: &str) -> Result<SnapshotRow, OpError> {
-        let not_found = || OpError::new(ErrorKind::NotFound, format!("snapshot {id:?} not found"));
-        let id: SandboxId = id.parse().map_err(|_| not_found())?;
+    fn snapshot_row_in(&self, db: &crate::db::Db, id: &str) -> Result<SnapshotRow, SnapshotLookupError> {
+        let not_found = || SnapshotLookupError::NotFound(format!("{id:?}"));
+        let id: SnapshotId = id.parse().map_err(|_| not_found())?;
         db.snapshot(id.as_str())?.ok_or_else(not_found)
     }
 
-    pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, OpError> {
+    pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, SnapshotLookupError> {
         let db = lock(&self.db);
         db.list_snapshots()?.iter().map(|r| self.snapshot_info_locked(&db, r)).collect()
     }
 
     /// Row and pending mark read under one lock: a seal committing between
     /// them would show "not sealing" with no blob yet.
-    pub fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, OpError> {
+    pub fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, SnapshotLookupError> {
         let db = lock(&self.db);
         let row = self.snapshot_row_in(&db, id)?;
         self.snapshot_info_locked(&db, &row)
     }
 
     /// What a resume or fork of `row` starts from: its image and whole chain.
-    pub(crate) fn snapshot_base(&self, row: &SnapshotRow) -> Result<Base, OpError> {
+    pub(crate) fn snapshot_base(&self, row: &SnapshotRow) -> Result<Base, SnapshotLookupError> {
         let db = lock(&self.db);
-        let image = db
-            .image_by_id(row.image_id)?
-            .ok_or_else(|| OpError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+        let image = db.image_by_id(row.image_id)?.ok_or(SnapshotLookupError::NoImageRow)?;
         let mut layers = image.layers.clone();
         let chain = db.snapshot_layer_chain(&row.id)?;
         // The chain ends at the nearest compacted snapshot, whose sandbox
@@ -549,9 +687,9 @@ impl Daemon {
     }
 
     /// Start a sandbox whose files are exactly the snapshot's.
-    pub fn resume(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, OpError> {
+    pub fn resume(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, ResumeError> {
         if req.count.is_some() {
-            return Err(OpError::new(ErrorKind::InvalidArgument, "count is for fork"));
+            return Err(ResumeError::Count);
         }
         let launch = self.launch_spec(req)?;
         let row = self.snapshot_row(id)?;
@@ -574,13 +712,13 @@ impl Daemon {
     /// Start `count` independent sandboxes on one snapshot. No file data is
     /// copied: they share its layers and each gets its own empty upper. All
     /// or nothing: if one cannot start, the others are removed.
-    pub fn fork(&self, id: &str, req: LaunchRequest) -> Result<Vec<SandboxInfo>, OpError> {
+    pub fn fork(&self, id: &str, req: LaunchRequest) -> Result<Vec<SandboxInfo>, ResumeError> {
         let count = req.count.unwrap_or(1);
         if !(1..=MAX_FORK).contains(&count) {
-            return Err(OpError::new(ErrorKind::InvalidArgument, format!("count must be 1-{MAX_FORK}, got {count}")));
+            return Err(ResumeError::BadCount { count, max: MAX_FORK });
         }
         if req.hostname.is_some() && count > 1 {
-            return Err(OpError::new(ErrorKind::InvalidArgument, "a hostname can only be given to a fork of count 1"));
+            return Err(ResumeError::HostnameForMany);
         }
         // Validate once, before anything is reserved or started.
         let launch = self.launch_spec(req)?;
@@ -591,13 +729,7 @@ impl Daemon {
             let pool = lock(&self.pool);
             let free = self.max_sandboxes().saturating_sub(pool.live.len() + pool.reserved);
             if (count as usize) > free {
-                return Err(OpError::new(
-                    ErrorKind::LimitReached,
-                    format!(
-                        "fork of {count} refused: {free} of {} sandbox slots free (--max-sandboxes)",
-                        self.max_sandboxes()
-                    ),
-                ));
+                return Err(ResumeError::NoRoom { count, free, max: self.max_sandboxes() });
             }
         }
         let (start_kind, rung) = match row.class {
@@ -613,7 +745,7 @@ impl Daemon {
         for _ in 0..count {
             let launched = self
                 .new_lineage(None, base.image.id, start_kind, Some(&row.id))
-                .map_err(OpError::from)
+                .map_err(ResumeError::from)
                 .and_then(|wc| {
                     let child = Base {
                         work_context: wc.clone(),
@@ -624,7 +756,7 @@ impl Daemon {
                         snapshot: base.snapshot.clone(),
                         captured_in_userns: base.captured_in_userns,
                     };
-                    self.launch(&child, launch.clone()).map_err(OpError::from).inspect_err(|_| {
+                    self.launch(&child, launch.clone()).map_err(ResumeError::from).inspect_err(|_| {
                         let _ = lock(&self.db).delete_unused_work_context(&wc);
                     })
                 });
@@ -669,7 +801,7 @@ impl Daemon {
 
     /// The exec log of a live sandbox, or the log sealed with a snapshot
     /// (its whole chain's, oldest first).
-    pub fn logs(&self, id: &str) -> Result<Vec<crate::db::ExecRecord>, OpError> {
+    pub fn logs(&self, id: &str) -> Result<Vec<crate::db::ExecRecord>, SnapshotLookupError> {
         if let Ok(sb) = self.sandbox(id) {
             return Ok(lock(&self.db).exec_records(sb.id.as_str(), None)?);
         }
@@ -684,7 +816,7 @@ impl Daemon {
     }
 
     /// Added, changed and deleted paths of a live sandbox's upper.
-    pub fn sandbox_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, OpError> {
+    pub fn sandbox_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, crate::daemon::SandboxOpError> {
         let sb = self.sandbox(id)?;
         let upper = sb.dirs(&self.rt.store).upper;
         let lowers = self.layer_fs(&sb.spec.layers);
@@ -694,12 +826,12 @@ impl Daemon {
     }
 
     /// Added, changed and deleted paths of a snapshot's own delta.
-    pub fn snapshot_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, OpError> {
+    pub fn snapshot_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, SnapshotDiffError> {
         let row = self.snapshot_row(id)?;
         let base = self.snapshot_base(&row)?;
         let below = &base.layers[..base.layers.len().saturating_sub(1)];
         let delta = self.rt.store.layer_dir(&row.layer).join("fs");
-        crate::diff::changes(&delta, &self.layer_fs(below)).map_err(|e| OpError::internal(&e))
+        Ok(crate::diff::changes(&delta, &self.layer_fs(below))?)
     }
 
     /// Stop every process of a sandbox, move its upper into the layer store
@@ -833,7 +965,7 @@ impl Daemon {
                 }
                 return Err(e);
             }
-            self.snapshot_info_locked(&db, &row)
+            Ok(self.snapshot_info_locked(&db, &row)?)
         })();
         let _ = remove_tree(&work);
         result
@@ -897,7 +1029,8 @@ impl Daemon {
     }
 
     fn seal_blob_leased(&self, id: &str, lease: &Lease) -> Result<(), OpError> {
-        let Ok(_pin) = self.pin_snapshot(id) else { return Ok(()) };
+        let Ok(snap) = id.parse::<SnapshotId>() else { return Ok(()) };
+        let Ok(_pin) = self.pin_snapshot(&snap) else { return Ok(()) };
         let Some(row) = lock(&self.db).snapshot(id)? else { return Ok(()) };
         if !lock(&self.db).blob_pending(id)? {
             return Ok(());
@@ -970,7 +1103,7 @@ impl Daemon {
     /// its own lineage (its base chain, or a checkpoint it took). Processes
     /// are restarted fresh; the sandbox keeps its id, limits, env and
     /// hostname. Later checkpoints are children of that snapshot.
-    pub fn rollback(&self, id: &str, to: &str) -> Result<SandboxInfo, OpError> {
+    pub fn rollback(&self, id: &str, to: &str) -> Result<SandboxInfo, RollbackError> {
         let sb = self.sandbox(id)?;
         let row = self.snapshot_row(to)?;
         let in_base = match &sb.spec.snapshot {
@@ -980,13 +1113,7 @@ impl Daemon {
         let (wc, observed) = lock(&self.db).sandbox_lineage(&sb.id)?;
         let own = wc.is_some() && row.work_context == wc;
         if !in_base && !own && row.source_sandbox != sb.id.as_str() {
-            return Err(OpError::new(
-                ErrorKind::Conflict,
-                format!(
-                    "snapshot {} is not in sandbox {}'s lineage (neither its base nor its own checkpoint)",
-                    row.id, sb.id
-                ),
-            ));
+            return Err(RollbackError::NotInLineage { snapshot: row.id, sandbox: sb.id.clone() });
         }
         let _pin = self.pin_snapshot(&row.id)?;
         let mut base = self.snapshot_base(&row)?;
@@ -1002,17 +1129,14 @@ impl Daemon {
         base.observed_head = observed;
         base.rung = Rung::Rollback;
         if !sb.begin_stop() {
-            return Err(OpError::new(
-                ErrorKind::Conflict,
-                format!("sandbox {} is {}: rollback refused", sb.id, sb.run_state()),
-            ));
+            return Err(RollbackError::Stopping { sandbox: sb.id.clone(), state: sb.run_state() });
         }
         // Keep the slot: reserve for the replacement before the old one goes.
         lock(&self.pool).reserved += 1;
         let result = (|| {
             if let Err(e) = sb.destroy(&self.rt.store) {
                 sb.end_stop();
-                return Err(OpError::from(e));
+                return Err(RollbackError::from(e));
             }
             lock(&self.pool).live.remove(&sb.id);
             lock(&self.db).delete_sandbox(&sb.id)?;
@@ -1065,7 +1189,7 @@ impl Daemon {
 
     /// Remove a snapshot; refused while a sandbox, a launch in flight or a
     /// child snapshot uses it.
-    pub fn remove_snapshot(&self, id: &str) -> Result<(), OpError> {
+    pub fn remove_snapshot(&self, id: &str) -> Result<(), RemoveSnapshotError> {
         let row = self.snapshot_row(id)?;
         {
             let mut pool = lock(&self.pool);
@@ -1076,19 +1200,10 @@ impl Daemon {
                 .map(|s| s.id.to_string())
                 .collect();
             if !users.is_empty() {
-                return Err(OpError::new(
-                    ErrorKind::Conflict,
-                    format!("snapshot {} is used by sandboxes {users:?}; remove them first", row.id),
-                ));
+                return Err(RemoveSnapshotError::UsedBy { id: row.id, users });
             }
             if pool.pinned.contains_key(row.id.as_str()) || !pool.doomed.insert(row.id.to_string()) {
-                return Err(OpError::new(
-                    ErrorKind::Conflict,
-                    format!(
-                        "snapshot {} is in use by an operation in flight (resume, fork, rollback, sealing); retry",
-                        row.id
-                    ),
-                ));
+                return Err(RemoveSnapshotError::InFlight(row.id));
             }
         }
         let r = self.remove_unused_snapshot(&row);
@@ -1096,15 +1211,10 @@ impl Daemon {
         r
     }
 
-    fn remove_unused_snapshot(&self, row: &SnapshotRow) -> Result<(), OpError> {
+    fn remove_unused_snapshot(&self, row: &SnapshotRow) -> Result<(), RemoveSnapshotError> {
         let mut db = lock(&self.db);
         let orphan = match db.delete_snapshot(&row.id)? {
-            Err(children) => {
-                return Err(OpError::new(
-                    ErrorKind::Conflict,
-                    format!("snapshot {} has child snapshots {children:?}; remove them first", row.id),
-                ))
-            }
+            Err(children) => return Err(RemoveSnapshotError::HasChildren { id: row.id.clone(), children }),
             Ok(orphan) => orphan,
         };
         drop(db);
