@@ -16,10 +16,10 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::OpError;
+use crate::daemon::snapshots::CaptureError;
 use crate::daemon::{lock, sandbox_info, Daemon};
 use crate::db::{Baseline, LayerRow, SnapshotRow};
-use crate::error::ErrorKind;
+use crate::error::{Classify, ErrorKind};
 use crate::store::{remove_tree, BlobCompression};
 use crate::types::{LaunchRequest, SandboxInfo, SnapshotInfo};
 
@@ -114,6 +114,75 @@ pub fn parse_key(s: &str) -> Result<(String, String, String), String> {
     Ok((owner.into(), repo.into(), git_ref.into()))
 }
 
+/// Why a baseline could not be validated, published, or started from.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum BaselineError {
+    /// repo {0:?} must be an absolute path whose last part is a name
+    BadRepo(String),
+    /// owner and remote must be 1-100 chars of [A-Za-z0-9._-]
+    BadNames,
+    /// ref {0:?} is not a branch name
+    BadRef(String),
+    /// {0}
+    BadKey(String),
+    /// the repository checks did not run to the end ({status}): {stderr}
+    ChecksDidNotRun { status: String, stderr: String },
+    /// the repository checks printed nothing
+    ChecksSilent,
+    /// baseline refused, failed checks: {0}
+    ChecksFailed(String),
+    /// baseline refused: the repository changed while it was being published
+    Changed,
+    /// baseline refused: {key} is now {current} (published after this publish began, from {observed}); an older publisher never replaces a newer baseline
+    Superseded { key: String, current: String, observed: String },
+    /// image {0} not found
+    NoImage(crate::ids::ImageName),
+    /// the sandbox's image row is missing
+    NoImageRow,
+    /// no ready baseline {key} for image {image}
+    NoBaseline { key: String, image: String },
+    /// baseline {0} not found
+    Gone(String),
+    /// {0}
+    ImageName(#[from] crate::ids::BadImageName),
+    /// {0}
+    Sandbox(#[from] crate::daemon::SandboxOpError),
+    /// {0}
+    Exec(#[from] crate::sandbox::SandboxError),
+    /// {0}
+    Capture(#[from] crate::daemon::snapshots::CaptureError),
+    /// {0}
+    Snapshot(#[from] crate::daemon::snapshots::SnapshotLookupError),
+    /// {0}
+    Lineage(#[from] crate::daemon::lineage::LineageError),
+    /// {0}
+    Launch(#[from] crate::daemon::LaunchError),
+    /// {0}
+    Store(#[from] crate::store::StoreError),
+    /// {0}
+    Db(#[from] crate::db::DbError),
+}
+
+impl Classify for BaselineError {
+    fn kind(&self) -> ErrorKind {
+        use BaselineError as B;
+        match self {
+            B::BadRepo(_) | B::BadNames | B::BadRef(_) | B::BadKey(_) | B::ImageName(_) => ErrorKind::InvalidArgument,
+            B::ChecksDidNotRun { .. } | B::ChecksFailed(_) | B::Changed | B::Superseded { .. } => ErrorKind::Conflict,
+            B::NoImage(_) | B::NoBaseline { .. } | B::Gone(_) => ErrorKind::NotFound,
+            B::ChecksSilent | B::NoImageRow => ErrorKind::Internal,
+            B::Sandbox(e) => e.kind(),
+            B::Exec(e) => e.kind(),
+            B::Capture(e) => e.kind(),
+            B::Snapshot(e) => e.kind(),
+            B::Lineage(e) => e.kind(),
+            B::Launch(e) => e.kind(),
+            B::Store(_) => ErrorKind::of_host_failure(self),
+            B::Db(e) => e.kind(),
+        }
+    }
+}
+
 impl Daemon {
     /// Run the checks in the sandbox.
     fn validate_repo(
@@ -122,7 +191,7 @@ impl Daemon {
         repo: &str,
         git_ref: &str,
         remote: &str,
-    ) -> Result<Vec<Check>, OpError> {
+    ) -> Result<Vec<Check>, BaselineError> {
         let req = crate::sandbox::ExecRequest {
             argv: ["sh", "-c", CHECKS, "strata-baseline-checks", repo, git_ref, remote].map(str::to_string).to_vec(),
             env: vec![],
@@ -134,14 +203,10 @@ impl Daemon {
         };
         let out = sb.exec_buffered(&req, Vec::new())?;
         if out.timed_out || out.status.shell_code() != 0 {
-            return Err(OpError::new(
-                ErrorKind::Conflict,
-                format!(
-                    "the repository checks did not run to the end ({:?}): {}",
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ),
-            ));
+            return Err(BaselineError::ChecksDidNotRun {
+                status: format!("{:?}", out.status),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
         }
         let checks: Vec<Check> = String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -152,41 +217,35 @@ impl Daemon {
             })
             .collect();
         if checks.is_empty() {
-            return Err(OpError::new(ErrorKind::Internal, "the repository checks printed nothing"));
+            return Err(BaselineError::ChecksSilent);
         }
         Ok(checks)
     }
 
     /// Validate, capture and publish a baseline of sandbox `id`.
-    pub fn publish_baseline(&self, id: &str, req: PublishRequest) -> Result<SnapshotInfo, OpError> {
-        let invalid = |m: String| OpError::new(ErrorKind::InvalidArgument, m);
+    pub fn publish_baseline(&self, id: &str, req: PublishRequest) -> Result<SnapshotInfo, BaselineError> {
         let owner = req.owner.clone().unwrap_or_else(|| "local".into());
         let remote = req.remote.clone().unwrap_or_else(|| "origin".into());
         let repo_name = req.repo.trim_end_matches('/').rsplit('/').next().unwrap_or_default().to_string();
         if !req.repo.starts_with('/') || req.repo.contains('\0') || !valid_name(&repo_name) {
-            return Err(invalid(format!("repo {:?} must be an absolute path whose last part is a name", req.repo)));
+            return Err(BaselineError::BadRepo(req.repo.clone()));
         }
         if !valid_name(&owner) || !valid_name(&remote) {
-            return Err(invalid("owner and remote must be 1-100 chars of [A-Za-z0-9._-]".into()));
+            return Err(BaselineError::BadNames);
         }
         if !valid_ref(&req.git_ref) {
-            return Err(invalid(format!("ref {:?} is not a branch name", req.git_ref)));
+            return Err(BaselineError::BadRef(req.git_ref.clone()));
         }
         let sb = self.sandbox(id)?;
         let started = Instant::now();
-        let image = lock(&self.db)
-            .image_by_name(&sb.spec.image.parse().map_err(|e| OpError::invalid(&e))?)?
-            .ok_or_else(|| OpError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+        let image = lock(&self.db).image_by_name(&sb.spec.image.parse()?)?.ok_or(BaselineError::NoImageRow)?;
         // The compare-and-swap's expected value: the ready baseline now.
         let observed = lock(&self.db).ready_baseline(&owner, &repo_name, image.id, &req.git_ref)?;
         let checks = self.validate_repo(&sb, &req.repo, &req.git_ref, &remote)?;
         let failed: Vec<String> =
             checks.iter().filter(|c| !c.ok).map(|c| format!("{}: {}", c.name, c.detail)).collect();
         if !failed.is_empty() {
-            return Err(OpError::new(
-                ErrorKind::Conflict,
-                format!("baseline refused, failed checks: {}", failed.join("; ")),
-            ));
+            return Err(BaselineError::ChecksFailed(failed.join("; ")));
         }
         crate::failpoint::hit("baseline:validated");
         let commit =
@@ -201,13 +260,10 @@ impl Daemon {
         let key = format!("{}/{}@{}", baseline.owner, baseline.repo, baseline.git_ref);
         // The tree must be the one validated: check again after the capture,
         // before the row is written.
-        let recheck = || -> Result<(), OpError> {
-            let again = self.validate_repo(&sb, &req.repo, &req.git_ref, &remote)?;
+        let recheck = || -> Result<(), CaptureError> {
+            let again = self.validate_repo(&sb, &req.repo, &req.git_ref, &remote).map_err(Box::new)?;
             if again != checks {
-                return Err(OpError::new(
-                    ErrorKind::Conflict,
-                    "baseline refused: the repository changed while it was being published",
-                ));
+                return Err(Box::new(BaselineError::Changed).into());
             }
             Ok(())
         };
@@ -215,18 +271,15 @@ impl Daemon {
             row.baseline = Some(baseline.clone());
             match db.publish_baseline(row, layer, observed.as_deref())? {
                 Ok(()) => Ok(()),
-                Err(current) => Err(OpError::new(
-                    ErrorKind::Conflict,
-                    format!(
-                        "baseline refused: {key} is now {} (published after this publish began, from {}); \
-                         an older publisher never replaces a newer baseline",
-                        current.as_deref().unwrap_or("none"),
-                        observed.as_deref().unwrap_or("none")
-                    ),
-                )),
+                Err(current) => Err(Box::new(BaselineError::Superseded {
+                    key: key.clone(),
+                    current: current.as_deref().unwrap_or("none").to_string(),
+                    observed: observed.as_deref().unwrap_or("none").to_string(),
+                })
+                .into()),
             }
         };
-        let work = self.rt.store.new_tmp("baseline").map_err(|e| OpError::internal(&e))?;
+        let work = self.rt.store.new_tmp("baseline")?;
         let result = self.leased(|lease| {
             self.capture_in(&sb, &work, BlobCompression::Zstd, started, Some(&recheck), &publish, lease)
         });
@@ -244,19 +297,15 @@ impl Daemon {
         image: &str,
         work_context: Option<&str>,
         launch: LaunchRequest,
-    ) -> Result<SandboxInfo, OpError> {
-        let (owner, repo, git_ref) = parse_key(key).map_err(|m| OpError::new(ErrorKind::InvalidArgument, m))?;
+    ) -> Result<SandboxInfo, BaselineError> {
+        let (owner, repo, git_ref) = parse_key(key).map_err(BaselineError::BadKey)?;
         let launch = self.launch_spec(launch)?;
-        let name: crate::ids::ImageName = image.parse().map_err(|e| OpError::invalid(&e))?;
-        let image = lock(&self.db)
-            .image_by_name(&name)?
-            .ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("image {name} not found")))?;
-        let id = lock(&self.db).ready_baseline(&owner, &repo, image.id, &git_ref)?.ok_or_else(|| {
-            OpError::new(ErrorKind::NotFound, format!("no ready baseline {key} for image {}", image.name))
-        })?;
-        let row = lock(&self.db)
-            .snapshot(&id)?
-            .ok_or_else(|| OpError::new(ErrorKind::NotFound, format!("baseline {id} not found")))?;
+        let name: crate::ids::ImageName = image.parse()?;
+        let image = lock(&self.db).image_by_name(&name)?.ok_or(BaselineError::NoImage(name))?;
+        let id = lock(&self.db)
+            .ready_baseline(&owner, &repo, image.id, &git_ref)?
+            .ok_or_else(|| BaselineError::NoBaseline { key: key.to_string(), image: image.name.to_string() })?;
+        let row = lock(&self.db).snapshot(&id)?.ok_or_else(|| BaselineError::Gone(id.to_string()))?;
         let _pin = self.pin_snapshot(&row.id)?;
         let mut base = self.snapshot_base(&row)?;
         let wc = self.new_lineage(work_context, image.id, crate::model::StartKind::Baseline, Some(&row.id))?;

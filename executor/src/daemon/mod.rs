@@ -200,9 +200,9 @@ pub enum CreateError {
     /// {0}
     Lineage(#[from] lineage::LineageError),
     /// {0}
-    Db(#[from] DbError),
+    Baseline(#[from] baseline::BaselineError),
     /// {0}
-    Other(#[from] OpError),
+    Db(#[from] DbError),
 }
 
 impl Classify for CreateError {
@@ -212,8 +212,8 @@ impl Classify for CreateError {
             CreateError::NoImage(_) => ErrorKind::NotFound,
             CreateError::Launch(e) => e.kind(),
             CreateError::Lineage(e) => e.kind(),
+            CreateError::Baseline(e) => e.kind(),
             CreateError::Db(e) => e.kind(),
-            CreateError::Other(e) => e.kind,
         }
     }
 }
@@ -861,7 +861,7 @@ impl Daemon {
             let _ = strata_shim::sys::set_thread_nice(10);
             for id in rx {
                 if let Err(e) = d.seal_blob(&id) {
-                    tracing::error!("write blob of snapshot {id}: {}", e.message);
+                    tracing::error!("write blob of snapshot {id}: {}", crate::error::chain(&e));
                 }
             }
         });

@@ -78,17 +78,18 @@ fn merge_stats(info: &mut serde_json::Value, stats: &crate::diff::DeltaStats) {
 /// (`--disk`, another file system) or when `copy` says a move is unsafe
 /// (`MountDecl::passes_descriptors`). Returns whether it was moved (and
 /// must be given back on failure).
-fn move_or_copy_upper(upper: &Path, work: &Path, copy: bool) -> Result<bool, OpError> {
+fn move_or_copy_upper(upper: &Path, work: &Path, copy: bool) -> Result<bool, CaptureError> {
     let fs_dir = work.join("fs");
+    let io = |step| move |source| CaptureError::Io { step, source };
     if !copy {
         match std::fs::rename(upper, &fs_dir) {
             Ok(()) => return Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
-            Err(e) => return Err(OpError::internal(&e)),
+            Err(e) => return Err(io("move the upper")(e)),
         }
     }
-    std::fs::create_dir(&fs_dir).map_err(|e| OpError::internal(&e))?;
-    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| OpError::internal(&e))?;
+    std::fs::create_dir(&fs_dir).map_err(io("create the layer"))?;
+    let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io("make a pipe")(e.into()))?;
     let (written, unpacked) = std::thread::scope(|s| {
         let writer = s.spawn(move || {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::from(w));
@@ -102,9 +103,9 @@ fn move_or_copy_upper(upper: &Path, work: &Path, copy: bool) -> Result<bool, OpE
         (Ok(()), Ok(_)) => Ok(false),
         // The unpacker refused an entry and stopped reading: the writer's
         // broken pipe is only the echo of that.
-        (Err(e), Err(u)) if broken_pipe(&e) => Err(unsealable(u)),
-        (Err(e), _) => Err(OpError::new(ErrorKind::of_host_failure(&e), format!("copy the upper: {e}"))),
-        (Ok(()), Err(u)) => Err(unsealable(u)),
+        (Err(e), Err(u)) if broken_pipe(&e) => Err(CaptureError::Unsealable(u)),
+        (Err(e), _) => Err(io("copy the upper")(e)),
+        (Ok(()), Err(u)) => Err(CaptureError::Unsealable(u)),
     }
 }
 
@@ -117,28 +118,96 @@ fn broken_pipe(e: &std::io::Error) -> bool {
     }
 }
 
-/// An unpack of a sandbox's own tar failed: what the sandbox left there
-/// (an escaping symlink, say) is a conflict, a host failure is 500/507.
-fn unsealable(e: oci::UnpackError) -> OpError {
-    let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Conflict };
-    OpError::new(kind, format!("the sandbox's changes cannot be sealed: {}", crate::error::chain(&e)))
+/// Why a capture (`checkpoint`, `suspend`, a baseline's publish) or the
+/// seal of a suspended snapshot failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum CaptureError {
+    /// {0}
+    Sandbox(#[from] crate::daemon::SandboxOpError),
+    /// {0}
+    Live(#[from] crate::sandbox::SandboxError),
+    /// the sandbox's changes cannot be sealed: {0}
+    Unsealable(#[source] oci::UnpackError),
+    /// the sandbox's changes cannot be sealed: {0}
+    UnsealableContent(String),
+    /// {0}
+    Worker(#[source] crate::worker::WorkerError),
+    /// sandbox {0} was removed (or suspended) during its checkpoint
+    RemovedMeanwhile(SandboxId),
+    /// {what} refused: {fence}
+    Fenced { what: &'static str, fence: crate::db::Fence },
+    /// sandbox {0} is not running or paused
+    NotSuspendable(SandboxId),
+    /// the blob thread panicked
+    Panicked,
+    /// the sandbox's image row is missing
+    NoImageRow,
+    /// {0}
+    ImageName(#[from] crate::ids::BadImageName),
+    /// the capture has no diff_id
+    NoDiffId,
+    /// {0}
+    LayerId(#[from] crate::ids::BadLayerId),
+    /// {0}
+    Store(#[from] StoreError),
+    /// {step}: {source}
+    Io { step: &'static str, source: std::io::Error },
+    /// {0}
+    Diff(#[from] crate::diff::DiffError),
+    /// {0}
+    Cgroup(#[from] crate::cgroups::CgroupError),
+    /// {0}
+    Db(#[from] crate::db::DbError),
+    /// {0}
+    Lookup(#[from] SnapshotLookupError),
+    /// {0}
+    Lineage(#[from] crate::daemon::lineage::LineageError),
+    /// the daemon is stopping
+    Stopping,
+    /// snapshot {id} cannot be sealed: {message}
+    SealFailed { id: String, message: String },
+    /// snapshot {id}: layer serialises to {hex}, not its diff_id {diff_id:?}
+    DiffIdMismatch { id: String, hex: String, diff_id: Option<String> },
+    /// {0}
+    Baseline(#[from] Box<crate::daemon::baseline::BaselineError>),
+    /// {0}
+    Other(#[from] OpError),
 }
 
-/// A capture worker's failure (`worker.rs`): what the sandbox left (an
-/// escaping symlink, say) is a conflict, a host failure is 500/507.
-fn worker_err(e: crate::worker::WorkerError) -> OpError {
-    use crate::worker::WorkerError;
-    match &e {
-        WorkerError::Failed(f) if f.content => {
-            OpError::new(ErrorKind::Conflict, format!("the sandbox's changes cannot be sealed: {}", f.message))
-        }
-        _ => {
-            let kind = match e.errno() {
+impl Classify for CaptureError {
+    fn kind(&self) -> ErrorKind {
+        use CaptureError as C;
+        match self {
+            C::Sandbox(e) => e.kind(),
+            C::Live(e) => e.kind(),
+            // What the sandbox left there (an escaping symlink, say) is a
+            // conflict; a host failure is 500/507.
+            C::Unsealable(e) if !e.is_io() => ErrorKind::Conflict,
+            C::UnsealableContent(_) | C::RemovedMeanwhile(_) | C::Fenced { .. } | C::NotSuspendable(_) => {
+                ErrorKind::Conflict
+            }
+            C::Stopping | C::SealFailed { .. } => ErrorKind::Conflict,
+            C::Worker(e) => match e.errno() {
                 Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorKind::NoSpace,
                 _ => ErrorKind::Internal,
-            };
-            OpError::new(kind, crate::error::chain(&e))
+            },
+            C::ImageName(_) => ErrorKind::InvalidArgument,
+            C::Db(e) => e.kind(),
+            C::Lookup(e) => e.kind(),
+            C::Lineage(e) => e.kind(),
+            C::Baseline(e) => e.kind(),
+            C::Other(e) => e.kind,
+            _ => ErrorKind::of_host_failure(self),
         }
+    }
+}
+
+/// A capture worker's failure (`worker.rs`): what the sandbox left there
+/// is the sandbox's (a conflict), anything else the host's.
+fn worker_err(e: crate::worker::WorkerError) -> CaptureError {
+    match e {
+        crate::worker::WorkerError::Failed(f) if f.content => CaptureError::UnsealableContent(f.message),
+        e => CaptureError::Worker(e),
     }
 }
 
@@ -151,10 +220,10 @@ fn unpack_capture(
     work: &Path,
     place: crate::worker::Place<'_>,
     gone: &crate::sandbox::Gone,
-) -> Result<((std::path::PathBuf, oci::UnpackStats), String, std::time::Duration), OpError> {
+) -> Result<((std::path::PathBuf, oci::UnpackStats), String, std::time::Duration), CaptureError> {
     let layer_dir = work.join("layer");
     let fs_dir = layer_dir.join("fs");
-    std::fs::create_dir_all(&fs_dir).map_err(|e| OpError::internal(&e))?;
+    std::fs::create_dir_all(&fs_dir).map_err(|source| CaptureError::Io { step: "create the layer", source })?;
     let (unpacked, diff_id, cpu) =
         crate::worker::unpack(&cap.tar, &cap.segments, &fs_dir, place, gone).map_err(worker_err)?;
     Ok(((layer_dir, unpacked), diff_id, cpu))
@@ -162,8 +231,8 @@ fn unpack_capture(
 
 /// A capture abandoned because its sandbox went away (removed or
 /// suspended) while it ran.
-fn removed_meanwhile(sb: &crate::sandbox::Sandbox) -> OpError {
-    OpError::new(ErrorKind::Conflict, format!("sandbox {} was removed (or suspended) during its checkpoint", sb.id))
+fn removed_meanwhile(sb: &crate::sandbox::Sandbox) -> CaptureError {
+    CaptureError::RemovedMeanwhile(sb.id.clone())
 }
 
 /// Mark a snapshot captured in a user namespace: its chain then runs only
@@ -176,12 +245,12 @@ fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
 
 /// The layer id of a tar this daemon hashed (a worker's report of it is
 /// checked like any other input).
-fn own_layer_id(diff_id_hex: &str) -> Result<LayerId, OpError> {
-    LayerId::content(diff_id_hex).map_err(|e| OpError::internal(&e))
+fn own_layer_id(diff_id_hex: &str) -> Result<LayerId, CaptureError> {
+    Ok(LayerId::content(diff_id_hex)?)
 }
 
-fn store_err(e: StoreError) -> OpError {
-    OpError::internal(&e)
+fn store_err(e: StoreError) -> CaptureError {
+    CaptureError::Store(e)
 }
 
 /// Why a snapshot could not be found, listed or shown: the look-up that
@@ -240,6 +309,29 @@ impl Classify for ResumeError {
             ResumeError::Snapshot(e) => e.kind(),
             ResumeError::Launch(e) => e.kind(),
             ResumeError::Lineage(e) => e.kind(),
+        }
+    }
+}
+
+/// Why `snapshot export` failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum SnapshotExportError {
+    /// {0}
+    Snapshot(#[from] SnapshotLookupError),
+    /// {0}
+    Export(#[from] crate::export::ExportError),
+    /// {0}
+    Db(#[from] crate::db::DbError),
+}
+
+impl Classify for SnapshotExportError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            SnapshotExportError::Snapshot(e) => e.kind(),
+            SnapshotExportError::Export(crate::export::ExportError::Relative(_)) => ErrorKind::InvalidArgument,
+            SnapshotExportError::Export(crate::export::ExportError::Exists(_)) => ErrorKind::Conflict,
+            SnapshotExportError::Export(_) => ErrorKind::of_host_failure(self),
+            SnapshotExportError::Db(e) => e.kind(),
         }
     }
 }
@@ -324,7 +416,7 @@ impl Classify for RollbackError {
 
 impl Daemon {
     /// Seal the sandbox's current changes as a snapshot; it keeps running.
-    pub fn checkpoint(&self, id: &str, compression: BlobCompression) -> Result<SnapshotInfo, OpError> {
+    pub fn checkpoint(&self, id: &str, compression: BlobCompression) -> Result<SnapshotInfo, CaptureError> {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
         let work = self.rt.store.new_tmp("checkpoint").map_err(store_err)?;
@@ -333,7 +425,7 @@ impl Daemon {
             .append_checkpoint(&sb.id, row, layer, false, false)?
         {
             Ok(()) => Ok(()),
-            Err(fence) => Err(OpError::new(ErrorKind::Conflict, format!("checkpoint refused: {fence}"))),
+            Err(fence) => Err(CaptureError::Fenced { what: "checkpoint", fence }),
         };
         let result = self.leased(|lease| self.capture_in(&sb, &work, compression, started, None, &append, lease));
         let _ = remove_tree(&work);
@@ -354,10 +446,10 @@ impl Daemon {
         work: &Path,
         compression: BlobCompression,
         started: Instant,
-        check: Option<&dyn Fn() -> Result<(), OpError>>,
-        record: &dyn Fn(&mut crate::db::Db, &mut SnapshotRow, &LayerRow) -> Result<(), OpError>,
+        check: Option<&dyn Fn() -> Result<(), CaptureError>>,
+        record: &dyn Fn(&mut crate::db::Db, &mut SnapshotRow, &LayerRow) -> Result<(), CaptureError>,
         lease: &Lease,
-    ) -> Result<SnapshotInfo, OpError> {
+    ) -> Result<SnapshotInfo, CaptureError> {
         let store = &self.rt.store;
         let dirs = sb.dirs(store);
         let tar = work.join("layer.tar");
@@ -462,7 +554,7 @@ impl Daemon {
             }
             crate::failpoint::hit("checkpoint:captured");
             // Hydrate while the blob is being finished.
-            let unpacked = cap.map_err(OpError::from).and_then(|mut cap| {
+            let unpacked = cap.map_err(CaptureError::from).and_then(|mut cap| {
                 let (u, diff_id, cpu) = unpack_capture(&cap, work, &place, sb.gone())?;
                 spent(cpu);
                 cap.diff_id.get_or_insert(diff_id);
@@ -481,7 +573,7 @@ impl Daemon {
         });
         let follower = follower.map(|joined| match joined {
             Ok((r, at)) => r.map(|(hex, size)| (hex, size, at)),
-            Err(_) => Err(OpError::new(ErrorKind::Internal, "the blob thread panicked")),
+            Err(_) => Err(CaptureError::Panicked),
         });
         let reused: u64 = match &unpacked {
             Ok((cap, _)) => cap.segments.iter().map(|s| s.len).sum(),
@@ -506,10 +598,8 @@ impl Daemon {
 
         let looked_up = (|| {
             let db = lock(&self.db);
-            let image = db
-                .image_by_name(&sb.spec.image.parse().map_err(|e| OpError::invalid(&e))?)?
-                .ok_or_else(|| OpError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
-            Ok::<_, OpError>((image, db.last_exec_record(sb.id.as_str())?))
+            let image = db.image_by_name(&sb.spec.image.parse()?)?.ok_or(CaptureError::NoImageRow)?;
+            Ok::<_, CaptureError>((image, db.last_exec_record(sb.id.as_str())?))
         })();
         let (image, log_upto) = looked_up?;
         let stats = &sealed.stats;
@@ -572,8 +662,8 @@ impl Daemon {
         (layer_dir, unpacked): (std::path::PathBuf, oci::UnpackStats),
         work: &Path,
         lease: &Lease,
-    ) -> Result<Sealed, OpError> {
-        let diff_id = cap.diff_id.ok_or_else(|| OpError::new(ErrorKind::Internal, "the capture has no diff_id"))?;
+    ) -> Result<Sealed, CaptureError> {
+        let diff_id = cap.diff_id.ok_or(CaptureError::NoDiffId)?;
         let mut sealed = Sealed {
             diff_id,
             tar: cap.tar,
@@ -839,14 +929,14 @@ impl Daemon {
     /// sandbox and return the snapshot. Hashing, syncing and compressing the
     /// layer happen in the background (`state` is `sealing` until then);
     /// resume and fork work at once.
-    pub fn suspend(&self, id: &str) -> Result<SnapshotInfo, OpError> {
+    pub fn suspend(&self, id: &str) -> Result<SnapshotInfo, CaptureError> {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
         // Refuse before stopping anything if the append would be refused (the
         // append checks again, atomically).
         self.check_fence(&sb.id)?;
         if !sb.begin_stop() {
-            return Err(OpError::new(ErrorKind::Conflict, format!("sandbox {} is not running or paused", sb.id)));
+            return Err(CaptureError::NotSuspendable(sb.id.clone()));
         }
         if let Err(e) = sb.stop() {
             sb.end_stop();
@@ -878,15 +968,13 @@ impl Daemon {
         sb: &crate::sandbox::Sandbox,
         started: Instant,
         lease: &Lease,
-    ) -> Result<SnapshotInfo, OpError> {
+    ) -> Result<SnapshotInfo, CaptureError> {
         let store = &self.rt.store;
         let upper = sb.dirs(store).upper;
         let work = store.new_tmp("suspend").map_err(store_err)?;
         let result = (|| {
-            let image_id = lock(&self.db)
-                .image_by_name(&sb.spec.image.parse().map_err(|e| OpError::invalid(&e))?)?
-                .map(|i| i.id)
-                .ok_or_else(|| OpError::new(ErrorKind::Internal, "the sandbox's image row is missing"))?;
+            let image_id =
+                lock(&self.db).image_by_name(&sb.spec.image.parse()?)?.map(|i| i.id).ok_or(CaptureError::NoImageRow)?;
             // Before the upper moves (nothing may fail between the move and
             // the row but what gives the upper back); the sandbox is
             // stopped, so no exec comes later.
@@ -945,8 +1033,8 @@ impl Daemon {
             let appended = db.append_checkpoint(&sb.id, &mut row, &layer, true, true);
             let inserted = match appended {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(fence)) => Err(OpError::new(ErrorKind::Conflict, format!("suspend refused: {fence}"))),
-                Err(e) => Err(OpError::from(e)),
+                Ok(Err(fence)) => Err(CaptureError::Fenced { what: "suspend", fence }),
+                Err(e) => Err(CaptureError::from(e)),
             };
             if let Err(e) = inserted {
                 drop(db);
@@ -973,7 +1061,7 @@ impl Daemon {
 
     /// Whether a snapshot on top of `parent` would make its layer chain
     /// longer than `--compact-depth`.
-    fn needs_compaction(&self, parent: Option<&str>) -> Result<bool, OpError> {
+    fn needs_compaction(&self, parent: Option<&str>) -> Result<bool, CaptureError> {
         let depth = match parent {
             Some(p) => lock(&self.db).snapshot_layer_chain(p)?.len(),
             None => 0,
@@ -991,7 +1079,7 @@ impl Daemon {
         delta: &Path,
         work: &Path,
         want_tar: bool,
-    ) -> Result<Option<Compacted>, OpError> {
+    ) -> Result<Option<Compacted>, CaptureError> {
         if !self.needs_compaction(parent)? {
             return Ok(None);
         }
@@ -1004,17 +1092,18 @@ impl Daemon {
         layers.push(delta.to_path_buf());
         let dir = work.join("compact");
         let fs_dir = dir.join("fs");
-        std::fs::create_dir_all(&fs_dir).map_err(|e| OpError::internal(&e))?;
-        crate::diff::flatten(&layers, &fs_dir).map_err(|e| OpError::internal(&e))?;
+        std::fs::create_dir_all(&fs_dir).map_err(|source| CaptureError::Io { step: "create the layer", source })?;
+        crate::diff::flatten(&layers, &fs_dir)?;
         let (stats, diff_id, tar) = if want_tar {
             let tar = work.join("compact.tar");
-            let f = std::fs::File::create(&tar).map_err(|e| OpError::internal(&e))?;
+            let f =
+                std::fs::File::create(&tar).map_err(|source| CaptureError::Io { step: "create the tar", source })?;
             let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-            let (stats, hex) = crate::diff::write_delta(&fs_dir, &mut w).map_err(|e| OpError::internal(&e))?;
-            std::io::Write::flush(&mut w).map_err(|e| OpError::internal(&e))?;
+            let (stats, hex) = crate::diff::write_delta(&fs_dir, &mut w)?;
+            std::io::Write::flush(&mut w).map_err(|source| CaptureError::Io { step: "write the tar", source })?;
             (stats, hex, Some(tar))
         } else {
-            let (stats, hex) = crate::diff::write_delta(&fs_dir, std::io::sink()).map_err(|e| OpError::internal(&e))?;
+            let (stats, hex) = crate::diff::write_delta(&fs_dir, std::io::sink())?;
             (stats, hex, None)
         };
         tracing::info!("compacted a chain of {} snapshot layers into {diff_id}", layers.len());
@@ -1024,11 +1113,11 @@ impl Daemon {
     /// Seal a suspended snapshot: hash its layer (its diff_id), sync it,
     /// write its blob, record all three and mark it ready. Run by the
     /// daemon's blob thread (and at start for any left sealing).
-    pub fn seal_blob(&self, id: &str) -> Result<(), OpError> {
+    pub fn seal_blob(&self, id: &str) -> Result<(), CaptureError> {
         self.leased(|lease| self.seal_blob_leased(id, lease))
     }
 
-    fn seal_blob_leased(&self, id: &str, lease: &Lease) -> Result<(), OpError> {
+    fn seal_blob_leased(&self, id: &str, lease: &Lease) -> Result<(), CaptureError> {
         let Ok(snap) = id.parse::<SnapshotId>() else { return Ok(()) };
         let Ok(_pin) = self.pin_snapshot(&snap) else { return Ok(()) };
         let Some(row) = lock(&self.db).snapshot(id)? else { return Ok(()) };
@@ -1047,10 +1136,9 @@ impl Daemon {
             // Made and recorded at once, so that shutdown ends it.
             let mut sealing = lock(&self.sealing);
             if sealing.stopped {
-                return Err(OpError::new(ErrorKind::Conflict, "the daemon is stopping"));
+                return Err(CaptureError::Stopping);
             }
-            let cg = crate::sandbox::capture_cgroup(&sandbox_cg, row.info["cpus"].as_f64())
-                .map_err(|e| OpError::internal(&e))?;
+            let cg = crate::sandbox::capture_cgroup(&sandbox_cg, row.info["cpus"].as_f64())?;
             sealing.cgroup = Some(sandbox_cg.clone());
             cg
         };
@@ -1073,10 +1161,7 @@ impl Daemon {
                         let mut info = row.info.clone();
                         info["seal_error"] = serde_json::json!(f.message);
                         lock(&self.db).set_seal_failed(id, &info)?;
-                        return Err(OpError::new(
-                            ErrorKind::Conflict,
-                            format!("snapshot {id} cannot be sealed: {}", f.message),
-                        ));
+                        return Err(CaptureError::SealFailed { id: id.to_string(), message: f.message.clone() });
                     }
                 }
                 return Err(worker_err(e));
@@ -1085,10 +1170,7 @@ impl Daemon {
         store.place_blob(&tmp, &bhex, lease).map_err(store_err)?;
         crate::failpoint::hit("seal:blob-written");
         if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
-            return Err(OpError::new(
-                ErrorKind::Internal,
-                format!("snapshot {id}: layer serialises to {hex}, not its diff_id {:?}", row.diff_id),
-            ));
+            return Err(CaptureError::DiffIdMismatch { id: id.to_string(), hex, diff_id: row.diff_id.clone() });
         }
         let mut info = row.info.clone();
         merge_stats(&mut info, &stats);
@@ -1165,26 +1247,17 @@ impl Daemon {
         id: &str,
         path: &str,
         compression: BlobCompression,
-    ) -> Result<crate::export::Exported, OpError> {
+    ) -> Result<crate::export::Exported, SnapshotExportError> {
         let row = self.snapshot_row(id)?;
         let (image, chain) = {
             let db = lock(&self.db);
-            let image = db
-                .image_by_id(row.image_id)?
-                .ok_or_else(|| OpError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+            let image = db.image_by_id(row.image_id)?.ok_or(SnapshotLookupError::NoImageRow)?;
             (image, db.snapshot_layer_chain(&row.id)?)
         };
         for s in &chain {
-            self.hydrate_layer(&s.layer)?;
+            self.hydrate_layer(&s.layer).map_err(SnapshotLookupError::Hydrate)?;
         }
-        crate::export::export(&self.rt.store, &image, &chain, Path::new(path), compression).map_err(|e| {
-            let kind = match e {
-                crate::export::ExportError::Relative(_) => ErrorKind::InvalidArgument,
-                crate::export::ExportError::Exists(_) => ErrorKind::Conflict,
-                _ => ErrorKind::Internal,
-            };
-            OpError::new(kind, crate::error::chain(&e))
-        })
+        Ok(crate::export::export(&self.rt.store, &image, &chain, Path::new(path), compression)?)
     }
 
     /// Remove a snapshot; refused while a sandbox, a launch in flight or a
