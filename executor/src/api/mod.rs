@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::daemon::{Daemon, OpError};
+use crate::daemon::Daemon;
 use crate::error::{chain, Classify, ErrorKind};
 use crate::sandbox::ExecRequest;
 use crate::types::{
@@ -49,12 +49,6 @@ impl ApiError {
     pub fn body(&self) -> Vec<u8> {
         let b = ErrorBody { error: ErrorDetail { code: self.kind.code().into(), message: self.message.clone() } };
         serde_json::to_vec(&b).unwrap_or_default()
-    }
-}
-
-impl From<OpError> for ApiError {
-    fn from(e: OpError) -> Self {
-        ApiError::new(e.kind, e.message)
     }
 }
 

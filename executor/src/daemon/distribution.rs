@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::daemon::Daemon;
-use crate::daemon::OpError;
 use crate::db::{Baseline, LayerRow, PulledImage, PulledSnapshot, SnapshotRow, Unhydrated};
+use crate::error::Classify;
 use crate::error::ErrorKind;
 use crate::ids::{ImageName, LayerId, SnapshotId};
 use crate::oci::{self, Compression, Digest, ImageConfig};
-use crate::registry::{Client, Credentials, Pushed, Reference};
+use crate::registry::{Client, Credentials, Pushed, Reference, RegistryError};
 use crate::store::{BlobCompression, StoreError};
 use crate::types::{Progress, PullResult, PushResult, RegistryRequest};
 
@@ -37,17 +37,80 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn store_err(e: StoreError) -> OpError {
-    OpError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e))
+/// Why a push, a pull or the hydration of a pulled layer failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum TransferError {
+    /// {0}
+    Invalid(String),
+    /// registry {registry}: {what}
+    Upstream { registry: String, what: String },
+    /// {0}
+    Registry(#[from] RegistryError),
+    /// {0}
+    Reference(#[from] crate::registry::ReferenceError),
+    /// {0}
+    ImageName(#[from] crate::ids::BadImageName),
+    /// image {0} already exists
+    ImageExists(ImageName),
+    /// snapshot {id} has no blob and never will: {why}
+    NoBlob { id: SnapshotId, why: String },
+    /// snapshot {0} is still sealing; retry
+    Sealing(SnapshotId),
+    /// {0}
+    Conflict(String),
+    /// pulled layer {layer} cannot be unpacked: {why}
+    Unpackable { layer: String, why: String },
+    /// layer {digest} from {registry}: {source}
+    Layer { digest: Digest, registry: String, source: Box<oci::UnpackError> },
+    /// {0}
+    Unpack(#[source] Box<oci::UnpackError>),
+    /// {0}
+    Missing(&'static str),
+    /// {0}
+    Json(#[from] serde_json::Error),
+    /// {0}
+    Io(#[from] std::io::Error),
+    /// {0}
+    Store(#[from] StoreError),
+    /// {0}
+    Export(#[from] crate::export::ExportError),
+    /// {0}
+    Image(#[from] crate::image::ImageError),
+    /// {0}
+    Snapshot(#[from] crate::daemon::snapshots::SnapshotLookupError),
+    /// {0}
+    Db(#[from] crate::db::DbError),
+}
+
+impl Classify for TransferError {
+    fn kind(&self) -> ErrorKind {
+        use TransferError as T;
+        match self {
+            T::Invalid(_) | T::ImageName(_) | T::Reference(_) | T::Unpackable { .. } => ErrorKind::InvalidArgument,
+            T::Upstream { .. } => ErrorKind::Upstream,
+            T::Layer { source, .. } if !source.is_io() => ErrorKind::Upstream,
+            T::Registry(e) => e.kind(),
+            T::ImageExists(_) | T::NoBlob { .. } | T::Sealing(_) | T::Conflict(_) => ErrorKind::Conflict,
+            T::Missing(_) => ErrorKind::Internal,
+            T::Image(e) => e.kind(),
+            T::Snapshot(e) => e.kind(),
+            T::Db(e) => e.kind(),
+            _ => ErrorKind::of_host_failure(self),
+        }
+    }
+}
+
+fn store_err(e: StoreError) -> TransferError {
+    TransferError::Store(e)
 }
 
 /// A host file-system failure: 507 when the store is full, else 500.
-fn host_io(e: std::io::Error) -> OpError {
-    OpError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e))
+fn host_io(e: std::io::Error) -> TransferError {
+    TransferError::Io(e)
 }
 
-fn invalid(msg: impl Into<String>) -> OpError {
-    OpError::new(ErrorKind::InvalidArgument, msg)
+fn invalid(msg: impl Into<String>) -> TransferError {
+    TransferError::Invalid(msg.into())
 }
 
 /// The chain's metadata, as the `dev.strata.chain` label's JSON.
@@ -114,7 +177,7 @@ fn sniff(path: &Path) -> std::io::Result<Compression> {
     })
 }
 
-fn client(req: &RegistryRequest, reference: &Reference) -> Result<Client, OpError> {
+fn client(req: &RegistryRequest, reference: &Reference) -> Result<Client, TransferError> {
     let credentials = match (&req.username, &req.password) {
         (Some(u), Some(p)) => Some(Credentials { username: u.clone(), password: p.clone() }),
         (None, None) => None,
@@ -123,15 +186,15 @@ fn client(req: &RegistryRequest, reference: &Reference) -> Result<Client, OpErro
     Ok(Client::new(&reference.registry, req.insecure, credentials))
 }
 
-fn parse_reference(s: &str) -> Result<Reference, OpError> {
-    Reference::parse(s).map_err(|e| invalid(e.to_string()))
+fn parse_reference(s: &str) -> Result<Reference, TransferError> {
+    Ok(Reference::parse(s)?)
 }
 
 // --- documents read back from a registry: oci-spec's types ---
 
 use oci_spec::image::{ImageConfiguration, ImageIndex, ImageManifest};
 
-fn parse_digest(s: &str, what: &str) -> Result<Digest, OpError> {
+fn parse_digest(s: &str, what: &str) -> Result<Digest, TransferError> {
     s.parse().map_err(|e| invalid(format!("{what}: {e}")))
 }
 
@@ -146,7 +209,7 @@ impl Daemon {
         id: &str,
         req: &RegistryRequest,
         progress: &mut dyn FnMut(Progress),
-    ) -> Result<PushResult, OpError> {
+    ) -> Result<PushResult, TransferError> {
         let reference = parse_reference(&req.reference)?;
         let Some(tag) = reference.tag.clone().filter(|_| reference.digest.is_none()) else {
             return Err(invalid("a push needs a tag, not a digest (the registry computes the digest)"));
@@ -196,11 +259,11 @@ impl Daemon {
             }
             let meta = self.chain_meta(&image, &chain)?;
             let mut labels = std::collections::HashMap::new();
-            labels.insert(CHAIN_LABEL.to_string(), serde_json::to_string(&meta).map_err(|e| OpError::internal(&e))?);
+            labels.insert(CHAIN_LABEL.to_string(), serde_json::to_string(&meta)?);
             labels.insert("dev.strata.snapshot".into(), row.id.to_string());
             let diff_ids: Vec<String> = blobs.iter().map(|b| format!("sha256:{}", b.diff_id)).collect();
             let config = crate::export::config_document(&image, &diff_ids, labels);
-            let config_bytes = crate::oci::canonical_json(&config).map_err(|e| OpError::internal(&e))?;
+            let config_bytes = crate::oci::canonical_json(&config)?;
             let config_digest = Digest::sha256(&config_bytes);
             if client.push_bytes(repo, &config_digest, &config_bytes)? == Pushed::Uploaded {
                 result.uploaded_blobs += 1;
@@ -212,7 +275,7 @@ impl Daemon {
             let config_desc = oci::descriptor(oci::layout::MEDIA_OCI_CONFIG, &config_digest, config_bytes.len() as u64);
             let manifest =
                 crate::export::manifest_document(config_desc, layers, crate::export::chain_annotations(&image, &chain));
-            let manifest_bytes = crate::oci::canonical_json(&manifest).map_err(|e| OpError::internal(&e))?;
+            let manifest_bytes = crate::oci::canonical_json(&manifest)?;
             client.put_manifest(repo, &tag, oci::layout::MEDIA_OCI_MANIFEST, &manifest_bytes)?;
             result.manifest_digest = Digest::sha256(&manifest_bytes).to_string();
             tracing::info!("pushed snapshot {} to {} ({})", row.id, result.reference, result.manifest_digest);
@@ -224,20 +287,17 @@ impl Daemon {
 
     /// The snapshot's image and layer chain once every blob of the chain is
     /// sealed (a suspend seals in the background).
-    fn sealed_chain(&self, row: &SnapshotRow) -> Result<(crate::db::ImageRow, Vec<SnapshotRow>), OpError> {
+    fn sealed_chain(&self, row: &SnapshotRow) -> Result<(crate::db::ImageRow, Vec<SnapshotRow>), TransferError> {
         let started = Instant::now();
         loop {
             let (image, chain, pending) = {
                 let db = lock(&self.db);
                 let image = db
                     .image_by_id(row.image_id)?
-                    .ok_or_else(|| OpError::new(ErrorKind::Internal, "snapshot's image row is missing"))?;
+                    .ok_or_else(|| TransferError::Missing("snapshot's image row is missing"))?;
                 let chain = db.snapshot_layer_chain(&row.id)?;
                 if let Some((s, why)) = chain.iter().find_map(|s| Some((s, s.info.get("seal_error")?.as_str()?))) {
-                    return Err(OpError::new(
-                        ErrorKind::Conflict,
-                        format!("snapshot {} has no blob and never will: {why}", s.id),
-                    ));
+                    return Err(TransferError::NoBlob { id: s.id.clone(), why: why.to_string() });
                 }
                 let mut pending = false;
                 for s in &chain {
@@ -249,7 +309,7 @@ impl Daemon {
                 return Ok((image, chain));
             }
             if started.elapsed() > SEAL_WAIT {
-                return Err(OpError::new(ErrorKind::Conflict, format!("snapshot {} is still sealing; retry", row.id)));
+                return Err(TransferError::Sealing(row.id.clone()));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -263,19 +323,18 @@ impl Daemon {
         image: &crate::db::ImageRow,
         chain: &[SnapshotRow],
         work: &Path,
-    ) -> Result<Vec<PushBlob>, OpError> {
+    ) -> Result<Vec<PushBlob>, TransferError> {
         let store = &self.rt.store;
         let mut out = Vec::new();
         for (layer, blob) in image.layers.iter().zip(&image.blobs) {
             let digest = parse_digest(blob, "image layer blob")?;
             let path = store.blob_path(digest.hex());
             if path.is_file() {
-                let size = path.metadata().map_err(|e| OpError::internal(&e))?.len();
-                let c = sniff(&path).map_err(|e| OpError::internal(&e))?;
+                let size = path.metadata()?.len();
+                let c = sniff(&path)?;
                 out.push(PushBlob { path, digest, size, media_type: media_type(c), diff_id: layer.to_string() });
             } else {
-                let s = crate::export::serialise_layer(store, layer, work, BlobCompression::Zstd)
-                    .map_err(|e| OpError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e)))?;
+                let s = crate::export::serialise_layer(store, layer, work, BlobCompression::Zstd)?;
                 let digest = parse_digest(&format!("sha256:{}", s.digest_hex), "serialised layer")?;
                 out.push(PushBlob {
                     path: s.path,
@@ -289,10 +348,7 @@ impl Daemon {
         for s in chain {
             let digest = parse_digest(&s.blob_digest, "snapshot blob")?;
             let c = layer_compression(s.compression);
-            let diff_id = s
-                .diff_id
-                .clone()
-                .ok_or_else(|| OpError::new(ErrorKind::Internal, "sealed snapshot without diff_id"))?;
+            let diff_id = s.diff_id.clone().ok_or_else(|| TransferError::Missing("sealed snapshot without diff_id"))?;
             out.push(PushBlob {
                 path: store.blob_path(digest.hex()),
                 digest,
@@ -304,7 +360,7 @@ impl Daemon {
         Ok(out)
     }
 
-    fn chain_meta(&self, image: &crate::db::ImageRow, chain: &[SnapshotRow]) -> Result<ChainMeta, OpError> {
+    fn chain_meta(&self, image: &crate::db::ImageRow, chain: &[SnapshotRow]) -> Result<ChainMeta, TransferError> {
         let db = lock(&self.db);
         let mut snapshots = Vec::new();
         for s in chain {
@@ -344,7 +400,12 @@ impl Daemon {
 
     /// Fetch the manifest and config at `reference`: the manifest's digest,
     /// its layers, the config's diff_ids and labels.
-    fn fetch_documents(&self, client: &Client, reference: &Reference, fetched: &mut u64) -> Result<Documents, OpError> {
+    fn fetch_documents(
+        &self,
+        client: &Client,
+        reference: &Reference,
+        fetched: &mut u64,
+    ) -> Result<Documents, TransferError> {
         let repo = &reference.repository;
         let (_, mut bytes, mut digest) = client.get_manifest(repo, &reference.manifest_ref())?;
         let json = |bytes: &[u8], what: &dyn std::fmt::Display| {
@@ -426,7 +487,7 @@ impl Daemon {
         work: &Path,
         tally: &mut Tally,
         progress: &mut dyn FnMut(Progress),
-    ) -> Result<Vec<Option<PathBuf>>, OpError> {
+    ) -> Result<Vec<Option<PathBuf>>, TransferError> {
         let store = &self.rt.store;
         let mut out = Vec::new();
         for l in layers {
@@ -467,7 +528,11 @@ impl Daemon {
     }
 
     /// Pull an image from a registry; only layers the host lacks are fetched.
-    pub fn pull_image(&self, req: &RegistryRequest, progress: &mut dyn FnMut(Progress)) -> Result<PullResult, OpError> {
+    pub fn pull_image(
+        &self,
+        req: &RegistryRequest,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<PullResult, TransferError> {
         let reference = parse_reference(&req.reference)?;
         let name = match &req.name {
             Some(n) => n.clone(),
@@ -477,9 +542,9 @@ impl Daemon {
                 (None, None) => reference.repository.clone(),
             },
         };
-        let name: ImageName = name.parse().map_err(|e| OpError::invalid(&e))?;
+        let name: ImageName = name.parse()?;
         if lock(&self.db).image_by_name(&name)?.is_some() {
-            return Err(OpError::new(ErrorKind::Conflict, format!("image {name} already exists")));
+            return Err(TransferError::ImageExists(name));
         }
         let client = client(req, &reference)?;
         let _serial = lock(&self.import_lock);
@@ -527,12 +592,8 @@ impl Daemon {
                 }
             }
             let have = |d: &Digest| lock(&self.db).layer_exists(d.hex()).unwrap_or(false);
-            let src = oci::layout::open_dir_lacking(&layout, None, &have).map_err(|e| {
-                OpError::new(
-                    ErrorKind::Upstream,
-                    format!("{reference} from {}: {}", client.registry(), crate::error::chain(&e)),
-                )
-            })?;
+            let src = oci::layout::open_dir_lacking(&layout, None, &have)
+                .map_err(|e| upstream(&client, format!("{reference}: {}", crate::error::chain(&e))))?;
             let row = crate::image::import_source(&self.rt.store, &self.db, &src, &name, &work, lease)?;
             Ok(PullResult {
                 reference: reference.to_string(),
@@ -554,7 +615,7 @@ impl Daemon {
         &self,
         req: &RegistryRequest,
         progress: &mut dyn FnMut(Progress),
-    ) -> Result<PullResult, OpError> {
+    ) -> Result<PullResult, TransferError> {
         let reference = parse_reference(&req.reference)?;
         if req.name.is_some() {
             return Err(invalid("name applies to image pull only"));
@@ -631,9 +692,7 @@ impl Daemon {
                             size: l.size,
                             done: 0,
                         });
-                        check_diff_id(&blob, l).map_err(|e| {
-                            OpError::new(ErrorKind::Upstream, format!("registry {}: {e}", client.registry()))
-                        })?;
+                        check_diff_id(&blob, l).map_err(|e| upstream(&client, e.to_string()))?;
                         unhydrated.push(Unhydrated {
                             layer_id: row.id.clone(),
                             blob_digest: l.digest.to_string(),
@@ -650,13 +709,12 @@ impl Daemon {
                             size: l.size,
                             done: 0,
                         });
-                        let stats = oci::unpack_layer(&layer_source(&blob, l), &fs).map_err(|e| {
-                            let kind = if e.is_io() { ErrorKind::of_host_failure(&e) } else { ErrorKind::Upstream };
-                            OpError::new(
-                                kind,
-                                format!("layer {} from {}: {}", l.digest, client.registry(), crate::error::chain(&e)),
-                            )
-                        })?;
+                        let stats =
+                            oci::unpack_layer(&layer_source(&blob, l), &fs).map_err(|source| TransferError::Layer {
+                                digest: l.digest.clone(),
+                                registry: client.registry().to_string(),
+                                source: Box::new(source),
+                            })?;
                         row.size = stats.bytes;
                         row.entries = stats.entries;
                         fresh.push((hex, dir));
@@ -673,7 +731,7 @@ impl Daemon {
                     store.adopt_blob(p, l.digest.hex(), true, lease).map_err(store_err)?;
                 }
             }
-            let name: ImageName = meta.image.name.parse().map_err(|e| OpError::invalid(&e))?;
+            let name: ImageName = meta.image.name.parse()?;
             let image = PulledImage {
                 name,
                 manifest_digest: meta.image.manifest_digest.clone(),
@@ -724,14 +782,14 @@ impl Daemon {
                 })
                 .collect();
             let recorded = lock(&self.db).record_pull(&image, &mut snaps, &unhydrated)?;
-            let image_id = recorded.map_err(|c| OpError::new(ErrorKind::Conflict, c.to_string()))?;
+            let image_id = recorded.map_err(|c| TransferError::Conflict(c.to_string()))?;
             let top = &snaps[snaps.len() - 1].row.id;
             let db = lock(&self.db);
             let image = db
                 .image_by_id(image_id)?
-                .ok_or_else(|| OpError::new(ErrorKind::Internal, "pulled image row is missing"))?;
+                .ok_or_else(|| TransferError::Missing("pulled image row is missing"))?;
             let top =
-                db.snapshot(top)?.ok_or_else(|| OpError::new(ErrorKind::Internal, "pulled snapshot row is missing"))?;
+                db.snapshot(top)?.ok_or_else(|| TransferError::Missing("pulled snapshot row is missing"))?;
             let snapshot = self.snapshot_info_locked(&db, &top)?;
             drop(db);
             for u in &unhydrated {
@@ -755,8 +813,8 @@ impl Daemon {
     }
 }
 
-fn upstream(client: &Client, what: String) -> OpError {
-    OpError::new(ErrorKind::Upstream, format!("registry {}: {what}", client.registry()))
+fn upstream(client: &Client, what: String) -> TransferError {
+    TransferError::Upstream { registry: client.registry().to_string(), what }
 }
 
 /// What a pull fetched (the config counts as one blob) and reused.
@@ -856,7 +914,7 @@ impl Daemon {
             let _ = strata_shim::sys::set_thread_nice(10);
             for id in rx {
                 if let Err(e) = d.hydrate_layer(&id) {
-                    tracing::error!("hydrate layer {id}: {}", e.message);
+                    tracing::error!("hydrate layer {id}: {}", crate::error::chain(&e));
                 }
             }
         });
@@ -881,14 +939,14 @@ impl Daemon {
     /// Make sure layer `id`'s tree is in place: unpack it now if a pull
     /// left it to be hydrated, or wait for the unpack in progress. A layer
     /// whose unpack failed is refused with the reason.
-    pub(crate) fn hydrate_layer(&self, id: &str) -> Result<(), OpError> {
+    pub(crate) fn hydrate_layer(&self, id: &str) -> Result<(), TransferError> {
         let mut busy = lock(&self.hydrating);
         while busy.contains(id) {
             busy = self.hydrated.wait(busy).unwrap_or_else(|p| p.into_inner());
         }
         let Some(u) = lock(&self.db).unhydrated(id)? else { return Ok(()) };
         if let Some(e) = &u.error {
-            return Err(OpError::new(ErrorKind::InvalidArgument, format!("pulled layer {id} cannot be unpacked: {e}")));
+            return Err(TransferError::Unpackable { layer: id.to_string(), why: e.clone() });
         }
         busy.insert(id.to_string());
         drop(busy);
@@ -898,7 +956,7 @@ impl Daemon {
         r
     }
 
-    fn unpack_pulled(&self, u: &Unhydrated) -> Result<(), OpError> {
+    fn unpack_pulled(&self, u: &Unhydrated) -> Result<(), TransferError> {
         let store = &self.rt.store;
         let digest = parse_digest(&u.blob_digest, "pulled blob")?;
         let diff_id = parse_digest(&format!("sha256:{}", u.layer_id), "pulled layer")?;
@@ -909,7 +967,7 @@ impl Daemon {
             lock(&self.db).hydrated(&u.layer_id, 0, 0)?;
             return Ok(());
         }
-        let size = blob.metadata().map_err(|e| OpError::internal(&e))?.len();
+        let size = blob.metadata()?.len();
         let work = store.new_tmp("hydrate").map_err(store_err)?;
         let result = self.leased(|lease| {
             let dir = work.join("layer");
@@ -917,16 +975,11 @@ impl Daemon {
             let l = WireLayer { digest, size, media_type: media_type(compression).into(), compression, diff_id };
             let stats = match oci::unpack_layer(&layer_source(&blob, &l), &dir.join("fs")) {
                 Ok(s) => s,
-                Err(e) if e.is_io() => {
-                    return Err(OpError::new(ErrorKind::of_host_failure(&e), crate::error::chain(&e)))
-                }
+                Err(e) if e.is_io() => return Err(TransferError::Unpack(Box::new(e))),
                 Err(e) => {
-                    let msg = crate::error::chain(&e);
-                    lock(&self.db).hydration_failed(&u.layer_id, &msg)?;
-                    return Err(OpError::new(
-                        ErrorKind::InvalidArgument,
-                        format!("pulled layer {} cannot be unpacked: {msg}", u.layer_id),
-                    ));
+                    let why = crate::error::chain(&e);
+                    lock(&self.db).hydration_failed(&u.layer_id, &why)?;
+                    return Err(TransferError::Unpackable { layer: u.layer_id.to_string(), why });
                 }
             };
             store.commit_layer(&dir, &u.layer_id, true, lease).map_err(store_err)?;

@@ -12,7 +12,6 @@
 //! - every activation is recorded (`restores`), and the sandbox observes
 //!   the lineage's head then: its appends are fenced on it.
 
-use crate::daemon::OpError;
 use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{SnapshotRow, WorkContextRow};
 use crate::error::{Classify, ErrorKind};
@@ -56,8 +55,6 @@ pub enum LineageError {
     Launch(#[from] crate::daemon::LaunchError),
     /// {0}
     Db(#[from] crate::db::DbError),
-    /// {0}
-    Other(#[from] OpError),
 }
 
 impl Classify for LineageError {
@@ -69,7 +66,6 @@ impl Classify for LineageError {
             LineageError::Snapshot(e) => e.kind(),
             LineageError::Launch(e) => e.kind(),
             LineageError::Db(e) => e.kind(),
-            LineageError::Other(e) => e.kind,
             _ => ErrorKind::Conflict,
         }
     }

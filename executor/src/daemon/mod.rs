@@ -33,38 +33,6 @@ use crate::spec::{MountDecl, SandboxSpec};
 use crate::store::{Store, StoreError};
 use crate::types::{CreateRequest, ImageInfo, SandboxInfo};
 
-/// Why an operation failed, as far as its caller is concerned: what kind
-/// of failure (the API maps it to a status; `error::ErrorKind`) and the
-/// whole chain of causes as one line.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{message}")]
-pub struct OpError {
-    pub kind: ErrorKind,
-    pub message: String,
-}
-
-impl OpError {
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> OpError {
-        OpError { kind, message: message.into() }
-    }
-    pub fn invalid(e: &dyn std::error::Error) -> OpError {
-        OpError::new(ErrorKind::InvalidArgument, crate::error::chain(e))
-    }
-    /// A host failure (500), or 507 if it ran out of space.
-    pub fn internal(e: &(dyn std::error::Error + 'static)) -> OpError {
-        OpError::new(ErrorKind::of_host_failure(e), crate::error::chain(e))
-    }
-}
-
-/// Any classified failure (an operation's own enum, a library error) is an
-/// `OpError` of its kind with its whole chain as the message, while the
-/// operations move from `OpError` to their own enums (issue 18.2).
-impl<E: crate::error::Classify> From<E> for OpError {
-    fn from(e: E) -> Self {
-        OpError::new(e.kind(), crate::error::chain(&e))
-    }
-}
-
 // ---- what each operation can fail with (issue 18.2: one enum per
 // operation, its doc comments the messages; `Classify` gives the kind) ----
 

@@ -23,7 +23,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::daemon::OpError;
 use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{LayerRow, SnapshotRow};
 use crate::error::{Classify, ErrorKind};
@@ -170,8 +169,6 @@ pub enum CaptureError {
     DiffIdMismatch { id: String, hex: String, diff_id: Option<String> },
     /// {0}
     Baseline(#[from] Box<crate::daemon::baseline::BaselineError>),
-    /// {0}
-    Other(#[from] OpError),
 }
 
 impl Classify for CaptureError {
@@ -196,7 +193,6 @@ impl Classify for CaptureError {
             C::Lookup(e) => e.kind(),
             C::Lineage(e) => e.kind(),
             C::Baseline(e) => e.kind(),
-            C::Other(e) => e.kind,
             _ => ErrorKind::of_host_failure(self),
         }
     }
@@ -266,7 +262,7 @@ pub enum SnapshotLookupError {
     /// {0}
     Db(#[from] crate::db::DbError),
     /// {0}
-    Hydrate(#[from] OpError),
+    Hydrate(Box<crate::daemon::distribution::TransferError>),
 }
 
 impl Classify for SnapshotLookupError {
@@ -275,7 +271,7 @@ impl Classify for SnapshotLookupError {
             SnapshotLookupError::NotFound(_) | SnapshotLookupError::BeingRemoved(_) => ErrorKind::NotFound,
             SnapshotLookupError::NoImageRow => ErrorKind::Internal,
             SnapshotLookupError::Db(e) => e.kind(),
-            SnapshotLookupError::Hydrate(e) => e.kind,
+            SnapshotLookupError::Hydrate(e) => e.kind(),
         }
     }
 }
@@ -763,7 +759,7 @@ impl Daemon {
         let waiting = db.unhydrated_layers_with(true)?;
         drop(db);
         for l in layers.iter().filter(|l| waiting.contains(l)) {
-            self.hydrate_layer(l)?;
+            self.hydrate_layer(l).map_err(|e| SnapshotLookupError::Hydrate(Box::new(e)))?;
         }
         Ok(Base {
             image,
@@ -1255,7 +1251,7 @@ impl Daemon {
             (image, db.snapshot_layer_chain(&row.id)?)
         };
         for s in &chain {
-            self.hydrate_layer(&s.layer).map_err(SnapshotLookupError::Hydrate)?;
+            self.hydrate_layer(&s.layer).map_err(|e| SnapshotLookupError::Hydrate(Box::new(e)))?;
         }
         Ok(crate::export::export(&self.rt.store, &image, &chain, Path::new(path), compression)?)
     }
