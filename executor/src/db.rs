@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{ImageName, LayerId, SandboxId, SnapshotId};
 pub use crate::model::{BlobCompression, LineageState, Rung, SandboxState, SnapshotClass, SnapshotState, StartKind};
-use crate::oci::ImageConfig;
+use crate::oci::{Digest, ImageConfig};
 use crate::spec::SandboxSpec;
 
 #[derive(Debug, thiserror::Error)]
@@ -342,14 +342,14 @@ impl LayerRow {
 pub struct ImageRow {
     pub id: i64,
     pub name: String,
-    pub manifest_digest: String,
-    pub config_digest: String,
+    pub manifest_digest: Digest,
+    pub config_digest: Digest,
     pub config: ImageConfig,
     /// Layer diff_ids (also their layer ids), bottom first (OCI order).
     pub layers: Vec<LayerId>,
-    /// The `sha256:<hex>` of each layer's compressed blob, as imported or
-    /// pulled (kept in `blobs/` since imports keep them).
-    pub blobs: Vec<String>,
+    /// The digest of each layer's compressed blob, as imported or pulled
+    /// (kept in `blobs/` since imports keep them).
+    pub blobs: Vec<Digest>,
     pub created_at: i64,
 }
 
@@ -389,8 +389,9 @@ pub struct SnapshotRow {
     pub layer: LayerId,
     /// diff_id hex of that layer; `None` while a suspend's layer is sealing.
     pub diff_id: Option<String>,
-    /// `sha256:<hex>` of the compressed blob in `blobs/sha256/`.
-    pub blob_digest: String,
+    /// The compressed blob's digest (its file in `blobs/sha256/`); `None`
+    /// while a suspend's blob is being sealed (stored as an empty text).
+    pub blob_digest: Option<Digest>,
     pub blob_size: u64,
     pub compression: BlobCompression,
     pub source_sandbox: String,
@@ -423,7 +424,7 @@ impl SnapshotRow {
             baseline: None,
             layer: layer.id.clone(),
             diff_id: layer.diff_id.clone(),
-            blob_digest: String::new(),
+            blob_digest: None,
             blob_size: 0,
             compression: BlobCompression::Zstd,
             source_sandbox: source.to_string(),
@@ -551,6 +552,17 @@ fn sandbox_lineage_in(conn: &Connection, id: &SandboxId) -> Result<(Option<Strin
 }
 
 /// A lineage's head, its sequence number and its state.
+/// A digest column that holds an empty text while there is none yet.
+fn opt_digest(r: &rusqlite::Row<'_>, col: usize) -> rusqlite::Result<Option<Digest>> {
+    match r.get::<_, String>(col)? {
+        s if s.is_empty() => Ok(None),
+        s => s
+            .parse()
+            .map(Some)
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, Box::new(e))),
+    }
+}
+
 fn lineage_head_in(conn: &Connection, wc: &str) -> Result<(Option<SnapshotId>, i64, LineageState), DbError> {
     conn.query_row("SELECT head_id, head_seq, state FROM work_contexts WHERE id = ?1", [wc], |r| {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?))
@@ -604,7 +616,7 @@ fn insert_snapshot_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow, info:
             snap.image_id,
             snap.parent_id,
             snap.layer,
-            snap.blob_digest,
+            snap.blob_digest.as_ref().map_or("", Digest::as_str),
             snap.blob_size as i64,
             snap.compression,
             snap.class,
@@ -629,10 +641,10 @@ fn insert_snapshot_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow, info:
 fn insert_image_in(
     tx: &rusqlite::Transaction<'_>,
     name: &ImageName,
-    manifest_digest: &str,
-    config_digest: &str,
+    manifest_digest: &Digest,
+    config_digest: &Digest,
     config: &str,
-    layers: &[(LayerRow, String)],
+    layers: &[(LayerRow, Digest)],
 ) -> Result<i64, DbError> {
     tx.execute(
         "INSERT INTO images (name, manifest_digest, config_digest, config, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -656,10 +668,10 @@ fn insert_image_in(
 /// first 12 hex digits as tag, if `name` is taken by another image).
 pub struct PulledImage {
     pub name: ImageName,
-    pub manifest_digest: String,
-    pub config_digest: String,
+    pub manifest_digest: Digest,
+    pub config_digest: Digest,
     pub config: ImageConfig,
-    pub layers: Vec<(LayerRow, String)>,
+    pub layers: Vec<(LayerRow, Digest)>,
 }
 
 /// A snapshot a pull recreates, with its layer and its lineage's start.
@@ -674,7 +686,7 @@ pub struct PulledSnapshot {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unhydrated {
     pub layer_id: LayerId,
-    pub blob_digest: String,
+    pub blob_digest: Digest,
     pub compression: BlobCompression,
     pub error: Option<String>,
 }
@@ -812,10 +824,10 @@ impl Db {
     pub fn insert_image(
         &mut self,
         name: &ImageName,
-        manifest_digest: &str,
-        config_digest: &str,
+        manifest_digest: &Digest,
+        config_digest: &Digest,
         config: &ImageConfig,
-        layers: &[(LayerRow, String /* blob digest */)],
+        layers: &[(LayerRow, Digest /* the layer's blob */)],
     ) -> Result<i64, DbError> {
         let config =
             serde_json::to_string(config).map_err(|source| DbError::Decode { what: "image config", source })?;
@@ -825,7 +837,7 @@ impl Db {
         Ok(image_id)
     }
 
-    fn image_from_row(&self, r: (i64, String, String, String, String, i64)) -> Result<ImageRow, DbError> {
+    fn image_from_row(&self, r: (i64, String, Digest, Digest, String, i64)) -> Result<ImageRow, DbError> {
         let (id, name, manifest_digest, config_digest, config, created_at) = r;
         let config =
             serde_json::from_str(&config).map_err(|source| DbError::Decode { what: "image config", source })?;
@@ -833,7 +845,7 @@ impl Db {
             .conn
             .prepare_cached("SELECT layer_id, blob_digest FROM image_layers WHERE image_id = ?1 ORDER BY position")
             .map_err(q("image layers"))?;
-        let pairs: Vec<(LayerId, String)> = st
+        let pairs: Vec<(LayerId, Digest)> = st
             .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))
             .map_err(q("image layers"))?
             .collect::<Result<_, _>>()
@@ -1024,7 +1036,7 @@ impl Db {
         let image_id = match image_id {
             Some(id) => id,
             None => {
-                let hex12: String = image.manifest_digest.trim_start_matches("sha256:").chars().take(12).collect();
+                let hex12: String = image.manifest_digest.hex().chars().take(12).collect();
                 let base = image.name.as_str().rsplit_once(':').map_or(image.name.as_str(), |(n, _)| n);
                 let names: Vec<String> = vec![image.name.to_string(), format!("{base}:{hex12}")];
                 let free = names.iter().find(|n| {
@@ -1202,7 +1214,7 @@ impl Db {
                 parent_id: r.get(2)?,
                 layer: r.get(3)?,
                 diff_id: r.get(4)?,
-                blob_digest: r.get(5)?,
+                blob_digest: opt_digest(r, 5)?,
                 blob_size: r.get::<_, i64>(6)? as u64,
                 compression: r.get(7)?,
                 source_sandbox: r.get(8)?,
@@ -1790,10 +1802,14 @@ impl Db {
 mod tests {
     use super::*;
 
-    fn layer(d: char) -> (LayerRow, String) {
+    fn digest(c: char) -> Digest {
+        format!("sha256:{}", c.to_string().repeat(64)).parse().unwrap()
+    }
+
+    fn layer(d: char) -> (LayerRow, Digest) {
         (
             LayerRow::content(LayerId::content(&d.to_string().repeat(64)).unwrap(), 1, 1),
-            format!("sha256:{}", "f".repeat(64)),
+            format!("sha256:{}", "f".repeat(64)).parse().unwrap(),
         )
     }
 
@@ -1820,11 +1836,12 @@ mod tests {
             }
             conn.pragma_update(None, "user_version", 5).unwrap();
             let (a, b) = ("a".repeat(64), "b".repeat(64));
+            let [m, c, x, y] = ["e", "c", "d", "f"].map(|h| format!("sha256:{}", h.repeat(64)));
             conn.execute_batch(&format!(
                 "INSERT INTO layers VALUES ('{a}', 1, 1, 0), ('{b}', 2, 2, 0);
-                 INSERT INTO images VALUES (1, 'img', 'm', 'c', '{{}}', 0);
-                 INSERT INTO image_layers VALUES (1, 0, '{a}', 'sha256:x');
-                 INSERT INTO snapshots VALUES ('0123456789abcdef', 1, NULL, '{b}', 'sha256:y', 3, 'zstd', 'ready',
+                 INSERT INTO images VALUES (1, 'img', '{m}', '{c}', '{{}}', 0);
+                 INSERT INTO image_layers VALUES (1, 0, '{a}', '{x}');
+                 INSERT INTO snapshots VALUES ('0123456789abcdef', 1, NULL, '{b}', '{y}', 3, 'zstd', 'ready',
                      'fedcba9876543210', '{{}}', 0);
                  INSERT INTO snapshot_blob_pending VALUES ('0123456789abcdef');"
             ))
@@ -1858,7 +1875,9 @@ mod tests {
     #[test]
     fn lineage_constraints_hold_in_the_schema() {
         let mut db = Db::open_in_memory().unwrap();
-        let img = db.insert_image(&"a".parse().unwrap(), "m", "c", &ImageConfig::default(), &[layer('1')]).unwrap();
+        let img = db
+            .insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[layer('1')])
+            .unwrap();
         let wc = |db: &mut Db, id: &str| {
             db.insert_work_context(&WorkContextRow::new(id, img, StartKind::Image, None)).unwrap()
         };
@@ -1914,9 +1933,9 @@ mod tests {
         let cfg = ImageConfig::default();
         let a: ImageName = "a".parse().unwrap();
         let b: ImageName = "b".parse().unwrap();
-        let ia = db.insert_image(&a, "m", "c", &cfg, &[layer('1'), layer('2')]).unwrap();
-        let ib = db.insert_image(&b, "m", "c", &cfg, &[layer('1')]).unwrap();
-        assert!(db.insert_image(&a, "m", "c", &cfg, &[]).is_err(), "names are unique");
+        let ia = db.insert_image(&a, &digest('e'), &digest('c'), &cfg, &[layer('1'), layer('2')]).unwrap();
+        let ib = db.insert_image(&b, &digest('e'), &digest('c'), &cfg, &[layer('1')]).unwrap();
+        assert!(db.insert_image(&a, &digest('e'), &digest('c'), &cfg, &[]).is_err(), "names are unique");
         assert_eq!(db.image_by_name(&a).unwrap().unwrap().layers, vec!["1".repeat(64), "2".repeat(64)]);
         assert_eq!(db.delete_image(ia).unwrap().unwrap(), vec!["2".repeat(64)]);
         assert_eq!(db.delete_image(ib).unwrap().unwrap(), vec!["1".repeat(64)]);
@@ -1927,7 +1946,7 @@ mod tests {
     fn image_in_use_is_not_deleted() {
         let mut db = Db::open_in_memory().unwrap();
         let name: ImageName = "a".parse().unwrap();
-        let img = db.insert_image(&name, "m", "c", &ImageConfig::default(), &[layer('1')]).unwrap();
+        let img = db.insert_image(&name, &digest('e'), &digest('c'), &ImageConfig::default(), &[layer('1')]).unwrap();
         let id = SandboxId::random();
         db.insert_running_sandbox(&id, img, &crate::spec::SandboxSpec::default(), 42, 7).unwrap();
         assert_eq!(db.delete_image(img).unwrap(), Err(vec![id.to_string()]));
@@ -1938,7 +1957,8 @@ mod tests {
     #[test]
     fn sandbox_state_is_constrained() {
         let mut db = Db::open_in_memory().unwrap();
-        let img = db.insert_image(&"a".parse().unwrap(), "m", "c", &ImageConfig::default(), &[]).unwrap();
+        let img =
+            db.insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[]).unwrap();
         let id = SandboxId::random();
         db.insert_running_sandbox(&id, img, &crate::spec::SandboxSpec::default(), 42, 7).unwrap();
         assert!(db.conn.execute("UPDATE sandboxes SET state = 'bogus' WHERE id = ?1", [id.as_str()]).is_err());

@@ -170,13 +170,12 @@ fn write_layout(
     let mut diff_ids = Vec::new();
     let snapshot_of = |layer: &str| chain.iter().find(|s| s.layer == layer);
     for hex in image.layers.iter().chain(chain.iter().map(|s| &s.layer)) {
-        let sealed = snapshot_of(hex).and_then(|s| Some((s, s.diff_id.clone()?)));
+        let sealed = snapshot_of(hex).and_then(|s| Some((s, s.diff_id.clone()?, s.blob_digest.as_ref()?)));
         let (digest, size, diff_id) = match sealed {
-            Some((s, diff_id)) if s.compression == compression && !s.blob_digest.is_empty() => {
-                let bhex = s.blob_digest.trim_start_matches("sha256:");
-                let dst = blobs.join(bhex);
-                std::fs::copy(store.blob_path(bhex), &dst).map_err(io("copy blob", &dst))?;
-                (s.blob_digest.clone(), s.blob_size, diff_id)
+            Some((s, diff_id, digest)) if s.compression == compression => {
+                let dst = blobs.join(digest.hex());
+                std::fs::copy(store.blob_path(digest.hex()), &dst).map_err(io("copy blob", &dst))?;
+                (digest.to_string(), s.blob_size, diff_id)
             }
             _ => {
                 let l = serialise_layer(store, hex, work, compression)?;

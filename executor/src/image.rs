@@ -135,7 +135,7 @@ pub(crate) fn import_source(
                 row.entries = stats.entries;
                 fresh.push((hex, dir));
             }
-            rows.push((row, layer.digest.to_string()));
+            rows.push((row, layer.digest.clone()));
         }
 
         // All layers are good: move them and their blobs into place, then
@@ -159,13 +159,7 @@ pub(crate) fn import_source(
             store.adopt_blob(&copy, bhex, true, lease)?;
         }
         let mut db = lock(db);
-        let id = db.insert_image(
-            name,
-            &src.manifest_digest.to_string(),
-            &src.config_digest.to_string(),
-            &src.config,
-            &rows,
-        )?;
+        let id = db.insert_image(name, &src.manifest_digest, &src.config_digest, &src.config, &rows)?;
         db.image_by_id(id)?.ok_or_else(|| ImageError::NotFound(name.to_string()))
     })();
     if result.is_err() && lock(db).image_by_name(name)?.is_some() {
@@ -183,7 +177,7 @@ pub fn remove(db: &std::sync::Mutex<Db>, name: &ImageName) -> Result<Vec<Resourc
     match db.delete_image(image.id)? {
         Err(users) => Err(ImageError::InUse { name: name.to_string(), users }),
         Ok(orphans) => {
-            let blobs = image.blobs.iter().filter_map(|b| b.strip_prefix("sha256:")).map(|h| Resource::Blob(h.into()));
+            let blobs = image.blobs.iter().map(|b| Resource::Blob(b.hex().into()));
             Ok(orphans.into_iter().map(Resource::Layer).chain(blobs).collect())
         }
     }

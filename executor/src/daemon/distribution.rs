@@ -125,8 +125,8 @@ struct ChainMeta {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct ImageMeta {
     name: String,
-    manifest_digest: String,
-    config_digest: String,
+    manifest_digest: Digest,
+    config_digest: Digest,
     config: ImageConfig,
     layers: usize,
 }
@@ -327,7 +327,7 @@ impl Daemon {
         let store = &self.rt.store;
         let mut out = Vec::new();
         for (layer, blob) in image.layers.iter().zip(&image.blobs) {
-            let digest = parse_digest(blob, "image layer blob")?;
+            let digest = blob.clone();
             let path = store.blob_path(digest.hex());
             if path.is_file() {
                 let size = path.metadata()?.len();
@@ -346,7 +346,7 @@ impl Daemon {
             }
         }
         for s in chain {
-            let digest = parse_digest(&s.blob_digest, "snapshot blob")?;
+            let digest = s.blob_digest.clone().ok_or_else(|| TransferError::Sealing(s.id.clone()))?;
             let c = layer_compression(s.compression);
             let diff_id = s.diff_id.clone().ok_or_else(|| TransferError::Missing("sealed snapshot without diff_id"))?;
             out.push(PushBlob {
@@ -695,7 +695,7 @@ impl Daemon {
                         check_diff_id(&blob, l).map_err(|e| upstream(&client, e.to_string()))?;
                         unhydrated.push(Unhydrated {
                             layer_id: row.id.clone(),
-                            blob_digest: l.digest.to_string(),
+                            blob_digest: l.digest.clone(),
                             compression: compressions[i - n_image],
                             error: None,
                         });
@@ -740,7 +740,7 @@ impl Daemon {
                 layers: rows[..n_image]
                     .iter()
                     .cloned()
-                    .zip(docs.layers[..n_image].iter().map(|l| l.digest.to_string()))
+                    .zip(docs.layers[..n_image].iter().map(|l| l.digest.clone()))
                     .collect(),
             };
             let mut snaps: Vec<PulledSnapshot> = meta
@@ -768,7 +768,7 @@ impl Daemon {
                             baseline: m.baseline.clone(),
                             layer: layer.id.clone(),
                             diff_id: layer.diff_id.clone(),
-                            blob_digest: l.digest.to_string(),
+                            blob_digest: Some(l.digest.clone()),
                             blob_size: l.size,
                             compression: compressions[k],
                             source_sandbox: m.source_sandbox.clone(),
@@ -958,7 +958,7 @@ impl Daemon {
 
     fn unpack_pulled(&self, u: &Unhydrated) -> Result<(), TransferError> {
         let store = &self.rt.store;
-        let digest = parse_digest(&u.blob_digest, "pulled blob")?;
+        let digest = u.blob_digest.clone();
         let diff_id = parse_digest(&format!("sha256:{}", u.layer_id), "pulled layer")?;
         let compression = layer_compression(u.compression);
         let blob = store.blob_path(digest.hex());

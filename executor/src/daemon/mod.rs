@@ -998,8 +998,8 @@ impl Daemon {
 pub(crate) fn image_info(r: &ImageRow) -> ImageInfo {
     ImageInfo {
         name: r.name.clone(),
-        manifest_digest: r.manifest_digest.clone(),
-        config_digest: r.config_digest.clone(),
+        manifest_digest: r.manifest_digest.to_string(),
+        config_digest: r.config_digest.to_string(),
         layers: r.layers.iter().map(|h| format!("sha256:{h}")).collect(),
         created_at: r.created_at,
     }

@@ -163,6 +163,8 @@ pub enum CaptureError {
     Lineage(#[from] crate::daemon::lineage::LineageError),
     /// the daemon is stopping
     Stopping,
+    /// {0}
+    Digest(#[from] crate::oci::DigestError),
     /// snapshot {id} cannot be sealed: {message}
     SealFailed { id: String, message: String },
     /// snapshot {id}: layer serialises to {hex}, not its diff_id {diff_id:?}
@@ -616,7 +618,8 @@ impl Daemon {
         mark_userns(&mut info, sb);
         let layer = LayerRow::content(own_layer_id(&sealed.diff_id)?, sealed.size, sealed.entries);
         let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
-        (row.blob_digest, row.blob_size, row.compression) = (format!("sha256:{blob_hex}"), blob_size, compression);
+        (row.blob_digest, row.blob_size, row.compression) =
+            (Some(format!("sha256:{blob_hex}").parse()?), blob_size, compression);
         // Layer and blob are on disk before any row names them. The tars
         // are spent: deleted first, so the sync does not write them out.
         for spent in [&tar, &ahead, &sealed.tar] {
@@ -712,7 +715,7 @@ impl Daemon {
             layers: layers.collect(),
             layer: row.layer.clone(),
             diff_id: row.diff_id.as_deref().map(digest),
-            blob_digest: row.blob_digest.clone(),
+            blob_digest: row.blob_digest.as_ref().map(ToString::to_string).unwrap_or_default(),
             blob_size: row.blob_size,
             compression: row.compression,
             source_sandbox: row.source_sandbox.clone(),
@@ -1288,7 +1291,7 @@ impl Daemon {
         };
         drop(db);
         // Its layer (if no other row lists it) and blob go now.
-        let blob = row.blob_digest.strip_prefix("sha256:").map(|h| Resource::Blob(h.to_string()));
+        let blob = row.blob_digest.as_ref().map(|d| Resource::Blob(d.hex().to_string()));
         self.collect(Scope::Released, orphan.into_iter().map(Resource::Layer).chain(blob))?;
         Ok(())
     }

@@ -6,10 +6,8 @@
 //! blake3) are refused rather than half-supported.
 #![forbid(unsafe_code)]
 
-use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use sha2::{Digest as _, Sha256};
 
 const PREFIX: &str = "sha256:";
@@ -78,24 +76,8 @@ impl From<&Digest> for oci_spec::image::Digest {
     }
 }
 
-impl fmt::Display for Digest {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl Serialize for Digest {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for Digest {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(deserializer)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
-}
+// Display, serde and SQLite as its text; reading a malformed one fails.
+crate::model::text_conversions!(Digest);
 
 #[cfg(test)]
 mod tests {
