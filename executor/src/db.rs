@@ -326,7 +326,7 @@ pub struct LayerRow {
     /// layer, `s<snapshot id>` for a suspended sandbox's upper.
     pub id: LayerId,
     /// sha256 hex of its tar; `None` until a suspended layer is sealed.
-    pub diff_id: Option<String>,
+    pub diff_id: Option<Digest>,
     pub size: u64,
     pub entries: u64,
 }
@@ -334,7 +334,7 @@ pub struct LayerRow {
 impl LayerRow {
     /// A layer named by its content (`id`: its diff_id).
     pub fn content(id: LayerId, size: u64, entries: u64) -> LayerRow {
-        LayerRow { diff_id: Some(id.to_string()), id, size, entries }
+        LayerRow { diff_id: id.digest(), id, size, entries }
     }
 }
 
@@ -387,8 +387,8 @@ pub struct SnapshotRow {
     pub baseline: Option<Baseline>,
     /// The id of its own delta layer (its directory under `layers/`).
     pub layer: LayerId,
-    /// diff_id hex of that layer; `None` while a suspend's layer is sealing.
-    pub diff_id: Option<String>,
+    /// That layer's diff_id; `None` while a suspend's layer is sealing.
+    pub diff_id: Option<Digest>,
     /// The compressed blob's digest (its file in `blobs/sha256/`); `None`
     /// while a suspend's blob is being sealed (stored as an empty text).
     pub blob_digest: Option<Digest>,
@@ -535,7 +535,7 @@ pub struct SandboxRow {
 fn insert_layer(tx: &rusqlite::Transaction<'_>, layer: &LayerRow) -> Result<(), DbError> {
     tx.execute(
         "INSERT OR IGNORE INTO layers (id, diff_id, size, entries, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![layer.id, layer.diff_id, layer.size as i64, layer.entries as i64, now()],
+        params![layer.id, layer.diff_id.as_ref().map(Digest::hex), layer.size as i64, layer.entries as i64, now()],
     )
     .map_err(q("insert layer"))?;
     Ok(())
@@ -552,6 +552,18 @@ fn sandbox_lineage_in(conn: &Connection, id: &SandboxId) -> Result<(Option<Strin
 }
 
 /// A lineage's head, its sequence number and its state.
+/// A sha256 column kept as its 64 hex characters (a layer's diff_id),
+/// NULL while there is none yet.
+fn hex_digest(r: &rusqlite::Row<'_>, col: usize) -> rusqlite::Result<Option<Digest>> {
+    match r.get::<_, Option<String>>(col)? {
+        None => Ok(None),
+        Some(hex) => format!("sha256:{hex}")
+            .parse()
+            .map(Some)
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, Box::new(e))),
+    }
+}
+
 /// A digest column that holds an empty text while there is none yet.
 fn opt_digest(r: &rusqlite::Row<'_>, col: usize) -> rusqlite::Result<Option<Digest>> {
     match r.get::<_, String>(col)? {
@@ -1213,7 +1225,7 @@ impl Db {
                 image_id: r.get(1)?,
                 parent_id: r.get(2)?,
                 layer: r.get(3)?,
-                diff_id: r.get(4)?,
+                diff_id: hex_digest(r, 4)?,
                 blob_digest: opt_digest(r, 5)?,
                 blob_size: r.get::<_, i64>(6)? as u64,
                 compression: r.get(7)?,
@@ -1277,7 +1289,7 @@ impl Db {
         let tx = self.conn.transaction().map_err(q("begin set blob"))?;
         tx.execute(
             "UPDATE layers SET diff_id = ?2, size = ?3, entries = ?4 WHERE id = ?1",
-            params![layer.id, layer.diff_id, layer.size as i64, layer.entries as i64],
+            params![layer.id, layer.diff_id.as_ref().map(Digest::hex), layer.size as i64, layer.entries as i64],
         )
         .map_err(q("set layer diff_id"))?;
         tx.execute(
@@ -1851,7 +1863,7 @@ mod tests {
         assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len());
         let snap = db.snapshot("0123456789abcdef").unwrap().unwrap();
         assert_eq!(
-            (snap.layer.as_str(), snap.diff_id.as_deref()),
+            (snap.layer.as_str(), snap.diff_id.as_ref().map(Digest::hex)),
             ("b".repeat(64).as_str(), Some("b".repeat(64).as_str()))
         );
         assert!(db.blob_pending(&snap.id).unwrap());

@@ -170,7 +170,8 @@ fn write_layout(
     let mut diff_ids = Vec::new();
     let snapshot_of = |layer: &str| chain.iter().find(|s| s.layer == layer);
     for hex in image.layers.iter().chain(chain.iter().map(|s| &s.layer)) {
-        let sealed = snapshot_of(hex).and_then(|s| Some((s, s.diff_id.clone()?, s.blob_digest.as_ref()?)));
+        let sealed =
+            snapshot_of(hex).and_then(|s| Some((s, s.diff_id.as_ref()?.hex().to_string(), s.blob_digest.as_ref()?)));
         let (digest, size, diff_id) = match sealed {
             Some((s, diff_id, digest)) if s.compression == compression => {
                 let dst = blobs.join(digest.hex());

@@ -131,6 +131,12 @@ impl LayerId {
         }
     }
 
+    /// The diff_id a layer named by its content has; none for a suspended
+    /// upper (its diff_id is known once it is sealed).
+    pub fn digest(&self) -> Option<crate::oci::Digest> {
+        format!("sha256:{}", self.0).parse().ok()
+    }
+
     /// The id under which a suspend moves a sandbox's upper in.
     pub fn suspended(snapshot: &SnapshotId) -> Self {
         LayerId(format!("s{snapshot}"))

@@ -348,7 +348,11 @@ impl Daemon {
         for s in chain {
             let digest = s.blob_digest.clone().ok_or_else(|| TransferError::Sealing(s.id.clone()))?;
             let c = layer_compression(s.compression);
-            let diff_id = s.diff_id.clone().ok_or_else(|| TransferError::Missing("sealed snapshot without diff_id"))?;
+            let diff_id = s
+                .diff_id
+                .as_ref()
+                .map(|d| d.hex().to_string())
+                .ok_or_else(|| TransferError::Missing("sealed snapshot without diff_id"))?;
             out.push(PushBlob {
                 path: store.blob_path(digest.hex()),
                 digest,

@@ -693,8 +693,11 @@ impl Daemon {
         let image = db.image_by_id(row.image_id)?.ok_or(SnapshotLookupError::NoImageRow)?;
         let chain = db.snapshot_layer_chain(&row.id)?;
         let digest = |h: &str| format!("sha256:{h}");
-        let layers =
-            image.layers.iter().map(|h| Some(digest(h))).chain(chain.iter().map(|s| s.diff_id.as_deref().map(digest)));
+        let layers = image
+            .layers
+            .iter()
+            .map(|h| Some(digest(h)))
+            .chain(chain.iter().map(|s| s.diff_id.as_ref().map(ToString::to_string)));
         Ok(SnapshotInfo {
             id: row.id.clone(),
             class: row.class,
@@ -714,7 +717,7 @@ impl Daemon {
             parent: row.parent_id.clone(),
             layers: layers.collect(),
             layer: row.layer.clone(),
-            diff_id: row.diff_id.as_deref().map(digest),
+            diff_id: row.diff_id.as_ref().map(ToString::to_string),
             blob_digest: row.blob_digest.as_ref().map(ToString::to_string).unwrap_or_default(),
             blob_size: row.blob_size,
             compression: row.compression,
@@ -1168,14 +1171,16 @@ impl Daemon {
         };
         store.place_blob(&tmp, &bhex, lease).map_err(store_err)?;
         crate::failpoint::hit("seal:blob-written");
-        if row.diff_id.as_ref().is_some_and(|d| *d != hex) {
-            return Err(CaptureError::DiffIdMismatch { id: id.to_string(), hex, diff_id: row.diff_id.clone() });
+        if row.diff_id.as_ref().is_some_and(|d| d.hex() != hex) {
+            let diff_id = row.diff_id.as_ref().map(ToString::to_string);
+            return Err(CaptureError::DiffIdMismatch { id: id.to_string(), hex, diff_id });
         }
         let mut info = row.info.clone();
         merge_stats(&mut info, &stats);
         info["seal_ms"] = serde_json::json!(started.elapsed().as_secs_f64() * 1000.0);
         info["worker_cpu_ms"] = serde_json::json!(cpu.as_secs_f64() * 1000.0);
-        let layer = LayerRow { id: row.layer.clone(), diff_id: Some(hex), size: stats.bytes, entries: stats.entries };
+        let diff_id = Some(format!("sha256:{hex}").parse()?);
+        let layer = LayerRow { id: row.layer.clone(), diff_id, size: stats.bytes, entries: stats.entries };
         lock(&self.db).set_snapshot_blob(id, &format!("sha256:{bhex}"), size, &layer, &info)?;
         Ok(())
     }
