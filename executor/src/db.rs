@@ -552,26 +552,19 @@ fn sandbox_lineage_in(conn: &Connection, id: &SandboxId) -> Result<(Option<Strin
 }
 
 /// A lineage's head, its sequence number and its state.
-/// A sha256 column kept as its 64 hex characters (a layer's diff_id),
-/// NULL while there is none yet.
-fn hex_digest(r: &rusqlite::Row<'_>, col: usize) -> rusqlite::Result<Option<Digest>> {
+/// A digest column: `sha256:<hex>` text, or (`hex_only`) its 64 hex
+/// characters (a layer's diff_id). NULL or empty while there is none yet;
+/// anything else malformed is an error.
+fn digest_column(r: &rusqlite::Row<'_>, col: usize, hex_only: bool) -> rusqlite::Result<Option<Digest>> {
     match r.get::<_, Option<String>>(col)? {
         None => Ok(None),
-        Some(hex) => format!("sha256:{hex}")
-            .parse()
-            .map(Some)
-            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, Box::new(e))),
-    }
-}
-
-/// A digest column that holds an empty text while there is none yet.
-fn opt_digest(r: &rusqlite::Row<'_>, col: usize) -> rusqlite::Result<Option<Digest>> {
-    match r.get::<_, String>(col)? {
-        s if s.is_empty() => Ok(None),
-        s => s
-            .parse()
-            .map(Some)
-            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, Box::new(e))),
+        Some(s) if s.is_empty() => Ok(None),
+        Some(s) => {
+            let text = if hex_only { format!("sha256:{s}") } else { s };
+            text.parse()
+                .map(Some)
+                .map_err(|e| rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, Box::new(e)))
+        }
     }
 }
 
@@ -812,6 +805,18 @@ impl Db {
             .optional()
             .map(|o| o.is_some())
             .map_err(q("layer exists"))
+    }
+
+    /// Whether an image layer or a snapshot lists blob `digest`.
+    pub fn blob_listed(&self, digest: &str) -> Result<bool, DbError> {
+        self.conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM snapshots WHERE blob_digest = ?1) \
+                 OR EXISTS (SELECT 1 FROM image_layers WHERE blob_digest = ?1)",
+                [digest],
+                |r| r.get(0),
+            )
+            .map_err(q("blob listed"))
     }
 
     /// Every blob digest (`sha256:<hex>`) a snapshot or an image layer
@@ -1225,8 +1230,8 @@ impl Db {
                 image_id: r.get(1)?,
                 parent_id: r.get(2)?,
                 layer: r.get(3)?,
-                diff_id: hex_digest(r, 4)?,
-                blob_digest: opt_digest(r, 5)?,
+                diff_id: digest_column(r, 4, true)?,
+                blob_digest: digest_column(r, 5, false)?,
                 blob_size: r.get::<_, i64>(6)? as u64,
                 compression: r.get(7)?,
                 source_sandbox: r.get(8)?,

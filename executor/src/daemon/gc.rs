@@ -112,15 +112,28 @@ impl Daemon {
             return Ok(0);
         }
         let db = lock(&self.db);
-        let layers: HashSet<String> = db.all_layers()?.into_iter().collect();
-        let blobs = db.all_blobs()?;
-        let doomed: BTreeSet<Resource> = candidates
-            .into_iter()
-            .filter(|r| match r {
+        // The few candidates an operation's lease leaves are looked up one
+        // by one (a checkpoint's layer and blob: two point queries); the
+        // whole store against whole lists.
+        let mut doomed = BTreeSet::new();
+        if scope == Scope::Everything {
+            let layers: HashSet<String> = db.all_layers()?.into_iter().collect();
+            let blobs = db.all_blobs()?;
+            doomed.extend(candidates.into_iter().filter(|r| match r {
                 Resource::Layer(id) => !layers.contains(id),
                 Resource::Blob(hex) => !blobs.contains(&format!("sha256:{hex}")),
-            })
-            .collect();
+            }));
+        } else {
+            for r in candidates {
+                let listed = match &r {
+                    Resource::Layer(id) => db.layer_exists(id)?,
+                    Resource::Blob(hex) => db.blob_listed(&format!("sha256:{hex}"))?,
+                };
+                if !listed {
+                    doomed.insert(r);
+                }
+            }
+        }
         Ok(store.remove_unleased(db, &doomed)?)
     }
 
