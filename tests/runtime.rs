@@ -1422,11 +1422,12 @@ fn baselines_are_validated_published_by_compare_and_swap_and_start_new_work() {
     }
     env.cli_ok(&["rm", again["id"].as_str().unwrap()]);
 
-    // Two racing publishers of a newer commit: the one that began first
-    // observed b1; the later one publishes first; the older never replaces it.
+    // Two racing publishers of newer commits from one history: p (two)
+    // began first and observed b1; q (three, forked from p's checkpoint)
+    // publishes first; p, older, never replaces it.
     sh(&env, &p, "cd /src/app && export HOME=/root && echo v2 > a && git commit -qam two && git push -q origin main && git fetch -q");
-    let q = create(&env, json!({"image": img}));
-    sh(&env, &q, CLEAN_REPO);
+    let s2 = env.cli_ok(&["checkpoint", &p]).trim().to_string();
+    let q = env.cli_ok(&["fork", &s2]).trim().to_string();
     sh(&env, &q, "cd /src/app && export HOME=/root && echo v3 > a && git commit -qam three && git push -q origin main && git fetch -q");
     // The older publisher validates first, then is held at the failpoint
     // while the newer one publishes.
@@ -1461,6 +1462,127 @@ fn baselines_are_validated_published_by_compare_and_swap_and_start_new_work() {
         c.call("POST", "/v1/sandboxes", Some(&json!({"image": img, "baseline": "acme/app@main"}))).unwrap();
     assert_eq!(made["restored"]["snapshot"], newer["id"]);
     assert_eq!(stdout(&sh(&env, made["id"].as_str().unwrap(), "cat /src/app/a")), "v3\n");
+
+    // An older commit after a newer one: refused, the ready baseline kept.
+    // q goes back to two (its repository knows three); p never fetched three.
+    sh(&env, &q, "cd /src/app && git update-ref refs/remotes/origin/main HEAD~1 && git reset -q --hard HEAD~1");
+    match publish(&env, &q) {
+        Err(ClientError::Api { status: 409, message, .. }) => assert!(message.contains("is older than"), "{message}"),
+        other => panic!("an older commit replaced a newer baseline: {other:?}"),
+    }
+    match publish(&env, &p) {
+        Err(ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains("fetch, then publish"), "{message}")
+        }
+        other => panic!("a repository that never saw the ready commit published: {other:?}"),
+    }
+    // The same commit again: the ready baseline, unchanged.
+    sh(&env, &q, "cd /src/app && git fetch -q && git reset -q --hard origin/main");
+    let same: Value = publish(&env, &q).map(|b| serde_json::from_slice(&b).unwrap()).unwrap();
+    assert_eq!(same["id"], newer["id"]);
+    let snaps: Vec<Value> = c.call("GET", "/v1/snapshots", none).unwrap();
+    let ready: Vec<&Value> = snaps.iter().filter(|s| s["class"] == "baseline" && s["state"] == "ready").collect();
+    assert_eq!(ready.len(), 1, "{snaps:?}");
+    assert_eq!(ready[0]["id"], newer["id"]);
+    env.finish();
+}
+
+/// Entry names of a zstd layer blob in the store.
+fn blob_entries(env: &TestEnv, digest: &str) -> Vec<String> {
+    let blob = env.root.join("blobs/sha256").join(digest.trim_start_matches("sha256:"));
+    let out = std::process::Command::new("sh")
+        .args(["-c", &format!("zstd -dc {} | tar -t", blob.display())])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
+}
+
+#[test]
+fn a_sandbox_cannot_forge_a_baseline() {
+    let env = TestEnv::start();
+    env.import_image("debian-git");
+    let none = None::<&()>;
+    let publish = |id: &str| {
+        let body = json!({"repo": "/src/app", "ref": "main", "owner": "acme"});
+        env.client().request("POST", &format!("/v1/sandboxes/{id}/baseline"), Some(&body))
+    };
+    let p = create(&env, json!({"image": "debian-git", "work_context": "task-a"}));
+    assert_eq!(sh(&env, &p, CLEAN_REPO)["exit_code"], 0);
+
+    // A git that always says "clean", and a dirty tracked file: refused,
+    // naming the file (the sandbox's git never runs).
+    let fake = "cp /usr/bin/git /usr/bin/git.real && printf '#!/bin/sh\nexit 0\n' > /usr/bin/git && \
+                cp /usr/bin/git /usr/local/bin/git && echo dirty >> /src/app/a";
+    assert_eq!(sh(&env, &p, fake)["exit_code"], 0);
+    match publish(&p) {
+        Err(ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains("no_tracked_modification: modified: a"), "{message}")
+        }
+        other => panic!("a dirty tree was published past a fake git: {other:?}"),
+    }
+    let undo = "rm /usr/local/bin/git && mv /usr/bin/git.real /usr/bin/git && cd /src/app && git checkout -q a";
+    assert_eq!(sh(&env, &p, undo)["exit_code"], 0);
+
+    // A repository whose config, hooks and attributes would run commands:
+    // fsmonitor, a hook run when the index is written, a required clean
+    // filter. The sandbox's own git runs them (its canary appears); the
+    // publish runs none of them on the host.
+    let canary = std::env::temp_dir().join(format!("strata-canary-{}", std::process::id()));
+    let _ = std::fs::remove_file(&canary);
+    let c = canary.display();
+    let evil = format!(
+        "set -e; export HOME=/root; cd /src/app; mkdir -p /tmp; \
+         git config core.fsmonitor 'touch {c}; false'; \
+         printf '#!/bin/sh\ntouch {c}\n' > .git/hooks/post-index-change; chmod +x .git/hooks/post-index-change; \
+         git config filter.evil.clean 'touch {c}; cat'; git config filter.evil.smudge cat; \
+         git config filter.evil.required true; echo 'a filter=evil' > .gitattributes; \
+         git add .gitattributes a; git commit -qm attrs; git push -q origin main; git fetch -q; \
+         git config --unset core.fsmonitor; git status --porcelain; git config core.fsmonitor 'touch {c}; false'; \
+         test -e {c}"
+    );
+    let v = sh(&env, &p, &evil);
+    assert_eq!(v["exit_code"], 0, "{v}");
+    // Secrets and another repository outside the repository.
+    let other = "mkdir -p /root/.ssh /srv && echo KEY > /root/.ssh/id_rsa && git init -q /srv/other-repo && \
+                 echo o > /srv/other-repo/f && echo outside > /outside-of-repo";
+    assert_eq!(sh(&env, &p, other)["exit_code"], 0);
+    let b: Value = serde_json::from_slice(&publish(&p).unwrap()).unwrap();
+    assert!(!canary.exists(), "publishing ran a command the repository configured");
+    assert_eq!(b["class"], "baseline");
+    assert!(b["parent"].is_null(), "a baseline sits on the image alone: {b}");
+    let entries = blob_entries(&env, b["blob_digest"].as_str().unwrap());
+    assert!(entries.iter().any(|e| e == "src/app/a"), "{entries:?}");
+    assert!(entries.iter().any(|e| e.starts_with("src/app/.git/")), "{entries:?}");
+    for e in &entries {
+        assert!(
+            e == "src" || e == "src/app" || e.starts_with("src/app/"),
+            "{e} is outside the repository: {entries:?}"
+        );
+    }
+    let w = create(&env, json!({"image": "debian-git", "baseline": "acme/app@main"}));
+    let v = sh(
+        &env,
+        &w,
+        "test ! -e /root/.ssh/id_rsa && test ! -e /srv/other-repo && test ! -e /outside-of-repo && \
+         test ! -e /remote.git && cd /src/app && git status --porcelain && cat a",
+    );
+    assert_eq!((v["exit_code"].as_i64(), stdout(&v).as_str()), (Some(0), "v1\n"), "{v}");
+
+    // A baseline published from a sandbox resumed from a checkpoint of
+    // another lineage: new work from it has none of that lineage's files
+    // outside the repository.
+    let s1 = env.cli_ok(&["checkpoint", &p]).trim().to_string();
+    let r = env.cli_ok(&["resume", &s1]).trim().to_string();
+    sh(&env, &r, "cd /src/app && export HOME=/root && echo v2 > a && git commit -qam two && git push -q origin main && git fetch -q");
+    let b2: Value = serde_json::from_slice(&publish(&r).unwrap()).unwrap();
+    assert!(b2["parent"].is_null(), "{b2}");
+    let w2 = create(&env, json!({"image": "debian-git", "baseline": "acme/app@main"}));
+    let v = sh(&env, &w2, "test ! -e /outside-of-repo && test ! -e /root/.ssh/id_rsa && cat /src/app/a");
+    assert_eq!((v["exit_code"].as_i64(), stdout(&v).as_str()), (Some(0), "v2\n"), "{v}");
+    let lineage: Value = env.client().call("GET", &format!("/v1/lineages/{}", "task-a"), none).unwrap();
+    assert!(lineage["checkpoints"].as_array().unwrap().iter().all(|c| c["id"] != b2["id"]), "{lineage}");
+    let _ = std::fs::remove_file(&canary);
     env.finish();
 }
 
@@ -1746,7 +1868,7 @@ fn store_matches_database(env: &TestEnv, image: &str, point: &str) -> Vec<Value>
 
 #[test]
 fn a_daemon_killed_while_publishing_a_baseline_leaves_it_whole_or_gone() {
-    for point in ["baseline:validated", "checkpoint:layer-committed", "checkpoint:appended"] {
+    for point in ["baseline:validated", "baseline:layer-committed", "baseline:appended"] {
         let mut env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", point)]);
         env.import_image("debian-git");
         let p = create(&env, json!({"image": "debian-git"}));
@@ -1767,7 +1889,7 @@ fn a_daemon_killed_while_publishing_a_baseline_leaves_it_whole_or_gone() {
                 Some(&json!({"image": "debian-git", "baseline": "acme/app@main"})),
             )
         };
-        if point == "checkpoint:appended" {
+        if point == "baseline:appended" {
             // Recorded before the kill: whole, ready, and new work starts from it.
             assert_eq!(snaps.len(), 1, "{point}: {snaps:?}");
             assert_eq!((snaps[0]["class"].as_str(), snaps[0]["state"].as_str()), (Some("baseline"), Some("ready")));

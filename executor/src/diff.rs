@@ -59,6 +59,8 @@ pub enum DiffError {
          the rest of the name says); such files are not captured"
     )]
     Reserved { path: PathBuf },
+    #[error("{path} is not a directory in the sandbox (or is reached through a symlink, which is not followed)")]
+    NotADirectory { path: PathBuf },
 }
 
 /// The deepest directory a capture, diff or compaction descends into (the
@@ -73,7 +75,10 @@ impl DiffError {
     /// there), rather than the host failing.
     pub fn is_content(&self) -> bool {
         match self {
-            DiffError::DeviceNode { .. } | DiffError::TooDeep { .. } | DiffError::Reserved { .. } => true,
+            DiffError::DeviceNode { .. }
+            | DiffError::TooDeep { .. }
+            | DiffError::Reserved { .. }
+            | DiffError::NotADirectory { .. } => true,
             DiffError::Read { source, .. } => source.raw_os_error() == Some(libc::ENAMETOOLONG),
             DiffError::Write { .. } => false,
         }
@@ -1064,6 +1069,66 @@ mod tests {
         assert_eq!(fs::metadata(out.join("e/new")).unwrap().ino(), fs::metadata(out.join("e/link")).unwrap().ino());
     }
 
+    #[test]
+    #[ignore = "needs root"]
+    fn a_directory_of_the_merged_view_becomes_a_layer_of_its_own() {
+        assert!(nix::unistd::geteuid().is_root(), "run as root (scripts/test.sh does)");
+        use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+        let t = tempfile::tempdir().unwrap();
+        let [base, mid, top, out] = ["base", "mid", "top", "out"].map(|n| t.path().join(n));
+        for d in [&base, &mid, &top, &out] {
+            fs::create_dir_all(d).unwrap();
+        }
+        // base: src/app/{old,keep}, src/other, etc/secret.
+        fs::create_dir_all(base.join("src/app")).unwrap();
+        fs::write(base.join("src/app/old"), b"o").unwrap();
+        fs::write(base.join("src/app/keep"), b"k").unwrap();
+        fs::write(base.join("src/other"), b"x").unwrap();
+        fs::create_dir(base.join("etc")).unwrap();
+        fs::write(base.join("etc/secret"), b"s").unwrap();
+        // mid: deletes src/app/old, adds src/app/d (opaque, hiding nothing).
+        fs::create_dir_all(mid.join("src/app/d")).unwrap();
+        mknod(&mid.join("src/app/old"), SFlag::S_IFCHR, Mode::empty(), makedev(0, 0)).unwrap();
+        fs::write(mid.join("src/app/d/f"), b"f").unwrap();
+        // top (the upper): changes keep, adds a socket-free file.
+        fs::create_dir_all(top.join("src/app")).unwrap();
+        fs::write(top.join("src/app/keep"), b"K").unwrap();
+        let layers = [top.clone(), mid.clone(), base.clone()];
+        layer_of_dir(&layers, Path::new("src/app"), &out).unwrap();
+        let mut names = Vec::new();
+        for e in walkdir(&out) {
+            names.push(e.strip_prefix(&out).unwrap().display().to_string());
+        }
+        names.sort();
+        assert_eq!(names, ["src", "src/app", "src/app/d", "src/app/d/f", "src/app/keep"]);
+        assert_eq!(fs::read(out.join("src/app/keep")).unwrap(), b"K");
+        let c = CString::new(out.join("src/app").as_os_str().as_bytes()).unwrap();
+        assert_eq!(strata_shim::sys::lgetxattr(&c, c"trusted.overlay.opaque").unwrap(), b"y");
+        // An ancestor that is a symlink is never followed.
+        let out2 = t.path().join("out2");
+        fs::create_dir(&out2).unwrap();
+        std::os::unix::fs::symlink("/etc", top.join("lnk")).unwrap();
+        let e = layer_of_dir(&layers, Path::new("lnk"), &out2).unwrap_err();
+        assert!(matches!(e, DiffError::NotADirectory { .. }), "{e}");
+        // A directory an upper layer deleted is not there.
+        mknod(&top.join("etc"), SFlag::S_IFCHR, Mode::empty(), makedev(0, 0)).unwrap();
+        let e = layer_of_dir(&layers, Path::new("etc"), &out2).unwrap_err();
+        assert!(matches!(e, DiffError::NotADirectory { .. }), "{e}");
+    }
+
+    /// Every path under `dir`, not following symlinks.
+    fn walkdir(dir: &Path) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            out.push(p.clone());
+            if fs::symlink_metadata(&p).unwrap().is_dir() {
+                out.extend(walkdir(&p));
+            }
+        }
+        out
+    }
+
     /// A tree that changes while it is written (a directory swapped with a
     /// symlink to outside it, over and over, and a file with a FIFO) makes
     /// the walk fail or read the tree, never what a symlink points to, and
@@ -1264,8 +1329,114 @@ pub fn flatten(layers: &[PathBuf], dest: &Path) -> Result<u64, DiffError> {
     let mut copied = 0;
     for layer in layers {
         let mut links = HashMap::new();
-        apply(layer, dest, Path::new(""), &mut links, &mut copied)?;
+        apply(layer, dest, Path::new(""), Form::Layer, &mut links, &mut copied)?;
     }
+    Ok(copied)
+}
+
+/// What [`apply`] makes: an overlay-form layer (whiteouts and opaque
+/// markers kept for what lies below) or a plain tree (the merged view: a
+/// whiteout only removes, overlay's xattrs are dropped, sockets skipped).
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    Layer,
+    Merged,
+}
+
+/// A layer holding the directory `rel` of the merged view of the
+/// overlay-form `layers` (topmost first) whole, made at `dest` (an empty
+/// directory): `rel`'s ancestors as directories with the merged view's
+/// metadata, `rel` itself opaque (whatever lies below it in other layers is
+/// hidden), and below it what a mount of `layers` shows there (owners,
+/// modes, `user.*` and capability xattrs, mtimes, hardlinks within a layer;
+/// no whiteouts). A baseline is such a layer: the repository, and nothing
+/// else of the sandbox (`daemon/baseline.rs`).
+///
+/// No symlink is followed: an ancestor of `rel` that is a symlink (or any
+/// other non-directory) in the layer that decides it makes `rel` not a
+/// directory ([`DiffError::NotADirectory`]). The caller keeps `layers`
+/// still while it runs (a sandbox's upper: frozen). Returns the bytes of
+/// file data copied.
+pub fn layer_of_dir(layers: &[PathBuf], rel: &Path, dest: &Path) -> Result<u64, DiffError> {
+    let comps: Vec<&OsStr> = rel
+        .components()
+        .map(|c| match c {
+            std::path::Component::Normal(n) => Ok(n),
+            _ => Err(DiffError::NotADirectory { path: rel.into() }),
+        })
+        .collect::<Result<_, _>>()?;
+    if comps.is_empty() {
+        return Err(DiffError::NotADirectory { path: rel.into() });
+    }
+    descend(rel)?;
+    let opaque = |p: &Path| -> Result<bool, DiffError> {
+        Ok(xattrs(p)?.iter().any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y"))
+    };
+    // The layers that show something at `rel`, topmost first, and for each
+    // ancestor the topmost layer where it is a directory (its metadata).
+    let mut shown: Vec<&PathBuf> = Vec::new();
+    let mut ancestors: Vec<Option<PathBuf>> = vec![None; comps.len() - 1];
+    'layers: for layer in layers {
+        let mut p = layer.clone();
+        let mut hides_below = false;
+        for (i, c) in comps.iter().enumerate() {
+            p.push(c);
+            let meta = match fs::symlink_metadata(&p) {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    if hides_below {
+                        break 'layers;
+                    }
+                    continue 'layers;
+                }
+                Err(e) => return Err(DiffError::Read { path: p, source: e }),
+            };
+            if !meta.is_dir() {
+                // A whiteout, a file or a symlink: `rel` is hidden below here
+                // (and is no directory at all if nothing above showed it).
+                if shown.is_empty() {
+                    return Err(DiffError::NotADirectory { path: rel.into() });
+                }
+                break 'layers;
+            }
+            hides_below |= opaque(&p)?;
+            match ancestors.get_mut(i) {
+                Some(slot) => {
+                    slot.get_or_insert_with(|| p.clone());
+                }
+                None => shown.push(layer),
+            }
+        }
+        if hides_below {
+            break;
+        }
+    }
+    let Some(top) = shown.first() else {
+        return Err(DiffError::NotADirectory { path: rel.into() });
+    };
+    let mut d = dest.to_path_buf();
+    for (c, src) in comps.iter().zip(&ancestors) {
+        d.push(c);
+        fs::create_dir(&d).map_err(|source| DiffError::Write { path: d.clone(), source })?;
+        if let Some(src) = src {
+            let meta = fs::symlink_metadata(src).map_err(read_err(src))?;
+            copy_meta(src, &meta, &d, Form::Merged)?;
+        }
+    }
+    let target = dest.join(rel);
+    fs::create_dir(&target).map_err(|source| DiffError::Write { path: target.clone(), source })?;
+    let mut copied = 0;
+    for layer in shown.iter().rev() {
+        let mut links = HashMap::new();
+        apply(layer, dest, rel, Form::Merged, &mut links, &mut copied)?;
+    }
+    let src = top.join(rel);
+    let meta = fs::symlink_metadata(&src).map_err(read_err(&src))?;
+    copy_meta(&src, &meta, &target, Form::Merged)?;
+    let c = CString::new(target.as_os_str().as_bytes()).unwrap_or_default();
+    let name = CString::new(OPAQUE_XATTR).unwrap_or_default();
+    strata_shim::sys::lsetxattr(&c, &name, b"y")
+        .map_err(|e| DiffError::Write { path: target.clone(), source: e.into() })?;
     Ok(copied)
 }
 
@@ -1277,8 +1448,9 @@ fn remove_any(p: &Path) -> Result<(), DiffError> {
     }
 }
 
-/// Copy owner, mode, xattrs (all, including the opaque marker) and mtime.
-fn copy_meta(src: &Path, meta: &fs::Metadata, dst: &Path) -> Result<(), DiffError> {
+/// Copy owner, mode, xattrs (for a layer all, including the opaque
+/// marker; for a merged tree those a delta keeps) and mtime.
+fn copy_meta(src: &Path, meta: &fs::Metadata, dst: &Path, form: Form) -> Result<(), DiffError> {
     use nix::sys::stat::{utimensat, UtimensatFlags};
     use nix::sys::time::TimeSpec;
     let werr = |e: nix::errno::Errno| DiffError::Write { path: dst.into(), source: e.into() };
@@ -1296,6 +1468,9 @@ fn copy_meta(src: &Path, meta: &fs::Metadata, dst: &Path) -> Result<(), DiffErro
     }
     let cdst = CString::new(dst.as_os_str().as_bytes()).unwrap_or_default();
     for (name, value) in xattrs(src)? {
+        if form == Form::Merged && !keep_xattr(&name) {
+            continue;
+        }
         let n = CString::new(name).unwrap_or_default();
         strata_shim::sys::lsetxattr(&cdst, &n, &value).map_err(werr)?;
     }
@@ -1307,6 +1482,7 @@ fn apply(
     layer: &Path,
     dest: &Path,
     rel: &Path,
+    form: Form,
     links: &mut HashMap<(u64, u64), PathBuf>,
     copied: &mut u64,
 ) -> Result<(), DiffError> {
@@ -1329,11 +1505,15 @@ fn apply(
                 remove_any(&dst)?;
                 fs::create_dir(&dst).map_err(werr)?;
             }
-            apply(layer, dest, &r, links, copied)?;
+            apply(layer, dest, &r, form, links, copied)?;
             dirs.push((src, meta, dst));
             continue;
         }
         remove_any(&dst)?;
+        if form == Form::Merged && ((ft.is_char_device() && meta.rdev() == 0) || ft.is_socket()) {
+            // Deleted (a whiteout removes only), or a socket (no content).
+            continue;
+        }
         if ft.is_char_device() && meta.rdev() == 0 {
             nix::sys::stat::mknod(&dst, nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::empty(), 0)
                 .map_err(|e| werr(e.into()))?;
@@ -1360,11 +1540,11 @@ fn apply(
             let kind = if ft.is_char_device() { "character device" } else { "block device or socket" };
             return Err(DiffError::DeviceNode { path: r, kind });
         }
-        copy_meta(&src, &meta, &dst)?;
+        copy_meta(&src, &meta, &dst, form)?;
     }
     // Directory metadata last: creating children changes their mtime.
     for (src, meta, dst) in dirs {
-        copy_meta(&src, &meta, &dst)?;
+        copy_meta(&src, &meta, &dst, form)?;
     }
     Ok(())
 }

@@ -23,6 +23,7 @@ pub mod error;
 pub mod export;
 pub mod extents;
 pub mod failpoint;
+pub mod gitcheck;
 pub mod ids;
 pub mod image;
 pub mod model;

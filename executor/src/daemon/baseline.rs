@@ -1,26 +1,33 @@
 //! Baselines: clean repository states that new work starts from
-//! (DESIGN.md invariants 2 and 3). `publish` validates a repository with
-//! git inside the sandbox (nothing of the sandbox's runs on the host), seals
-//! the sandbox's tree as a snapshot of class `baseline` with the evidence,
-//! and makes it the ready baseline of its key (owner, repo, image, ref) by a
-//! compare-and-swap on the ready baseline it observed when it began, so an
-//! older concurrent publisher never replaces a newer one. A checkpoint is
-//! never promoted: a baseline is always a capture of its own.
+//! (DESIGN.md invariants 2 and 3), made so that the sandbox they come from
+//! cannot forge one (docs/security.md, "Baselines").
 //!
-//! The repository is validated twice, before the capture and after it (the
-//! capture is kept only if both agree), so a sandbox that changes its tree
-//! while a publish runs gets a refusal, not a baseline of a state nobody
-//! checked.
+//! `publish` copies the repository directory, and nothing else, out of the
+//! sandbox's layers while the sandbox is frozen (`diff::layer_of_dir`):
+//! that copy is the baseline's layer, on the image's chain alone (never on
+//! the checkpoint the sandbox may have been resumed from). The daemon then
+//! reads the evidence from that copy with the host's git, configured by
+//! us and not by the repository (`gitcheck.rs`): what is checked is what
+//! is stored, and none of the sandbox's programs runs. A clean repository
+//! becomes the ready baseline of its key (owner, repo, image, ref) by a
+//! compare-and-swap on the ready baseline observed when the publish began,
+//! and only if its commit is not older: the same commit is a no-op that
+//! answers the existing baseline, an ancestor of the ready one's commit (or
+//! a repository that never fetched it) is refused. A checkpoint is never
+//! promoted.
 
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::snapshots::CaptureError;
+use crate::daemon::snapshots::{mark_userns, merge_stats, worker_err, CaptureError};
 use crate::daemon::{lock, sandbox_info, Daemon};
 use crate::db::{Baseline, LayerRow, SnapshotRow};
 use crate::error::{Classify, ErrorKind};
-use crate::store::{remove_tree, BlobCompression};
+use crate::gitcheck::Ancestry;
+use crate::ids::LayerId;
+use crate::store::{remove_tree, BlobCompression, Lease};
 use crate::types::{LaunchRequest, SandboxInfo, SnapshotInfo};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -40,49 +47,7 @@ pub struct PublishRequest {
     pub remote: Option<String>,
 }
 
-/// One validation check, as the evidence keeps it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Check {
-    pub name: String,
-    pub ok: bool,
-    pub detail: String,
-}
-
-/// The checks, run by `sh` in the sandbox: `$1` the repository, `$2` the
-/// ref, `$3` the remote. One `name<TAB>ok|fail<TAB>detail` line each. git
-/// runs without optional locks (it writes nothing) and with fsmonitor off
-/// (a repository's config cannot make it run a program).
-const CHECKS: &str = r#"
-ok() { printf '%s\tok\t%s\n' "$1" "$2"; }
-fail() { printf '%s\tfail\t%s\n' "$1" "$2"; }
-g() { git --no-optional-locks -c safe.directory='*' -c core.fsmonitor=false "$@"; }
-command -v git >/dev/null 2>&1 || { fail git "git is not installed in the sandbox"; exit 0; }
-cd "$1" 2>/dev/null || { fail repository "$1 is not a directory"; exit 0; }
-gitdir=$(g rev-parse --git-dir 2>/dev/null) || { fail repository "$1 is not a git repository"; exit 0; }
-ok repository "$1"
-ref=$2
-remote=$3
-rc=$(g rev-parse --verify --quiet "refs/remotes/$remote/$ref^{commit}")
-if [ -n "$rc" ]; then ok remote_ref_resolves "$rc"; else fail remote_ref_resolves "refs/remotes/$remote/$ref does not resolve"; fi
-head=$(g rev-parse --verify --quiet 'HEAD^{commit}')
-if [ -n "$head" ] && [ "$head" = "$rc" ]; then ok head_equals_remote "$head"
-else fail head_equals_remote "HEAD is ${head:-unborn}, $remote/$ref is ${rc:-missing}"; fi
-branch=$(g symbolic-ref --quiet HEAD)
-if [ "$branch" = "refs/heads/$ref" ]; then ok branch_checked_out "$branch"
-else fail branch_checked_out "HEAD is ${branch:-detached}, not refs/heads/$ref"; fi
-if g diff --cached --quiet 2>/dev/null; then ok nothing_staged ""
-else fail nothing_staged "staged: $(g diff --cached --name-only | head -5 | tr '\n' ' ')"; fi
-if g diff --quiet 2>/dev/null; then ok no_tracked_modification ""
-else fail no_tracked_modification "modified: $(g diff --name-only | head -5 | tr '\n' ' ')"; fi
-u=$(g ls-files --others --exclude-standard | head -5 | tr '\n' ' ')
-if [ -z "$u" ]; then ok no_untracked_files ""; else fail no_untracked_files "untracked, not ignored: $u"; fi
-ops=""
-for f in MERGE_HEAD CHERRY_PICK_HEAD REVERT_HEAD BISECT_LOG rebase-merge rebase-apply; do
-  [ -e "$gitdir/$f" ] && ops="$ops $f"
-done
-if [ -z "$ops" ]; then ok no_operation_in_progress ""; else fail no_operation_in_progress "in progress:$ops"; fi
-ok git_version "$(git --version)"
-"#;
+pub use crate::gitcheck::Check;
 
 /// A key part (owner, repository name): 1-100 chars of `[A-Za-z0-9._-]`,
 /// not starting with `.` or `-`.
@@ -125,14 +90,14 @@ pub enum BaselineError {
     BadRef(String),
     /// {0}
     BadKey(String),
-    /// the repository checks did not run to the end ({status}): {stderr}
-    ChecksDidNotRun { status: String, stderr: String },
-    /// the repository checks printed nothing
-    ChecksSilent,
     /// baseline refused, failed checks: {0}
     ChecksFailed(String),
-    /// baseline refused: the repository changed while it was being published
-    Changed,
+    /// baseline refused: commit {commit} is older than {key}'s ready baseline at {current} (an ancestor of it)
+    Older { key: String, commit: String, current: String },
+    /// baseline refused: {key}'s ready baseline is at {current}, which this repository does not have: fetch, then publish
+    NotFetched { key: String, current: String },
+    /// {0}
+    Git(#[from] crate::gitcheck::GitCheckError),
     /// baseline refused: {key} is now {current} (published after this publish began, from {observed}); an older publisher never replaces a newer baseline
     Superseded { key: String, current: String, observed: String },
     /// image {0} not found
@@ -168,9 +133,10 @@ impl Classify for BaselineError {
         use BaselineError as B;
         match self {
             B::BadRepo(_) | B::BadNames | B::BadRef(_) | B::BadKey(_) | B::ImageName(_) => ErrorKind::InvalidArgument,
-            B::ChecksDidNotRun { .. } | B::ChecksFailed(_) | B::Changed | B::Superseded { .. } => ErrorKind::Conflict,
+            B::ChecksFailed(_) | B::Older { .. } | B::NotFetched { .. } | B::Superseded { .. } => ErrorKind::Conflict,
             B::NoImage(_) | B::NoBaseline { .. } | B::Gone(_) => ErrorKind::NotFound,
-            B::ChecksSilent | B::NoImageRow => ErrorKind::Internal,
+            B::NoImageRow => ErrorKind::Internal,
+            B::Git(_) => ErrorKind::of_host_failure(self),
             B::Sandbox(e) => e.kind(),
             B::Exec(e) => e.kind(),
             B::Capture(e) => e.kind(),
@@ -184,50 +150,13 @@ impl Classify for BaselineError {
 }
 
 impl Daemon {
-    /// Run the checks in the sandbox.
-    fn validate_repo(
-        &self,
-        sb: &crate::sandbox::Sandbox,
-        repo: &str,
-        git_ref: &str,
-        remote: &str,
-    ) -> Result<Vec<Check>, BaselineError> {
-        let req = crate::sandbox::ExecRequest {
-            argv: ["sh", "-c", CHECKS, "strata-baseline-checks", repo, git_ref, remote].map(str::to_string).to_vec(),
-            env: vec![],
-            cwd: Some("/".into()),
-            user: Some("0:0".into()),
-            timeout: Some(std::time::Duration::from_secs(60)),
-            tty: false,
-            size: (0, 0),
-        };
-        let out = sb.exec_buffered(&req, Vec::new())?;
-        if out.timed_out || out.status.shell_code() != 0 {
-            return Err(BaselineError::ChecksDidNotRun {
-                status: format!("{:?}", out.status),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
-        }
-        let checks: Vec<Check> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| {
-                let mut f = l.splitn(3, '\t');
-                let (name, ok, detail) = (f.next()?, f.next()?, f.next().unwrap_or(""));
-                Some(Check { name: name.into(), ok: ok == "ok", detail: detail.into() })
-            })
-            .collect();
-        if checks.is_empty() {
-            return Err(BaselineError::ChecksSilent);
-        }
-        Ok(checks)
-    }
-
     /// Validate, capture and publish a baseline of sandbox `id`.
     pub fn publish_baseline(&self, id: &str, req: PublishRequest) -> Result<SnapshotInfo, BaselineError> {
         let owner = req.owner.clone().unwrap_or_else(|| "local".into());
         let remote = req.remote.clone().unwrap_or_else(|| "origin".into());
-        let repo_name = req.repo.trim_end_matches('/').rsplit('/').next().unwrap_or_default().to_string();
-        if !req.repo.starts_with('/') || req.repo.contains('\0') || !valid_name(&repo_name) {
+        let rel = repo_path(&req.repo).ok_or_else(|| BaselineError::BadRepo(req.repo.clone()))?;
+        let repo_name = rel.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if !valid_name(&repo_name) {
             return Err(BaselineError::BadRepo(req.repo.clone()));
         }
         if !valid_name(&owner) || !valid_name(&remote) {
@@ -241,52 +170,125 @@ impl Daemon {
         let image = lock(&self.db).image_by_name(&sb.spec.image.parse()?)?.ok_or(BaselineError::NoImageRow)?;
         // The compare-and-swap's expected value: the ready baseline now.
         let observed = lock(&self.db).ready_baseline(&owner, &repo_name, image.id, &req.git_ref)?;
-        let checks = self.validate_repo(&sb, &req.repo, &req.git_ref, &remote)?;
+        let key = Key { owner, repo: repo_name, git_ref: req.git_ref.clone(), remote, path: req.repo.clone() };
+        let work = self.rt.store.new_tmp("baseline")?;
+        let result = self.leased(|lease| self.publish_in(&sb, &work, &rel, &key, image.id, observed, started, lease));
+        let _ = remove_tree(&work);
+        let info = result?;
+        tracing::info!("published baseline {} for {}", info.id, key.shown());
+        Ok(info)
+    }
+
+    /// The publish proper, in `work` (scratch), what it writes held by
+    /// `lease` until its row is recorded.
+    #[allow(clippy::too_many_arguments)]
+    fn publish_in(
+        &self,
+        sb: &crate::sandbox::Sandbox,
+        work: &Path,
+        rel: &Path,
+        key: &Key,
+        image_id: i64,
+        observed: Option<String>,
+        started: Instant,
+        lease: &Lease,
+    ) -> Result<SnapshotInfo, BaselineError> {
+        let store = &self.rt.store;
+        // The repository directory of the sandbox's merged view, copied
+        // whole while the sandbox is frozen: the baseline's layer.
+        let mut layers = vec![sb.dirs(store).upper];
+        layers.extend(sb.spec.layers.iter().rev().map(|l| store.layer_dir(l.as_str()).join("fs")));
+        let layer_dir = work.join("layer");
+        let fs_dir = layer_dir.join("fs");
+        let scratch = work.join("git");
+        for d in [&fs_dir, &scratch] {
+            std::fs::create_dir_all(d).map_err(|source| CaptureError::Io { step: "create the layer", source })?;
+        }
+        let frozen = Instant::now();
+        sb.while_frozen("publish", || {
+            crate::diff::layer_of_dir(&layers, rel, &fs_dir).map_err(crate::sandbox::SandboxError::Capture)
+        })?;
+        let frozen = frozen.elapsed();
+
+        // The evidence, read from that copy.
+        let repo = match crate::gitcheck::Repo::open(&fs_dir.join(rel), &scratch)? {
+            Ok(repo) => repo,
+            Err(c) => return Err(BaselineError::ChecksFailed(format!("{}: {}", c.name, c.detail))),
+        };
+        let checks = repo.checks(&key.git_ref, &key.remote)?;
         let failed: Vec<String> =
             checks.iter().filter(|c| !c.ok).map(|c| format!("{}: {}", c.name, c.detail)).collect();
         if !failed.is_empty() {
             return Err(BaselineError::ChecksFailed(failed.join("; ")));
         }
-        crate::failpoint::hit("baseline:validated");
         let commit =
             checks.iter().find(|c| c.name == "head_equals_remote").map(|c| c.detail.clone()).unwrap_or_default();
-        let evidence = serde_json::json!({
-            "checks": checks,
-            "repo_path": req.repo,
-            "remote": remote,
-            "validated_at": crate::db::now(),
-        });
-        let baseline = Baseline { owner, repo: repo_name, git_ref: req.git_ref.clone(), commit, evidence };
-        let key = format!("{}/{}@{}", baseline.owner, baseline.repo, baseline.git_ref);
-        // The tree must be the one validated: check again after the capture,
-        // before the row is written.
-        let recheck = || -> Result<(), CaptureError> {
-            let again = self.validate_repo(&sb, &req.repo, &req.git_ref, &remote).map_err(Box::new)?;
-            if again != checks {
-                return Err(Box::new(BaselineError::Changed).into());
+        // Newer commit wins: the same commit answers the ready baseline.
+        if let Some(current) = observed.as_deref().map(|id| self.snapshot_row(id)).transpose()? {
+            let current_commit = current.baseline.as_ref().map(|b| b.commit.clone()).unwrap_or_default();
+            if current_commit == commit {
+                return Ok(self.snapshot_info_locked(&lock(&self.db), &current)?);
             }
-            Ok(())
-        };
-        let publish = |db: &mut crate::db::Db, row: &mut SnapshotRow, layer: &LayerRow| {
-            row.baseline = Some(baseline.clone());
-            match db.publish_baseline(row, layer, observed.as_deref())? {
-                Ok(()) => Ok(()),
-                Err(current) => Err(Box::new(BaselineError::Superseded {
-                    key: key.clone(),
-                    current: current.as_deref().unwrap_or("none").to_string(),
-                    observed: observed.as_deref().unwrap_or("none").to_string(),
-                })
-                .into()),
+            match repo.ancestry(&commit, &current_commit)? {
+                Ancestry::NotAncestor => {}
+                Ancestry::Ancestor => {
+                    return Err(BaselineError::Older { key: key.shown(), commit, current: current_commit })
+                }
+                Ancestry::Unknown => {
+                    return Err(BaselineError::NotFetched { key: key.shown(), current: current_commit })
+                }
             }
-        };
-        let work = self.rt.store.new_tmp("baseline")?;
-        let result = self.leased(|lease| {
-            self.capture_in(&sb, &work, BlobCompression::Zstd, started, Some(&recheck), &publish, lease)
+        }
+        crate::failpoint::hit("baseline:validated");
+
+        // Sealed: the layer's blob, in a worker charged to the sandbox.
+        let tmp = store.new_blob_path();
+        let place = |pid: u32| sb.place_worker(pid);
+        let ((stats, diff_id, blob_hex, blob_size), cpu) = crate::worker::seal(&fs_dir, &tmp, &place).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            worker_err(e)
+        })?;
+        store.place_blob(&tmp, &blob_hex, lease).map_err(CaptureError::Store)?;
+        let layer =
+            LayerRow::content(LayerId::content(&diff_id).map_err(CaptureError::from)?, stats.bytes, stats.entries);
+        store.commit_layer(&layer_dir, &diff_id, false, lease).map_err(CaptureError::Store)?;
+        crate::failpoint::hit("baseline:layer-committed");
+        // Layer and blob are on disk before the row names them.
+        store.sync()?;
+
+        let mut info = serde_json::json!({
+            "frozen_ms": frozen.as_secs_f64() * 1000.0,
+            "total_ms": started.elapsed().as_secs_f64() * 1000.0,
+            "worker_cpu_ms": cpu.as_secs_f64() * 1000.0,
         });
-        let _ = remove_tree(&work);
-        let info = result?;
-        tracing::info!("published baseline {} for {key}", info.id);
-        Ok(info)
+        merge_stats(&mut info, &stats);
+        mark_userns(&mut info, sb);
+        let mut row = SnapshotRow::new(image_id, None, &layer, &sb.id, info);
+        (row.blob_digest, row.blob_size, row.compression) =
+            (Some(format!("sha256:{blob_hex}").parse().map_err(CaptureError::from)?), blob_size, BlobCompression::Zstd);
+        row.baseline = Some(Baseline {
+            owner: key.owner.clone(),
+            repo: key.repo.clone(),
+            git_ref: key.git_ref.clone(),
+            commit,
+            evidence: serde_json::json!({
+                "checks": checks,
+                "repo_path": key.path,
+                "remote": key.remote,
+                "validated_at": crate::db::now(),
+                "checked_by": "the daemon, with the host's git, on the sealed layer",
+            }),
+        });
+        let recorded = lock(&self.db).publish_baseline(&mut row, &layer, observed.as_deref())?;
+        if let Err(current) = recorded {
+            return Err(BaselineError::Superseded {
+                key: key.shown(),
+                current: current.as_deref().unwrap_or("none").to_string(),
+                observed: observed.as_deref().unwrap_or("none").to_string(),
+            });
+        }
+        crate::failpoint::hit("baseline:appended");
+        Ok(self.snapshot_info_locked(&lock(&self.db), &row)?)
     }
 
     /// `create --baseline OWNER/REPO@REF`: new work from the key's ready
@@ -320,6 +322,39 @@ impl Daemon {
     }
 }
 
+/// What a publish is for.
+struct Key {
+    owner: String,
+    repo: String,
+    git_ref: String,
+    remote: String,
+    /// The repository's path in the sandbox, as asked.
+    path: String,
+}
+
+impl Key {
+    fn shown(&self) -> String {
+        format!("{}/{}@{}", self.owner, self.repo, self.git_ref)
+    }
+}
+
+/// The repository's path relative to the sandbox's root: absolute, plain
+/// components only (no `.`, `..` or empty ones), not the root.
+fn repo_path(repo: &str) -> Option<PathBuf> {
+    let rest = repo.strip_prefix('/')?.trim_end_matches('/');
+    if rest.is_empty() || repo.contains('\0') {
+        return None;
+    }
+    let mut p = PathBuf::new();
+    for c in rest.split('/') {
+        if c.is_empty() || c == "." || c == ".." {
+            return None;
+        }
+        p.push(c);
+    }
+    Some(p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,5 +367,9 @@ mod tests {
             assert!(parse_key(bad).is_err(), "{bad}");
         }
         assert!(!valid_ref("main.lock") && !valid_ref("a//b") && !valid_ref("a/"));
+        assert_eq!(repo_path("/src/app/"), Some(PathBuf::from("src/app")));
+        for bad in ["src/app", "/", "/src/../etc", "/src//app", "/./app"] {
+            assert_eq!(repo_path(bad), None, "{bad}");
+        }
     }
 }

@@ -58,7 +58,7 @@ struct Sealed {
 pub const MAX_FORK: u32 = 64;
 
 /// Put a delta's statistics into a snapshot's info.
-fn merge_stats(info: &mut serde_json::Value, stats: &crate::diff::DeltaStats) {
+pub(crate) fn merge_stats(info: &mut serde_json::Value, stats: &crate::diff::DeltaStats) {
     for (k, v) in [
         ("entries", stats.entries),
         ("bytes", stats.bytes),
@@ -169,8 +169,6 @@ pub enum CaptureError {
     SealFailed { id: String, message: String },
     /// snapshot {id}: layer serialises to {hex}, not its diff_id {diff_id:?}
     DiffIdMismatch { id: String, hex: String, diff_id: Option<String> },
-    /// {0}
-    Baseline(#[from] Box<crate::daemon::baseline::BaselineError>),
 }
 
 impl Classify for CaptureError {
@@ -194,7 +192,6 @@ impl Classify for CaptureError {
             C::Db(e) => e.kind(),
             C::Lookup(e) => e.kind(),
             C::Lineage(e) => e.kind(),
-            C::Baseline(e) => e.kind(),
             _ => ErrorKind::of_host_failure(self),
         }
     }
@@ -202,7 +199,7 @@ impl Classify for CaptureError {
 
 /// A capture worker's failure (`worker.rs`): what the sandbox left there
 /// is the sandbox's (a conflict), anything else the host's.
-fn worker_err(e: crate::worker::WorkerError) -> CaptureError {
+pub(crate) fn worker_err(e: crate::worker::WorkerError) -> CaptureError {
     match e {
         crate::worker::WorkerError::Failed(f) if f.content => CaptureError::UnsealableContent(f.message),
         e => CaptureError::Worker(e),
@@ -235,7 +232,7 @@ fn removed_meanwhile(sb: &crate::sandbox::Sandbox) -> CaptureError {
 
 /// Mark a snapshot captured in a user namespace: its chain then runs only
 /// in one (`Daemon::settle_userns`).
-fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
+pub(crate) fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
     if sb.spec.userns.is_some() {
         info["userns"] = serde_json::Value::Bool(true);
     }
@@ -425,7 +422,7 @@ impl Daemon {
             Ok(()) => Ok(()),
             Err(fence) => Err(CaptureError::Fenced { what: "checkpoint", fence }),
         };
-        let result = self.leased(|lease| self.capture_in(&sb, &work, compression, started, None, &append, lease));
+        let result = self.leased(|lease| self.capture_in(&sb, &work, compression, started, &append, lease));
         let _ = remove_tree(&work);
         // Whatever failed once the sandbox went away failed because it did.
         result.map_err(|e| if sb.gone().is_set() { removed_meanwhile(&sb) } else { e })
@@ -433,18 +430,15 @@ impl Daemon {
 
     /// Capture a running sandbox's changes as a snapshot and hand the row
     /// and its layer to `record`, which writes them to the database (a
-    /// checkpoint's fenced append, a baseline's compare-and-swap), after
-    /// `check` (if any) passed. What it puts in place is held by `lease`;
-    /// if either refuses, what no row lists is the collector's once the
-    /// lease ends.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn capture_in(
+    /// checkpoint's fenced append). What it puts in place is held by
+    /// `lease`; if `record` refuses, what no row lists is the collector's
+    /// once the lease ends.
+    fn capture_in(
         &self,
         sb: &crate::sandbox::Sandbox,
         work: &Path,
         compression: BlobCompression,
         started: Instant,
-        check: Option<&dyn Fn() -> Result<(), CaptureError>>,
         record: &dyn Fn(&mut crate::db::Db, &mut SnapshotRow, &LayerRow) -> Result<(), CaptureError>,
         lease: &Lease,
     ) -> Result<SnapshotInfo, CaptureError> {
@@ -625,7 +619,7 @@ impl Daemon {
         for spent in [&tar, &ahead, &sealed.tar] {
             let _ = std::fs::remove_file(spent);
         }
-        let checked = store.sync().map_err(store_err).and_then(|()| check.map_or(Ok(()), |c| c())).and_then(|()| {
+        let checked = store.sync().map_err(store_err).and_then(|()| {
             if sb.gone().is_set() {
                 Err(removed_meanwhile(sb))
             } else {

@@ -1,0 +1,419 @@
+//! The evidence a baseline is published on, gathered by the daemon from the
+//! sealed tree (`daemon/baseline.rs`), never by the sandbox.
+//!
+//! The repository is the one in the layer about to be published (the
+//! daemon's own copy, made while the sandbox was frozen), so what is
+//! checked is what is stored: there is no window between the two. The
+//! sandbox's own programs never run: the checks use the host's git.
+//!
+//! A repository is the sandbox's data, written by code we do not trust, and
+//! git runs programs its configuration names (`core.fsmonitor`, hooks,
+//! `filter.*.clean`, `diff.*.textconv`, `core.sshCommand`...). So git never
+//! reads the repository's configuration: it runs on a scratch git
+//! directory of ours, whose `config` we write, holding copies of the
+//! repository's `HEAD`, refs, `packed-refs`, index, `shallow` and
+//! `info/exclude` (data, not commands), with the repository's object
+//! store named by `GIT_OBJECT_DIRECTORY`. System and global configuration
+//! are off, `HOME` is the scratch directory, and the command line turns
+//! off what a default could still start (fsmonitor, hooks, submodule
+//! recursion, protocols). `.gitattributes` in the tree can name a filter
+//! or a diff driver, but with no configuration defining one there is
+//! nothing to run. Before that, the repository's git directory must hold
+//! no symlink and no `objects/info/alternates` or `commondir` (nothing
+//! that leads git out of the layer), and only extensions git reads as
+//! data (`objectformat`).
+//!
+//! What it checks (DESIGN.md, "Lineage invariants"): the canonical remote
+//! ref resolves; HEAD is at its commit with the canonical branch checked
+//! out; nothing staged, modified, or untracked and not ignored; no merge,
+//! rebase, cherry-pick, revert or bisect in progress.
+#![forbid(unsafe_code)]
+
+use std::fs;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// One validation check, as the evidence keeps it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Check {
+    pub name: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl Check {
+    fn new(name: &str, ok: bool, detail: impl Into<String>) -> Check {
+        Check { name: name.into(), ok, detail: detail.into() }
+    }
+}
+
+/// Why the checks could not be run (as opposed to a check that failed).
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum GitCheckError {
+    /// git is not installed on the host (it checks baselines): install git
+    NoGit,
+    /// {step} {path}: {source}
+    Io {
+        step: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// git {args} did not finish within {secs} s
+    Timeout { args: String, secs: u64 },
+    /// git {args} failed ({status}): {stderr}
+    Failed { args: String, status: String, stderr: String },
+}
+
+/// How long one git command may run.
+const GIT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Where the host's git is looked for (a fixed list: not the daemon's PATH).
+const GIT_PATHS: [&str; 3] = ["/usr/bin/git", "/usr/local/bin/git", "/bin/git"];
+
+/// Paths under a git directory that mean an operation is in progress.
+const IN_PROGRESS: [&str; 6] =
+    ["MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "BISECT_LOG", "rebase-merge", "rebase-apply"];
+
+/// Configuration given on git's command line (through `GIT_CONFIG_*`): it
+/// wins over any file, and turns off what could start a program.
+const PINNED: [(&str, &str); 9] = [
+    ("safe.directory", "*"),
+    ("core.fsmonitor", "false"),
+    ("core.hooksPath", "/dev/null"),
+    ("core.untrackedCache", "false"),
+    ("core.attributesFile", "/dev/null"),
+    ("core.excludesFile", "/dev/null"),
+    ("submodule.recurse", "false"),
+    ("diff.ignoreSubmodules", "all"),
+    ("protocol.allow", "never"),
+];
+
+/// A repository in a sealed tree, ready for git to read: `work` is the
+/// worktree (in the layer), `scratch` our git directory.
+pub struct Repo {
+    git: PathBuf,
+    work: PathBuf,
+    gitdir: PathBuf,
+    scratch: PathBuf,
+}
+
+/// Is `a` an ancestor of `b` (as git's history says)?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ancestry {
+    Ancestor,
+    NotAncestor,
+    /// `b` is not in the repository at all.
+    Unknown,
+}
+
+impl Repo {
+    /// Prepare `work` (a worktree whose `.git` is a directory) for the
+    /// checks, with `scratch` (a new, empty directory) as git's directory.
+    /// `Err` for a host failure; `Ok(Err(check))` when the repository
+    /// cannot be read safely (the failed check says why).
+    pub fn open(work: &Path, scratch: &Path) -> Result<Result<Repo, Check>, GitCheckError> {
+        let git = GIT_PATHS.iter().map(PathBuf::from).find(|p| p.is_file()).ok_or(GitCheckError::NoGit)?;
+        let gitdir = work.join(".git");
+        let refuse = |detail: String| Ok(Err(Check::new("repository", false, detail)));
+        match fs::symlink_metadata(&gitdir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return refuse(".git is not a directory (a linked worktree or a submodule's checkout)".into()),
+            Err(_) => return refuse("not a git repository (no .git directory)".into()),
+        }
+        // Nothing in the git directory may lead out of the layer.
+        if let Some(link) = first_symlink(&gitdir)? {
+            let rel = link.strip_prefix(work).unwrap_or(&link).display().to_string();
+            return refuse(format!("{rel} is a symlink; a baseline's git directory holds none"));
+        }
+        for name in ["objects/info/alternates", "objects/info/http-alternates", "commondir"] {
+            if fs::symlink_metadata(gitdir.join(name)).is_ok() {
+                return refuse(format!(".git/{name} exists: a baseline's repository holds its own objects"));
+            }
+        }
+        let repo = Repo { git, work: work.into(), gitdir, scratch: scratch.into() };
+        // The repository's config is read as a file, never used: only the
+        // extensions git needs to read it as data.
+        let ext = repo.git_raw(
+            &[
+                "config",
+                "--file",
+                &path_arg(&repo.gitdir.join("config")),
+                "--no-includes",
+                "--get-regexp",
+                r"^extensions\.",
+            ],
+            false,
+        )?;
+        let mut format = None;
+        for line in String::from_utf8_lossy(&ext.1).lines() {
+            let (k, v) = line.split_once(' ').unwrap_or((line, ""));
+            match (k, v) {
+                ("extensions.objectformat", "sha1" | "sha256") => format = Some(v.to_string()),
+                ("extensions.worktreeconfig" | "extensions.preciousobjects", _) => {}
+                _ => return refuse(format!("the repository uses {k} = {v}, which baselines do not support")),
+            }
+        }
+        repo.make_scratch(format.as_deref())?;
+        Ok(Ok(repo))
+    }
+
+    /// The scratch git directory: our config, copies of the data.
+    fn make_scratch(&self, object_format: Option<&str>) -> Result<(), GitCheckError> {
+        let mut config = String::from("[core]\n\trepositoryformatversion = 1\n\tbare = false\n");
+        if let Some(f) = object_format {
+            config.push_str(&format!("[extensions]\n\tobjectformat = {f}\n"));
+        }
+        let cfg = self.scratch.join("config");
+        fs::write(&cfg, config).map_err(io("write", &cfg))?;
+        for name in ["HEAD", "packed-refs", "index", "shallow", "info/exclude"] {
+            let src = self.gitdir.join(name);
+            if fs::symlink_metadata(&src).is_ok_and(|m| m.is_file()) {
+                let dst = self.scratch.join(name);
+                if let Some(p) = dst.parent() {
+                    fs::create_dir_all(p).map_err(io("create", p))?;
+                }
+                fs::copy(&src, &dst).map_err(io("copy", &src))?;
+            }
+        }
+        copy_dir(&self.gitdir.join("refs"), &self.scratch.join("refs"))?;
+        Ok(())
+    }
+
+    /// Run git with our environment; (status code, stdout).
+    fn git_raw(&self, args: &[&str], strict: bool) -> Result<(i32, Vec<u8>), GitCheckError> {
+        let mut cmd = Command::new(&self.git);
+        cmd.args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", &self.scratch)
+            .env("LC_ALL", "C")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_ATTR_NOSYSTEM", "1")
+            .env("GIT_DIR", &self.scratch)
+            .env("GIT_WORK_TREE", &self.work)
+            .env("GIT_OBJECT_DIRECTORY", self.gitdir.join("objects"))
+            .env("GIT_OPTIONAL_LOCKS", "0")
+            .env("GIT_NO_REPLACE_OBJECTS", "1")
+            .env("GIT_NO_LAZY_FETCH", "1")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_CONFIG_COUNT", PINNED.len().to_string())
+            .current_dir(&self.scratch)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (i, (k, v)) in PINNED.iter().enumerate() {
+            cmd.env(format!("GIT_CONFIG_KEY_{i}"), k).env(format!("GIT_CONFIG_VALUE_{i}"), v);
+        }
+        let shown = args.join(" ");
+        let mut child =
+            cmd.spawn().map_err(|source| GitCheckError::Io { step: "run", path: self.git.clone(), source })?;
+        // Both pipes are drained on threads so a large output cannot block git.
+        let out_t = drain(child.stdout.take());
+        let err_t = drain(child.stderr.take());
+        let started = Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().map_err(|source| GitCheckError::Io {
+                step: "wait for",
+                path: self.git.clone(),
+                source,
+            })? {
+                break s;
+            }
+            if started.elapsed() > GIT_TIMEOUT {
+                // Our own child, by its pid.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(GitCheckError::Timeout { args: shown, secs: GIT_TIMEOUT.as_secs() });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        let stdout = out_t.join().unwrap_or_default();
+        let stderr = err_t.join().unwrap_or_default();
+        let code = status.code().unwrap_or(-1);
+        if strict && code != 0 {
+            let status = match status.signal() {
+                Some(s) => format!("signal {s}"),
+                None => format!("exit {code}"),
+            };
+            return Err(GitCheckError::Failed {
+                args: shown,
+                status,
+                stderr: String::from_utf8_lossy(&stderr).trim().into(),
+            });
+        }
+        Ok((code, stdout))
+    }
+
+    /// `git rev-parse --verify --quiet SPEC`: the object id, if it resolves.
+    fn resolve(&self, spec: &str) -> Result<Option<String>, GitCheckError> {
+        let (code, out) = self.git_raw(&["rev-parse", "--verify", "--quiet", spec], false)?;
+        let id = String::from_utf8_lossy(&out).trim().to_string();
+        Ok((code == 0 && !id.is_empty()).then_some(id))
+    }
+
+    /// The checks, every one run (a refusal names all that failed).
+    pub fn checks(&self, git_ref: &str, remote: &str) -> Result<Vec<Check>, GitCheckError> {
+        let mut checks = vec![Check::new("repository", true, "")];
+        let remote_commit = self.resolve(&format!("refs/remotes/{remote}/{git_ref}^{{commit}}"))?;
+        checks.push(match &remote_commit {
+            Some(c) => Check::new("remote_ref_resolves", true, c.clone()),
+            None => {
+                Check::new("remote_ref_resolves", false, format!("refs/remotes/{remote}/{git_ref} does not resolve"))
+            }
+        });
+        let head = self.resolve("HEAD^{commit}")?;
+        checks.push(match (&head, &remote_commit) {
+            (Some(h), Some(r)) if h == r => Check::new("head_equals_remote", true, h.clone()),
+            _ => Check::new(
+                "head_equals_remote",
+                false,
+                format!(
+                    "HEAD is {}, {remote}/{git_ref} is {}",
+                    head.as_deref().unwrap_or("unborn"),
+                    remote_commit.as_deref().unwrap_or("missing")
+                ),
+            ),
+        });
+        let (_, branch) = self.git_raw(&["symbolic-ref", "--quiet", "HEAD"], false)?;
+        let branch = String::from_utf8_lossy(&branch).trim().to_string();
+        let want = format!("refs/heads/{git_ref}");
+        checks.push(if branch == want {
+            Check::new("branch_checked_out", true, branch)
+        } else {
+            let shown = if branch.is_empty() { "detached".to_string() } else { branch };
+            Check::new("branch_checked_out", false, format!("HEAD is {shown}, not {want}"))
+        });
+        let (_, status) = self.git_raw(
+            &["status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=all", "--no-renames"],
+            true,
+        )?;
+        let (mut staged, mut modified, mut untracked) = (Vec::new(), Vec::new(), Vec::new());
+        for entry in status.split(|&b| b == 0).filter(|e| e.len() > 3) {
+            let (x, y, path) = (entry[0], entry[1], String::from_utf8_lossy(&entry[3..]).into_owned());
+            if (x, y) == (b'?', b'?') {
+                untracked.push(path);
+                continue;
+            }
+            if x != b' ' {
+                staged.push(path.clone());
+            }
+            if y != b' ' {
+                modified.push(path);
+            }
+        }
+        let listed = |what: &str, v: &[String]| {
+            let more = if v.len() > 5 { format!(" and {} more", v.len() - 5) } else { String::new() };
+            format!("{what}: {}{more}", v.iter().take(5).cloned().collect::<Vec<_>>().join(" "))
+        };
+        checks.push(Check::new(
+            "nothing_staged",
+            staged.is_empty(),
+            if staged.is_empty() { String::new() } else { listed("staged", &staged) },
+        ));
+        checks.push(Check::new(
+            "no_tracked_modification",
+            modified.is_empty(),
+            if modified.is_empty() { String::new() } else { listed("modified", &modified) },
+        ));
+        checks.push(Check::new(
+            "no_untracked_files",
+            untracked.is_empty(),
+            if untracked.is_empty() { String::new() } else { listed("untracked, not ignored", &untracked) },
+        ));
+        let ops: Vec<&str> =
+            IN_PROGRESS.iter().copied().filter(|f| fs::symlink_metadata(self.gitdir.join(f)).is_ok()).collect();
+        checks.push(if ops.is_empty() {
+            Check::new("no_operation_in_progress", true, "")
+        } else {
+            Check::new("no_operation_in_progress", false, format!("in progress: {}", ops.join(" ")))
+        });
+        let (_, version) = self.git_raw(&["--version"], true)?;
+        checks.push(Check::new("git_version", true, String::from_utf8_lossy(&version).trim()));
+        Ok(checks)
+    }
+
+    /// Is commit `a` an ancestor of commit `b`?
+    pub fn ancestry(&self, a: &str, b: &str) -> Result<Ancestry, GitCheckError> {
+        if !is_hex_id(a) || !is_hex_id(b) {
+            return Ok(Ancestry::Unknown);
+        }
+        if self.resolve(&format!("{b}^{{commit}}"))?.is_none() {
+            return Ok(Ancestry::Unknown);
+        }
+        match self.git_raw(&["merge-base", "--is-ancestor", a, b], false)?.0 {
+            0 => Ok(Ancestry::Ancestor),
+            1 => Ok(Ancestry::NotAncestor),
+            _ => Ok(Ancestry::Unknown),
+        }
+    }
+}
+
+fn io(step: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> GitCheckError {
+    let path = path.to_path_buf();
+    move |source| GitCheckError::Io { step, path, source }
+}
+
+/// A full object id (sha1 or sha256), lowercase hex.
+fn is_hex_id(s: &str) -> bool {
+    matches!(s.len(), 40 | 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Read `r` to its end on a thread of its own.
+fn drain<R: Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_end(&mut v);
+        }
+        v
+    })
+}
+
+fn path_arg(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+/// The first symlink under `dir` (not following any), if there is one.
+fn first_symlink(dir: &Path) -> Result<Option<PathBuf>, GitCheckError> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).map_err(io("read", &d))? {
+            let e = e.map_err(io("read", &d))?;
+            let t = e.file_type().map_err(io("read", &e.path()))?;
+            if t.is_symlink() {
+                return Ok(Some(e.path()));
+            }
+            if t.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Copy the regular files and directories under `src` (which has no
+/// symlink: checked before) to `dst`.
+fn copy_dir(src: &Path, dst: &Path) -> Result<(), GitCheckError> {
+    fs::create_dir_all(dst).map_err(io("create", dst))?;
+    if !src.is_dir() {
+        return Ok(());
+    }
+    for e in fs::read_dir(src).map_err(io("read", src))? {
+        let e = e.map_err(io("read", src))?;
+        let t = e.file_type().map_err(io("read", &e.path()))?;
+        let to = dst.join(e.file_name());
+        if t.is_dir() {
+            copy_dir(&e.path(), &to)?;
+        } else if t.is_file() {
+            fs::copy(e.path(), &to).map_err(io("copy", &e.path()))?;
+        }
+    }
+    Ok(())
+}
