@@ -1242,6 +1242,13 @@ fn lineages_fence_appends_and_restore_by_the_ladder() {
     assert_eq!(status_of(c.request("POST", &format!("/v1/snapshots/{s2}/fork"), Some(&json!({})))), 409);
     let r = c.request("POST", &format!("/v1/sandboxes/{x}/checkpoint"), none);
     assert!(matches!(&r, Err(ClientError::Api { status: 409, message, .. }) if message.contains("retired")), "{r:?}");
+    // No rung restores a retired lineage's checkpoint: the fork lineage with
+    // no head of its own falls past its origin (s2, of run-a) to the image.
+    let f3 = resume_wc(&f_wc[1]);
+    assert_eq!(f3["restored"]["rung"], "image", "{f3}");
+    let fell = lineage(&f_wc[1])["restores"].as_array().unwrap().last().unwrap()["fell"].clone();
+    assert!(fell[0].as_str().unwrap().starts_with(&format!("fork {s2}: ")), "{fell}");
+    assert!(fell[0].as_str().unwrap().contains("retired"), "{fell}");
     env.finish();
 }
 
@@ -1582,6 +1589,25 @@ fn a_sandbox_cannot_forge_a_baseline() {
     assert_eq!((v["exit_code"].as_i64(), stdout(&v).as_str()), (Some(0), "v2\n"), "{v}");
     let lineage: Value = env.client().call("GET", &format!("/v1/lineages/{}", "task-a"), none).unwrap();
     assert!(lineage["checkpoints"].as_array().unwrap().iter().all(|c| c["id"] != b2["id"]), "{lineage}");
+
+    // The ladder falls through: w's lineage began from b (now superseded by
+    // b2); its head's layer is deleted from the store; its resume falls to
+    // b, and the restore says why. gc keeps b while the lineage records it.
+    let wc: Value = env.client().call("GET", &format!("/v1/sandboxes/{w}"), none).unwrap();
+    let wc = wc["work_context"].as_str().unwrap().to_string();
+    sh(&env, &w, "echo work > /src/app/w");
+    let h = env.cli_ok(&["checkpoint", &w]).trim().to_string();
+    env.cli_ok(&["rm", &w]);
+    let hs: Value = env.client().call("GET", &format!("/v1/snapshots/{h}"), none).unwrap();
+    let top = hs["layers"].as_array().unwrap().last().unwrap().as_str().unwrap().trim_start_matches("sha256:");
+    std::fs::remove_dir_all(env.root.join("layers").join(top)).unwrap();
+    env.cli_ok(&["gc", "--retention", "0s"]);
+    let r: Value = env.client().call("POST", &format!("/v1/lineages/{wc}/resume"), Some(&json!({}))).unwrap();
+    assert_eq!((r["restored"]["rung"].as_str(), r["restored"]["snapshot"].as_str()), (Some("baseline"), b["id"].as_str()));
+    let v = sh(&env, r["id"].as_str().unwrap(), "cat /src/app/a; test ! -e /src/app/w");
+    assert_eq!((v["exit_code"].as_i64(), stdout(&v).as_str()), (Some(0), "v1\n"), "{v}");
+    let shown = env.cli_ok(&["lineage", "show", &wc]);
+    assert!(shown.contains(&format!("passed head {h}: layer {top} is missing from the store")), "{shown}");
     let _ = std::fs::remove_file(&canary);
     env.finish();
 }

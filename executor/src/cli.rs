@@ -1042,6 +1042,9 @@ fn print_lineage(l: &crate::types::LineageInfo) {
             r.snapshot_id.as_deref().unwrap_or("image"),
             r.observed_head.as_deref().unwrap_or("-")
         );
+        for why in &r.fell {
+            println!("  passed {why}");
+        }
     }
 }
 

@@ -314,6 +314,11 @@ const MIGRATIONS: &[&str] = &[
         error       TEXT
     );
     "#,
+    // 9: why a restore fell past the rungs above the one it took (a JSON
+    // array of reasons; NULL when it took the first one that exists).
+    r#"
+    ALTER TABLE restores ADD COLUMN fell TEXT;
+    "#,
 ];
 
 pub struct Db {
@@ -494,6 +499,10 @@ pub struct RestoreRow {
     /// The head the sandbox observed: its next append is fenced on it.
     pub observed_head: Option<SnapshotId>,
     pub created_at: i64,
+    /// The rungs above this one that could not be restored, and why
+    /// (`head 0123456789abcdef: layer ... is missing from the store`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fell: Vec<String>,
 }
 
 /// Why an append to a lineage was refused.
@@ -1515,11 +1524,12 @@ impl Db {
         shim_start: u64,
         rung: Rung,
         snapshot: Option<&str>,
+        fell: &[String],
     ) -> Result<(), DbError> {
         let wc = spec.work_context.as_deref().unwrap_or(id.as_str());
         let tx = self.conn.unchecked_transaction().map_err(q("begin activate sandbox"))?;
         self.insert_running_sandbox(id, image_id, spec, shim_pid, shim_start)?;
-        self.record_restore(wc, id, rung, snapshot, spec.observed_head.as_deref())?;
+        self.record_restore(wc, id, (rung, snapshot, fell), spec.observed_head.as_deref())?;
         tx.commit().map_err(q("commit activate sandbox"))
     }
 
@@ -1527,15 +1537,19 @@ impl Db {
         &self,
         work_context: &str,
         sandbox: &SandboxId,
-        rung: Rung,
-        snapshot: Option<&str>,
+        (rung, snapshot, fell): (Rung, Option<&str>, &[String]),
         observed_head: Option<&str>,
     ) -> Result<(), DbError> {
+        let fell = if fell.is_empty() {
+            None
+        } else {
+            Some(serde_json::to_string(fell).map_err(|source| DbError::Decode { what: "restore falls", source })?)
+        };
         self.conn
             .execute(
-                "INSERT INTO restores (work_context, sandbox_id, rung, snapshot_id, observed_head, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![work_context, sandbox.as_str(), rung, snapshot, observed_head, now()],
+                "INSERT INTO restores (work_context, sandbox_id, rung, snapshot_id, observed_head, created_at, fell) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![work_context, sandbox.as_str(), rung, snapshot, observed_head, now(), fell],
             )
             .map_err(q("record restore"))?;
         self.conn
@@ -1548,8 +1562,8 @@ impl Db {
         let mut st = self
             .conn
             .prepare(
-                "SELECT id, work_context, sandbox_id, rung, snapshot_id, observed_head, created_at FROM restores \
-                 WHERE work_context = ?1 ORDER BY id",
+                "SELECT id, work_context, sandbox_id, rung, snapshot_id, observed_head, created_at, fell \
+                 FROM restores WHERE work_context = ?1 ORDER BY id",
             )
             .map_err(q("restores"))?;
         let rows = st
@@ -1562,6 +1576,12 @@ impl Db {
                     snapshot_id: r.get(4)?,
                     observed_head: r.get(5)?,
                     created_at: r.get(6)?,
+                    fell: match r.get::<_, Option<String>>(7)? {
+                        None => Vec::new(),
+                        Some(j) => serde_json::from_str(&j).map_err(|e| {
+                            rusqlite::Error::FromSqlConversionFailure(7, rusqlite::types::Type::Text, Box::new(e))
+                        })?,
+                    },
                 })
             })
             .map_err(q("restores"))?;
@@ -1663,7 +1683,9 @@ impl Db {
             .conn
             .prepare(
                 "SELECT id FROM snapshots WHERE state IN ('superseded', 'retired', 'failed') \
-                 AND COALESCE(retired_at, created_at) <= ?1 ORDER BY created_at DESC, id",
+                 AND COALESCE(retired_at, created_at) <= ?1 \
+                 AND id NOT IN (SELECT start_id FROM work_contexts WHERE state = 'active' AND start_id IS NOT NULL) \
+                 ORDER BY created_at DESC, id",
             )
             .map_err(q("gc candidates"))?;
         let rows = st.query_map([cutoff], |r| r.get(0)).map_err(q("gc candidates"))?;

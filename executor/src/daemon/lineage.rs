@@ -7,7 +7,10 @@
 //! - `resume SNAPSHOT` continues the snapshot's own lineage;
 //! - `resume --work-context ID` follows the ladder: the lineage's head, else
 //!   the snapshot it began from (its baseline or fork origin), else the
-//!   image. It never falls to another lineage;
+//!   image. A rung that cannot be restored (layers missing, hydration
+//!   failing, a fork origin whose lineage was retired) is passed, and why
+//!   is recorded with the restore (`lineage show`). It never falls to
+//!   another lineage's head;
 //! - `fork` gives each child a new lineage whose origin is the snapshot;
 //! - every activation is recorded (`restores`), and the sandbox observes
 //!   the lineage's head then: its appends are fenced on it.
@@ -128,18 +131,29 @@ impl Daemon {
         if wc.state != LineageState::Active {
             return Err(LineageError::Retired(id.to_string()));
         }
-        // Rungs 1 and 2: the head, else the snapshot the lineage began from.
+        // Rungs 1 and 2: the head, else the snapshot the lineage began
+        // from. A rung that cannot be restored (its row gone, a layer
+        // missing, a hydration failing, a retired fork origin) is passed,
+        // and why is recorded with the restore.
         let start_rung = if wc.start_kind == StartKind::Baseline { Rung::Baseline } else { Rung::Fork };
-        let rungs = [(wc.head_id.as_deref(), Rung::Head), (wc.start_id.as_deref(), start_rung)];
+        let rungs = [(wc.head_id.as_ref(), Rung::Head), (wc.start_id.as_ref(), start_rung)];
+        let mut fell = Vec::new();
         for (snap, rung) in rungs {
             let Some(snap) = snap else { continue };
-            let Some(row) = lock(&self.db).snapshot(snap)? else { continue };
-            let _pin = self.pin_snapshot(&row.id)?;
-            let mut base = self.snapshot_base(&row)?;
-            base.work_context = wc.id.clone();
-            base.observed_head = wc.head_id.clone();
-            base.rung = rung;
-            return Ok(sandbox_info(&*self.launch(&base, launch)?));
+            let _pin = self.pin_snapshot(snap)?;
+            match self.rung_base(snap, rung)? {
+                Ok(mut base) => {
+                    base.work_context = wc.id.clone();
+                    base.observed_head = wc.head_id.clone();
+                    base.rung = rung;
+                    base.fell = fell;
+                    return Ok(sandbox_info(&*self.launch(&base, launch)?));
+                }
+                Err(why) => {
+                    tracing::warn!("lineage {id}: {rung} {snap} cannot be restored ({why}); trying the next rung");
+                    fell.push(format!("{rung} {snap}: {why}"));
+                }
+            }
         }
         // Rung 3: a cold start from the lineage's image.
         let image = lock(&self.db).image_by_id(wc.image_id)?.ok_or(LineageError::NoImageRow)?;
@@ -151,8 +165,33 @@ impl Daemon {
             observed_head: wc.head_id.clone(),
             rung: Rung::Image,
             captured_in_userns: false,
+            fell,
         };
         Ok(sandbox_info(&*self.launch(&base, launch)?))
+    }
+
+    /// What a rung's snapshot starts a sandbox on, or why it cannot
+    /// (`Ok(Err(reason))`): the caller falls to the next rung.
+    fn rung_base(&self, snap: &SnapshotId, rung: Rung) -> Result<Result<Base, String>, LineageError> {
+        let Some(row) = lock(&self.db).snapshot(snap)? else {
+            return Ok(Err("its row is gone".into()));
+        };
+        if rung == Rung::Fork {
+            // A fork origin continues only while its own lineage may.
+            if let Err(e) = self.eligible_lineage(&row) {
+                return Ok(Err(e.to_string()));
+            }
+        }
+        let base = match self.snapshot_base(&row) {
+            Ok(base) => base,
+            Err(e @ crate::daemon::snapshots::SnapshotLookupError::Hydrate(_)) => return Ok(Err(e.to_string())),
+            Err(e) => return Err(e.into()),
+        };
+        let store = &self.rt.store;
+        if let Some(l) = base.layers.iter().find(|l| !store.layer_dir(l.as_str()).join("fs").is_dir()) {
+            return Ok(Err(format!("layer {l} is missing from the store")));
+        }
+        Ok(Ok(base))
     }
 
     pub fn lineage(&self, id: &str) -> Result<LineageInfo, LineageError> {

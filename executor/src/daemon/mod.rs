@@ -276,6 +276,8 @@ pub struct Base {
     pub observed_head: Option<SnapshotId>,
     /// How it was chosen (recorded as the restore's rung).
     pub rung: crate::model::Rung,
+    /// Why the rungs above it could not be restored (recorded with it).
+    pub fell: Vec<String>,
     /// A snapshot of its chain was captured in a user namespace: it runs
     /// only in one (see [`Daemon::launch`]).
     pub captured_in_userns: bool,
@@ -605,6 +607,7 @@ impl Daemon {
             observed_head: None,
             rung: crate::model::Rung::Image,
             captured_in_userns: false,
+            fell: Vec::new(),
         };
         match self.launch(&base, launch) {
             Ok(sb) => Ok(sandbox_info(&sb)),
@@ -770,6 +773,7 @@ impl Daemon {
             start,
             base.rung,
             base.snapshot.as_deref(),
+            &base.fell,
         );
         if let Err(e) = recorded {
             let _ = sb.destroy(&self.rt.store);

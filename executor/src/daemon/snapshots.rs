@@ -769,6 +769,7 @@ impl Daemon {
             observed_head: None,
             rung: Rung::Snapshot,
             captured_in_userns,
+            fell: Vec::new(),
         })
     }
 
@@ -841,6 +842,7 @@ impl Daemon {
                         layers: base.layers.clone(),
                         snapshot: base.snapshot.clone(),
                         captured_in_userns: base.captured_in_userns,
+                        fell: Vec::new(),
                     };
                     self.launch(&child, launch.clone()).map_err(ResumeError::from).inspect_err(|_| {
                         let _ = lock(&self.db).delete_unused_work_context(&wc);
