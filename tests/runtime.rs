@@ -1603,7 +1603,10 @@ fn a_sandbox_cannot_forge_a_baseline() {
     std::fs::remove_dir_all(env.root.join("layers").join(top)).unwrap();
     env.cli_ok(&["gc", "--retention", "0s"]);
     let r: Value = env.client().call("POST", &format!("/v1/lineages/{wc}/resume"), Some(&json!({}))).unwrap();
-    assert_eq!((r["restored"]["rung"].as_str(), r["restored"]["snapshot"].as_str()), (Some("baseline"), b["id"].as_str()));
+    assert_eq!(
+        (r["restored"]["rung"].as_str(), r["restored"]["snapshot"].as_str()),
+        (Some("baseline"), b["id"].as_str())
+    );
     let v = sh(&env, r["id"].as_str().unwrap(), "cat /src/app/a; test ! -e /src/app/w");
     assert_eq!((v["exit_code"].as_i64(), stdout(&v).as_str()), (Some(0), "v1\n"), "{v}");
     let shown = env.cli_ok(&["lineage", "show", &wc]);
@@ -2293,6 +2296,50 @@ fn store_entries(env: &TestEnv, sub: &str) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+#[test]
+fn a_pulled_baseline_is_checked_before_it_serves_new_work() {
+    let reg = registry::Registry::start();
+    let a = TestEnv::start();
+    let b = TestEnv::start();
+    a.import_image("debian-git");
+    b.import_image("debian-git");
+    let publish = |id: &str| -> Value {
+        let body = json!({"repo": "/src/app", "ref": "main", "owner": "acme"});
+        a.client().call("POST", &format!("/v1/sandboxes/{id}/baseline"), Some(&body)).unwrap()
+    };
+    let p = create(&a, json!({"image": "debian-git"}));
+    assert_eq!(sh(&a, &p, CLEAN_REPO)["exit_code"], 0);
+    let b1 = publish(&p);
+    sh(&a, &p, "cd /src/app && export HOME=/root && echo v2 > a && git commit -qam two && git push -q origin main && git fetch -q");
+    let b2 = publish(&p);
+    for (snap, tag) in [(&b1, "v1"), (&b2, "v2")] {
+        push_snapshot(&a, &reg, snap["id"].as_str().unwrap(), &format!("strata/base:{tag}")).unwrap();
+    }
+    // Checked on arrival: clean, at the commit it claims, newest: ready.
+    let pulled = pull_snapshot(&b, &reg, "strata/base:v2").unwrap();
+    let s = &pulled["snapshot"];
+    assert_eq!(
+        (s["id"].as_str(), s["class"].as_str(), s["state"].as_str()),
+        (b2["id"].as_str(), Some("baseline"), Some("ready")),
+        "{s}"
+    );
+    let w = create(&b, json!({"image": "debian-git", "baseline": "acme/app@main"}));
+    assert_eq!(stdout(&sh(&b, &w, "cd /src/app && git status --porcelain && cat a")), "v2\n");
+    // An older one pulled after it is kept, not eligible, and says why.
+    let pulled = pull_snapshot(&b, &reg, "strata/base:v1").unwrap();
+    let s = &pulled["snapshot"];
+    assert_eq!((s["id"].as_str(), s["state"].as_str()), (b1["id"].as_str(), Some("superseded")), "{s}");
+    let why = s["info"]["ineligible"].as_str().unwrap_or_default();
+    assert!(why.starts_with("pulled: ") && why.contains("fetch, then publish"), "{s}");
+    let made: Value = b
+        .client()
+        .call("POST", "/v1/sandboxes", Some(&json!({"image": "debian-git", "baseline": "acme/app@main"})))
+        .unwrap();
+    assert_eq!(made["restored"]["snapshot"], b2["id"]);
+    a.finish();
+    b.finish();
 }
 
 #[test]

@@ -721,6 +721,9 @@ fn insert_pulled_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow) -> Resu
     insert_snapshot_row(tx, snap, &info)
 }
 
+/// Why a pulled baseline is not ready yet.
+pub const PULLED_UNCHECKED: &str = "pulled: not yet checked on this host";
+
 /// Delete a layer's row if no image or snapshot lists it; true if deleted.
 fn delete_layer_if_unused(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool, DbError> {
     let used = tx
@@ -1147,9 +1150,11 @@ impl Db {
                         insert_pulled_row(&tx, &p.row)?;
                     }
                 }
-                (_, _, Some(b)) => {
-                    let ready = ready_baseline_in(&tx, &b.owner, &b.repo, image_id, &b.git_ref)?;
-                    p.row.state = if ready.is_some() { SnapshotState::Superseded } else { SnapshotState::Ready };
+                (_, _, Some(_)) => {
+                    // Not eligible for new work until this host checked it
+                    // (`Daemon::admit_pulled_baseline`).
+                    p.row.state = SnapshotState::Superseded;
+                    p.row.info["ineligible"] = serde_json::json!(PULLED_UNCHECKED);
                     insert_pulled_row(&tx, &p.row)?;
                 }
                 _ => return Err(DbError::Invalid(format!("pulled snapshot {} has neither lineage nor key", p.row.id))),
@@ -1673,6 +1678,56 @@ impl Db {
         insert_snapshot_row(&tx, snap, &info)?;
         tx.commit().map_err(q("commit publish"))?;
         Ok(Ok(()))
+    }
+
+    /// Make a pulled baseline (checked by the caller) the ready one of its
+    /// key, by a compare-and-swap on the ready baseline the caller observed
+    /// (as [`Db::publish_baseline`]); its info loses the `ineligible` mark.
+    pub fn admit_baseline(&mut self, id: &str, observed: Option<&str>) -> Result<Result<(), Option<String>>, DbError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin admit"))?;
+        let (owner, repo, image_id, git_ref, info): (String, String, i64, String, String) = tx
+            .query_row(
+                "SELECT owner, repo, image_id, ref, info FROM snapshots WHERE id = ?1 AND class = 'baseline'",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
+            .map_err(q("baseline to admit"))?;
+        let current = ready_baseline_in(&tx, &owner, &repo, image_id, &git_ref)?;
+        if current.as_deref() != observed {
+            return Ok(Err(current));
+        }
+        if let Some(c) = &current {
+            tx.execute("UPDATE snapshots SET state = 'superseded', retired_at = ?2 WHERE id = ?1", params![c, now()])
+                .map_err(q("supersede baseline"))?;
+        }
+        let mut info: serde_json::Value =
+            serde_json::from_str(&info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
+        if let Some(o) = info.as_object_mut() {
+            o.remove("ineligible");
+        }
+        tx.execute(
+            "UPDATE snapshots SET state = 'ready', retired_at = NULL, info = ?2 WHERE id = ?1",
+            params![id, info.to_string()],
+        )
+        .map_err(q("admit baseline"))?;
+        tx.commit().map_err(q("commit admit"))?;
+        Ok(Ok(()))
+    }
+
+    /// Say why a snapshot is not eligible for new work (its info's
+    /// `ineligible`).
+    pub fn mark_ineligible(&mut self, id: &str, why: &str) -> Result<(), DbError> {
+        let info: String = self
+            .conn
+            .query_row("SELECT info FROM snapshots WHERE id = ?1", [id], |r| r.get(0))
+            .map_err(q("snapshot info"))?;
+        let mut info: serde_json::Value =
+            serde_json::from_str(&info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
+        info["ineligible"] = serde_json::json!(why);
+        self.conn
+            .execute("UPDATE snapshots SET info = ?2 WHERE id = ?1", params![id, info.to_string()])
+            .map_err(q("mark ineligible"))?;
+        Ok(())
     }
 
     /// Snapshots out of restore position (superseded, retired, failed) since

@@ -417,3 +417,120 @@ fn copy_dir(src: &Path, dst: &Path) -> Result<(), GitCheckError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Run the host's git in `dir` with a throwaway identity.
+    fn git(dir: &Path, args: &[&str]) {
+        let out = Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"])
+            .args(args)
+            .current_dir(dir)
+            .env("HOME", dir)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    }
+
+    /// A clean repository at `<tmp>/app` whose `origin/main` is its HEAD.
+    fn clean_repo(t: &Path) -> PathBuf {
+        let app = t.join("app");
+        fs::create_dir(&app).unwrap();
+        git(&app, &["init", "-q"]);
+        fs::write(app.join("a"), "v1\n").unwrap();
+        git(&app, &["add", "a"]);
+        git(&app, &["commit", "-qm", "one"]);
+        git(&app, &["update-ref", "refs/remotes/origin/main", "HEAD"]);
+        app
+    }
+
+    fn run(app: &Path, t: &Path) -> Result<Vec<Check>, Check> {
+        let scratch = tempfile::tempdir_in(t).unwrap();
+        Repo::open(app, scratch.path()).unwrap().map(|r| r.checks("main", "origin").unwrap())
+    }
+
+    fn failed(checks: &[Check]) -> Vec<(String, String)> {
+        checks.iter().filter(|c| !c.ok).map(|c| (c.name.clone(), c.detail.clone())).collect()
+    }
+
+    #[test]
+    fn a_clean_repository_passes_and_a_dirty_one_names_its_files() {
+        let t = tempfile::tempdir().unwrap();
+        let app = clean_repo(t.path());
+        let checks = run(&app, t.path()).unwrap();
+        assert!(failed(&checks).is_empty(), "{checks:?}");
+        fs::write(app.join("a"), "v2\n").unwrap();
+        fs::write(app.join("new"), "n\n").unwrap();
+        let f = failed(&run(&app, t.path()).unwrap());
+        assert_eq!(
+            f,
+            [
+                ("no_tracked_modification".to_string(), "modified: a".to_string()),
+                ("no_untracked_files".to_string(), "untracked, not ignored: new".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn the_repository_configuration_runs_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let app = clean_repo(t.path());
+        let canary = t.path().join("canary");
+        let touch = format!("touch {}; cat", canary.display());
+        git(&app, &["config", "filter.evil.clean", &touch]);
+        git(&app, &["config", "filter.evil.required", "true"]);
+        git(&app, &["config", "core.fsmonitor", &touch]);
+        git(&app, &["config", "core.pager", &touch]);
+        fs::write(app.join(".git/hooks/post-index-change"), format!("#!/bin/sh\n{touch}\n")).unwrap();
+        let hook: fs::Permissions = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        fs::set_permissions(app.join(".git/hooks/post-index-change"), hook).unwrap();
+        fs::write(app.join(".gitattributes"), "a filter=evil\n").unwrap();
+        fs::write(app.join(".git/info/exclude"), ".gitattributes\n").unwrap();
+        // Touch the file so git must read it again (through the filter, if
+        // it had one).
+        fs::write(app.join("a"), "v1\n").unwrap();
+        let checks = run(&app, t.path()).unwrap();
+        assert!(failed(&checks).is_empty(), "{checks:?}");
+        assert!(!canary.exists(), "a command the repository configured ran");
+    }
+
+    #[test]
+    fn links_out_of_the_repository_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let app = clean_repo(t.path());
+        std::os::unix::fs::symlink("/etc", app.join(".git/refs/tags/out")).unwrap();
+        let c = run(&app, t.path()).unwrap_err();
+        assert!(c.detail.contains(".git/refs/tags/out is a symlink"), "{c:?}");
+        fs::remove_file(app.join(".git/refs/tags/out")).unwrap();
+        fs::write(app.join(".git/objects/info/alternates"), "/elsewhere/objects\n").unwrap();
+        let c = run(&app, t.path()).unwrap_err();
+        assert!(c.detail.contains("alternates"), "{c:?}");
+        fs::remove_file(app.join(".git/objects/info/alternates")).unwrap();
+        git(&app, &["config", "extensions.partialclone", "origin"]);
+        git(&app, &["config", "core.repositoryformatversion", "1"]);
+        let c = run(&app, t.path()).unwrap_err();
+        assert!(c.detail.contains("extensions.partialclone"), "{c:?}");
+    }
+
+    #[test]
+    fn ancestry_of_commits() {
+        let t = tempfile::tempdir().unwrap();
+        let app = clean_repo(t.path());
+        let head = |app: &Path| {
+            let out = Command::new("git").args(["rev-parse", "HEAD"]).current_dir(app).output().unwrap();
+            String::from_utf8(out.stdout).unwrap().trim().to_string()
+        };
+        let one = head(&app);
+        fs::write(app.join("a"), "v2\n").unwrap();
+        git(&app, &["commit", "-qam", "two"]);
+        let two = head(&app);
+        let scratch = tempfile::tempdir_in(t.path()).unwrap();
+        let repo = Repo::open(&app, scratch.path()).unwrap().unwrap();
+        assert_eq!(repo.ancestry(&one, &two).unwrap(), Ancestry::Ancestor);
+        assert_eq!(repo.ancestry(&two, &one).unwrap(), Ancestry::NotAncestor);
+        assert_eq!(repo.ancestry(&one, &"0".repeat(40)).unwrap(), Ancestry::Unknown);
+    }
+}

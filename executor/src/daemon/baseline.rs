@@ -26,7 +26,7 @@ use crate::daemon::{lock, sandbox_info, Daemon};
 use crate::db::{Baseline, LayerRow, SnapshotRow};
 use crate::error::{Classify, ErrorKind};
 use crate::gitcheck::Ancestry;
-use crate::ids::LayerId;
+use crate::ids::{LayerId, SnapshotId};
 use crate::store::{remove_tree, BlobCompression, Lease};
 use crate::types::{LaunchRequest, SandboxInfo, SnapshotInfo};
 
@@ -211,34 +211,10 @@ impl Daemon {
         let frozen = frozen.elapsed();
 
         // The evidence, read from that copy.
-        let repo = match crate::gitcheck::Repo::open(&fs_dir.join(rel), &scratch)? {
-            Ok(repo) => repo,
-            Err(c) => return Err(BaselineError::ChecksFailed(format!("{}: {}", c.name, c.detail))),
+        let (checks, commit) = match self.judge(&fs_dir.join(rel), &scratch, key, observed.as_deref())? {
+            Verdict::New { checks, commit } => (checks, commit),
+            Verdict::Same(current) => return Ok(self.snapshot_info_locked(&lock(&self.db), &current)?),
         };
-        let checks = repo.checks(&key.git_ref, &key.remote)?;
-        let failed: Vec<String> =
-            checks.iter().filter(|c| !c.ok).map(|c| format!("{}: {}", c.name, c.detail)).collect();
-        if !failed.is_empty() {
-            return Err(BaselineError::ChecksFailed(failed.join("; ")));
-        }
-        let commit =
-            checks.iter().find(|c| c.name == "head_equals_remote").map(|c| c.detail.clone()).unwrap_or_default();
-        // Newer commit wins: the same commit answers the ready baseline.
-        if let Some(current) = observed.as_deref().map(|id| self.snapshot_row(id)).transpose()? {
-            let current_commit = current.baseline.as_ref().map(|b| b.commit.clone()).unwrap_or_default();
-            if current_commit == commit {
-                return Ok(self.snapshot_info_locked(&lock(&self.db), &current)?);
-            }
-            match repo.ancestry(&commit, &current_commit)? {
-                Ancestry::NotAncestor => {}
-                Ancestry::Ancestor => {
-                    return Err(BaselineError::Older { key: key.shown(), commit, current: current_commit })
-                }
-                Ancestry::Unknown => {
-                    return Err(BaselineError::NotFetched { key: key.shown(), current: current_commit })
-                }
-            }
-        }
         crate::failpoint::hit("baseline:validated");
 
         // Sealed: the layer's blob, in a worker charged to the sandbox.
@@ -291,6 +267,118 @@ impl Daemon {
         Ok(self.snapshot_info_locked(&lock(&self.db), &row)?)
     }
 
+    /// Check the repository at `repo_dir` (in a sealed layer) for `key`,
+    /// against the ready baseline `observed`: the checks, then newer
+    /// commit wins. `scratch` is an empty directory for git's.
+    fn judge(
+        &self,
+        repo_dir: &Path,
+        scratch: &Path,
+        key: &Key,
+        observed: Option<&str>,
+    ) -> Result<Verdict, BaselineError> {
+        let repo = match crate::gitcheck::Repo::open(repo_dir, scratch)? {
+            Ok(repo) => repo,
+            Err(c) => return Err(BaselineError::ChecksFailed(format!("{}: {}", c.name, c.detail))),
+        };
+        let checks = repo.checks(&key.git_ref, &key.remote)?;
+        let failed: Vec<String> =
+            checks.iter().filter(|c| !c.ok).map(|c| format!("{}: {}", c.name, c.detail)).collect();
+        if !failed.is_empty() {
+            return Err(BaselineError::ChecksFailed(failed.join("; ")));
+        }
+        let commit =
+            checks.iter().find(|c| c.name == "head_equals_remote").map(|c| c.detail.clone()).unwrap_or_default();
+        if let Some(current) = observed.map(|id| self.snapshot_row(id)).transpose()? {
+            let current_commit = current.baseline.as_ref().map(|b| b.commit.clone()).unwrap_or_default();
+            if current_commit == commit {
+                return Ok(Verdict::Same(Box::new(current)));
+            }
+            match repo.ancestry(&commit, &current_commit)? {
+                Ancestry::NotAncestor => {}
+                Ancestry::Ancestor => {
+                    return Err(BaselineError::Older { key: key.shown(), commit, current: current_commit })
+                }
+                Ancestry::Unknown => {
+                    return Err(BaselineError::NotFetched { key: key.shown(), current: current_commit })
+                }
+            }
+        }
+        Ok(Verdict::New { checks, commit })
+    }
+
+    /// A pulled baseline becomes eligible for new work only once this host
+    /// checked it as a publish is checked: its layer alone on its image,
+    /// holding only the repository its evidence names, clean, at the
+    /// commit it claims, and not older than the ready one. Else it stays
+    /// superseded, its info saying why (`ineligible`). Never fails the pull.
+    pub(crate) fn admit_pulled_baseline(&self, id: &SnapshotId) {
+        let work = match self.rt.store.new_tmp("baseline-check") {
+            Ok(w) => w,
+            Err(e) => return tracing::warn!("pulled baseline {id}: {e}"),
+        };
+        let verdict = self.check_pulled_baseline(id, &work);
+        let _ = remove_tree(&work);
+        let why = match verdict {
+            Ok(None) => return tracing::info!("pulled baseline {id} checked: ready"),
+            Ok(Some(why)) => why,
+            Err(e) => crate::error::chain(&e),
+        };
+        tracing::warn!("pulled baseline {id} is not eligible for new work: {why}");
+        if let Err(e) = lock(&self.db).mark_ineligible(id.as_str(), &format!("pulled: {why}")) {
+            tracing::warn!("pulled baseline {id}: {e}");
+        }
+    }
+
+    /// `Ok(None)` if admitted, `Ok(Some(why))` if not.
+    fn check_pulled_baseline(&self, id: &SnapshotId, work: &Path) -> Result<Option<String>, BaselineError> {
+        let row = self.snapshot_row(id.as_str())?;
+        let Some(b) = row.baseline.clone() else { return Ok(Some("not a baseline".into())) };
+        if row.parent_id.is_some() {
+            return Ok(Some("it sits on another snapshot; a baseline holds the repository alone on its image".into()));
+        }
+        let path = b.evidence["repo_path"].as_str().unwrap_or_default().to_string();
+        let Some(rel) = repo_path(&path) else {
+            return Ok(Some(format!("its evidence names no repository path ({path:?})")));
+        };
+        let remote = b.evidence["remote"].as_str().unwrap_or("origin").to_string();
+        if !valid_name(&remote) || rel.file_name().and_then(|n| n.to_str()) != Some(b.repo.as_str()) {
+            return Ok(Some("its evidence does not match its key".into()));
+        }
+        let _pin = self.pin_snapshot(&row.id)?;
+        // Hydrated now if the pull left it for later.
+        self.snapshot_base(&row)?;
+        let fs_dir = self.rt.store.layer_dir(row.layer.as_str()).join("fs");
+        if let Some(stray) = outside(&fs_dir, &rel)? {
+            return Ok(Some(format!("its layer holds {stray}, outside the repository")));
+        }
+        let observed = lock(&self.db).ready_baseline(&b.owner, &b.repo, row.image_id, &b.git_ref)?;
+        let key = Key { owner: b.owner.clone(), repo: b.repo.clone(), git_ref: b.git_ref.clone(), remote, path };
+        let scratch = work.join("git");
+        std::fs::create_dir_all(&scratch)
+            .map_err(|source| CaptureError::Io { step: "create the scratch dir", source })?;
+        let verdict = match self.judge(&fs_dir.join(&rel), &scratch, &key, observed.as_deref()) {
+            Ok(v) => v,
+            Err(
+                e @ (BaselineError::ChecksFailed(_) | BaselineError::Older { .. } | BaselineError::NotFetched { .. }),
+            ) => return Ok(Some(e.to_string())),
+            Err(e) => return Err(e),
+        };
+        match verdict {
+            Verdict::Same(current) => Ok(Some(format!("the ready baseline {} is at the same commit", current.id))),
+            Verdict::New { commit, .. } if commit != b.commit => {
+                Ok(Some(format!("it claims commit {}, its tree is at {commit}", b.commit)))
+            }
+            Verdict::New { .. } => match lock(&self.db).admit_baseline(id.as_str(), observed.as_deref())? {
+                Ok(()) => Ok(None),
+                Err(current) => Ok(Some(format!(
+                    "{} became the ready baseline while it was checked",
+                    current.as_deref().unwrap_or("none")
+                ))),
+            },
+        }
+    }
+
     /// `create --baseline OWNER/REPO@REF`: new work from the key's ready
     /// baseline, in a lineage of its own that began from it.
     pub fn create_from_baseline(
@@ -320,6 +408,32 @@ impl Daemon {
             }
         }
     }
+}
+
+/// What [`Daemon::judge`] found.
+enum Verdict {
+    /// Clean, and not older than the ready baseline.
+    New { checks: Vec<Check>, commit: String },
+    /// At the ready baseline's commit: that baseline.
+    Same(Box<SnapshotRow>),
+}
+
+/// The first path of the layer tree `fs` outside `rel` and its ancestors.
+fn outside(fs: &Path, rel: &Path) -> Result<Option<String>, BaselineError> {
+    let mut dir = fs.to_path_buf();
+    let mut shown = PathBuf::new();
+    for c in rel.components() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| CaptureError::Io { step: "read the layer", source })?;
+        for e in entries {
+            let e = e.map_err(|source| CaptureError::Io { step: "read the layer", source })?;
+            if e.file_name() != c.as_os_str() {
+                return Ok(Some(format!("/{}", shown.join(e.file_name()).display())));
+            }
+        }
+        dir.push(c);
+        shown.push(c);
+    }
+    Ok(None)
 }
 
 /// What a publish is for.

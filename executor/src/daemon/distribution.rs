@@ -787,6 +787,15 @@ impl Daemon {
                 .collect();
             let recorded = lock(&self.db).record_pull(&image, &mut snaps, &unhydrated)?;
             let image_id = recorded.map_err(|c| TransferError::Conflict(c.to_string()))?;
+            // Pulled baselines serve new work only once checked here.
+            for p in snaps.iter().filter(|p| p.row.baseline.is_some()) {
+                let unchecked = lock(&self.db).snapshot(&p.row.id)?.is_some_and(|r| {
+                    r.info["ineligible"] == crate::db::PULLED_UNCHECKED
+                });
+                if unchecked {
+                    self.admit_pulled_baseline(&p.row.id);
+                }
+            }
             let top = &snaps[snaps.len() - 1].row.id;
             let db = lock(&self.db);
             let image = db
