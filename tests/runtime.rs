@@ -1252,6 +1252,261 @@ fn lineages_fence_appends_and_restore_by_the_ladder() {
     env.finish();
 }
 
+/// Now, in unix milliseconds.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[test]
+fn deadlines_and_idle_timeouts_end_sandboxes_and_survive_a_restart() {
+    let mut env = TestEnv::start();
+    env.import_busybox();
+    let none = None::<&()>;
+    // Listing names no sandbox: it does not count as using one.
+    let live = |env: &TestEnv, id: &str| -> bool {
+        let list: Vec<Value> = env.client().call("GET", "/v1/sandboxes", none).unwrap();
+        list.iter().any(|s| s["id"] == id)
+    };
+    // Wait until `id` is gone (at most `limit`); when it went (unix ms).
+    let gone_at = |env: &TestEnv, id: &str, limit: Duration| -> i64 {
+        let start = Instant::now();
+        while live(env, id) {
+            assert!(start.elapsed() < limit, "sandbox {id} outlived its time");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        now_ms()
+    };
+    let deadline = |v: &Value| v["lifetime"]["deadline_ms"].as_i64().unwrap();
+    let make =
+        |env: &TestEnv, body: Value| -> Value { env.client().call("POST", "/v1/sandboxes", Some(&body)).unwrap() };
+
+    // Removed within 1 s of its deadline, not before.
+    let a = make(&env, json!({"image": "busybox", "timeout": 2}));
+    assert_eq!(a["lifetime"]["on_timeout"], "remove", "{a}");
+    let at = gone_at(&env, a["id"].as_str().unwrap(), Duration::from_secs(10));
+    assert!((0..=1000).contains(&(at - deadline(&a))), "removed {} ms after its deadline", at - deadline(&a));
+
+    // Renewed: it outlives its first deadline, then goes at the new one.
+    let b = make(&env, json!({"image": "busybox", "timeout": 2}));
+    let bid = b["id"].as_str().unwrap().to_string();
+    std::thread::sleep(Duration::from_millis(1000));
+    let renewed: Value =
+        env.client().call("POST", &format!("/v1/sandboxes/{bid}/timeout"), Some(&json!({"timeout": 3}))).unwrap();
+    assert!(deadline(&renewed) >= deadline(&b) + 900, "{renewed}");
+    std::thread::sleep(Duration::from_millis((deadline(&b) + 1500 - now_ms()).max(0) as u64));
+    assert!(live(&env, &bid), "a renewed sandbox went at its old deadline");
+    let at = gone_at(&env, &bid, Duration::from_secs(10));
+    assert!((0..=1000).contains(&(at - deadline(&renewed))), "{}", at - deadline(&renewed));
+    let bad = env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "timeout": 0})));
+    assert_eq!(status_of(bad), 400);
+
+    // Suspended into its lineage at its deadline; the lineage resumes it.
+    let c = make(&env, json!({"image": "busybox", "timeout": 2, "on_timeout": "suspend", "work_context": "tc"}));
+    let cid = c["id"].as_str().unwrap().to_string();
+    sh(&env, &cid, "echo kept > /tmp/kept");
+    let at = gone_at(&env, &cid, Duration::from_secs(15));
+    assert!((0..=1000).contains(&(at - deadline(&c))), "{}", at - deadline(&c));
+    let l: Value = env.client().call("GET", "/v1/lineages/tc", none).unwrap();
+    assert!(l["head"].is_string(), "{l}");
+    let r: Value = env.client().call("POST", "/v1/lineages/tc/resume", Some(&json!({}))).unwrap();
+    assert_eq!(stdout(&sh(&env, r["id"].as_str().unwrap(), "cat /tmp/kept")), "kept\n");
+    env.cli_ok(&["rm", r["id"].as_str().unwrap()]);
+
+    // Across a restart: a deadline that passed while no daemon ran is kept
+    // within 1 s of the daemon's start.
+    let d = make(&env, json!({"image": "busybox", "timeout": 2}));
+    env.stop_daemon();
+    std::thread::sleep(Duration::from_millis((deadline(&d) + 500 - now_ms()).max(0) as u64));
+    env.start_daemon();
+    let started = now_ms();
+    let at = gone_at(&env, d["id"].as_str().unwrap(), Duration::from_secs(10));
+    assert!(at - started <= 1000, "removed {} ms after the restart", at - started);
+
+    // Idle: not while an exec runs; suspended 2 s after the last use.
+    let e = make(&env, json!({"image": "busybox", "idle_timeout": 2, "work_context": "idle"}));
+    let eid = e["id"].as_str().unwrap().to_string();
+    let v = sh(&env, &eid, "sleep 3; echo done");
+    assert_eq!(stdout(&v), "done\n");
+    let last_use = now_ms();
+    assert!(live(&env, &eid), "suspended while an exec ran");
+    let at = gone_at(&env, &eid, Duration::from_secs(10));
+    assert!((2000..=3200).contains(&(at - last_use)), "suspended {} ms after its last use", at - last_use);
+    let l: Value = env.client().call("GET", "/v1/lineages/idle", none).unwrap();
+    assert!(l["head"].is_string(), "{l}");
+    env.finish();
+}
+
+/// One HTTP/1.1 request with extra headers on a new connection (closed
+/// after): the status and the body.
+fn request_with(env: &TestEnv, method: &str, path: &str, headers: &[(&str, &str)], body: &Value) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let mut s = std::os::unix::net::UnixStream::connect(&env.socket).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: strata\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n", body.len());
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    s.write_all(format!("{head}\r\n{body}").as_bytes()).unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status: u16 = text.split(' ').nth(1).unwrap().parse().unwrap();
+    let json = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, serde_json::from_str(json).unwrap_or(Value::Null))
+}
+
+#[test]
+fn idempotent_calls_are_done_once_and_ids_can_be_chosen() {
+    use std::io::Write;
+    let mut env = TestEnv::start();
+    env.import_busybox();
+    let none = None::<&()>;
+    let ps = |env: &TestEnv| -> Vec<Value> { env.client().call("GET", "/v1/sandboxes", none).unwrap() };
+    let body = json!({"image": "busybox", "env": ["A=1"]});
+    // The first create's client goes away before any answer.
+    {
+        let b = body.to_string();
+        let mut s = std::os::unix::net::UnixStream::connect(&env.socket).unwrap();
+        let req = format!(
+            "POST /v1/sandboxes HTTP/1.1\r\nHost: strata\r\nIdempotency-Key: create-1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+    }
+    // The retry gets the first create's answer: one sandbox.
+    let (status, first) = request_with(&env, "POST", "/v1/sandboxes", &[("Idempotency-Key", "create-1")], &body);
+    assert_eq!(status, 201, "{first}");
+    let (status, again) = request_with(&env, "POST", "/v1/sandboxes", &[("Idempotency-Key", "create-1")], &body);
+    assert_eq!((status, &again["id"]), (201, &first["id"]));
+    let list = ps(&env);
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0]["id"], first["id"]);
+    // The same key with another body: 422, nothing made.
+    let (status, err) =
+        request_with(&env, "POST", "/v1/sandboxes", &[("Idempotency-Key", "create-1")], &json!({"image": "busybox"}));
+    assert_eq!(status, 422, "{err}");
+    assert_eq!(ps(&env).len(), 1);
+    // A checkpoint retried: one snapshot.
+    let id = first["id"].as_str().unwrap();
+    let path = format!("/v1/sandboxes/{id}/checkpoint");
+    let (s1, c1) = request_with(&env, "POST", &path, &[("Idempotency-Key", "ck-1")], &json!({}));
+    let (s2, c2) = request_with(&env, "POST", &path, &[("Idempotency-Key", "ck-1")], &json!({}));
+    assert_eq!((s1, s2, &c1["id"]), (201, 201, &c2["id"]));
+    let snaps: Vec<Value> = env.client().call("GET", "/v1/snapshots", none).unwrap();
+    assert_eq!(snaps.len(), 1, "{snaps:?}");
+    // An error is an answer too (a 4xx is kept), and a bad key is refused.
+    let (s, _) =
+        request_with(&env, "POST", "/v1/sandboxes", &[("Idempotency-Key", "bad-1")], &json!({"image": "nope"}));
+    assert_eq!(s, 404);
+    let (s, _) = request_with(&env, "POST", "/v1/sandboxes", &[("Idempotency-Key", "a b")], &body);
+    assert_eq!(s, 400);
+
+    // A chosen id: used, then refused while taken.
+    let chosen = "00000000000000aa";
+    let made: Value =
+        env.client().call("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "id": chosen}))).unwrap();
+    assert_eq!(made["id"], chosen);
+    let r = env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "id": chosen})));
+    assert_eq!(status_of(r), 409);
+    let r = env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "id": "ZZ"})));
+    assert_eq!(status_of(r), 400);
+    // Keys hold across a restart.
+    env.stop_daemon();
+    env.start_daemon();
+    let (status, after) = request_with(&env, "POST", "/v1/sandboxes", &[("Idempotency-Key", "create-1")], &body);
+    assert_eq!((status, &after["id"]), (201, &first["id"]));
+    assert_eq!(ps(&env).len(), 2);
+    env.finish();
+}
+
+#[test]
+fn a_host_tells_its_capacity_and_drains() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let none = None::<&()>;
+    let info = || -> Value { env.client().call("GET", "/v1/info", none).unwrap() };
+    let i0 = info();
+    assert_eq!((i0["state"].as_str(), i0["slots_used"].as_u64()), (Some("ready"), Some(0)), "{i0}");
+    let a = create(&env, json!({"image": "busybox", "memory": 64 << 20, "cpus": 0.5}));
+    let b = create(&env, json!({"image": "busybox", "memory": 32 << 20, "cpus": 0.25}));
+    let i = info();
+    let ps = env.cli_ok(&["ps"]);
+    assert_eq!(i["slots_used"].as_u64().unwrap() as usize, ps.lines().count() - 1, "{i} vs {ps}");
+    assert_eq!(i["memory_allocated"], 96u64 << 20, "{i}");
+    assert!((i["cpus_allocated"].as_f64().unwrap() - 0.75).abs() < 1e-9, "{i}");
+    assert!(i["memory_total"].as_u64().unwrap() > 0 && i["cpus_total"].as_u64().unwrap() > 0, "{i}");
+    let mut layers: Vec<String> = std::fs::read_dir(env.root.join("layers"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    layers.sort();
+    assert_eq!(i["layers"], json!(layers));
+    assert_eq!(i["images"], json!(["busybox:latest"]));
+    let vfs = nix::sys::statvfs::statvfs(&env.root).unwrap();
+    let free = vfs.blocks_available() * vfs.fragment_size();
+    let reported = i["store_free_bytes"].as_u64().unwrap();
+    assert!(reported.abs_diff(free) < 64 << 20, "free {reported} vs {free}");
+
+    // Draining: new sandboxes refused with the reason; running ones go on.
+    let out = env.cli_ok(&["drain", "--reason", "kernel upgrade"]);
+    assert_eq!(out.trim(), "draining");
+    let r = env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox"})));
+    match r {
+        Err(ClientError::Api { status: 409, message, .. }) => assert!(message.contains("kernel upgrade"), "{message}"),
+        other => panic!("a draining host started a sandbox: {other:?}"),
+    }
+    assert_eq!(stdout(&sh(&env, &a, "echo still")), "still\n");
+    let snap = env.cli_ok(&["checkpoint", &a]).trim().to_string();
+    assert_eq!(status_of(env.client().request("POST", &format!("/v1/snapshots/{snap}/fork"), Some(&json!({})))), 409);
+    assert_eq!(info()["state"], "draining");
+    env.cli_ok(&["rm", &b]);
+    assert_eq!(env.cli_ok(&["drain", "--off"]).trim(), "ready");
+    let c = create(&env, json!({"image": "busybox"}));
+    for id in [&a, &c] {
+        env.cli_ok(&["rm", id]);
+    }
+    env.finish();
+}
+
+#[test]
+fn waiting_creates_get_slots_in_order_of_arrival() {
+    let env = TestEnv::start_with(&["--max-sandboxes", "4"]);
+    env.import_busybox();
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..20)
+        .map(|i| {
+            let socket = env.socket.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100 * i));
+                let mut c = Client::connect(&socket).unwrap();
+                let made: Value =
+                    c.call("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "wait": 30}))).unwrap();
+                let got = t0.elapsed();
+                std::thread::sleep(Duration::from_millis(1000));
+                let id = made["id"].as_str().unwrap().to_string();
+                let released = t0.elapsed();
+                c.request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+                (got, released)
+            })
+        })
+        .collect();
+    let held: Vec<(Duration, Duration)> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for w in held.windows(2) {
+        assert!(w[0].0 <= w[1].0, "a later arrival got its slot first: {held:?}");
+    }
+    for (i, (got, _)) in held.iter().enumerate() {
+        let at_once = held.iter().filter(|(g, r)| g <= got && got < r).count();
+        assert!(at_once <= 4, "{at_once} sandboxes at once when {i} got its slot: {held:?}");
+    }
+    // Without wait, a full host answers 429 at once.
+    let ids: Vec<String> = (0..4).map(|_| create(&env, json!({"image": "busybox"}))).collect();
+    assert_eq!(status_of(env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox"})))), 429);
+    for id in &ids {
+        env.cli_ok(&["rm", id]);
+    }
+    env.finish();
+}
+
 #[test]
 fn gc_deletes_what_retention_allows_and_keeps_what_is_used() {
     let env = TestEnv::start();

@@ -122,6 +122,25 @@ pub enum Command {
     },
     /// Freeze every process of a sandbox in place (nothing is written).
     Pause { id: String },
+    /// The host's capacity as JSON: slots, memory and CPUs allocated,
+    /// store use, images and layers held, ready or draining.
+    Info,
+    /// Stop starting new sandboxes (running ones go on); --off ends it.
+    Drain {
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long, conflicts_with = "reason")]
+        off: bool,
+    },
+    /// Give a sandbox a new deadline, this long from now (30s, 15m, 2h).
+    Timeout {
+        id: String,
+        #[arg(value_parser = crate::units::parse_duration)]
+        timeout: std::time::Duration,
+        /// remove or suspend (default: as before).
+        #[arg(long)]
+        on_timeout: Option<crate::model::OnTimeout>,
+    },
     /// Thaw a paused sandbox.
     Unpause { id: String },
     /// Remove sandboxes: kill every process, delete upper, work and cgroup.
@@ -163,6 +182,10 @@ pub struct DaemonArgs {
     /// Retire an active lineage neither captured nor restored for this long.
     #[arg(long, default_value = "14d", value_parser = crate::units::parse_duration)]
     pub stale_after: std::time::Duration,
+    /// What happens at a sandbox's deadline when its create does not say:
+    /// remove, or suspend into its lineage.
+    #[arg(long, default_value = "remove")]
+    pub on_timeout: crate::model::OnTimeout,
     /// Run the collector this often (0 disables the periodic run).
     #[arg(long, default_value = "1h", value_parser = crate::units::parse_duration)]
     pub gc_interval: std::time::Duration,
@@ -297,6 +320,9 @@ impl RegistryArgs {
 pub struct CreateArgs {
     #[arg(long)]
     pub image: String,
+    /// The sandbox's id (16 lowercase hex characters; default: random).
+    #[arg(long)]
+    pub id: Option<String>,
     /// The new lineage's id (default: a random one).
     #[arg(long)]
     pub work_context: Option<String>,
@@ -400,6 +426,22 @@ pub struct LaunchArgs {
     /// runs in one.
     #[arg(long)]
     pub userns: bool,
+    /// Remove (or, with --on-timeout suspend, suspend) it this long after
+    /// it starts (30s, 15m, 2h); renew with `strata timeout`.
+    #[arg(long, value_parser = crate::units::parse_duration)]
+    pub timeout: Option<std::time::Duration>,
+    /// What its deadline does: remove, or suspend into its lineage
+    /// (default: the daemon's --on-timeout).
+    #[arg(long, requires = "timeout")]
+    pub on_timeout: Option<crate::model::OnTimeout>,
+    /// Suspend it into its lineage after this long with no exec running,
+    /// no attached session and no API call naming it.
+    #[arg(long, value_parser = crate::units::parse_duration)]
+    pub idle_timeout: Option<std::time::Duration>,
+    /// When the host is at --max-sandboxes, queue this long for a slot
+    /// (first come, first served) instead of failing at once.
+    #[arg(long, value_parser = crate::units::parse_duration)]
+    pub wait: Option<std::time::Duration>,
 }
 
 impl LaunchArgs {
@@ -416,8 +458,18 @@ impl LaunchArgs {
             cache: self.cache.clone(),
             seccomp: self.seccomp.clone(),
             userns: self.userns.then_some(true),
+            timeout: self.timeout.map(whole_seconds),
+            on_timeout: self.on_timeout,
+            idle_timeout: self.idle_timeout.map(whole_seconds),
+            id: None,
+            wait: self.wait.map(whole_seconds),
         }
     }
+}
+
+/// A duration as whole seconds, rounded up (the API takes seconds).
+fn whole_seconds(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
 #[derive(Args, Debug)]
@@ -540,6 +592,8 @@ pub fn run(cli: Cli) -> Result<i32> {
             let l = a.launch.request(None);
             let req = CreateRequest {
                 image: a.image.clone(),
+                id: a.id.clone(),
+                wait: l.wait,
                 memory: l.memory,
                 pids: l.pids,
                 cpus: l.cpus,
@@ -552,6 +606,9 @@ pub fn run(cli: Cli) -> Result<i32> {
                 userns: l.userns,
                 work_context: a.work_context.clone(),
                 baseline: a.baseline.clone(),
+                timeout: l.timeout,
+                on_timeout: l.on_timeout,
+                idle_timeout: l.idle_timeout,
             };
             let info: SandboxInfo = client(&cli)?.call("POST", "/v1/sandboxes", Some(&req))?;
             println!("{}", info.id);
@@ -771,6 +828,26 @@ pub fn run(cli: Cli) -> Result<i32> {
             client(&cli)?.request("POST", &format!("/v1/sandboxes/{id}/pause"), NO_BODY)?;
             Ok(0)
         }
+        Command::Info => {
+            let info: serde_json::Value = client(&cli)?.call("GET", "/v1/info", NO_BODY)?;
+            println!("{}", serde_json::to_string_pretty(&info)?);
+            Ok(0)
+        }
+        Command::Drain { reason, off } => {
+            let info: crate::types::HostInfo = if *off {
+                client(&cli)?.call("DELETE", "/v1/drain", NO_BODY)?
+            } else {
+                client(&cli)?.call("POST", "/v1/drain", Some(&crate::types::DrainRequest { reason: reason.clone() }))?
+            };
+            println!("{}", info.state);
+            Ok(0)
+        }
+        Command::Timeout { id, timeout, on_timeout } => {
+            let body = crate::types::TimeoutRequest { timeout: whole_seconds(*timeout), on_timeout: *on_timeout };
+            let info: SandboxInfo = client(&cli)?.call("POST", &format!("/v1/sandboxes/{id}/timeout"), Some(&body))?;
+            println!("{}", info.lifetime.deadline_ms.unwrap_or(0));
+            Ok(0)
+        }
         Command::Unpause { id } => {
             client(&cli)?.request("POST", &format!("/v1/sandboxes/{id}/unpause"), NO_BODY)?;
             Ok(0)
@@ -809,6 +886,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
             default_memory: a.default_memory,
             max_memory: a.max_memory,
         },
+        on_timeout: a.on_timeout,
     };
     let http = crate::api::ServeConfig {
         header_timeout: a.header_timeout,

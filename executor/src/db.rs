@@ -319,6 +319,17 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE restores ADD COLUMN fell TEXT;
     "#,
+    // 10: idempotent requests: the first response to a key, replayed for
+    // 24 h to the same request; `status` is NULL while it is in flight.
+    r#"
+    CREATE TABLE idempotency (
+        key          TEXT PRIMARY KEY CHECK (length(key) BETWEEN 1 AND 255),
+        fingerprint  TEXT NOT NULL,
+        status       INTEGER,
+        body         BLOB,
+        created_at   INTEGER NOT NULL
+    );
+    "#,
 ];
 
 pub struct Db {
@@ -719,6 +730,22 @@ pub enum PullConflict {
 fn insert_pulled_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow) -> Result<(), DbError> {
     let info = serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
     insert_snapshot_row(tx, snap, &info)
+}
+
+/// How long an idempotency key's response is kept (24 h).
+pub const IDEMPOTENCY_SECS: i64 = 24 * 3600;
+
+/// What claiming an idempotency key found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// New: the caller runs the request and settles the key.
+    Claimed,
+    /// The same request is being run now.
+    InFlight,
+    /// The same request ran: its response.
+    Done { status: u16, body: Vec<u8> },
+    /// The key was used with another request.
+    Mismatch,
 }
 
 /// Why a pulled baseline is not ready yet.
@@ -1850,6 +1877,62 @@ impl Db {
         self.conn
             .execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id.as_str(), state])
             .map_err(q("set sandbox state"))?;
+        Ok(())
+    }
+
+    /// Claim `key` for a request whose fingerprint is `fp` (keys older
+    /// than `IDEMPOTENCY_SECS` are forgotten first).
+    pub fn claim_idempotency_key(&mut self, key: &str, fp: &str) -> Result<Claim, DbError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin claim"))?;
+        tx.execute("DELETE FROM idempotency WHERE created_at < ?1", [now() - IDEMPOTENCY_SECS])
+            .map_err(q("forget old keys"))?;
+        let row: Option<(String, Option<u16>, Option<Vec<u8>>)> = tx
+            .query_row("SELECT fingerprint, status, body FROM idempotency WHERE key = ?1", [key], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
+            .map_err(q("idempotency key"))?;
+        let claim = match row {
+            None => {
+                tx.execute(
+                    "INSERT INTO idempotency (key, fingerprint, created_at) VALUES (?1, ?2, ?3)",
+                    params![key, fp, now()],
+                )
+                .map_err(q("claim idempotency key"))?;
+                Claim::Claimed
+            }
+            Some((f, _, _)) if f != fp => Claim::Mismatch,
+            Some((_, None, _)) => Claim::InFlight,
+            Some((_, Some(status), body)) => Claim::Done { status, body: body.unwrap_or_default() },
+        };
+        tx.commit().map_err(q("commit claim"))?;
+        Ok(claim)
+    }
+
+    /// Keep the response to a claimed key (`None`: forget the key, so a
+    /// retry runs again).
+    pub fn settle_idempotency_key(&self, key: &str, response: Option<(u16, &[u8])>) -> Result<(), DbError> {
+        match response {
+            Some((status, body)) => self
+                .conn
+                .execute("UPDATE idempotency SET status = ?2, body = ?3 WHERE key = ?1", params![key, status, body])
+                .map_err(q("keep response")),
+            None => self.conn.execute("DELETE FROM idempotency WHERE key = ?1", [key]).map_err(q("forget key")),
+        }
+        .map(drop)
+    }
+
+    /// Forget keys whose request was in flight when a daemon stopped.
+    pub fn forget_unsettled_keys(&self) -> Result<usize, DbError> {
+        self.conn.execute("DELETE FROM idempotency WHERE status IS NULL", []).map_err(q("forget unsettled keys"))
+    }
+
+    /// Rewrite a sandbox's spec (a renewed lifetime).
+    pub fn set_sandbox_spec(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<(), DbError> {
+        let spec = serde_json::to_string(spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
+        self.conn
+            .execute("UPDATE sandboxes SET spec = ?2 WHERE id = ?1", params![id.as_str(), spec])
+            .map_err(q("set sandbox spec"))?;
         Ok(())
     }
 

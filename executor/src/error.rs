@@ -27,6 +27,9 @@ pub enum ErrorKind {
     TooLarge,
     /// A request body that did not arrive in time (408).
     RequestTimeout,
+    /// Well-formed, but at odds with an earlier request it names (422: an
+    /// `Idempotency-Key` reused with another body).
+    Unprocessable,
 }
 
 impl ErrorKind {
@@ -43,6 +46,7 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => 403,
             ErrorKind::TooLarge => 413,
             ErrorKind::RequestTimeout => 408,
+            ErrorKind::Unprocessable => 422,
         }
     }
 
@@ -59,6 +63,7 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::TooLarge => "too_large",
             ErrorKind::RequestTimeout => "request_timeout",
+            ErrorKind::Unprocessable => "unprocessable",
         }
     }
 

@@ -182,6 +182,24 @@ vocabulary! {
     }
 }
 
+vocabulary! {
+    /// What happens to a sandbox when its deadline passes.
+    OnTimeout ("timeout action") {
+        /// Removed, its slot released.
+        Remove = "remove",
+        /// Suspended into its lineage (`resume --work-context` continues it).
+        Suspend = "suspend",
+    }
+}
+
+// Not derived: see BlobCompression.
+#[allow(clippy::derivable_impls)]
+impl Default for OnTimeout {
+    fn default() -> Self {
+        OnTimeout::Remove
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

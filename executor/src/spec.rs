@@ -46,6 +46,35 @@ pub struct SandboxSpec {
     pub env: Vec<String>,
     pub hostname: String,
     pub cgroup: String,
+    /// Its deadline and idle timeout, as last set (a renewal rewrites it).
+    #[serde(default)]
+    pub lifetime: Lifetime,
+}
+
+/// How long a sandbox lives (the scheduler's contract): a deadline after
+/// which it is removed or suspended, and an idle timeout after which it
+/// is suspended. Neither: it lives until removed.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Lifetime {
+    /// When its deadline passes (unix milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<i64>,
+    /// What happens then.
+    #[serde(default)]
+    pub on_timeout: crate::model::OnTimeout,
+    /// Seconds with no exec running, no attached session and no API call
+    /// naming it, after which it is suspended into its lineage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<u64>,
+}
+
+/// The longest timeout or idle timeout a sandbox may be given (seconds):
+/// a year.
+pub const MAX_TIMEOUT_SECS: u64 = 365 * 24 * 3600;
+
+/// Now, in unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
 /// How a sandbox was started for its lineage.

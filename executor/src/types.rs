@@ -34,6 +34,14 @@ pub struct ImageInfo {
 #[serde(deny_unknown_fields)]
 pub struct CreateRequest {
     pub image: String,
+    /// The sandbox's id (16 lowercase hex characters), chosen by the
+    /// caller; 409 if taken. Default: a random one.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Seconds to queue for a slot when the host is at `--max-sandboxes`
+    /// (first come, first served; 429 after). Default: 429 at once.
+    #[serde(default)]
+    pub wait: Option<u64>,
     #[serde(default)]
     pub memory: Option<u64>,
     #[serde(default)]
@@ -69,6 +77,18 @@ pub struct CreateRequest {
     /// of the bare image.
     #[serde(default)]
     pub baseline: Option<String>,
+    /// Seconds until it is removed or suspended (`on_timeout`); renewable
+    /// (`POST /v1/sandboxes/{id}/timeout`). Default: none.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// `remove` (default: the daemon's `--on-timeout`) or `suspend` (into
+    /// its lineage).
+    #[serde(default)]
+    pub on_timeout: Option<crate::model::OnTimeout>,
+    /// Seconds with no exec running, no attached session and no API call
+    /// naming it, after which it is suspended into its lineage.
+    #[serde(default)]
+    pub idle_timeout: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -96,6 +116,9 @@ pub struct SandboxInfo {
     /// `default` or `unconfined`.
     #[serde(default)]
     pub seccomp: String,
+    /// Its deadline (unix ms), what happens then, and its idle timeout.
+    #[serde(default)]
+    pub lifetime: crate::spec::Lifetime,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
@@ -157,6 +180,45 @@ pub struct VersionInfo {
     pub cgroup: String,
 }
 
+/// `GET /v1/info`: what a scheduler places work by.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HostInfo {
+    pub version: String,
+    /// The host's name.
+    pub host_id: String,
+    /// `ready`, or `draining` (no new sandbox starts; running ones go on).
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining_reason: Option<String>,
+    /// Live sandboxes (and launches in flight) against `--max-sandboxes`.
+    pub slots_used: usize,
+    pub slots_max: usize,
+    /// Launches queued for a slot (`wait`).
+    pub slots_waiting: usize,
+    /// The sum of live sandboxes' memory limits, and the host's memory.
+    pub memory_allocated: u64,
+    pub memory_total: u64,
+    /// The sum of live sandboxes' CPU limits, and the host's CPUs.
+    pub cpus_allocated: f64,
+    pub cpus_total: usize,
+    /// The store's file system: bytes in use and free (to unprivileged
+    /// users, as `df` shows them).
+    pub store_used_bytes: u64,
+    pub store_free_bytes: u64,
+    /// Images by name, and every layer id held (hydrated) here.
+    pub images: Vec<String>,
+    pub layers: Vec<String>,
+}
+
+/// `POST /v1/drain`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// Said in every refusal (default: "drained by request").
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointRequest {
@@ -185,6 +247,15 @@ pub struct LaunchRequest {
     /// Fork only: how many sandboxes (1-64).
     #[serde(default)]
     pub count: Option<u32>,
+    /// The sandbox's id (16 lowercase hex characters), chosen by the
+    /// caller; 409 if taken. Default: a random one.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// Seconds to queue for a slot when the host is at `--max-sandboxes`
+    /// (first come, first served; 429 after). Default: 429 at once.
+    #[serde(default)]
+    pub wait: Option<u64>,
+
     #[serde(default)]
     pub scratch: Vec<String>,
     #[serde(default)]
@@ -196,6 +267,29 @@ pub struct LaunchRequest {
     /// captured (a chain captured in one runs only in one).
     #[serde(default)]
     pub userns: Option<bool>,
+    /// Seconds until it is removed or suspended (`on_timeout`); renewable
+    /// (`POST /v1/sandboxes/{id}/timeout`). Default: none.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// `remove` (default: the daemon's `--on-timeout`) or `suspend` (into
+    /// its lineage).
+    #[serde(default)]
+    pub on_timeout: Option<crate::model::OnTimeout>,
+    /// Seconds with no exec running, no attached session and no API call
+    /// naming it, after which it is suspended into its lineage.
+    #[serde(default)]
+    pub idle_timeout: Option<u64>,
+}
+
+/// `POST /v1/sandboxes/{id}/timeout`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutRequest {
+    /// Seconds from now.
+    pub timeout: u64,
+    /// Unset: as before.
+    #[serde(default)]
+    pub on_timeout: Option<crate::model::OnTimeout>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

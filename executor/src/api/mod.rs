@@ -150,6 +150,9 @@ fn exec_request(b: &ExecRequestBody) -> Result<ExecRequest, ApiError> {
 #[derive(Debug)]
 pub enum Action {
     Version,
+    Info,
+    /// Start draining (`Some`) or stop (`None`).
+    Drain(Option<types::DrainRequest>),
     ListImages,
     PullImage(types::RegistryRequest),
     ImportImage(ImportRequest),
@@ -167,6 +170,7 @@ pub enum Action {
     Copy(String, crate::copy::CopyRequest),
     Pause(String),
     Unpause(String),
+    SetTimeout(String, types::TimeoutRequest),
     /// A buffered exec: run to completion, answer with its output.
     Exec(String, ExecRequest, Vec<u8>),
     /// An attached exec: the connection is upgraded to the exec stream.
@@ -192,6 +196,29 @@ pub enum Action {
     RetireLineage(String),
 }
 
+impl Action {
+    /// Whether it makes something a retry must not make twice (what an
+    /// `Idempotency-Key` applies to).
+    pub fn creates(&self) -> bool {
+        use Action as A;
+        matches!(
+            self,
+            A::CreateSandbox(_)
+                | A::Resume(..)
+                | A::Fork(..)
+                | A::ResumeLineage(..)
+                | A::Checkpoint(..)
+                | A::Suspend(_)
+                | A::PublishBaseline(..)
+                | A::PushSnapshot(..)
+                | A::PullSnapshot(_)
+                | A::PullImage(_)
+                | A::ImportImage(_)
+                | A::Export(..)
+        )
+    }
+}
+
 /// Parse a request: its route, method, headers and body. No I/O.
 pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
     let path = req.path.trim_end_matches('/');
@@ -215,6 +242,11 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
     let action = match (segs.as_slice(), m) {
         (["version"], "GET") => A::Version,
         (["version"], _) => return Err(not_allowed("GET")),
+        (["info"], "GET") => A::Info,
+        (["info"], _) => return Err(not_allowed("GET")),
+        (["drain"], "POST") => A::Drain(Some(body_or_default(req)?)),
+        (["drain"], "DELETE") => A::Drain(None),
+        (["drain"], _) => return Err(not_allowed("POST, DELETE")),
         (["images"], "GET") => A::ListImages,
         (["images"], _) => return Err(not_allowed("GET")),
         (["images", "pull"], "POST") => A::PullImage(body(req)?),
@@ -243,6 +275,7 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             "copy" => A::Copy(id(s), body(req)?),
             "pause" => A::Pause(id(s)),
             "unpause" => A::Unpause(id(s)),
+            "timeout" => A::SetTimeout(id(s), body(req)?),
             "exec" => exec_action(id(s), req)?,
             "logs" | "diff" => return Err(not_allowed("GET")),
             _ => return Err(no_route(req)),
@@ -250,7 +283,7 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
         (["sandboxes", s, op], "GET") => match *op {
             "logs" => A::Logs(id(s)),
             "diff" => A::SandboxDiff(id(s)),
-            "checkpoint" | "suspend" | "rollback" | "baseline" | "copy" | "pause" | "unpause" | "exec" => {
+            "checkpoint" | "suspend" | "rollback" | "baseline" | "copy" | "pause" | "unpause" | "timeout" | "exec" => {
                 return Err(not_allowed("POST"))
             }
             _ => return Err(no_route(req)),
@@ -360,6 +393,8 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
                 cgroup: if crate::cgroups::is_v2() { "v2" } else { "v1" }.into(),
             },
         ),
+        A::Info => json(200, &d.host_info()?),
+        A::Drain(r) => json(200, &d.drain(r)?),
         A::ListImages => json(200, &d.list_images()?),
         A::PullImage(r) => {
             let p = r.progress;
@@ -380,6 +415,7 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::Copy(id, b) => json(200, &d.copy(&id, &b)?),
         A::Pause(id) => done(d.pause_sandbox(&id)),
         A::Unpause(id) => done(d.unpause_sandbox(&id)),
+        A::SetTimeout(id, b) => json(200, &d.set_timeout(&id, b)?),
         A::Exec(id, req, stdin) => {
             let sb = d.sandbox(&id)?;
             let out = d.exec(&sb, &req, stdin)?;
@@ -428,7 +464,64 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
 
 /// Resolve one request against the daemon: parse it, then execute it.
 pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
-    execute(d, parse(req)?)
+    let action = parse(req)?;
+    match idempotency_key(req)? {
+        Some(key) if action.creates() => idempotent(d, key, req, action),
+        _ => execute(d, action),
+    }
+}
+
+/// The `Idempotency-Key` header: 1-255 visible ASCII characters.
+fn idempotency_key(req: &http::Request) -> Result<Option<&str>, ApiError> {
+    let Some(key) = req.header("idempotency-key") else { return Ok(None) };
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::new(
+            ErrorKind::InvalidArgument,
+            "Idempotency-Key must be 1-255 visible ASCII characters",
+        ));
+    }
+    Ok(Some(key))
+}
+
+/// Run a request that creates something at most once per key: the same
+/// request again gets the first response; another request with the key,
+/// 422. A streamed or upgraded reply is not kept (its key is forgotten),
+/// nor a 5xx or 429 (worth retrying).
+fn idempotent(d: &Daemon, key: &str, req: &http::Request, action: Action) -> Result<Reply, ApiError> {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for part in [req.method.as_bytes(), req.path.as_bytes(), req.query.as_bytes(), &req.body] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    let fingerprint = hex::encode(h.finalize());
+    match d.claim_request(key, &fingerprint)? {
+        crate::db::Claim::Claimed => {}
+        crate::db::Claim::Done { status, body } if body.is_empty() => return Ok(Reply::Empty(status)),
+        crate::db::Claim::Done { status, body } => return Ok(Reply::Json(status, body)),
+        crate::db::Claim::Mismatch => {
+            return Err(ApiError::new(
+                ErrorKind::Unprocessable,
+                format!("Idempotency-Key {key:?} was used with another request in the last 24 h"),
+            ))
+        }
+        crate::db::Claim::InFlight => {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("a request with Idempotency-Key {key:?} is still running; retry later"),
+            ))
+        }
+    }
+    let reply = execute(d, action);
+    let kept = |s: u16| s < 500 && s != 429;
+    match &reply {
+        Ok(Reply::Json(s, b)) => d.settle_request(key, Some((*s, b))),
+        Ok(Reply::Empty(s)) => d.settle_request(key, Some((*s, &[]))),
+        Ok(Reply::Stream(_) | Reply::Attach { .. }) => d.settle_request(key, None),
+        Err(e) if kept(e.status()) => d.settle_request(key, Some((e.status(), &e.body()))),
+        Err(_) => d.settle_request(key, None),
+    }
+    reply
 }
 
 /// Whether the peer of `s` may use the API: root, or a process whose

@@ -13,7 +13,10 @@
 pub mod baseline;
 pub mod distribution;
 pub mod gc;
+pub mod host;
+pub mod lifetime;
 pub mod lineage;
+pub mod requests;
 pub mod snapshots;
 
 use std::collections::{HashMap, HashSet};
@@ -104,6 +107,18 @@ pub enum LaunchError {
     /// hostname {0:?} must be 1-63 chars of [A-Za-z0-9.-]
     Hostname(String),
     /// {0}
+    Lifetime(String),
+    /// sandbox id {0:?} must be 16 lowercase hex characters
+    BadId(String),
+    /// sandbox id {0} is taken
+    IdTaken(SandboxId),
+    /// the host is draining ({0}): it starts no new sandbox
+    Draining(String),
+    /// a sandbox id names one sandbox: not with count > 1
+    IdWithCount,
+    /// wait is at most {0} seconds
+    Wait(u64),
+    /// {0}
     Mount(String),
     /// two mounts at {0}
     TwoMounts(String),
@@ -129,6 +144,7 @@ impl Classify for LaunchError {
     fn kind(&self) -> ErrorKind {
         match self {
             LaunchError::Full { .. } | LaunchError::NoUsernsRange => ErrorKind::LimitReached,
+            LaunchError::IdTaken(_) | LaunchError::Draining(_) => ErrorKind::Conflict,
             LaunchError::StoreSize(_) => ErrorKind::of_host_failure(self),
             LaunchError::NoImageRow => ErrorKind::Internal,
             LaunchError::Sandbox(e) => e.kind(),
@@ -195,6 +211,8 @@ pub enum SandboxOpError {
     /// sandbox {0} is already being removed
     BeingRemoved(SandboxId),
     /// {0}
+    Invalid(String),
+    /// {0}
     Sandbox(#[from] sandbox::SandboxError),
     /// {0}
     Db(#[from] DbError),
@@ -205,6 +223,7 @@ impl Classify for SandboxOpError {
         match self {
             SandboxOpError::NotFound(_) => ErrorKind::NotFound,
             SandboxOpError::BeingRemoved(_) => ErrorKind::Conflict,
+            SandboxOpError::Invalid(_) => ErrorKind::InvalidArgument,
             SandboxOpError::Sandbox(e) => e.kind(),
             SandboxOpError::Db(e) => e.kind(),
         }
@@ -238,6 +257,8 @@ pub struct DaemonConfig {
     pub userns_base: u32,
     /// Limits of sandboxes that ask for none, and the most they may ask for.
     pub limit_policy: crate::cgroups::LimitPolicy,
+    /// What happens at a sandbox's deadline when its create does not say.
+    pub on_timeout: crate::model::OnTimeout,
 }
 
 /// See [`Daemon::sealing`].
@@ -286,7 +307,13 @@ pub struct Base {
 /// Validated per-sandbox settings of a create, resume or fork.
 #[derive(Clone)]
 pub struct LaunchSpec {
+    /// The id the caller chose (create's `id`); else a new one.
+    pub id: Option<SandboxId>,
+    /// How long to queue for a slot when the pool is full (none: 429 at once).
+    pub wait: Option<std::time::Duration>,
     pub limits: Limits,
+    /// Its deadline and idle timeout.
+    pub lifetime: crate::spec::Lifetime,
     pub env: Vec<String>,
     pub hostname: Option<String>,
     pub mounts: Vec<MountDecl>,
@@ -312,6 +339,13 @@ pub(crate) struct Pool {
     pub(crate) doomed: std::collections::HashSet<String>,
     /// Where the search for a free user namespace range starts next.
     pub(crate) next_userns: u32,
+    /// Ids chosen by creates in flight.
+    pub(crate) claimed: std::collections::HashSet<SandboxId>,
+    /// Launches waiting for a slot (`wait`), by ticket, first come first.
+    pub(crate) queue: std::collections::VecDeque<u64>,
+    pub(crate) next_ticket: u64,
+    /// Why new work is refused (`strata drain`), while the host drains.
+    pub(crate) draining: Option<String>,
 }
 
 /// A pin on a snapshot for as long as a launch from it is in flight (see
@@ -367,6 +401,9 @@ pub struct Daemon {
     pub(crate) rt: Runtime,
     pub(crate) db: Mutex<Db>,
     pub(crate) pool: Mutex<Pool>,
+    /// Signalled when a slot may have come free (a sandbox went, a launch
+    /// failed, a waiter left the queue).
+    pub(crate) slots: std::sync::Condvar,
     max_sandboxes: usize,
     host_cpus: usize,
     pub(crate) import_lock: Mutex<()>,
@@ -376,12 +413,17 @@ pub struct Daemon {
     pub(crate) hydrated: std::sync::Condvar,
     /// Layer ids the background hydrator must unpack.
     pub(crate) hydrator: Mutex<Option<std::sync::mpsc::Sender<String>>>,
+    /// Set when [`Daemon::shutdown`] begins: the reaper acts no more.
+    pub(crate) stopping: std::sync::atomic::AtomicBool,
     _lock: Flock<File>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// The longest a launch may queue for a slot (`wait`, seconds).
+pub const MAX_WAIT_SECS: u64 = 3600;
 
 /// Default pool size: one sandbox per 128 MiB of host memory, at least 1.
 pub fn default_max_sandboxes() -> usize {
@@ -452,12 +494,14 @@ impl Daemon {
             rt,
             db: Mutex::new(db),
             pool: Mutex::new(Pool::default()),
+            slots: std::sync::Condvar::new(),
             max_sandboxes,
             host_cpus,
             import_lock: Mutex::new(()),
             hydrating: Mutex::new(Default::default()),
             hydrated: std::sync::Condvar::new(),
             hydrator: Mutex::new(None),
+            stopping: Default::default(),
             _lock: flock,
         };
         d.recover()?;
@@ -466,6 +510,7 @@ impl Daemon {
 
     /// Re-adopt sandboxes whose shim is alive; clean up the rest; sweep.
     fn recover(&self) -> Result<(), DaemonError> {
+        lock(&self.db).forget_unsettled_keys()?;
         let rows = lock(&self.db).list_sandboxes()?;
         for row in rows {
             let adopted = match row.state {
@@ -592,6 +637,11 @@ impl Daemon {
             cache: req.cache,
             seccomp: req.seccomp,
             userns: req.userns,
+            timeout: req.timeout,
+            on_timeout: req.on_timeout,
+            idle_timeout: req.idle_timeout,
+            id: req.id,
+            wait: req.wait,
         };
         if let Some(key) = &req.baseline {
             return Ok(self.create_from_baseline(key, &req.image, req.work_context.as_deref(), launch)?);
@@ -631,8 +681,23 @@ impl Daemon {
             cache,
             seccomp,
             userns,
-            ..
+            timeout,
+            on_timeout,
+            idle_timeout,
+            id,
+            count,
+            wait,
         } = req;
+        if wait.is_some_and(|w| w > MAX_WAIT_SECS) {
+            return Err(LaunchError::Wait(MAX_WAIT_SECS));
+        }
+        let wait = wait.map(std::time::Duration::from_secs);
+        if id.is_some() && count.is_some_and(|c| c > 1) {
+            return Err(LaunchError::IdWithCount);
+        }
+        let id = id.map(|i| i.parse::<SandboxId>().map_err(|_| LaunchError::BadId(i))).transpose()?;
+        let lifetime = lifetime::lifetime(timeout, on_timeout, idle_timeout, self.cfg.on_timeout)
+            .map_err(LaunchError::Lifetime)?;
         let seccomp_unconfined = match seccomp.as_deref() {
             None | Some("default") => false,
             Some("unconfined") => true,
@@ -679,7 +744,18 @@ impl Daemon {
                 return Err(LaunchError::TwoMounts(m.path().to_string()));
             }
         }
-        Ok(LaunchSpec { limits, env, hostname, mounts, seccomp_unconfined, userns, userns_map: None })
+        Ok(LaunchSpec {
+            id,
+            wait,
+            limits,
+            lifetime,
+            env,
+            hostname,
+            mounts,
+            seccomp_unconfined,
+            userns,
+            userns_map: None,
+        })
     }
 
     /// Settle whether a launch on `base` gets a user namespace. What a root
@@ -704,20 +780,84 @@ impl Daemon {
     /// Start one sandbox on `base`, within the pool's bound.
     pub(crate) fn launch(&self, base: &Base, launch: LaunchSpec) -> Result<Arc<Sandbox>, LaunchError> {
         let launch = self.settle_userns(base, launch)?;
-        // Reserve a slot: past the cap nothing is made.
+        // Reserve a slot: past the cap nothing is made (or, with `wait`,
+        // the request queues for one, first come first served). A chosen id
+        // is claimed with it (two creates cannot both take one).
+        let id = launch.id.clone();
         {
-            let mut pool = lock(&self.pool);
-            if pool.live.len() + pool.reserved >= self.max_sandboxes {
-                return Err(LaunchError::Full { live: pool.live.len() + pool.reserved, max: self.max_sandboxes });
+            let mut pool = self.reserve_slot(launch.wait)?;
+            if let Some(id) = &id {
+                if pool.live.contains_key(id) || !pool.claimed.insert(id.clone()) {
+                    pool.reserved -= 1;
+                    drop(pool);
+                    self.slots.notify_all();
+                    return Err(LaunchError::IdTaken(id.clone()));
+                }
             }
-            pool.reserved += 1;
         }
-        let result = self.launch_reserved(base, launch, None);
+        let result = self.launch_reserved(base, launch, id.clone());
         let mut pool = lock(&self.pool);
+        if let Some(id) = &id {
+            pool.claimed.remove(id);
+        }
         pool.reserved -= 1;
-        let sb = result?;
+        let sb = match result {
+            Ok(sb) => sb,
+            Err(e) => {
+                drop(pool);
+                self.slots.notify_all();
+                return Err(e);
+            }
+        };
         pool.live.insert(sb.id.clone(), sb.clone());
         Ok(sb)
+    }
+
+    /// Reserve a slot in the pool (`reserved` + 1), waiting up to `wait`
+    /// for one in a first-come-first-served queue; refused while the host
+    /// drains. Returns the pool, locked.
+    fn reserve_slot(&self, wait: Option<std::time::Duration>) -> Result<MutexGuard<'_, Pool>, LaunchError> {
+        let mut pool = lock(&self.pool);
+        if let Some(why) = &pool.draining {
+            return Err(LaunchError::Draining(why.clone()));
+        }
+        let full = |p: &Pool| p.live.len() + p.reserved >= self.max_sandboxes;
+        // Nobody waits and there is room: take it.
+        if pool.queue.is_empty() && !full(&pool) {
+            pool.reserved += 1;
+            return Ok(pool);
+        }
+        let Some(wait) = wait.filter(|w| !w.is_zero()) else {
+            return Err(LaunchError::Full { live: pool.live.len() + pool.reserved, max: self.max_sandboxes });
+        };
+        let ticket = pool.next_ticket;
+        pool.next_ticket += 1;
+        pool.queue.push_back(ticket);
+        let until = std::time::Instant::now() + wait;
+        loop {
+            if let Some(why) = pool.draining.clone() {
+                pool.queue.retain(|t| *t != ticket);
+                drop(pool);
+                self.slots.notify_all();
+                return Err(LaunchError::Draining(why));
+            }
+            if pool.queue.front() == Some(&ticket) && !full(&pool) {
+                pool.queue.pop_front();
+                pool.reserved += 1;
+                // The next in line may have room too.
+                self.slots.notify_all();
+                return Ok(pool);
+            }
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                pool.queue.retain(|t| *t != ticket);
+                let live = pool.live.len() + pool.reserved;
+                drop(pool);
+                self.slots.notify_all();
+                return Err(LaunchError::Full { live, max: self.max_sandboxes });
+            }
+            pool = self.slots.wait_timeout(pool, left).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+        }
     }
 
     /// Start a sandbox in a slot already reserved; with `fixed_id` (a
@@ -755,6 +895,7 @@ impl Daemon {
                 (true, Some(map)) => Some(map),
                 (true, None) => Some(self.alloc_userns()?),
             },
+            lifetime: launch.lifetime,
         };
         let defaults = self.exec_defaults(&base.image, &spec)?;
         let sb = match warm {
@@ -895,6 +1036,7 @@ impl Daemon {
     /// Stop refilling and tear down every warm shim. Live sandboxes keep
     /// running; the next daemon re-adopts them.
     pub fn shutdown(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::Release);
         {
             // End the seal under way (its worker is killed; the snapshot
             // stays pending for the next start) and start no other.
@@ -933,6 +1075,7 @@ impl Daemon {
         req: &sandbox::ExecRequest,
         stdin: Vec<u8>,
     ) -> Result<sandbox::ExecOutput, SandboxOpError> {
+        let _busy = sb.busy();
         let out = sb.exec_buffered(req, stdin)?;
         self.record_exec(sb, req, &out.summary);
         Ok(out)
@@ -948,14 +1091,19 @@ impl Daemon {
         conn: std::os::unix::net::UnixStream,
         started: impl FnOnce(&mut std::os::unix::net::UnixStream) -> std::io::Result<()>,
     ) -> Result<(), SandboxOpError> {
+        let _busy = sb.busy();
         let summary = sb.exec_attached(req, conn, started)?;
         self.record_exec(sb, req, &summary);
         Ok(())
     }
 
+    /// A live sandbox by id; looking it up counts as using it (its idle
+    /// timeout starts again).
     pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, SandboxOpError> {
         let id: SandboxId = id.parse().map_err(|_| SandboxOpError::NotFound(format!("{id:?}")))?;
-        lock(&self.pool).live.get(&id).cloned().ok_or_else(|| SandboxOpError::NotFound(id.to_string()))
+        let sb = lock(&self.pool).live.get(&id).cloned().ok_or_else(|| SandboxOpError::NotFound(id.to_string()))?;
+        sb.touch();
+        Ok(sb)
     }
 
     pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
@@ -995,6 +1143,7 @@ impl Daemon {
         }
         lock(&self.db).delete_sandbox(&sb.id)?;
         lock(&self.pool).live.remove(&sb.id);
+        self.slots.notify_all();
         Ok(())
     }
 }
@@ -1024,5 +1173,6 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
         work_context: s.spec.work_context.clone(),
         restored: s.spec.restored.clone(),
         seccomp: if s.spec.seccomp_unconfined { "unconfined" } else { "default" }.into(),
+        lifetime: s.lifetime(),
     }
 }

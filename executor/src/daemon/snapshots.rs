@@ -944,6 +944,7 @@ impl Daemon {
             Ok(info) => {
                 crate::failpoint::hit("suspend:appended");
                 lock(&self.pool).live.remove(&sb.id);
+                self.slots.notify_all();
                 let _ = self.rt.store.discard_sandbox(&sb.id);
                 self.queue_blob(&info.id);
                 tracing::info!("suspended sandbox {} as snapshot {}", sb.id, info.id);
@@ -1223,7 +1224,11 @@ impl Daemon {
             lock(&self.pool).live.remove(&sb.id);
             lock(&self.db).delete_sandbox(&sb.id)?;
             let launch = crate::daemon::LaunchSpec {
+                id: None,
+                wait: None,
                 limits: sb.spec.limits,
+                // The rolled-back sandbox keeps its deadline.
+                lifetime: sb.lifetime(),
                 env: sb.spec.env.clone(),
                 hostname: Some(sb.spec.hostname.clone()),
                 mounts: sb.spec.mounts.clone(),
@@ -1235,7 +1240,14 @@ impl Daemon {
         })();
         let mut pool = lock(&self.pool);
         pool.reserved -= 1;
-        let new = result?;
+        let new = match result {
+            Ok(new) => new,
+            Err(e) => {
+                drop(pool);
+                self.slots.notify_all();
+                return Err(e);
+            }
+        };
         pool.live.insert(new.id.clone(), new.clone());
         tracing::info!("rolled sandbox {} back to snapshot {}", new.id, row.id);
         Ok(sandbox_info(&new))

@@ -266,6 +266,7 @@ pub fn start(
         next_exec: AtomicU64::new(1),
         gone: super::Gone::default(),
         capture_cg: Default::default(),
+        activity: super::activity::Activity::new(spec.lifetime),
     })
 }
 
@@ -324,6 +325,7 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
         next_exec: AtomicU64::new(1 << 32),
         gone: super::Gone::default(),
         capture_cg: Default::default(),
+        activity: super::activity::Activity::new(row.spec.lifetime),
     })
 }
 

@@ -4,6 +4,7 @@
 //! Owns the process side of a sandbox. Does not own metadata (the daemon
 //! writes rows) or layer contents (the store).
 
+mod activity;
 mod checkpoint;
 mod create;
 mod destroy;
@@ -12,6 +13,7 @@ mod freeze;
 mod precopy;
 mod shim_exe;
 
+pub use activity::{Busy, Due};
 pub use checkpoint::{
     prepared_in, speculate, Ahead, Capture, EndOnDrop, Segment, Speculation, TarFollower, TarProgress,
 };
@@ -245,6 +247,8 @@ pub struct Sandbox {
     /// Its capture cgroup (`crate::worker`), once made; its lock orders
     /// placing a worker there against removing it.
     capture_cg: std::sync::Mutex<Option<SandboxCgroup>>,
+    /// Its lifetime and use, for the daemon's reaper.
+    activity: activity::Activity,
 }
 
 /// The capture cgroup beside sandbox cgroup `cg` (see

@@ -1,0 +1,151 @@
+//! Sandbox lifetimes (the scheduler's contract): a deadline after which a
+//! sandbox is removed or suspended into its lineage, renewable; an idle
+//! timeout after which it is suspended. A scheduler that dies leaks no
+//! slot for longer than the timeouts it asked for.
+//!
+//! The lifetime is part of the sandbox's spec in the database (a renewal
+//! rewrites it), so deadlines hold across daemon restarts: an adopted
+//! sandbox whose deadline passed while no daemon ran is handled at once.
+//! One reaper thread looks every [`TICK`]; each action runs on a thread of
+//! its own so a slow suspend does not delay another sandbox's removal.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::daemon::{lock, sandbox_info, Daemon, SandboxOpError};
+use crate::model::OnTimeout;
+use crate::sandbox::{Due, Sandbox};
+use crate::spec::{now_ms, Lifetime, MAX_TIMEOUT_SECS};
+use crate::types::{SandboxInfo, TimeoutRequest};
+
+/// How often the reaper looks.
+const TICK: Duration = Duration::from_millis(200);
+
+/// A lifetime asked for by a create, resume, fork or renewal: checked.
+pub fn lifetime(
+    timeout: Option<u64>,
+    on_timeout: Option<OnTimeout>,
+    idle_timeout: Option<u64>,
+    default_on_timeout: OnTimeout,
+) -> Result<Lifetime, String> {
+    for (what, v) in [("timeout", timeout), ("idle_timeout", idle_timeout)] {
+        if let Some(v) = v {
+            if !(1..=MAX_TIMEOUT_SECS).contains(&v) {
+                return Err(format!("{what} must be 1 to {MAX_TIMEOUT_SECS} seconds, not {v}"));
+            }
+        }
+    }
+    if on_timeout.is_some() && timeout.is_none() {
+        return Err("on_timeout needs a timeout".into());
+    }
+    Ok(Lifetime {
+        deadline_ms: timeout.map(|t| now_ms() + (t as i64) * 1000),
+        on_timeout: on_timeout.unwrap_or(default_on_timeout),
+        idle_timeout,
+    })
+}
+
+impl Daemon {
+    /// `POST /v1/sandboxes/{id}/timeout`: a new deadline, `timeout`
+    /// seconds from now (and a new action, if given); kept in the database.
+    pub fn set_timeout(&self, id: &str, req: TimeoutRequest) -> Result<SandboxInfo, SandboxOpError> {
+        let sb = self.sandbox(id)?;
+        let old = sb.lifetime();
+        let mut new = lifetime(Some(req.timeout), req.on_timeout, old.idle_timeout, old.on_timeout)
+            .map_err(SandboxOpError::Invalid)?;
+        if req.on_timeout.is_none() {
+            new.on_timeout = old.on_timeout;
+        }
+        let mut spec = sb.spec.clone();
+        spec.lifetime = new;
+        lock(&self.db).set_sandbox_spec(&sb.id, &spec)?;
+        sb.set_lifetime(new);
+        tracing::info!("sandbox {}: deadline renewed, {} s from now ({})", sb.id, req.timeout, new.on_timeout);
+        Ok(sandbox_info(&sb))
+    }
+
+    /// Start the reaper thread; it ends once [`Daemon::shutdown`] began.
+    pub fn start_reaper(self: &Arc<Self>) {
+        let d = self.clone();
+        let spawned = std::thread::Builder::new().name("reaper".into()).spawn(move || loop {
+            if d.stopping.load(Ordering::Acquire) {
+                return;
+            }
+            d.reap(now_ms());
+            std::thread::sleep(TICK);
+        });
+        if let Err(e) = spawned {
+            tracing::error!("start the reaper thread: {e}");
+        }
+    }
+
+    /// Act on every sandbox whose deadline or idle timeout is due at `now`.
+    fn reap(self: &Arc<Self>, now: i64) {
+        let live: Vec<Arc<Sandbox>> = lock(&self.pool).live.values().cloned().collect();
+        for sb in live {
+            let Some(due) = sb.take_due(now) else { continue };
+            let d = self.clone();
+            let spawned = std::thread::Builder::new().name("expire".into()).spawn(move || d.expire(&sb, due));
+            if let Err(e) = spawned {
+                tracing::error!("expire a sandbox: {e}");
+            }
+        }
+    }
+
+    /// Remove or suspend a sandbox whose time came, and say so in the log.
+    fn expire(&self, sb: &Sandbox, due: Due) {
+        if self.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let id = sb.id.to_string();
+        let (action, why) = match due {
+            Due::Deadline(action) => (action, "its deadline passed"),
+            Due::Idle => (OnTimeout::Suspend, "it was idle for its idle timeout"),
+        };
+        if action == OnTimeout::Suspend {
+            match self.suspend(&id) {
+                Ok(snap) => {
+                    let wc = snap.work_context.as_deref().unwrap_or("-");
+                    return tracing::info!("sandbox {id} suspended ({why}) into lineage {wc} as snapshot {}", snap.id);
+                }
+                // An idle sandbox that cannot be suspended now is tried
+                // again after another idle period; a deadline is kept by
+                // removing it.
+                Err(e) if due == Due::Idle => {
+                    return tracing::warn!("sandbox {id}: idle suspend failed: {}", crate::error::chain(&e));
+                }
+                Err(e) => tracing::warn!(
+                    "sandbox {id}: suspend at its deadline failed ({}); removing it",
+                    crate::error::chain(&e)
+                ),
+            }
+        }
+        match self.remove_sandbox(&id) {
+            Ok(()) => tracing::info!("sandbox {id} removed ({why})"),
+            Err(SandboxOpError::NotFound(_)) => {}
+            Err(e) => tracing::error!("sandbox {id}: removal at its deadline failed: {}", crate::error::chain(&e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifetimes_are_checked() {
+        let l = lifetime(Some(2), None, Some(5), OnTimeout::Suspend).unwrap();
+        assert_eq!((l.on_timeout, l.idle_timeout), (OnTimeout::Suspend, Some(5)));
+        assert!((l.deadline_ms.unwrap() - now_ms() - 2000).abs() < 1000);
+        assert_eq!(lifetime(None, None, None, OnTimeout::Remove).unwrap(), Lifetime::default());
+        for (t, o, i) in [
+            (Some(0), None, None),
+            (None, None, Some(0)),
+            (Some(MAX_TIMEOUT_SECS + 1), None, None),
+            (None, Some(OnTimeout::Remove), None),
+        ] {
+            assert!(lifetime(t, o, i, OnTimeout::Remove).is_err(), "{t:?} {o:?} {i:?}");
+        }
+    }
+}
