@@ -82,6 +82,25 @@ RESULTS=$WORK/results.txt
 : >"$RESULTS"
 echo "==> strata API ($RUNS runs)" >&2
 "$BIN/strata-bench" "$SOCK" busybox "$RUNS" "$ROOTFS/bin/busybox" | tee -a "$RESULTS" >&2
+echo "==> strata API, open loop: 20 creates a second ($((RUNS * 2)) in all)" >&2
+"$BIN/strata-bench" --open-loop "$SOCK" busybox 20 $((RUNS * 2)) "" | tee -a "$RESULTS" >&2
+
+# The same with a ready pool of 4 (a second daemon on the same store).
+stop_daemon "$SOCK" "$DAEMON_PID"
+start_daemon "$SOCK" "$WORK/root" strata-bench "$WORK/daemon-pool.log" --pool busybox=4
+for _ in $(seq 200); do
+	[[ $("$BIN/strata" info | python3 -c 'import json,sys; print(json.load(sys.stdin)["ready"].get("busybox:latest", 0))') == 4 ]] && break
+	sleep 0.05
+done
+echo "==> strata API with --pool busybox=4 ($RUNS runs)" >&2
+"$BIN/strata-bench" "$SOCK" busybox "$RUNS" "$ROOTFS/bin/busybox" pool_ | tee -a "$RESULTS" >&2
+echo "==> strata API with --pool busybox=4, open loop: 20 creates a second" >&2
+"$BIN/strata-bench" --open-loop "$SOCK" busybox 20 $((RUNS * 2)) pool_ | tee -a "$RESULTS" >&2
+hits=$(grep -c 'from the ready pool' "$WORK/daemon-pool.log" || true)
+echo "from the ready pool: $hits creates" >&2
+echo "pool_hits $hits 0 0" >>"$RESULTS"
+stop_daemon "$SOCK" "$DAEMON_PID"
+start_daemon "$SOCK" "$WORK/root" strata-bench "$WORK/daemon.log"
 
 hf() { # name, hyperfine args...
 	local name=$1
@@ -127,6 +146,11 @@ labels = [
     ("runc_run", "runc run /bin/true"),
     ("api_warm_exec", "Strata API: exec true in a running sandbox"),
     ("host_fork_exec", "host fork+exec+wait of busybox true (floor)"),
+    ("pool_api_create_exec_rm", "with --pool busybox=4: API create -> exec true -> rm"),
+    ("pool_api_create", "  of which create"),
+    ("pool_api_exec_first", "  of which first exec"),
+    ("pool_api_rm", "  of which rm"),
+    ("pool_api_warm_exec", "  exec true in a running sandbox"),
 ]
 print(f"| measurement ({runs} runs) | median ms | p90 ms | min ms |")
 print("|---|---:|---:|---:|")
@@ -136,7 +160,22 @@ for k, label in labels:
         print(f"| {label} | {m:.2f} | {p:.2f} | {lo:.2f} |")
 r = lambda a, b: rows[a][0] / rows[b][0]
 print()
+print("Open loop: create -> exec true -> rm started 20 a second, each on its own connection, timed from when it was due:")
+print()
+print("| open loop | p50 ms | p90 ms | p99 ms |")
+print("|---|---:|---:|---:|")
+for k, label in [("open_create_exec_rm", "no ready pool (warm shims: 2)"), ("pool_open_create_exec_rm", "--pool busybox=4")]:
+    if k in rows:
+        a, b, c = rows[k]
+        print(f"| {label} | {a:.2f} | {b:.2f} | {c:.2f} |")
+if "pool_hits" in rows:
+    print()
+    print(f"Creates served from the ready pool: {int(rows['pool_hits'][0])}")
+print()
 print(f"Ratios: API create->exec->rm / bwrap = {r('api_create_exec_rm', 'bwrap_unshare_all'):.2f} (target <= 1); "
       f"warm exec / host floor = {r('api_warm_exec', 'host_fork_exec'):.2f} (target <= 1.5); "
       f"crun / bwrap = {r('crun_run', 'bwrap_unshare_all'):.2f}; runc / bwrap = {r('runc_run', 'bwrap_unshare_all'):.2f}")
+if "pool_api_create_exec_rm" in rows:
+    print(f"With the ready pool: API create->exec->rm / bwrap = {r('pool_api_create_exec_rm', 'bwrap_unshare_all'):.2f}; "
+          f"warm exec / host floor = {r('pool_api_warm_exec', 'host_fork_exec'):.2f}")
 PY

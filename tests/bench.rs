@@ -2,8 +2,13 @@
 //! connection, no CLI start-up in the loop. Driven by `scripts/bench.sh`,
 //! which also times runc, crun and bubblewrap in the same run.
 //!
-//! usage: strata-bench SOCKET IMAGE RUNS BUSYBOX_PATH
-//! Prints one line per measurement: `name median_ms p90_ms min_ms`.
+//! usage: strata-bench SOCKET IMAGE RUNS BUSYBOX_PATH [PREFIX]
+//!        strata-bench --open-loop SOCKET IMAGE RATE COUNT PREFIX
+//! Prints one line per measurement: `name median_ms p90_ms min_ms` (names
+//! after PREFIX); the open loop, `PREFIXopen_create_exec_rm p50 p90 p99`:
+//! COUNT create -> exec `true` -> rm, started RATE a second whatever the
+//! answers (each on its own connection and thread), timed from when each
+//! was due to start.
 
 use std::time::Instant;
 
@@ -16,17 +21,61 @@ fn stats(name: &str, mut v: Vec<f64>) {
     println!("{name} {:.3} {:.3} {:.3}", pct(0.5), pct(0.9), v[0]);
 }
 
+/// One create -> exec `true` -> rm on its own connection.
+fn cycle(socket: &str, image: &str) {
+    let mut c = Client::connect(socket.as_ref()).expect("connect");
+    let v: Value = c.call("POST", "/v1/sandboxes", Some(&json!({"image": image, "wait": 60}))).unwrap();
+    let id = v["id"].as_str().unwrap().to_string();
+    let r: Value = c.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&json!({"argv": ["true"]}))).unwrap();
+    assert_eq!(r["exit_code"], 0);
+    c.request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+}
+
+/// `--open-loop`: COUNT cycles started RATE a second.
+fn open_loop(args: &[String]) {
+    let (socket, image, prefix) = (args[2].clone(), args[3].clone(), &args[6]);
+    let rate: f64 = args[4].parse().expect("RATE");
+    let count: usize = args[5].parse().expect("COUNT");
+    for _ in 0..3 {
+        cycle(&socket, &image);
+    }
+    let t0 = Instant::now();
+    let threads: Vec<_> = (0..count)
+        .map(|i| {
+            let due = std::time::Duration::from_secs_f64(i as f64 / rate);
+            if let Some(left) = due.checked_sub(t0.elapsed()) {
+                std::thread::sleep(left);
+            }
+            let (socket, image) = (socket.clone(), image.clone());
+            std::thread::spawn(move || {
+                cycle(&socket, &image);
+                (t0.elapsed() - due).as_secs_f64() * 1000.0
+            })
+        })
+        .collect();
+    let mut v: Vec<f64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    println!("{prefix}open_create_exec_rm {:.3} {:.3} {:.3}", pct(0.5), pct(0.9), pct(0.99));
+}
+
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.len() != 5 {
-        eprintln!("usage: strata-bench SOCKET IMAGE RUNS BUSYBOX_PATH");
+    if args.len() == 7 && args[1] == "--open-loop" {
+        return open_loop(&args);
+    }
+    if !(5..=6).contains(&args.len()) {
+        eprintln!("usage: strata-bench SOCKET IMAGE RUNS BUSYBOX_PATH [PREFIX]");
+        eprintln!("       strata-bench --open-loop SOCKET IMAGE RATE COUNT PREFIX");
         std::process::exit(2);
     }
     let (socket, image, busybox) = (&args[1], &args[2], &args[4]);
+    let prefix = args.get(5).cloned().unwrap_or_default();
+    let stats = |name: &str, v: Vec<f64>| stats(&format!("{prefix}{name}"), v);
     let runs: usize = args[3].parse().expect("RUNS");
     let mut c = Client::connect(socket.as_ref()).expect("connect");
     let exec_true = json!({"argv": ["true"]});

@@ -1508,6 +1508,62 @@ fn waiting_creates_get_slots_in_order_of_arrival() {
 }
 
 #[test]
+fn ready_pools_serve_the_creates_that_fit_and_refill() {
+    let env = TestEnv::start_with(&["--pool", "busybox=2", "--warm-pool", "0"]);
+    env.import_busybox();
+    let none = None::<&()>;
+    let ready = || -> u64 {
+        let i: Value = env.client().call("GET", "/v1/info", none).unwrap();
+        i["ready"]["busybox:latest"].as_u64().unwrap_or(0)
+    };
+    let wait_ready = |n: u64| {
+        let start = Instant::now();
+        while ready() < n {
+            assert!(start.elapsed() < Duration::from_secs(30), "the pool never held {n}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    wait_ready(2);
+    let pooled = |id: &str| env.daemon_log().contains(&format!("sandbox {id}: from the ready pool"));
+    // A create that fits takes a ready sandbox, with its own limits and env.
+    let a: Value = env
+        .client()
+        .call(
+            "POST",
+            "/v1/sandboxes",
+            Some(&json!({"image": "busybox", "memory": 96 << 20, "env": ["K=v"], "work_context": "pooled"})),
+        )
+        .unwrap();
+    let aid = a["id"].as_str().unwrap().to_string();
+    assert!(pooled(&aid), "{a}");
+    assert_eq!((a["limits"]["memory"].as_u64(), a["work_context"].as_str()), (Some(96 << 20), Some("pooled")), "{a}");
+    assert_eq!(stdout(&sh(&env, &aid, "echo $K; hostname")), format!("v\n{}\n", &aid[..12]));
+    let cg = a["cgroup"].as_str().unwrap();
+    let limit = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/{cg}/memory.limit_in_bytes"))
+        .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/{cg}/memory.max")))
+        .unwrap();
+    assert_eq!(limit.trim(), (96u64 << 20).to_string());
+    // Its lineage and checkpoints work as for any create.
+    let snap = env.cli_ok(&["checkpoint", &aid]).trim().to_string();
+    let l: Value = env.client().call("GET", "/v1/lineages/pooled", none).unwrap();
+    assert_eq!(l["head"], snap.as_str());
+    // One that does not fit (a hostname) starts fresh: same result.
+    let b: Value =
+        env.client().call("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "hostname": "own"}))).unwrap();
+    let bid = b["id"].as_str().unwrap().to_string();
+    assert!(!pooled(&bid));
+    assert_eq!(stdout(&sh(&env, &bid, "hostname")), "own\n");
+    // The pool refills.
+    wait_ready(2);
+    for id in [&aid, &bid] {
+        env.cli_ok(&["rm", id]);
+    }
+    // Stopping the daemon removes the ready sandboxes (finish checks that
+    // nothing is left).
+    env.finish();
+}
+
+#[test]
 fn gc_deletes_what_retention_allows_and_keeps_what_is_used() {
     let env = TestEnv::start();
     env.import_busybox();

@@ -182,6 +182,11 @@ pub struct DaemonArgs {
     /// Retire an active lineage neither captured nor restored for this long.
     #[arg(long, default_value = "14d", value_parser = crate::units::parse_duration)]
     pub stale_after: std::time::Duration,
+    /// Keep N sandboxes of IMAGE fully started (IMAGE=N, repeatable): a
+    /// create of that image with no hostname, mounts, disk cap, user
+    /// namespace or chosen id takes one instead of starting it.
+    #[arg(long = "pool", value_parser = parse_pool)]
+    pub pools: Vec<(crate::ids::ImageName, usize)>,
     /// What happens at a sandbox's deadline when its create does not say:
     /// remove, or suspend into its lineage.
     #[arg(long, default_value = "remove")]
@@ -465,6 +470,16 @@ impl LaunchArgs {
             wait: self.wait.map(whole_seconds),
         }
     }
+}
+
+/// `IMAGE=N` of `--pool`.
+fn parse_pool(s: &str) -> Result<(crate::ids::ImageName, usize), String> {
+    let (image, n) = s.rsplit_once('=').ok_or_else(|| format!("{s:?} is not IMAGE=N"))?;
+    let n: usize = n.parse().map_err(|_| format!("{n:?} is not a count"))?;
+    if !(1..=64).contains(&n) {
+        return Err(format!("a pool holds 1 to 64 sandboxes, not {n}"));
+    }
+    Ok((image.parse().map_err(|e| format!("{e}"))?, n))
 }
 
 /// A duration as whole seconds, rounded up (the API takes seconds).
@@ -887,6 +902,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
             max_memory: a.max_memory,
         },
         on_timeout: a.on_timeout,
+        pools: a.pools.clone(),
     };
     let http = crate::api::ServeConfig {
         header_timeout: a.header_timeout,

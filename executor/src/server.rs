@@ -66,6 +66,7 @@ pub fn run(cfg: DaemonConfig, gc_interval: Duration, http: crate::api::ServeConf
     daemon.start_blob_writer();
     daemon.start_hydrator();
     daemon.start_reaper();
+    daemon.start_ready_pools();
     daemon.start_gc(gc_interval, cfg.retention, cfg.stale_after);
     let served = crate::api::serve(daemon.clone(), listener, http, stopped);
     let _ = std::fs::remove_file(&cfg.socket);

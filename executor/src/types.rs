@@ -208,6 +208,9 @@ pub struct HostInfo {
     /// Images by name, and every layer id held (hydrated) here.
     pub images: Vec<String>,
     pub layers: Vec<String>,
+    /// Sandboxes ready now in the ready pools (`--pool`), by image.
+    #[serde(default)]
+    pub ready: std::collections::BTreeMap<String, usize>,
 }
 
 /// `POST /v1/drain`.

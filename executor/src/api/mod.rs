@@ -464,6 +464,8 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
 
 /// Resolve one request against the daemon: parse it, then execute it.
 pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
+    // Ready pools refill only while no request is in flight.
+    let _in_flight = d.request_started();
     let action = parse(req)?;
     match idempotency_key(req)? {
         Some(key) if action.creates() => idempotent(d, key, req, action),

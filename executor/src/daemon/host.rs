@@ -47,6 +47,7 @@ impl Daemon {
             store_free_bytes,
             images,
             layers,
+            ready: self.ready_counts().into_iter().collect(),
         })
     }
 

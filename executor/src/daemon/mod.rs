@@ -16,6 +16,7 @@ pub mod gc;
 pub mod host;
 pub mod lifetime;
 pub mod lineage;
+pub mod ready;
 pub mod requests;
 pub mod snapshots;
 
@@ -259,6 +260,8 @@ pub struct DaemonConfig {
     pub limit_policy: crate::cgroups::LimitPolicy,
     /// What happens at a sandbox's deadline when its create does not say.
     pub on_timeout: crate::model::OnTimeout,
+    /// Ready pools: sandboxes of these images kept started (`ready.rs`).
+    pub pools: Vec<(ImageName, usize)>,
 }
 
 /// See [`Daemon::sealing`].
@@ -393,6 +396,7 @@ struct WarmPool {
 pub struct Daemon {
     pub cfg: DaemonConfig,
     warm: WarmPool,
+    pub(crate) ready: ready::ReadyPools,
     /// Snapshot ids whose blob the background writer must produce.
     blobs: Mutex<Option<std::sync::mpsc::Sender<String>>>,
     /// The sandbox cgroup whose capture cgroup the seal under way made
@@ -489,6 +493,7 @@ impl Daemon {
         let d = Daemon {
             cfg,
             warm: WarmPool::default(),
+            ready: Default::default(),
             blobs: Mutex::new(None),
             sealing: Mutex::new(Sealing::default()),
             rt,
@@ -616,6 +621,8 @@ impl Daemon {
         let name: ImageName = name.parse()?;
         let _serial = lock(&self.import_lock);
         let unlisted = image::remove(&self.db, &name)?;
+        // Its ready sandboxes go with it (they hold its layers).
+        self.drop_ready(Some(&name));
         self.collect(crate::store::Scope::Released, unlisted)?;
         Ok(())
     }
@@ -795,7 +802,13 @@ impl Daemon {
                 }
             }
         }
-        let result = self.launch_reserved(base, launch, id.clone());
+        let result = match self.take_ready_for(base, &launch) {
+            Some(ready) => self.claim_ready(ready, base, launch.clone()).or_else(|e| {
+                tracing::warn!("ready sandbox not usable ({}); starting a fresh one", crate::error::chain(&e));
+                self.launch_reserved(base, launch, id.clone())
+            }),
+            None => self.launch_reserved(base, launch, id.clone()),
+        };
         let mut pool = lock(&self.pool);
         if let Some(id) = &id {
             pool.claimed.remove(id);
@@ -1037,6 +1050,7 @@ impl Daemon {
     /// running; the next daemon re-adopts them.
     pub fn shutdown(&self) {
         self.stopping.store(true, std::sync::atomic::Ordering::Release);
+        self.drop_ready(None);
         {
             // End the seal under way (its worker is killed; the snapshot
             // stays pending for the next start) and start no other.

@@ -270,6 +270,21 @@ pub fn start(
     })
 }
 
+impl Sandbox {
+    /// Give a started, unused sandbox (a ready pool's) the spec a create
+    /// asked for: its limits applied to its cgroup, its env, lineage and
+    /// lifetime taken; its hostname, mounts and chain must already be the
+    /// spec's.
+    pub fn claim(&mut self, spec: SandboxSpec, defaults: ExecDefaults) -> Result<(), SandboxError> {
+        self.cgroup.apply(&spec.limits).map_err(SandboxError::Cgroup)?;
+        self.activity = super::activity::Activity::new(spec.lifetime);
+        self.spec = spec;
+        self.defaults = defaults;
+        self.created_at = crate::db::now();
+        Ok(())
+    }
+}
+
 /// Create a sandbox from scratch (no warm shim available).
 pub fn create(
     rt: &Runtime,
