@@ -1410,12 +1410,23 @@ fn idempotent_calls_are_done_once_and_ids_can_be_chosen() {
     assert_eq!(status_of(r), 409);
     let r = env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "id": "ZZ"})));
     assert_eq!(status_of(r), 400);
+    // An id whose exec log or snapshots outlive it stays taken.
+    sh(&env, chosen, "true");
+    env.cli_ok(&["rm", chosen]);
+    let r = env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox", "id": chosen})));
+    assert_eq!(status_of(r), 409);
     // Keys hold across a restart.
     env.stop_daemon();
     env.start_daemon();
     let (status, after) = request_with(&env, "POST", "/v1/sandboxes", &[("Idempotency-Key", "create-1")], &body);
     assert_eq!((status, &after["id"]), (201, &first["id"]));
-    assert_eq!(ps(&env).len(), 2);
+    assert_eq!(ps(&env).len(), 1);
+    // A refusal of the moment is not kept: drained, then not.
+    env.cli_ok(&["drain"]);
+    let (s1, _) = request_with(&env, "POST", "/v1/sandboxes", &[("Idempotency-Key", "later-1")], &body);
+    env.cli_ok(&["drain", "--off"]);
+    let (s2, made) = request_with(&env, "POST", "/v1/sandboxes", &[("Idempotency-Key", "later-1")], &body);
+    assert_eq!((s1, s2), (409, 201), "{made}");
     env.finish();
 }
 

@@ -1927,6 +1927,21 @@ impl Db {
         self.conn.execute("DELETE FROM idempotency WHERE status IS NULL", []).map_err(q("forget unsettled keys"))
     }
 
+    /// Whether a sandbox id was ever used here: a row, a snapshot taken
+    /// from it, an exec record. A chosen id must be new (its files, cgroup
+    /// and logs would mix with the old one's).
+    pub fn sandbox_id_seen(&self, id: &str) -> Result<bool, DbError> {
+        self.conn
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM sandboxes WHERE id = ?1) \
+                 OR EXISTS (SELECT 1 FROM snapshots WHERE source_sandbox = ?1) \
+                 OR EXISTS (SELECT 1 FROM exec_records WHERE sandbox_id = ?1)",
+                [id],
+                |r| r.get(0),
+            )
+            .map_err(q("sandbox id seen"))
+    }
+
     /// Rewrite a sandbox's spec (a renewed lifetime).
     pub fn set_sandbox_spec(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<(), DbError> {
         let spec = serde_json::to_string(spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;

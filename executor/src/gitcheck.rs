@@ -82,7 +82,7 @@ const IN_PROGRESS: [&str; 6] =
 
 /// Configuration given on git's command line (through `GIT_CONFIG_*`): it
 /// wins over any file, and turns off what could start a program.
-const PINNED: [(&str, &str); 9] = [
+const PINNED: [(&str, &str); 11] = [
     ("safe.directory", "*"),
     ("core.fsmonitor", "false"),
     ("core.hooksPath", "/dev/null"),
@@ -92,6 +92,10 @@ const PINNED: [(&str, &str); 9] = [
     ("submodule.recurse", "false"),
     ("diff.ignoreSubmodules", "all"),
     ("protocol.allow", "never"),
+    // History is read from the commits themselves, not from side files the
+    // sandbox could have written.
+    ("core.commitGraph", "false"),
+    ("core.multiPackIndex", "false"),
 ];
 
 /// A repository in a sealed tree, ready for git to read: `work` is the
@@ -121,6 +125,9 @@ impl Repo {
         let git = GIT_PATHS.iter().map(PathBuf::from).find(|p| p.is_file()).ok_or(GitCheckError::NoGit)?;
         let gitdir = work.join(".git");
         let refuse = |detail: String| Ok(Err(Check::new("repository", false, detail)));
+        if !fs::symlink_metadata(work).is_ok_and(|m| m.is_dir()) {
+            return refuse("the repository path is not a directory (a symlink is not followed)".into());
+        }
         match fs::symlink_metadata(&gitdir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => return refuse(".git is not a directory (a linked worktree or a submodule's checkout)".into()),
@@ -171,7 +178,9 @@ impl Repo {
         }
         let cfg = self.scratch.join("config");
         fs::write(&cfg, config).map_err(io("write", &cfg))?;
-        for name in ["HEAD", "packed-refs", "index", "shallow", "info/exclude"] {
+        // Not `info/exclude`: what is ignored comes from committed
+        // `.gitignore` files only (see `checks`).
+        for name in ["HEAD", "packed-refs", "index", "shallow"] {
             let src = self.gitdir.join(name);
             if fs::symlink_metadata(&src).is_ok_and(|m| m.is_file()) {
                 let dst = self.scratch.join(name);
@@ -187,6 +196,11 @@ impl Repo {
 
     /// Run git with our environment; (status code, stdout).
     fn git_raw(&self, args: &[&str], strict: bool) -> Result<(i32, Vec<u8>), GitCheckError> {
+        self.git_on(args, strict, None)
+    }
+
+    /// [`Repo::git_raw`] with another index file (`GIT_INDEX_FILE`).
+    fn git_on(&self, args: &[&str], strict: bool, index: Option<&Path>) -> Result<(i32, Vec<u8>), GitCheckError> {
         let mut cmd = Command::new(&self.git);
         cmd.args(args)
             .env_clear()
@@ -210,6 +224,9 @@ impl Repo {
             .stderr(Stdio::piped());
         for (i, (k, v)) in PINNED.iter().enumerate() {
             cmd.env(format!("GIT_CONFIG_KEY_{i}"), k).env(format!("GIT_CONFIG_VALUE_{i}"), v);
+        }
+        if let Some(index) = index {
+            cmd.env("GIT_INDEX_FILE", index);
         }
         let shown = args.join(" ");
         let mut child =
@@ -290,22 +307,52 @@ impl Repo {
             let shown = if branch.is_empty() { "detached".to_string() } else { branch };
             Check::new("branch_checked_out", false, format!("HEAD is {shown}, not {want}"))
         });
-        let (_, status) = self.git_raw(
-            &["status", "--porcelain=v1", "-z", "--untracked-files=all", "--ignore-submodules=all", "--no-renames"],
+        // Staged: the repository's own index against HEAD.
+        let (mut staged, mut modified, mut untracked, mut hiding) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let names = |out: Vec<u8>| -> Vec<String> {
+            out.split(|&b| b == 0).filter(|e| !e.is_empty()).map(|e| String::from_utf8_lossy(e).into_owned()).collect()
+        };
+        if head.is_some() && self.scratch.join("index").is_file() {
+            let (_, out) = self
+                .git_raw(&["diff-index", "--cached", "--name-only", "-z", "--ignore-submodules=all", "HEAD"], true)?;
+            staged = names(out);
+        }
+        // The worktree against HEAD through a fresh index of ours: flags
+        // the repository's index could set on an entry (assume-unchanged,
+        // skip-worktree, fsmonitor-valid) hide nothing, and every tracked
+        // file's content is compared.
+        let fresh = self.scratch.join("fresh-index");
+        if head.is_some() {
+            self.git_on(&["read-tree", "HEAD"], true, Some(&fresh))?;
+        }
+        let (_, status) = self.git_on(
+            &[
+                "status",
+                "--porcelain=v1",
+                "-z",
+                "--untracked-files=all",
+                "--ignored=matching",
+                "--ignore-submodules=all",
+                "--no-renames",
+            ],
             true,
+            Some(&fresh),
         )?;
-        let (mut staged, mut modified, mut untracked) = (Vec::new(), Vec::new(), Vec::new());
         for entry in status.split(|&b| b == 0).filter(|e| e.len() > 3) {
             let (x, y, path) = (entry[0], entry[1], String::from_utf8_lossy(&entry[3..]).into_owned());
-            if (x, y) == (b'?', b'?') {
-                untracked.push(path);
-                continue;
-            }
-            if x != b' ' {
-                staged.push(path.clone());
-            }
-            if y != b' ' {
-                modified.push(path);
+            match (x, y) {
+                (b'?', b'?') => untracked.push(path),
+                // Ignored is fine (build caches), but not a `.gitignore` or
+                // `.gitattributes` that is itself ignored: one that ignores
+                // itself could hide any file, or change how files compare.
+                (b'!', b'!') => {
+                    let base = path.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+                    if matches!(base, ".gitignore" | ".gitattributes") {
+                        hiding.push(path);
+                    }
+                }
+                (_, b' ') => {}
+                _ => modified.push(path),
             }
         }
         let listed = |what: &str, v: &[String]| {
@@ -326,6 +373,15 @@ impl Repo {
             "no_untracked_files",
             untracked.is_empty(),
             if untracked.is_empty() { String::new() } else { listed("untracked, not ignored", &untracked) },
+        ));
+        checks.push(Check::new(
+            "no_self_ignored_rules",
+            hiding.is_empty(),
+            if hiding.is_empty() {
+                String::new()
+            } else {
+                listed("untracked ignore or attribute files that ignore themselves", &hiding)
+            },
         ));
         let ops: Vec<&str> =
             IN_PROGRESS.iter().copied().filter(|f| fs::symlink_metadata(self.gitdir.join(f)).is_ok()).collect();
@@ -478,6 +534,12 @@ mod tests {
     fn the_repository_configuration_runs_nothing() {
         let t = tempfile::tempdir().unwrap();
         let app = clean_repo(t.path());
+        // Committed first (so this test's own git runs no filter), then
+        // the configuration that would run commands.
+        fs::write(app.join(".gitattributes"), "a filter=evil\n").unwrap();
+        git(&app, &["add", ".gitattributes"]);
+        git(&app, &["commit", "-qm", "attrs"]);
+        git(&app, &["update-ref", "refs/remotes/origin/main", "HEAD"]);
         let canary = t.path().join("canary");
         let touch = format!("touch {}; cat", canary.display());
         git(&app, &["config", "filter.evil.clean", &touch]);
@@ -487,14 +549,37 @@ mod tests {
         fs::write(app.join(".git/hooks/post-index-change"), format!("#!/bin/sh\n{touch}\n")).unwrap();
         let hook: fs::Permissions = std::os::unix::fs::PermissionsExt::from_mode(0o755);
         fs::set_permissions(app.join(".git/hooks/post-index-change"), hook).unwrap();
-        fs::write(app.join(".gitattributes"), "a filter=evil\n").unwrap();
-        fs::write(app.join(".git/info/exclude"), ".gitattributes\n").unwrap();
         // Touch the file so git must read it again (through the filter, if
         // it had one).
         fs::write(app.join("a"), "v1\n").unwrap();
         let checks = run(&app, t.path()).unwrap();
         assert!(failed(&checks).is_empty(), "{checks:?}");
         assert!(!canary.exists(), "a command the repository configured ran");
+    }
+
+    #[test]
+    fn index_flags_and_self_ignoring_rules_hide_nothing() {
+        let t = tempfile::tempdir().unwrap();
+        let app = clean_repo(t.path());
+        fs::write(app.join("a"), "changed\n").unwrap();
+        git(&app, &["update-index", "--assume-unchanged", "a"]);
+        fs::create_dir(app.join("d")).unwrap();
+        fs::write(app.join("d/.gitignore"), "*\n").unwrap();
+        fs::write(app.join("d/secret"), "s").unwrap();
+        // The repository's own git calls it clean.
+        let own = Command::new("git").args(["status", "--porcelain"]).current_dir(&app).output().unwrap();
+        assert!(own.stdout.is_empty(), "{own:?}");
+        let f = failed(&run(&app, t.path()).unwrap());
+        assert_eq!(
+            f,
+            [
+                ("no_tracked_modification".to_string(), "modified: a".to_string()),
+                (
+                    "no_self_ignored_rules".to_string(),
+                    "untracked ignore or attribute files that ignore themselves: d/.gitignore".to_string()
+                )
+            ]
+        );
     }
 
     #[test]

@@ -487,8 +487,9 @@ fn idempotency_key(req: &http::Request) -> Result<Option<&str>, ApiError> {
 
 /// Run a request that creates something at most once per key: the same
 /// request again gets the first response; another request with the key,
-/// 422. A streamed or upgraded reply is not kept (its key is forgotten),
-/// nor a 5xx or 429 (worth retrying).
+/// 422. Only successes and lasting refusals are kept; a streamed or
+/// upgraded reply, a 409, 429, 408 or 5xx is not (the key is forgotten: a
+/// retry runs again).
 fn idempotent(d: &Daemon, key: &str, req: &http::Request, action: Action) -> Result<Reply, ApiError> {
     use sha2::Digest as _;
     let mut h = sha2::Sha256::new();
@@ -514,15 +515,29 @@ fn idempotent(d: &Daemon, key: &str, req: &http::Request, action: Action) -> Res
             ))
         }
     }
-    let reply = execute(d, action);
-    let kept = |s: u16| s < 500 && s != 429;
-    match &reply {
-        Ok(Reply::Json(s, b)) => d.settle_request(key, Some((*s, b))),
-        Ok(Reply::Empty(s)) => d.settle_request(key, Some((*s, &[]))),
-        Ok(Reply::Stream(_) | Reply::Attach { .. }) => d.settle_request(key, None),
-        Err(e) if kept(e.status()) => d.settle_request(key, Some((e.status(), &e.body()))),
-        Err(_) => d.settle_request(key, None),
+    // Settled on every way out, a panic included (else the key would stay
+    // in flight for 24 h).
+    struct Unsettled<'a>(&'a Daemon, &'a str, bool);
+    impl Drop for Unsettled<'_> {
+        fn drop(&mut self) {
+            if !self.2 {
+                self.0.settle_request(self.1, None);
+            }
+        }
     }
+    let mut guard = Unsettled(d, key, false);
+    let reply = execute(d, action);
+    // Kept: successes, and refusals that the same request will always get
+    // (malformed, not found, ...). Not kept: conflicts and limits of the
+    // moment (409, 429), timeouts, failures of the host (5xx).
+    let kept = |s: u16| (200..300).contains(&s) || matches!(s, 400 | 404 | 405 | 413 | 422);
+    match &reply {
+        Ok(Reply::Json(s, b)) if kept(*s) => d.settle_request(key, Some((*s, b))),
+        Ok(Reply::Empty(s)) if kept(*s) => d.settle_request(key, Some((*s, &[]))),
+        Err(e) if kept(e.status()) => d.settle_request(key, Some((e.status(), &e.body()))),
+        _ => d.settle_request(key, None),
+    }
+    guard.2 = true;
     reply
 }
 

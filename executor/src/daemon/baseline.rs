@@ -96,6 +96,8 @@ pub enum BaselineError {
     Older { key: String, commit: String, current: String },
     /// baseline refused: {key}'s ready baseline is at {current}, which this repository does not have: fetch, then publish
     NotFetched { key: String, current: String },
+    /// baseline refused: commit {commit} does not descend from {key}'s ready baseline at {current} (diverged history)
+    Diverged { key: String, commit: String, current: String },
     /// {0}
     Git(#[from] crate::gitcheck::GitCheckError),
     /// baseline refused: {key} is now {current} (published after this publish began, from {observed}); an older publisher never replaces a newer baseline
@@ -133,7 +135,9 @@ impl Classify for BaselineError {
         use BaselineError as B;
         match self {
             B::BadRepo(_) | B::BadNames | B::BadRef(_) | B::BadKey(_) | B::ImageName(_) => ErrorKind::InvalidArgument,
-            B::ChecksFailed(_) | B::Older { .. } | B::NotFetched { .. } | B::Superseded { .. } => ErrorKind::Conflict,
+            B::ChecksFailed(_) | B::Older { .. } | B::NotFetched { .. } | B::Diverged { .. } | B::Superseded { .. } => {
+                ErrorKind::Conflict
+            }
             B::NoImage(_) | B::NoBaseline { .. } | B::Gone(_) => ErrorKind::NotFound,
             B::NoImageRow => ErrorKind::Internal,
             B::Git(_) => ErrorKind::of_host_failure(self),
@@ -294,14 +298,15 @@ impl Daemon {
             if current_commit == commit {
                 return Ok(Verdict::Same(Box::new(current)));
             }
-            match repo.ancestry(&commit, &current_commit)? {
-                Ancestry::NotAncestor => {}
-                Ancestry::Ancestor => {
-                    return Err(BaselineError::Older { key: key.shown(), commit, current: current_commit })
-                }
-                Ancestry::Unknown => {
-                    return Err(BaselineError::NotFetched { key: key.shown(), current: current_commit })
-                }
+            // Only a descendant of the ready commit replaces it.
+            if repo.ancestry(&current_commit, &commit)? != Ancestry::Ancestor {
+                return Err(match repo.ancestry(&commit, &current_commit)? {
+                    Ancestry::Ancestor => BaselineError::Older { key: key.shown(), commit, current: current_commit },
+                    Ancestry::NotAncestor => {
+                        BaselineError::Diverged { key: key.shown(), commit, current: current_commit }
+                    }
+                    Ancestry::Unknown => BaselineError::NotFetched { key: key.shown(), current: current_commit },
+                });
             }
         }
         Ok(Verdict::New { checks, commit })
@@ -418,7 +423,9 @@ enum Verdict {
     Same(Box<SnapshotRow>),
 }
 
-/// The first path of the layer tree `fs` outside `rel` and its ancestors.
+/// The first path of the layer tree `fs` outside `rel` and its ancestors,
+/// or one of those that is not a real directory (a symlink is never
+/// followed).
 fn outside(fs: &Path, rel: &Path) -> Result<Option<String>, BaselineError> {
     let mut dir = fs.to_path_buf();
     let mut shown = PathBuf::new();
@@ -432,6 +439,9 @@ fn outside(fs: &Path, rel: &Path) -> Result<Option<String>, BaselineError> {
         }
         dir.push(c);
         shown.push(c);
+        if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
+            return Ok(Some(format!("/{} (not a directory)", shown.display())));
+        }
     }
     Ok(None)
 }

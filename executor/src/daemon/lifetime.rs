@@ -94,8 +94,14 @@ impl Daemon {
     }
 
     /// Remove or suspend a sandbox whose time came, and say so in the log.
+    /// A deadline renewed since it came due is kept; one whose action
+    /// fails (the sandbox is in a checkpoint, say) is tried again in a
+    /// second.
     fn expire(&self, sb: &Sandbox, due: Due) {
         if self.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        if due != Due::Idle && sb.lifetime().deadline_ms.is_some_and(|d| d > now_ms()) {
             return;
         }
         let id = sb.id.to_string();
@@ -124,7 +130,17 @@ impl Daemon {
         match self.remove_sandbox(&id) {
             Ok(()) => tracing::info!("sandbox {id} removed ({why})"),
             Err(SandboxOpError::NotFound(_)) => {}
-            Err(e) => tracing::error!("sandbox {id}: removal at its deadline failed: {}", crate::error::chain(&e)),
+            Err(e) => {
+                tracing::warn!(
+                    "sandbox {id}: removal at its deadline failed ({}); again in 1 s",
+                    crate::error::chain(&e)
+                );
+                let mut l = sb.lifetime();
+                if l.deadline_ms.is_none() {
+                    l.deadline_ms = Some(now_ms() + 1000);
+                    sb.set_lifetime(l);
+                }
+            }
         }
     }
 }

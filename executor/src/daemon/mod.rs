@@ -791,6 +791,12 @@ impl Daemon {
         // the request queues for one, first come first served). A chosen id
         // is claimed with it (two creates cannot both take one).
         let id = launch.id.clone();
+        if let Some(id) = &id {
+            if lock(&self.db).sandbox_id_seen(id.as_str())? {
+                return Err(LaunchError::IdTaken(id.clone()));
+            }
+        }
+        let asked = std::time::Instant::now();
         {
             let mut pool = self.reserve_slot(launch.wait)?;
             if let Some(id) = &id {
@@ -801,6 +807,11 @@ impl Daemon {
                     return Err(LaunchError::IdTaken(id.clone()));
                 }
             }
+        }
+        // A deadline runs from the start, not from a wait for a slot.
+        let mut launch = launch;
+        if let Some(d) = launch.lifetime.deadline_ms.as_mut() {
+            *d += asked.elapsed().as_millis() as i64;
         }
         let result = match self.take_ready_for(base, &launch) {
             Some(ready) => self.claim_ready(ready, base, launch.clone()).or_else(|e| {

@@ -92,7 +92,10 @@ impl Daemon {
                         if d.ready.stop.load(Ordering::Acquire) {
                             return;
                         }
-                        let short = d.cfg.pools.iter().find(|(name, n)| {
+                        // A draining host starts nothing, ready sandboxes
+                        // included.
+                        let draining = lock(&d.pool).draining.is_some();
+                        let short = d.cfg.pools.iter().filter(|_| !draining).find(|(name, n)| {
                             ready.get(name).map_or(0, Vec::len) < *n
                                 && failed_at.get(name).is_none_or(|t| t.elapsed() > Duration::from_secs(1))
                         });
@@ -214,7 +217,14 @@ impl Daemon {
         if base.snapshot.is_some() || base.layers != base.image.layers || self.cfg.pools.is_empty() {
             return None;
         }
-        self.take_ready(&base.image.name.parse().ok()?, launch)
+        let sb = self.take_ready(&base.image.name.parse().ok()?, launch)?;
+        // An image removed and imported again under its name: the old
+        // one's sandbox is not this image's.
+        if sb.spec.layers != base.layers {
+            discard(self, &sb);
+            return None;
+        }
+        Some(sb)
     }
 
     /// Make a ready sandbox the one `launch` asked for: its limits, env,
