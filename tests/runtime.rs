@@ -1876,6 +1876,14 @@ fn a_sandbox_cannot_forge_a_baseline() {
     let other = "mkdir -p /root/.ssh /srv && echo KEY > /root/.ssh/id_rsa && git init -q /srv/other-repo && \
                  echo o > /srv/other-repo/f && echo outside > /outside-of-repo";
     assert_eq!(sh(&env, &p, other)["exit_code"], 0);
+    // A canonical commit from the caller that HEAD is not at: refused.
+    let body = json!({"repo": "/src/app", "ref": "main", "owner": "acme", "commit": "0".repeat(40)});
+    match env.client().request("POST", &format!("/v1/sandboxes/{p}/baseline"), Some(&body)) {
+        Err(ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains("canonical_commit"), "{message}")
+        }
+        other => panic!("a HEAD other than the canonical commit was published: {other:?}"),
+    }
     let b: Value = serde_json::from_slice(&publish(&p).unwrap()).unwrap();
     assert!(!canary.exists(), "publishing ran a command the repository configured");
     assert_eq!(b["class"], "baseline");

@@ -340,9 +340,10 @@ pub struct CreateArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum BaselineCmd {
-    /// Validate the repository at --repo (inside the sandbox) with git and,
-    /// if it is clean and at the remote's --ref, seal the sandbox's tree as
-    /// the ready baseline OWNER/REPO@REF; prints its id.
+    /// Copy the repository at --repo out of the sandbox, check it with the
+    /// host's git and, if it is clean and at the remote's --ref (and
+    /// --commit), publish it as the ready baseline OWNER/REPO@REF; prints
+    /// its id.
     Publish {
         id: String,
         #[arg(long)]
@@ -353,6 +354,10 @@ pub enum BaselineCmd {
         owner: Option<String>,
         #[arg(long)]
         remote: Option<String>,
+        /// The commit the canonical ref is at, if you know it (HEAD must
+        /// be it; else the sandbox's remote-tracking ref is taken).
+        #[arg(long)]
+        commit: Option<String>,
     },
 }
 
@@ -693,12 +698,13 @@ pub fn run(cli: Cli) -> Result<i32> {
             println!("{}", info.id);
             Ok(0)
         }
-        Command::Baseline(BaselineCmd::Publish { id, repo, git_ref, owner, remote }) => {
+        Command::Baseline(BaselineCmd::Publish { id, repo, git_ref, owner, remote, commit }) => {
             let req = crate::daemon::baseline::PublishRequest {
                 repo: repo.clone(),
                 git_ref: git_ref.clone(),
                 owner: owner.clone(),
                 remote: remote.clone(),
+                commit: commit.clone(),
             };
             let s: SnapshotInfo = client(&cli)?.call("POST", &format!("/v1/sandboxes/{id}/baseline"), Some(&req))?;
             println!("{}", s.id);

@@ -45,6 +45,12 @@ pub struct PublishRequest {
     /// The remote whose tracking ref is canonical (default `origin`).
     #[serde(default)]
     pub remote: Option<String>,
+    /// The commit the caller knows the canonical ref to be at (a scheduler
+    /// that asked the remote): HEAD must be it. Without it, the
+    /// remote-tracking ref in the sandbox's repository is taken as the
+    /// canonical ref, which is the sandbox's claim (docs/security.md).
+    #[serde(default)]
+    pub commit: Option<String>,
 }
 
 pub use crate::gitcheck::Check;
@@ -88,6 +94,8 @@ pub enum BaselineError {
     BadNames,
     /// ref {0:?} is not a branch name
     BadRef(String),
+    /// commit {0:?} must be a full object id (40 or 64 lowercase hex characters)
+    BadCommit(String),
     /// {0}
     BadKey(String),
     /// baseline refused, failed checks: {0}
@@ -134,7 +142,9 @@ impl Classify for BaselineError {
     fn kind(&self) -> ErrorKind {
         use BaselineError as B;
         match self {
-            B::BadRepo(_) | B::BadNames | B::BadRef(_) | B::BadKey(_) | B::ImageName(_) => ErrorKind::InvalidArgument,
+            B::BadRepo(_) | B::BadNames | B::BadRef(_) | B::BadCommit(_) | B::BadKey(_) | B::ImageName(_) => {
+                ErrorKind::InvalidArgument
+            }
             B::ChecksFailed(_) | B::Older { .. } | B::NotFetched { .. } | B::Diverged { .. } | B::Superseded { .. } => {
                 ErrorKind::Conflict
             }
@@ -174,7 +184,19 @@ impl Daemon {
         let image = lock(&self.db).image_by_name(&sb.spec.image.parse()?)?.ok_or(BaselineError::NoImageRow)?;
         // The compare-and-swap's expected value: the ready baseline now.
         let observed = lock(&self.db).ready_baseline(&owner, &repo_name, image.id, &req.git_ref)?;
-        let key = Key { owner, repo: repo_name, git_ref: req.git_ref.clone(), remote, path: req.repo.clone() };
+        if let Some(c) = &req.commit {
+            if !(c.len() == 40 || c.len() == 64) || !c.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+                return Err(BaselineError::BadCommit(c.clone()));
+            }
+        }
+        let key = Key {
+            owner,
+            repo: repo_name,
+            git_ref: req.git_ref.clone(),
+            remote,
+            path: req.repo.clone(),
+            expected: req.commit.clone(),
+        };
         let work = self.rt.store.new_tmp("baseline")?;
         let result = self.leased(|lease| self.publish_in(&sb, &work, &rel, &key, image.id, observed, started, lease));
         let _ = remove_tree(&work);
@@ -285,7 +307,13 @@ impl Daemon {
             Ok(repo) => repo,
             Err(c) => return Err(BaselineError::ChecksFailed(format!("{}: {}", c.name, c.detail))),
         };
-        let checks = repo.checks(&key.git_ref, &key.remote)?;
+        let mut checks = repo.checks(&key.git_ref, &key.remote)?;
+        if let Some(want) = &key.expected {
+            let head = checks.iter().find(|c| c.name == "head_equals_remote").map(|c| c.detail.as_str());
+            let ok = head == Some(want.as_str());
+            let detail = if ok { want.clone() } else { format!("HEAD is not the canonical commit {want}") };
+            checks.push(crate::gitcheck::Check { name: "canonical_commit".into(), ok, detail });
+        }
         let failed: Vec<String> =
             checks.iter().filter(|c| !c.ok).map(|c| format!("{}: {}", c.name, c.detail)).collect();
         if !failed.is_empty() {
@@ -358,7 +386,14 @@ impl Daemon {
             return Ok(Some(format!("its layer holds {stray}, outside the repository")));
         }
         let observed = lock(&self.db).ready_baseline(&b.owner, &b.repo, row.image_id, &b.git_ref)?;
-        let key = Key { owner: b.owner.clone(), repo: b.repo.clone(), git_ref: b.git_ref.clone(), remote, path };
+        let key = Key {
+            owner: b.owner.clone(),
+            repo: b.repo.clone(),
+            git_ref: b.git_ref.clone(),
+            remote,
+            path,
+            expected: None,
+        };
         let scratch = work.join("git");
         std::fs::create_dir_all(&scratch)
             .map_err(|source| CaptureError::Io { step: "create the scratch dir", source })?;
@@ -454,6 +489,8 @@ struct Key {
     remote: String,
     /// The repository's path in the sandbox, as asked.
     path: String,
+    /// The canonical commit, if the caller knows it.
+    expected: Option<String>,
 }
 
 impl Key {
