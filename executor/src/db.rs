@@ -1712,11 +1712,11 @@ impl Db {
     /// (as [`Db::publish_baseline`]); its info loses the `ineligible` mark.
     pub fn admit_baseline(&mut self, id: &str, observed: Option<&str>) -> Result<Result<(), Option<String>>, DbError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin admit"))?;
-        let (owner, repo, image_id, git_ref, info): (String, String, i64, String, String) = tx
+        let (owner, repo, image_id, git_ref): (String, String, i64, String) = tx
             .query_row(
-                "SELECT owner, repo, image_id, ref, info FROM snapshots WHERE id = ?1 AND class = 'baseline'",
+                "SELECT owner, repo, image_id, ref FROM snapshots WHERE id = ?1 AND class = 'baseline'",
                 [id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .map_err(q("baseline to admit"))?;
         let current = ready_baseline_in(&tx, &owner, &repo, image_id, &git_ref)?;
@@ -1727,14 +1727,10 @@ impl Db {
             tx.execute("UPDATE snapshots SET state = 'superseded', retired_at = ?2 WHERE id = ?1", params![c, now()])
                 .map_err(q("supersede baseline"))?;
         }
-        let mut info: serde_json::Value =
-            serde_json::from_str(&info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
-        if let Some(o) = info.as_object_mut() {
-            o.remove("ineligible");
-        }
         tx.execute(
-            "UPDATE snapshots SET state = 'ready', retired_at = NULL, info = ?2 WHERE id = ?1",
-            params![id, info.to_string()],
+            "UPDATE snapshots SET state = 'ready', retired_at = NULL, info = json_remove(info, '$.ineligible') \
+             WHERE id = ?1",
+            [id],
         )
         .map_err(q("admit baseline"))?;
         tx.commit().map_err(q("commit admit"))?;
@@ -1744,15 +1740,8 @@ impl Db {
     /// Say why a snapshot is not eligible for new work (its info's
     /// `ineligible`).
     pub fn mark_ineligible(&mut self, id: &str, why: &str) -> Result<(), DbError> {
-        let info: String = self
-            .conn
-            .query_row("SELECT info FROM snapshots WHERE id = ?1", [id], |r| r.get(0))
-            .map_err(q("snapshot info"))?;
-        let mut info: serde_json::Value =
-            serde_json::from_str(&info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
-        info["ineligible"] = serde_json::json!(why);
         self.conn
-            .execute("UPDATE snapshots SET info = ?2 WHERE id = ?1", params![id, info.to_string()])
+            .execute("UPDATE snapshots SET info = json_set(info, '$.ineligible', ?2) WHERE id = ?1", params![id, why])
             .map_err(q("mark ineligible"))?;
         Ok(())
     }

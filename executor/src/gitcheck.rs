@@ -355,34 +355,14 @@ impl Repo {
                 _ => modified.push(path),
             }
         }
-        let listed = |what: &str, v: &[String]| {
-            let more = if v.len() > 5 { format!(" and {} more", v.len() - 5) } else { String::new() };
-            format!("{what}: {}{more}", v.iter().take(5).cloned().collect::<Vec<_>>().join(" "))
-        };
-        checks.push(Check::new(
-            "nothing_staged",
-            staged.is_empty(),
-            if staged.is_empty() { String::new() } else { listed("staged", &staged) },
-        ));
-        checks.push(Check::new(
-            "no_tracked_modification",
-            modified.is_empty(),
-            if modified.is_empty() { String::new() } else { listed("modified", &modified) },
-        ));
-        checks.push(Check::new(
-            "no_untracked_files",
-            untracked.is_empty(),
-            if untracked.is_empty() { String::new() } else { listed("untracked, not ignored", &untracked) },
-        ));
-        checks.push(Check::new(
-            "no_self_ignored_rules",
-            hiding.is_empty(),
-            if hiding.is_empty() {
-                String::new()
-            } else {
-                listed("untracked ignore or attribute files that ignore themselves", &hiding)
-            },
-        ));
+        for (name, what, paths) in [
+            ("nothing_staged", "staged", staged),
+            ("no_tracked_modification", "modified", modified),
+            ("no_untracked_files", "untracked, not ignored", untracked),
+            ("no_self_ignored_rules", "untracked ignore or attribute files that ignore themselves", hiding),
+        ] {
+            checks.push(Check::new(name, paths.is_empty(), listed(what, &paths)));
+        }
         let ops: Vec<&str> =
             IN_PROGRESS.iter().copied().filter(|f| fs::symlink_metadata(self.gitdir.join(f)).is_ok()).collect();
         checks.push(if ops.is_empty() {
@@ -419,6 +399,15 @@ fn io(step: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> GitChec
 /// A full object id (sha1 or sha256), lowercase hex.
 fn is_hex_id(s: &str) -> bool {
     matches!(s.len(), 40 | 64) && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// `what: p1 p2 ... and N more` (at most five paths), or nothing.
+fn listed(what: &str, paths: &[String]) -> String {
+    if paths.is_empty() {
+        return String::new();
+    }
+    let more = if paths.len() > 5 { format!(" and {} more", paths.len() - 5) } else { String::new() };
+    format!("{what}: {}{more}", paths[..paths.len().min(5)].join(" "))
 }
 
 /// Read `r` to its end on a thread of its own.

@@ -52,11 +52,9 @@ impl Daemon {
     pub fn set_timeout(&self, id: &str, req: TimeoutRequest) -> Result<SandboxInfo, SandboxOpError> {
         let sb = self.sandbox(id)?;
         let old = sb.lifetime();
-        let mut new = lifetime(Some(req.timeout), req.on_timeout, old.idle_timeout, old.on_timeout)
+        // Unset, the action stays the sandbox's.
+        let new = lifetime(Some(req.timeout), req.on_timeout, old.idle_timeout, old.on_timeout)
             .map_err(SandboxOpError::Invalid)?;
-        if req.on_timeout.is_none() {
-            new.on_timeout = old.on_timeout;
-        }
         let mut spec = sb.spec.clone();
         spec.lifetime = new;
         lock(&self.db).set_sandbox_spec(&sb.id, &spec)?;

@@ -820,21 +820,28 @@ impl Daemon {
             }),
             None => self.launch_reserved(base, launch, id.clone()),
         };
-        let mut pool = lock(&self.pool);
         if let Some(id) = &id {
-            pool.claimed.remove(id);
+            lock(&self.pool).claimed.remove(id);
         }
+        self.end_reservation(result)
+    }
+
+    /// Give back a slot reserved for a launch: to the sandbox it started
+    /// (now live), or (it failed) to whoever waits for one.
+    pub(crate) fn end_reservation<E>(&self, result: Result<Arc<Sandbox>, E>) -> Result<Arc<Sandbox>, E> {
+        let mut pool = lock(&self.pool);
         pool.reserved -= 1;
-        let sb = match result {
-            Ok(sb) => sb,
+        match result {
+            Ok(sb) => {
+                pool.live.insert(sb.id.clone(), sb.clone());
+                Ok(sb)
+            }
             Err(e) => {
                 drop(pool);
                 self.slots.notify_all();
-                return Err(e);
+                Err(e)
             }
-        };
-        pool.live.insert(sb.id.clone(), sb.clone());
-        Ok(sb)
+        }
     }
 
     /// Reserve a slot in the pool (`reserved` + 1), waiting up to `wait`

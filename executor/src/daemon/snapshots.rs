@@ -1238,17 +1238,7 @@ impl Daemon {
             };
             Ok(self.launch_reserved(&base, launch, Some(sb.id.clone()))?)
         })();
-        let mut pool = lock(&self.pool);
-        pool.reserved -= 1;
-        let new = match result {
-            Ok(new) => new,
-            Err(e) => {
-                drop(pool);
-                self.slots.notify_all();
-                return Err(e);
-            }
-        };
-        pool.live.insert(new.id.clone(), new.clone());
+        let new = self.end_reservation(result)?;
         tracing::info!("rolled sandbox {} back to snapshot {}", new.id, row.id);
         Ok(sandbox_info(&new))
     }
