@@ -86,7 +86,34 @@ pub enum Command {
         to: String,
     },
     /// The exec log of a sandbox, or the one sealed with a snapshot.
-    Logs { id: String },
+    Logs {
+        id: String,
+        /// Print each command's output as kept (stdout, then stderr).
+        #[arg(long)]
+        output: bool,
+    },
+    /// Run a command against a snapshot in a throwaway sandbox forked from
+    /// it (removed after) and record the outcome with the snapshot: exit
+    /// code, output, and the JSON it writes to $STRATA_RESULT. Prints the
+    /// evaluation as JSON; the recorded one if this name and version ran
+    /// on the snapshot before (unless --again).
+    Evaluate {
+        snapshot: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        version: String,
+        /// How long the command may run (default 10m).
+        #[arg(long, value_parser = crate::units::parse_duration)]
+        timeout: Option<std::time::Duration>,
+        #[arg(long)]
+        again: bool,
+        /// KEY=VALUE for the command (repeatable).
+        #[arg(long = "env", short = 'e')]
+        env: Vec<String>,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
     /// Copy files or trees between the host and a sandbox: `cp SRC ID:DST`
     /// or `cp ID:SRC DST`; `-` on the host side is a tar stream on
     /// stdin/stdout. Sandbox paths resolve inside its root only.
@@ -100,7 +127,17 @@ pub enum Command {
     },
     /// Added (A), changed (C) and deleted (D) paths of a sandbox's or a
     /// snapshot's delta, like `docker diff`.
-    Diff { id: String },
+    Diff {
+        id: String,
+        /// A snapshot's changes as a unified diff (`git diff --no-index`
+        /// form) instead of a list of paths.
+        #[arg(long)]
+        patch: bool,
+        /// With --patch: compare with this snapshot instead of what the
+        /// snapshot ran on.
+        #[arg(long, requires = "patch")]
+        against: Option<String>,
+    },
     /// Manage snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCmd),
@@ -225,10 +262,25 @@ pub struct DaemonArgs {
     /// API connections open at once; past it a new one is answered 429.
     #[arg(long, default_value_t = crate::api::DEFAULT_MAX_CONNECTIONS as u32, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: u32,
+    /// How much of each command's output (stdout and stderr together) its
+    /// exec record keeps (e.g. 1m, 0 for none); past it, the cut is counted.
+    #[arg(long, default_value = "1m", value_parser = parse_keep_output)]
+    pub keep_output: usize,
     /// On SIGTERM, how long API requests in flight may take to finish.
     #[arg(long, default_value = "30s", value_parser = crate::units::parse_duration)]
     pub shutdown_grace: std::time::Duration,
 }
+
+fn parse_keep_output(s: &str) -> Result<usize, String> {
+    match crate::units::parse_bytes(s)? {
+        n if n <= MAX_KEEP_OUTPUT => Ok(n as usize),
+        _ => Err(format!("{s:?}: at most 64m of output is kept per command")),
+    }
+}
+
+/// The most `--keep-output` may keep per command (SQLite keeps each in
+/// the row).
+const MAX_KEEP_OUTPUT: u64 = 64 << 20;
 
 fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
     match crate::units::parse_duration(s)? {
@@ -373,7 +425,26 @@ pub enum LineageCmd {
 #[derive(Subcommand, Debug)]
 pub enum SnapshotCmd {
     /// List snapshots.
-    Ls,
+    Ls {
+        /// Only those labelled KEY (or KEY=VALUE); repeatable, all must match.
+        #[arg(long)]
+        label: Vec<String>,
+    },
+    /// Set labels (KEY=VALUE) or remove them (KEY-).
+    Label {
+        id: String,
+        #[arg(required = true)]
+        labels: Vec<String>,
+    },
+    /// Keep a snapshot whatever its age (gc skips it) until released.
+    Retain { id: String },
+    /// Let gc collect a retained snapshot again under the usual rules.
+    Release { id: String },
+    /// A snapshot's evaluations as JSON.
+    Evaluations { id: String },
+    /// Everything recorded of a snapshot as one JSON document: itself, its
+    /// chain, provenance, exec log with output, evaluations, labels.
+    Result { id: String },
     /// Show one snapshot as JSON.
     Inspect { id: String },
     /// Remove a snapshot (refused while a sandbox or a child snapshot uses it).
@@ -758,9 +829,9 @@ pub fn run(cli: Cli) -> Result<i32> {
             println!("{}", info.id);
             Ok(0)
         }
-        Command::Logs { id } => {
+        Command::Logs { id, output } => {
             let recs: Vec<crate::db::ExecRecord> =
-                client(&cli)?.call("GET", &format!("/v1/sandboxes/{id}/logs"), NO_BODY)?;
+                client(&cli)?.call("GET", &format!("/v1/sandboxes/{id}/logs?output={output}"), NO_BODY)?;
             println!("{:<18} {:>10} {:>5} {:>10} {:<12} ARGV", "SANDBOX", "DURATION", "EXIT", "OUTPUT", "CWD");
             for r in recs {
                 println!(
@@ -772,10 +843,46 @@ pub fn run(cli: Cli) -> Result<i32> {
                     r.cwd,
                     serde_json::to_string(&r.argv)?
                 );
+                if let Some(o) = r.output.filter(|_| *output) {
+                    print_output(&o);
+                }
             }
             Ok(0)
         }
-        Command::Diff { id } => {
+        Command::Evaluate { snapshot, name, version, timeout, again, env, argv } => {
+            let req = crate::types::EvaluateRequest {
+                name: name.clone(),
+                version: version.clone(),
+                argv: argv.clone(),
+                env: env.clone(),
+                timeout: timeout.map(|t| t.as_secs().max(1)),
+                again: *again,
+            };
+            let e: crate::db::Evaluation =
+                client(&cli)?.call("POST", &format!("/v1/snapshots/{snapshot}/evaluate"), Some(&req))?;
+            eprintln!(
+                "{} {} {}: exit {}{} in {:.0} ms",
+                e.name,
+                e.version,
+                if e.recorded { "(recorded)" } else { "(ran)" },
+                e.exit_code,
+                if e.timed_out { ", timed out" } else { "" },
+                e.duration_ms
+            );
+            println!("{}", serde_json::to_string_pretty(&e)?);
+            Ok(0)
+        }
+        Command::Diff { id, patch: true, against } => {
+            let q = against.as_ref().map(|a| format!("&against={}", query_encode(a))).unwrap_or_default();
+            let p: crate::patch::Patch =
+                client(&cli)?.call("GET", &format!("/v1/snapshots/{id}/diff?patch=true{q}"), NO_BODY)?;
+            print!("{}", p.patch);
+            if p.truncated {
+                eprintln!("patch cut at {} bytes; later files are not shown", crate::patch::MAX_PATCH);
+            }
+            Ok(0)
+        }
+        Command::Diff { id, .. } => {
             let mut c = client(&cli)?;
             let changes: Vec<crate::diff::Change> = match c.call("GET", &format!("/v1/sandboxes/{id}/diff"), NO_BODY) {
                 Err(e) if e.status() == Some(404) => c.call("GET", &format!("/v1/snapshots/{id}/diff"), NO_BODY)?,
@@ -786,20 +893,61 @@ pub fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Snapshot(SnapshotCmd::Ls) => {
-            let list: Vec<SnapshotInfo> = client(&cli)?.call("GET", "/v1/snapshots", NO_BODY)?;
-            println!("{:<18} {:<18} {:<24} {:<8} {:>12} FROZEN_MS", "ID", "PARENT", "IMAGE", "LAYERS", "BLOB_BYTES");
+        Command::Snapshot(SnapshotCmd::Ls { label }) => {
+            let q: Vec<String> = label.iter().map(|l| format!("label={}", query_encode(l))).collect();
+            let list: Vec<SnapshotInfo> =
+                client(&cli)?.call("GET", &format!("/v1/snapshots?{}", q.join("&")), NO_BODY)?;
+            println!(
+                "{:<18} {:<18} {:<24} {:<8} {:>12} {:<10} {:>9} LABELS",
+                "ID", "PARENT", "IMAGE", "LAYERS", "BLOB_BYTES", "STATE", "FROZEN_MS"
+            );
             for s in list {
+                let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 println!(
-                    "{:<18} {:<18} {:<24} {:<8} {:>12} {:.1}",
+                    "{:<18} {:<18} {:<24} {:<8} {:>12} {:<10} {:>9.1} {}{}",
                     s.id,
                     s.parent.as_deref().unwrap_or("-"),
                     s.image,
                     s.layers.len(),
                     s.blob_size,
-                    s.info["frozen_ms"].as_f64().unwrap_or(0.0)
+                    s.state,
+                    s.info["frozen_ms"].as_f64().unwrap_or(0.0),
+                    if s.retained { "(retained) " } else { "" },
+                    labels.join(",")
                 );
             }
+            Ok(0)
+        }
+        Command::Snapshot(SnapshotCmd::Label { id, labels }) => {
+            let mut req = crate::types::LabelRequest::default();
+            for l in labels {
+                match (l.split_once('='), l.strip_suffix('-')) {
+                    (Some((k, v)), _) => req.labels.insert(k.to_string(), Some(v.to_string())),
+                    (None, Some(k)) => req.labels.insert(k.to_string(), None),
+                    (None, None) => anyhow::bail!("{l:?}: give KEY=VALUE to set a label or KEY- to remove it"),
+                };
+            }
+            let s: SnapshotInfo = client(&cli)?.call("POST", &format!("/v1/snapshots/{id}/labels"), Some(&req))?;
+            for (k, v) in s.labels {
+                println!("{k}={v}");
+            }
+            Ok(0)
+        }
+        Command::Snapshot(SnapshotCmd::Retain { id }) | Command::Snapshot(SnapshotCmd::Release { id }) => {
+            let op =
+                if matches!(&cli.cmd, Command::Snapshot(SnapshotCmd::Retain { .. })) { "retain" } else { "release" };
+            let _: SnapshotInfo = client(&cli)?.call("POST", &format!("/v1/snapshots/{id}/{op}"), NO_BODY)?;
+            Ok(0)
+        }
+        Command::Snapshot(SnapshotCmd::Evaluations { id }) => {
+            let v: serde_json::Value =
+                client(&cli)?.call("GET", &format!("/v1/snapshots/{id}/evaluations"), NO_BODY)?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+            Ok(0)
+        }
+        Command::Snapshot(SnapshotCmd::Result { id }) => {
+            let v: serde_json::Value = client(&cli)?.call("GET", &format!("/v1/snapshots/{id}/result"), NO_BODY)?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
             Ok(0)
         }
         Command::Snapshot(SnapshotCmd::Inspect { id }) => {
@@ -909,6 +1057,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         },
         on_timeout: a.on_timeout,
         pools: a.pools.clone(),
+        keep_output: a.keep_output,
     };
     let http = crate::api::ServeConfig {
         header_timeout: a.header_timeout,
@@ -919,6 +1068,34 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
     };
     crate::server::run(cfg, a.gc_interval, http)?;
     Ok(0)
+}
+
+/// A command's kept output, as `logs --output` prints it.
+fn print_output(o: &crate::model::KeptOutput) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for (name, bytes) in [("stdout", &o.stdout), ("stderr", &o.stderr)] {
+        if !bytes.is_empty() {
+            let _ = writeln!(out, "  --- {name}");
+            let _ = out.write_all(bytes);
+            if !bytes.ends_with(b"\n") {
+                let _ = writeln!(out);
+            }
+        }
+    }
+    if o.cut > 0 {
+        let _ = writeln!(out, "  --- [{} more bytes of output not kept]", o.cut);
+    }
+}
+
+/// A query parameter's value, percent-encoded.
+fn query_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// `ID:PATH` with a 16-hex-digit sandbox id, else a host path.

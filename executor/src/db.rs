@@ -15,6 +15,9 @@ pub use crate::model::{BlobCompression, LineageState, Rung, SandboxState, Snapsh
 use crate::oci::{Digest, ImageConfig};
 use crate::spec::SandboxSpec;
 
+mod results;
+pub use results::{Evaluation, MAX_LABEL_KEY, MAX_LABEL_VALUE};
+
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     #[error("open database {path}")]
@@ -330,6 +333,39 @@ const MIGRATIONS: &[&str] = &[
         created_at   INTEGER NOT NULL
     );
     "#,
+    // 11: sealed results. An exec record keeps its output (bounded; `cut`
+    // counts the bytes past the limit). A snapshot may be retained (gc
+    // keeps it whatever its age) and labelled; evaluations record a
+    // command run against it. Both go with their snapshot.
+    r#"
+    ALTER TABLE exec_records ADD COLUMN stdout BLOB;
+    ALTER TABLE exec_records ADD COLUMN stderr BLOB;
+    ALTER TABLE exec_records ADD COLUMN output_cut INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE snapshots ADD COLUMN retained INTEGER NOT NULL DEFAULT 0 CHECK (retained IN (0, 1));
+    CREATE TABLE snapshot_labels (
+        snapshot_id TEXT NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,
+        key         TEXT NOT NULL CHECK (length(key) BETWEEN 1 AND 128),
+        value       TEXT NOT NULL CHECK (length(value) <= 1024),
+        PRIMARY KEY (snapshot_id, key)
+    );
+    CREATE TABLE evaluations (
+        id          INTEGER PRIMARY KEY,
+        snapshot_id TEXT NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,
+        name        TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 128),
+        version     TEXT NOT NULL CHECK (length(version) BETWEEN 1 AND 128),
+        argv        TEXT NOT NULL,
+        exit_code   INTEGER NOT NULL,
+        timed_out   INTEGER NOT NULL CHECK (timed_out IN (0, 1)),
+        duration_ms REAL NOT NULL,
+        stdout      BLOB NOT NULL,
+        stderr      BLOB NOT NULL,
+        output_cut  INTEGER NOT NULL,
+        result      TEXT,
+        result_error TEXT,
+        created_at  INTEGER NOT NULL
+    );
+    CREATE INDEX evaluations_snapshot ON evaluations(snapshot_id, name, version, id);
+    "#,
 ];
 
 pub struct Db {
@@ -382,6 +418,10 @@ pub struct ExecRecord {
     /// Shell convention (128 + signal).
     pub exit_code: i32,
     pub output_bytes: u64,
+    /// Its output as kept (absent unless asked for, or from before
+    /// outputs were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<crate::model::KeptOutput>,
 }
 
 /// A sealed snapshot: one delta layer on top of its parent (or its image).
@@ -705,6 +745,11 @@ pub struct PulledSnapshot {
     pub layer: LayerRow,
     pub start_kind: StartKind,
     pub start_id: Option<SnapshotId>,
+    /// Its exec log as pushed: the first `inherited` records are its
+    /// ancestors' (below the pushed chain), the rest its own.
+    pub log: Vec<ExecRecord>,
+    pub inherited: usize,
+    pub evaluations: Vec<Evaluation>,
 }
 
 /// A pulled layer whose tree is not unpacked yet.
@@ -752,6 +797,32 @@ pub enum Claim {
 pub const PULLED_UNCHECKED: &str = "pulled: not yet checked on this host";
 
 /// Delete a layer's row if no image or snapshot lists it; true if deleted.
+/// Insert an exec record (its id is the database's); returns the id.
+fn insert_exec_record_in(conn: &Connection, r: &ExecRecord) -> Result<i64, DbError> {
+    let argv = serde_json::to_string(&r.argv).map_err(|source| DbError::Decode { what: "argv", source })?;
+    let out = r.output.as_ref();
+    conn.prepare_cached(
+        "INSERT INTO exec_records (sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes, \
+         stdout, stderr, output_cut) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    )
+    .and_then(|mut st| {
+        st.execute(params![
+            r.sandbox_id,
+            argv,
+            r.cwd,
+            r.started_at,
+            r.duration_ms,
+            r.exit_code,
+            r.output_bytes as i64,
+            out.map(|o| &o.stdout),
+            out.map(|o| &o.stderr),
+            out.map_or(0, |o| o.cut as i64),
+        ])
+    })
+    .map_err(q("insert exec record"))?;
+    Ok(conn.last_insert_rowid())
+}
+
 fn delete_layer_if_unused(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool, DbError> {
     let used = tx
         .query_row(
@@ -1107,6 +1178,7 @@ impl Db {
                 insert_image_in(&tx, &name, &image.manifest_digest, &image.config_digest, &config, &image.layers)?
             }
         };
+        let mut inserted = Vec::new();
         for p in snaps.iter_mut() {
             let pulled = p.layer.id.to_string();
             let here: Option<Option<String>> = tx
@@ -1134,6 +1206,21 @@ impl Db {
                 }
             }
             insert_layer(&tx, &p.layer)?;
+            inserted.push(p.row.id.clone());
+            // Its log: its own records, and its ancestors' too when this
+            // host lacks them (its parent was not kept). Inserted in one
+            // transaction, their ids are one range: its segment.
+            let keep = if p.row.parent_id.is_none() { 0 } else { p.inherited.min(p.log.len()) };
+            let mut range = (0, 0);
+            for (i, r) in p.log[keep..].iter().enumerate() {
+                let id = insert_exec_record_in(&tx, r)?;
+                range = (if i == 0 { id - 1 } else { range.0 }, id);
+            }
+            if let Some(o) = p.row.info.as_object_mut() {
+                o.insert("log_from".into(), range.0.into());
+                o.insert("log_upto".into(), range.1.into());
+                o.insert("log_pulled".into(), true.into());
+            }
             p.row.image_id = image_id;
             p.row.layer = p.layer.id.clone();
             p.row.diff_id = p.layer.diff_id.clone();
@@ -1185,6 +1272,14 @@ impl Db {
                     insert_pulled_row(&tx, &p.row)?;
                 }
                 _ => return Err(DbError::Invalid(format!("pulled snapshot {} has neither lineage nor key", p.row.id))),
+            }
+        }
+        for p in snaps.iter() {
+            // Only with the snapshot rows this pull inserted.
+            if inserted.contains(&p.row.id) {
+                for e in &p.evaluations {
+                    results::insert_evaluation_in(&tx, &Evaluation { snapshot: p.row.id.to_string(), ..e.clone() })?;
+                }
             }
         }
         for u in unhydrated {
@@ -1754,7 +1849,7 @@ impl Db {
             .conn
             .prepare(
                 "SELECT id FROM snapshots WHERE state IN ('superseded', 'retired', 'failed') \
-                 AND COALESCE(retired_at, created_at) <= ?1 \
+                 AND COALESCE(retired_at, created_at) <= ?1 AND retained = 0 \
                  AND id NOT IN (SELECT start_id FROM work_contexts WHERE state = 'active' AND start_id IS NOT NULL) \
                  ORDER BY created_at DESC, id",
             )
@@ -1776,38 +1871,34 @@ impl Db {
     // ---- exec log ----
 
     pub fn insert_exec_record(&self, r: &ExecRecord) -> Result<(), DbError> {
-        let argv = serde_json::to_string(&r.argv).map_err(|source| DbError::Decode { what: "argv", source })?;
-        self.conn
-            .prepare_cached(
-                "INSERT INTO exec_records (sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            )
-            .and_then(|mut st| {
-                st.execute(params![
-                    r.sandbox_id,
-                    argv,
-                    r.cwd,
-                    r.started_at,
-                    r.duration_ms,
-                    r.exit_code,
-                    r.output_bytes as i64
-                ])
-            })
-            .map_err(q("insert exec record"))?;
-        Ok(())
+        insert_exec_record_in(&self.conn, r).map(|_| ())
     }
 
-    /// A sandbox's exec records with id <= `upto` (all if `None`), oldest first.
-    pub fn exec_records(&self, sandbox_id: &str, upto: Option<i64>) -> Result<Vec<ExecRecord>, DbError> {
-        let mut st = self
-            .conn
-            .prepare(
-                "SELECT id, sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes FROM exec_records \
-                 WHERE sandbox_id = ?1 AND id <= ?2 ORDER BY id",
-            )
-            .map_err(q("exec records"))?;
+    /// Exec records with `from < id <= upto` (`upto` `None`: all after
+    /// `from`) of one sandbox (or, `None`, of any: a pulled snapshot's),
+    /// oldest first; with their output if `output`.
+    pub fn exec_records(
+        &self,
+        sandbox_id: Option<&str>,
+        from: i64,
+        upto: Option<i64>,
+        output: bool,
+    ) -> Result<Vec<ExecRecord>, DbError> {
+        const COLUMNS: &str = "SELECT id, sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes, \
+                 CASE WHEN ?4 THEN stdout END, CASE WHEN ?4 THEN stderr END, output_cut FROM exec_records";
+        let mut st = match sandbox_id {
+            Some(_) => self
+                .conn
+                .prepare_cached(&format!("{COLUMNS} WHERE sandbox_id = ?1 AND id > ?2 AND id <= ?3 ORDER BY id")),
+            None => {
+                self.conn.prepare_cached(&format!("{COLUMNS} WHERE ?1 IS NULL AND id > ?2 AND id <= ?3 ORDER BY id"))
+            }
+        }
+        .map_err(q("exec records"))?;
         let rows: Vec<(ExecRecord, String)> = st
-            .query_map(params![sandbox_id, upto.unwrap_or(i64::MAX)], |r| {
+            .query_map(params![sandbox_id, from, upto.unwrap_or(i64::MAX), output], |r| {
+                let stdout: Option<Vec<u8>> = r.get(8)?;
+                let stderr: Option<Vec<u8>> = r.get(9)?;
                 let rec = ExecRecord {
                     id: r.get(0)?,
                     sandbox_id: r.get(1)?,
@@ -1817,6 +1908,12 @@ impl Db {
                     duration_ms: r.get(5)?,
                     exit_code: r.get(6)?,
                     output_bytes: r.get::<_, i64>(7)? as u64,
+                    output: match (stdout, stderr) {
+                        (Some(stdout), Some(stderr)) => {
+                            Some(crate::model::KeptOutput { stdout, stderr, cut: r.get::<_, i64>(10)? as u64 })
+                        }
+                        _ => None,
+                    },
                 };
                 Ok((rec, r.get(2)?))
             })

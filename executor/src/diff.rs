@@ -1236,11 +1236,18 @@ fn in_layer(lower: &Path, rel: &Path) -> Option<PathBuf> {
 }
 
 fn in_lowers(lowers: &[PathBuf], rel: &Path) -> bool {
+    find_in(lowers, rel).is_some()
+}
+
+/// Where `rel` of the merged view of `lowers` (topmost first) is: the
+/// path in the topmost layer that has it; `None` if no layer has it or a
+/// whiteout or an opaque directory hides it.
+pub(crate) fn find_in(lowers: &[PathBuf], rel: &Path) -> Option<PathBuf> {
     for lower in lowers {
         let Some(path) = in_layer(lower, rel) else { continue };
         match fs::symlink_metadata(&path) {
-            Ok(m) if m.file_type().is_char_device() && m.rdev() == 0 => return false,
-            Ok(_) => return true,
+            Ok(m) if m.file_type().is_char_device() && m.rdev() == 0 => return None,
+            Ok(_) => return Some(path),
             Err(_) => {
                 // An opaque ancestor in this layer hides everything below it.
                 let mut anc = rel.parent();
@@ -1249,18 +1256,18 @@ fn in_lowers(lowers: &[PathBuf], rel: &Path) -> bool {
                         .map(|x| x.iter().any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y"))
                         .unwrap_or(false)
                     {
-                        return false;
+                        return None;
                     }
                     anc = a.parent();
                 }
             }
         }
     }
-    false
+    None
 }
 
 /// Names in the merged view of `lowers` under directory `rel`.
-fn lower_children(lowers: &[PathBuf], rel: &Path) -> Vec<std::ffi::OsString> {
+pub(crate) fn lower_children(lowers: &[PathBuf], rel: &Path) -> Vec<std::ffi::OsString> {
     let mut names: Vec<std::ffi::OsString> = Vec::new();
     for lower in lowers {
         let Some(dir) = in_layer(lower, rel) else { continue };

@@ -28,6 +28,7 @@ pub mod ids;
 pub mod image;
 pub mod model;
 pub mod oci;
+pub mod patch;
 pub mod registry;
 pub mod sandbox;
 pub mod server;

@@ -200,6 +200,63 @@ impl Default for OnTimeout {
     }
 }
 
+/// What the exec log keeps of a command's output: the first bytes of its
+/// stdout and stderr, up to the daemon's per-exec limit for both together,
+/// and how many bytes past that limit were cut (not kept). In JSON each
+/// stream is a string when it is UTF-8, else `{"base64": "..."}`: readable
+/// where it can be, lossless always.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeptOutput {
+    #[serde(with = "bytes_text")]
+    pub stdout: Vec<u8>,
+    #[serde(with = "bytes_text")]
+    pub stderr: Vec<u8>,
+    /// Bytes of output past the limit, not kept (0: all of it is here).
+    pub cut: u64,
+}
+
+impl KeptOutput {
+    /// Keep what of `data` (from stdout, or else stderr) fits in `limit`
+    /// bytes of both streams together; count the rest as cut.
+    pub fn keep(&mut self, limit: usize, stdout: bool, data: &[u8]) {
+        let room = limit.saturating_sub(self.stdout.len() + self.stderr.len());
+        let n = data.len().min(room);
+        let buf = if stdout { &mut self.stdout } else { &mut self.stderr };
+        buf.extend_from_slice(&data[..n]);
+        self.cut += (data.len() - n) as u64;
+    }
+}
+
+/// Bytes as JSON text when they are UTF-8, else as `{"base64": ...}`.
+mod bytes_text {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Text {
+        Utf8(String),
+        Binary { base64: String },
+    }
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        match std::str::from_utf8(v) {
+            Ok(t) => Text::Utf8(t.to_string()),
+            Err(_) => Text::Binary { base64: base64::engine::general_purpose::STANDARD.encode(v) },
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        match Text::deserialize(d)? {
+            Text::Utf8(t) => Ok(t.into_bytes()),
+            Text::Binary { base64 } => {
+                base64::engine::general_purpose::STANDARD.decode(base64).map_err(serde::de::Error::custom)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,5 +284,17 @@ mod tests {
         assert!(read("spawn").is_err());
         let back: String = db.query_row("SELECT ?1", [LineageState::Retired], |r| r.get(0)).unwrap();
         assert_eq!(back, "retired");
+    }
+
+    #[test]
+    fn kept_output_is_bounded_and_round_trips_binary() {
+        let mut k = KeptOutput::default();
+        k.keep(8, true, b"hello");
+        k.keep(8, false, b"\xff\xfeworld");
+        assert_eq!((k.stdout.as_slice(), k.stderr.as_slice(), k.cut), (&b"hello"[..], &b"\xff\xfew"[..], 4));
+        let j = serde_json::to_value(&k).unwrap();
+        assert_eq!(j["stdout"], "hello");
+        assert_eq!(j["stderr"]["base64"], "//53");
+        assert_eq!(serde_json::from_value::<KeptOutput>(j).unwrap(), k);
     }
 }

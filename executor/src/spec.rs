@@ -49,6 +49,11 @@ pub struct SandboxSpec {
     /// Its deadline and idle timeout, as last set (a renewal rewrites it).
     #[serde(default)]
     pub lifetime: Lifetime,
+    /// Its exec log is the log of `snapshot` and then its own records
+    /// after this id: a rollback keeps the records it discarded (the
+    /// snapshots taken before it name them) but not in its log.
+    #[serde(default)]
+    pub log_from: i64,
 }
 
 /// How long a sandbox lives (the scheduler's contract): a deadline after

@@ -335,6 +335,74 @@ pub struct SnapshotInfo {
     /// hardlinks, tar_bytes; timings in ms (frozen_ms, blob_ms, total_ms,
     /// seal_ms).
     pub info: serde_json::Value,
+    /// Kept by gc whatever its age, until released.
+    #[serde(default)]
+    pub retained: bool,
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// `POST /v1/snapshots/{id}/evaluate`: run a command against the
+/// snapshot in a throwaway sandbox and record what it found.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluateRequest {
+    /// What is evaluated (`tests`, `reward`): 1-128 characters of
+    /// `[A-Za-z0-9._:/-]`.
+    pub name: String,
+    /// Its version, in the same characters.
+    pub version: String,
+    pub argv: Vec<String>,
+    /// `KEY=VALUE` for the command (besides `STRATA_RESULT`).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Seconds the command may run (default 600, at most 86400); then it
+    /// is killed and recorded as timed out.
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// Run it even if this snapshot has a record of this name and version.
+    #[serde(default)]
+    pub again: bool,
+}
+
+/// `POST /v1/snapshots/{id}/labels`: set labels (a value) or remove them
+/// (`null`); the others are kept.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LabelRequest {
+    pub labels: std::collections::BTreeMap<String, Option<String>>,
+}
+
+/// Where a snapshot came from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Provenance {
+    pub image: String,
+    pub image_manifest_digest: String,
+    pub image_config_digest: String,
+    /// Its ancestors, nearest first.
+    pub parents: Vec<SnapshotId>,
+    pub source_sandbox: String,
+    /// The host that holds this record (its hostname), and whether the
+    /// snapshot was captured here or pulled (`pulled_from`).
+    pub host: String,
+    pub pulled_from: Option<String>,
+    /// This Strata's version.
+    pub strata_version: String,
+}
+
+/// `GET /v1/snapshots/{id}/result`: everything recorded of a sealed
+/// snapshot, in one document.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SealedResult {
+    pub snapshot: SnapshotInfo,
+    /// Its chain, root first (the snapshot last).
+    pub chain: Vec<SnapshotId>,
+    pub provenance: Provenance,
+    /// Its exec log, with output.
+    pub logs: Vec<crate::db::ExecRecord>,
+    pub evaluations: Vec<crate::db::Evaluation>,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub retained: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -40,10 +40,18 @@ impl Request {
     }
 
     pub fn query_param(&self, key: &str) -> Option<String> {
-        self.query.split('&').find_map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (k == key).then(|| percent_decode(v))
-        })
+        self.query_params(key).into_iter().next()
+    }
+
+    /// Every value of a repeated query parameter, in order.
+    pub fn query_params(&self, key: &str) -> Vec<String> {
+        self.query
+            .split('&')
+            .filter_map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                (k == key).then(|| percent_decode(v))
+            })
+            .collect()
     }
 }
 

@@ -141,6 +141,8 @@ fn exec_request(b: &ExecRequestBody) -> Result<ExecRequest, ApiError> {
         timeout,
         tty: b.tty,
         size: (b.rows.unwrap_or(24).max(1), b.cols.unwrap_or(80).max(1)),
+        // The daemon's to set.
+        keep_output: 0,
     })
 }
 
@@ -175,9 +177,19 @@ pub enum Action {
     Exec(String, ExecRequest, Vec<u8>),
     /// An attached exec: the connection is upgraded to the exec stream.
     Attach(String, ExecRequest),
-    /// An exec log: of a live sandbox or of a snapshot's chain.
-    Logs(String),
-    ListSnapshots,
+    /// An exec log: of a live sandbox or of a snapshot's chain; with the
+    /// commands' output if asked (`?output=true`).
+    Logs(String, bool),
+    /// Snapshots, those with every label selector given (`?label=K[=V]`).
+    ListSnapshots(Vec<String>),
+    Evaluate(String, types::EvaluateRequest),
+    Evaluations(String),
+    Label(String, types::LabelRequest),
+    /// Retain (true) or release (false).
+    Retain(String, bool),
+    /// `GET /v1/snapshots/{id}/diff?patch=true[&against=SNAP]`.
+    Patch(String, Option<String>),
+    SealedResult(String),
     PullSnapshot(types::RegistryRequest),
     PushSnapshot(String, types::RegistryRequest),
     GetSnapshot(String),
@@ -215,6 +227,7 @@ impl Action {
                 | A::PullImage(_)
                 | A::ImportImage(_)
                 | A::Export(..)
+                | A::Evaluate(..)
         )
     }
 }
@@ -281,14 +294,14 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             _ => return Err(no_route(req)),
         },
         (["sandboxes", s, op], "GET") => match *op {
-            "logs" => A::Logs(id(s)),
+            "logs" => A::Logs(id(s), flag(req, "output")?),
             "diff" => A::SandboxDiff(id(s)),
             "checkpoint" | "suspend" | "rollback" | "baseline" | "copy" | "pause" | "unpause" | "timeout" | "exec" => {
                 return Err(not_allowed("POST"))
             }
             _ => return Err(no_route(req)),
         },
-        (["snapshots"], "GET") => A::ListSnapshots,
+        (["snapshots"], "GET") => A::ListSnapshots(req.query_params("label")),
         (["snapshots"], _) => return Err(not_allowed("GET")),
         (["snapshots", "pull"], "POST") => A::PullSnapshot(body(req)?),
         (["snapshots", "pull"], _) => return Err(not_allowed("POST")),
@@ -300,13 +313,22 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             "export" => A::Export(id(s), body(req)?),
             "resume" => A::Resume(id(s), body_or_default(req)?),
             "fork" => A::Fork(id(s), body_or_default(req)?),
-            "logs" | "diff" => return Err(not_allowed("GET")),
+            "evaluate" => A::Evaluate(id(s), body(req)?),
+            "labels" => A::Label(id(s), body(req)?),
+            "retain" => A::Retain(id(s), true),
+            "release" => A::Retain(id(s), false),
+            "logs" | "diff" | "evaluations" | "result" => return Err(not_allowed("GET")),
             _ => return Err(no_route(req)),
         },
         (["snapshots", s, op], "GET") => match *op {
-            "logs" => A::Logs(id(s)),
+            "logs" => A::Logs(id(s), flag(req, "output")?),
+            "diff" if flag(req, "patch")? => A::Patch(id(s), req.query_param("against")),
             "diff" => A::SnapshotDiff(id(s)),
-            "push" | "export" | "resume" | "fork" => return Err(not_allowed("POST")),
+            "evaluations" => A::Evaluations(id(s)),
+            "result" => A::SealedResult(id(s)),
+            "push" | "export" | "resume" | "fork" | "evaluate" | "labels" | "retain" | "release" => {
+                return Err(not_allowed("POST"))
+            }
             _ => return Err(no_route(req)),
         },
         (["gc"], "POST") => {
@@ -326,7 +348,11 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
         (["lineages", s, "retire"], "POST") => A::RetireLineage(id(s)),
         (["lineages", _, "resume" | "retire"], _) => return Err(not_allowed("POST")),
         (["sandboxes" | "snapshots", _, op], _) if known_op(segs[0], op) => {
-            return Err(not_allowed(if matches!(*op, "logs" | "diff") { "GET" } else { "POST" }))
+            return Err(not_allowed(if matches!(*op, "logs" | "diff" | "evaluations" | "result") {
+                "GET"
+            } else {
+                "POST"
+            }))
         }
         _ => return Err(no_route(req)),
     };
@@ -335,6 +361,16 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
 
 fn no_route(req: &http::Request) -> ApiError {
     ApiError::new(ErrorKind::NotFound, format!("no route {} {}", req.method, req.path))
+}
+
+/// A boolean query parameter: absent or `false` is false, `true` (or
+/// empty, `?output`) is true.
+fn flag(req: &http::Request, key: &str) -> Result<bool, ApiError> {
+    match req.query_param(key).as_deref() {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") | Some("") => Ok(true),
+        Some(v) => Err(ApiError::new(ErrorKind::InvalidArgument, format!("{key}={v:?}: use true or false"))),
+    }
 }
 
 /// Whether `op` is an operation on a sandbox or snapshot (so another
@@ -356,7 +392,21 @@ fn known_op(on: &str, op: &str) -> bool {
                     | "diff"
             )
         }
-        _ => matches!(op, "push" | "export" | "resume" | "fork" | "logs" | "diff"),
+        _ => matches!(
+            op,
+            "push"
+                | "export"
+                | "resume"
+                | "fork"
+                | "logs"
+                | "diff"
+                | "evaluate"
+                | "evaluations"
+                | "labels"
+                | "retain"
+                | "release"
+                | "result"
+        ),
     }
 }
 
@@ -437,8 +487,14 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
             )
         }
         A::Attach(id, req) => Ok(Reply::Attach { sandbox: d.sandbox(&id)?, req }),
-        A::Logs(id) => json(200, &d.logs(&id)?),
-        A::ListSnapshots => json(200, &d.list_snapshots()?),
+        A::Logs(id, output) => json(200, &d.logs(&id, output)?),
+        A::ListSnapshots(labels) => json(200, &d.list_snapshots_labelled(&labels)?),
+        A::Evaluate(id, b) => json(201, &d.evaluate(&id, b)?),
+        A::Evaluations(id) => json(200, &d.evaluations(&id)?),
+        A::Label(id, b) => json(200, &d.label_snapshot(&id, b)?),
+        A::Retain(id, on) => json(200, &d.retain_snapshot(&id, on)?),
+        A::Patch(id, against) => json(200, &d.snapshot_patch(&id, against.as_deref())?),
+        A::SealedResult(id) => json(200, &d.snapshot_result(&id)?),
         A::PullSnapshot(r) => {
             let p = r.progress;
             StreamOp::PullSnapshot(r).reply(d, p)
@@ -569,7 +625,14 @@ mod tests {
     use super::*;
 
     fn req(method: &str, path: &str, body: &str) -> http::Request {
-        http::Request { method: method.into(), path: path.into(), body: body.as_bytes().to_vec(), ..Default::default() }
+        let (path, query) = path.split_once('?').unwrap_or((path, ""));
+        http::Request {
+            method: method.into(),
+            path: path.into(),
+            query: query.into(),
+            body: body.as_bytes().to_vec(),
+            ..Default::default()
+        }
     }
 
     fn parsed(method: &str, path: &str, body: &str) -> Result<Action, ApiError> {
@@ -585,7 +648,24 @@ mod tests {
         );
         assert!(matches!(parsed("DELETE", "/v1/sandboxes/abc", ""), Ok(Action::RemoveSandbox(id)) if id == "abc"));
         assert!(matches!(parsed("GET", "/v1/images/a%2Fb:1", ""), Ok(Action::GetImage(n)) if n == "a/b:1"));
-        assert!(matches!(parsed("GET", "/v1/snapshots/s1/logs", ""), Ok(Action::Logs(id)) if id == "s1"));
+        assert!(matches!(parsed("GET", "/v1/snapshots/s1/logs", ""), Ok(Action::Logs(id, false)) if id == "s1"));
+        assert!(matches!(parsed("GET", "/v1/sandboxes/s1/logs?output=true", ""), Ok(Action::Logs(_, true))));
+        assert!(parsed("GET", "/v1/sandboxes/s1/logs?output=yes", "").is_err());
+        assert!(matches!(
+            parsed("GET", "/v1/snapshots?label=a%3Db&label=c", ""),
+            Ok(Action::ListSnapshots(l)) if l == ["a=b", "c"]
+        ));
+        assert!(matches!(
+            parsed("GET", "/v1/snapshots/s1/diff?patch=true&against=s0", ""),
+            Ok(Action::Patch(id, Some(a))) if id == "s1" && a == "s0"
+        ));
+        assert!(matches!(parsed("GET", "/v1/snapshots/s1/diff", ""), Ok(Action::SnapshotDiff(_))));
+        assert!(matches!(
+            parsed("POST", "/v1/snapshots/s1/evaluate", r#"{"name":"t","version":"1","argv":["true"]}"#),
+            Ok(Action::Evaluate(_, e)) if e.name == "t" && !e.again
+        ));
+        assert!(matches!(parsed("POST", "/v1/snapshots/s1/release", ""), Ok(Action::Retain(_, false))));
+        assert!(matches!(parsed("GET", "/v1/snapshots/s1/result", ""), Ok(Action::SealedResult(_))));
         assert!(
             matches!(parsed("POST", "/v1/snapshots/s1/fork", ""), Ok(Action::Fork(id, l)) if id == "s1" && l.count.is_none())
         );

@@ -9,6 +9,12 @@
 //! verifies every digest and diff_id, unpacks under `tmp/`, and records
 //! image, layers, lineages and snapshots in one transaction with the same
 //! ids: all or nothing.
+//!
+//! The chain's exec logs (with output) and evaluations travel as one more
+//! blob, gzip'd JSON, named by digest in the label (`records`): not a
+//! layer, so other tools see an ordinary image. A registry's garbage
+//! collector that keeps only blobs a manifest lists would drop it; a pull
+//! then fails naming it.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -30,6 +36,9 @@ use crate::types::{Progress, PullResult, PushResult, RegistryRequest};
 pub const CHAIN_LABEL: &str = "dev.strata.chain";
 /// Largest config accepted from a registry.
 const MAX_CONFIG: u64 = 8 << 20;
+/// Largest records blob accepted from a registry, and its JSON unpacked.
+const MAX_RECORDS: u64 = 256 << 20;
+const MAX_RECORDS_JSON: u64 = 1 << 30;
 /// How long a push waits for a suspended snapshot's blob to be sealed.
 const SEAL_WAIT: Duration = Duration::from_secs(1800);
 
@@ -120,6 +129,32 @@ struct ChainMeta {
     image: ImageMeta,
     /// Root first; one per layer after the image's.
     snapshots: Vec<SnapshotMeta>,
+    /// The blob holding the chain's logs and evaluations (`ChainRecords`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    records: Option<RecordsRef>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RecordsRef {
+    digest: Digest,
+    size: u64,
+}
+
+/// What a pushed chain carries besides its layers: per snapshot (as in
+/// the label, root first), its exec log with output and its evaluations.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct ChainRecords {
+    snapshots: Vec<SnapshotRecords>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SnapshotRecords {
+    id: SnapshotId,
+    /// The first `inherited` records of `log` are its ancestors' (the
+    /// root of a pushed chain whose parents are not pushed: compacted).
+    inherited: usize,
+    log: Vec<crate::db::ExecRecord>,
+    evaluations: Vec<crate::db::Evaluation>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -257,7 +292,16 @@ impl Daemon {
                 };
                 progress(Progress { action: action.into(), digest: b.digest.to_string(), size: b.size, done: b.size });
             }
-            let meta = self.chain_meta(&image, &chain)?;
+            let mut meta = self.chain_meta(&image, &chain)?;
+            let records = self.chain_records(&chain)?;
+            let records_digest = Digest::sha256(&records);
+            if client.push_bytes(repo, &records_digest, &records)? == Pushed::Uploaded {
+                result.uploaded_blobs += 1;
+                result.uploaded_bytes += records.len() as u64;
+            } else {
+                result.present_blobs += 1;
+            }
+            meta.records = Some(RecordsRef { digest: records_digest, size: records.len() as u64 });
             let mut labels = std::collections::HashMap::new();
             labels.insert(CHAIN_LABEL.to_string(), serde_json::to_string(&meta)?);
             labels.insert("dev.strata.snapshot".into(), row.id.to_string());
@@ -397,7 +441,54 @@ impl Daemon {
                 layers: image.layers.len(),
             },
             snapshots,
+            records: None,
         })
+    }
+
+    /// The chain's logs and evaluations, as the records blob holds them.
+    fn chain_records(&self, chain: &[SnapshotRow]) -> Result<Vec<u8>, TransferError> {
+        let db = lock(&self.db);
+        let mut out = ChainRecords::default();
+        for (i, s) in chain.iter().enumerate() {
+            let mut log = Vec::new();
+            if i == 0 {
+                if let Some(p) = &s.parent_id {
+                    log = crate::daemon::snapshots::snapshot_log(&db, p, true)?;
+                }
+            }
+            let inherited = log.len();
+            log.extend(crate::daemon::snapshots::own_log(&db, s, true)?);
+            out.snapshots.push(SnapshotRecords {
+                id: s.id.clone(),
+                inherited,
+                log,
+                evaluations: db.evaluations(&s.id)?,
+            });
+        }
+        drop(db);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        serde_json::to_writer(&mut gz, &out)?;
+        Ok(gz.finish()?)
+    }
+
+    /// Fetch and read a chain's records blob (checked against its digest
+    /// and size, unpacked within a bound).
+    fn fetch_records(&self, client: &Client, repo: &str, r: &RecordsRef) -> Result<ChainRecords, TransferError> {
+        if r.size > MAX_RECORDS {
+            return Err(invalid(format!("records blob {} of {} bytes is over the limit", r.digest, r.size)));
+        }
+        let mut gz = Vec::new();
+        client.get_blob(repo, &r.digest, r.size, &mut gz, &mut |_| {})?;
+        let mut json = Vec::new();
+        flate2::read::GzDecoder::new(&gz[..])
+            .take(MAX_RECORDS_JSON + 1)
+            .read_to_end(&mut json)
+            .map_err(|e| upstream(client, format!("records blob {} is not gzip: {e}", r.digest)))?;
+        if json.len() as u64 > MAX_RECORDS_JSON {
+            return Err(invalid(format!("records blob {} unpacks to more than {MAX_RECORDS_JSON} bytes", r.digest)));
+        }
+        serde_json::from_slice(&json)
+            .map_err(|e| upstream(client, format!("records blob {} is not valid: {e}", r.digest)))
     }
 
     // ---- pull ----
@@ -647,6 +738,17 @@ impl Daemon {
                     docs.layers.len()
                 )));
             }
+            let mut records = match &meta.records {
+                Some(r) => self.fetch_records(&client, &reference.repository, r)?,
+                None => ChainRecords::default(),
+            };
+            if !records.snapshots.is_empty()
+                && (records.snapshots.len() != meta.snapshots.len()
+                    || records.snapshots.iter().zip(&meta.snapshots).any(|(r, m)| r.id != m.id)
+                    || records.snapshots.iter().any(|r| r.inherited > r.log.len()))
+            {
+                return Err(invalid(format!("{reference}: its records blob does not match its chain")));
+            }
             let compressions: Vec<BlobCompression> = docs.layers[n_image..]
                 .iter()
                 .map(|l| blob_compression(l.compression))
@@ -782,6 +884,13 @@ impl Daemon {
                         layer: layer.clone(),
                         start_kind: m.start_kind.unwrap_or(crate::model::StartKind::Image),
                         start_id: m.start_id.clone(),
+                        log: records.snapshots.get_mut(k).map(|r| std::mem::take(&mut r.log)).unwrap_or_default(),
+                        inherited: records.snapshots.get(k).map_or(0, |r| r.inherited),
+                        evaluations: records
+                            .snapshots
+                            .get_mut(k)
+                            .map(|r| std::mem::take(&mut r.evaluations))
+                            .unwrap_or_default(),
                     }
                 })
                 .collect();

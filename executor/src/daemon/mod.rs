@@ -18,6 +18,7 @@ pub mod lifetime;
 pub mod lineage;
 pub mod ready;
 pub mod requests;
+pub mod results;
 pub mod snapshots;
 
 use std::collections::{HashMap, HashSet};
@@ -262,6 +263,9 @@ pub struct DaemonConfig {
     pub on_timeout: crate::model::OnTimeout,
     /// Ready pools: sandboxes of these images kept started (`ready.rs`).
     pub pools: Vec<(ImageName, usize)>,
+    /// How many bytes of each command's output (stdout and stderr
+    /// together) its exec record keeps.
+    pub keep_output: usize,
 }
 
 /// See [`Daemon::sealing`].
@@ -904,6 +908,12 @@ impl Daemon {
         // a user namespace needs a shim cloned into one.
         let userns = launch.userns == Some(true);
         let cold = fixed_id.is_some() || launch.limits.disk.is_some() || userns;
+        // A rollback keeps its sandbox's exec records but starts its log
+        // over at the snapshot it went back to.
+        let log_from = match &fixed_id {
+            Some(id) => lock(&self.db).last_exec_record(id.as_str())?,
+            None => 0,
+        };
         let warm = if cold { None } else { self.take_warm() };
         tracing::debug!("create: {} shim", if warm.is_some() { "warm" } else { "cold" });
         let id = fixed_id.or_else(|| warm.as_ref().map(|w| w.id.clone())).unwrap_or_else(SandboxId::random);
@@ -927,6 +937,7 @@ impl Daemon {
                 (true, None) => Some(self.alloc_userns()?),
             },
             lifetime: launch.lifetime,
+            log_from,
         };
         let defaults = self.exec_defaults(&base.image, &spec)?;
         let sb = match warm {
@@ -1108,6 +1119,7 @@ impl Daemon {
         stdin: Vec<u8>,
     ) -> Result<sandbox::ExecOutput, SandboxOpError> {
         let _busy = sb.busy();
+        let req = &sandbox::ExecRequest { keep_output: self.cfg.keep_output, ..req.clone() };
         let out = sb.exec_buffered(req, stdin)?;
         self.record_exec(sb, req, &out.summary);
         Ok(out)
@@ -1124,6 +1136,7 @@ impl Daemon {
         started: impl FnOnce(&mut std::os::unix::net::UnixStream) -> std::io::Result<()>,
     ) -> Result<(), SandboxOpError> {
         let _busy = sb.busy();
+        let req = &sandbox::ExecRequest { keep_output: self.cfg.keep_output, ..req.clone() };
         let summary = sb.exec_attached(req, conn, started)?;
         self.record_exec(sb, req, &summary);
         Ok(())

@@ -162,6 +162,7 @@ impl Daemon {
             seccomp_unconfined: false,
             userns: None,
             lifetime: Default::default(),
+            log_from: 0,
         };
         let defaults = self.exec_defaults(&image, &spec)?;
         Ok(crate::sandbox::create(&self.rt, &id, &spec, defaults)?)

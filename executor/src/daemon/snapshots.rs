@@ -232,6 +232,33 @@ fn removed_meanwhile(sb: &crate::sandbox::Sandbox) -> CaptureError {
 
 /// Mark a snapshot captured in a user namespace: its chain then runs only
 /// in one (`Daemon::settle_userns`).
+/// A snapshot's sealed exec log: its chain's segments, root first.
+pub(crate) fn snapshot_log(
+    db: &crate::db::Db,
+    id: &str,
+    output: bool,
+) -> Result<Vec<crate::db::ExecRecord>, crate::db::DbError> {
+    let mut out = Vec::new();
+    for s in db.snapshot_chain(id)? {
+        out.extend(own_log(db, &s, output)?);
+    }
+    Ok(out)
+}
+
+/// The exec records a snapshot seals itself (its segment of the log):
+/// its source sandbox's records with ids in `(log_from, log_upto]`; for a
+/// pulled snapshot, the records its pull inserted, whatever sandbox ran
+/// them (`log_pulled`). None for a snapshot that records no log.
+pub(crate) fn own_log(
+    db: &crate::db::Db,
+    s: &SnapshotRow,
+    output: bool,
+) -> Result<Vec<crate::db::ExecRecord>, crate::db::DbError> {
+    let (from, upto) = (s.info["log_from"].as_i64().unwrap_or(0), s.info["log_upto"].as_i64().unwrap_or(0));
+    let sandbox = (s.info["log_pulled"] != true).then_some(s.source_sandbox.as_str());
+    db.exec_records(sandbox, from, Some(upto), output)
+}
+
 pub(crate) fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
     if sb.spec.userns.is_some() {
         info["userns"] = serde_json::Value::Bool(true);
@@ -604,6 +631,7 @@ impl Daemon {
             "blob_ahead": spec.as_ref().is_some_and(|(_, missed)| missed.is_none()),
             "ahead_missed": spec.as_ref().and_then(|(_, missed)| missed.clone()),
             "reused_bytes": reused,
+            "log_from": sb.spec.log_from,
             "log_upto": log_upto,
             "compacted": sealed.compacted,
             "worker_cpu_ms": worker_cpu.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1000.0,
@@ -718,6 +746,8 @@ impl Daemon {
             source_sandbox: row.source_sandbox.clone(),
             created_at: row.created_at,
             info: row.info.clone(),
+            retained: db.retained(&row.id)?,
+            labels: db.labels(&row.id)?,
         })
     }
 
@@ -725,7 +755,7 @@ impl Daemon {
         self.snapshot_row_in(&lock(&self.db), id)
     }
 
-    fn snapshot_row_in(&self, db: &crate::db::Db, id: &str) -> Result<SnapshotRow, SnapshotLookupError> {
+    pub(crate) fn snapshot_row_in(&self, db: &crate::db::Db, id: &str) -> Result<SnapshotRow, SnapshotLookupError> {
         let not_found = || SnapshotLookupError::NotFound(format!("{id:?}"));
         let id: SnapshotId = id.parse().map_err(|_| not_found())?;
         db.snapshot(id.as_str())?.ok_or_else(not_found)
@@ -881,26 +911,30 @@ impl Daemon {
             duration_ms: s.duration.as_secs_f64() * 1000.0,
             exit_code: s.status.shell_code(),
             output_bytes: s.output_bytes,
+            output: Some(s.kept.clone()),
         };
         if let Err(e) = lock(&self.db).insert_exec_record(&rec) {
             tracing::warn!("exec log of {}: {}", sb.id, crate::error::chain(&e));
         }
     }
 
-    /// The exec log of a live sandbox, or the log sealed with a snapshot
-    /// (its whole chain's, oldest first).
-    pub fn logs(&self, id: &str) -> Result<Vec<crate::db::ExecRecord>, SnapshotLookupError> {
+    /// The exec log of a live sandbox (the log of the snapshot it runs
+    /// on, then its own commands since it started or rolled back), or the
+    /// log sealed with a snapshot: each snapshot of its chain adds its
+    /// source sandbox's records between its `log_from` and `log_upto`.
+    /// With `output`, each record carries its output as kept.
+    pub fn logs(&self, id: &str, output: bool) -> Result<Vec<crate::db::ExecRecord>, SnapshotLookupError> {
         if let Ok(sb) = self.sandbox(id) {
-            return Ok(lock(&self.db).exec_records(sb.id.as_str(), None)?);
+            let db = lock(&self.db);
+            let mut out = match &sb.spec.snapshot {
+                Some(s) => snapshot_log(&db, s, output)?,
+                None => Vec::new(),
+            };
+            out.extend(db.exec_records(Some(sb.id.as_str()), sb.spec.log_from, None, output)?);
+            return Ok(out);
         }
         let row = self.snapshot_row(id)?;
-        let db = lock(&self.db);
-        let mut out = Vec::new();
-        for s in db.snapshot_chain(&row.id)? {
-            let upto = s.info["log_upto"].as_i64().unwrap_or(0);
-            out.extend(db.exec_records(&s.source_sandbox, Some(upto))?);
-        }
-        Ok(out)
+        Ok(snapshot_log(&lock(&self.db), &row.id, output)?)
     }
 
     /// Added, changed and deleted paths of a live sandbox's upper.
@@ -1018,6 +1052,7 @@ impl Daemon {
                 "suspended": true,
                 "compacted": compacted.is_some(),
                 "total_ms": started.elapsed().as_secs_f64() * 1000.0,
+                "log_from": sb.spec.log_from,
                 "log_upto": log_upto,
                 // For the seal's worker (`seal_blob`): the sandbox's quota.
                 "cpus": sb.spec.limits.cpus,

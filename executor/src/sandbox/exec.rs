@@ -36,6 +36,9 @@ pub struct ExecRequest {
     pub tty: bool,
     /// With `tty`: initial (rows, cols).
     pub size: (u16, u16),
+    /// How many bytes of its output (stdout and stderr together) the exec
+    /// log keeps; the daemon sets it (`--keep-output`).
+    pub keep_output: usize,
 }
 
 /// What the exec log keeps of a finished command.
@@ -46,6 +49,8 @@ pub struct ExecSummary {
     pub duration: Duration,
     /// stdout + stderr bytes (all of them, also past a buffered exec's cap).
     pub output_bytes: u64,
+    /// The output as the log keeps it (up to the request's `keep_output`).
+    pub kept: crate::model::KeptOutput,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -179,6 +184,7 @@ impl Sandbox {
             drop(in_w);
         }
         let (mut stdout, mut stderr, mut truncated, mut output_bytes) = (Vec::new(), Vec::new(), false, 0u64);
+        let mut kept = crate::model::KeptOutput::default();
         let fin = self.pump(
             id,
             &rx,
@@ -186,6 +192,7 @@ impl Sandbox {
             req.timeout,
             &mut |kind, data| {
                 output_bytes += data.len() as u64;
+                kept.keep(req.keep_output, kind == FrameKind::Stdout, data);
                 let buf = if kind == FrameKind::Stdout { &mut stdout } else { &mut stderr };
                 let room = MAX_BUFFERED_OUTPUT.saturating_sub(buf.len());
                 truncated |= data.len() > room;
@@ -201,7 +208,7 @@ impl Sandbox {
             duration,
             timed_out: fin.timed_out,
             truncated,
-            summary: ExecSummary { status: fin.status, started_at, duration, output_bytes },
+            summary: ExecSummary { status: fin.status, started_at, duration, output_bytes, kept },
         })
     }
 
@@ -277,8 +284,10 @@ impl Sandbox {
             }
         });
         let mut output_bytes = 0u64;
+        let mut kept = crate::model::KeptOutput::default();
         let fin = self.pump(id, &rx, outputs, req.timeout, &mut |kind, data| {
             output_bytes += data.len() as u64;
+            kept.keep(req.keep_output, kind == FrameKind::Stdout, data);
             stream::write_frame(&mut writer, kind, data).is_ok()
         });
         let fin = match fin {
@@ -294,7 +303,7 @@ impl Sandbox {
         };
         let _ = stream::write_frame(&mut writer, FrameKind::Exit, &fin.status.shell_code().to_be_bytes());
         let _ = writer.shutdown(std::net::Shutdown::Both);
-        Ok(ExecSummary { status: fin.status, started_at, duration: start.elapsed(), output_bytes })
+        Ok(ExecSummary { status: fin.status, started_at, duration: start.elapsed(), output_bytes, kept })
     }
 
     /// Copy output to `sink` until the command has exited and its output is
