@@ -1,0 +1,282 @@
+//! Sealed results, end to end (root only): evaluations against a sealed
+//! snapshot, labels and retention, exec output in the log (bounded, the
+//! cut marked), a rollback's log, patches, the result document, and logs
+//! and evaluations carried by push and pull.
+
+use serde_json::{json, Value};
+use strata_tests::*;
+
+fn get(env: &TestEnv, path: &str) -> Value {
+    env.client().call("GET", path, None::<&()>).unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
+fn post(env: &TestEnv, path: &str, body: Value) -> Value {
+    env.client().call("POST", path, Some(&body)).unwrap_or_else(|e| panic!("POST {path}: {e}"))
+}
+
+fn evaluate(env: &TestEnv, snap: &str, body: Value) -> Value {
+    post(env, &format!("/v1/snapshots/{snap}/evaluate"), body)
+}
+
+fn argvs(log: &Value) -> Vec<String> {
+    log.as_array().unwrap().iter().map(|r| r["argv"].as_array().unwrap().last().unwrap().to_string()).collect()
+}
+
+#[test]
+fn an_evaluation_runs_in_a_throwaway_fork_and_is_recorded_with_the_snapshot() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "echo original > /tmp/tree");
+    let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let tree_before = env.cli_ok(&["diff", &snap]);
+    let sandboxes_before = get(&env, "/v1/sandboxes").as_array().unwrap().len();
+
+    // A failing test and a passing one: two records, each with its JSON.
+    let failing = evaluate(
+        &env,
+        &snap,
+        json!({"name": "tests", "version": "1", "argv": ["sh", "-c",
+            "echo '{\"passed\": 0, \"failed\": 2}' > $STRATA_RESULT; echo tampered > /tmp/tree; echo FAIL >&2; exit 3"]}),
+    );
+    assert_eq!(failing["exit_code"], 3, "{failing}");
+    assert_eq!(failing["result"], json!({"passed": 0, "failed": 2}), "{failing}");
+    assert_eq!(failing["output"]["stderr"], "FAIL\n", "{failing}");
+    assert_eq!(failing["recorded"], false);
+    let passing = evaluate(
+        &env,
+        &snap,
+        json!({"name": "tests", "version": "2", "env": ["WANT=original"], "argv": ["sh", "-c",
+            "test \"$(cat /tmp/tree)\" = \"$WANT\" && echo '{\"passed\": 2}' > $STRATA_RESULT"]}),
+    );
+    assert_eq!((passing["exit_code"].as_i64(), &passing["result"]), (Some(0), &json!({"passed": 2})), "{passing}");
+    // The same name and version again: the record, not a new run; --again runs it.
+    let again = evaluate(&env, &snap, json!({"name": "tests", "version": "1", "argv": ["false"]}));
+    assert_eq!((&again["id"], &again["recorded"], &again["exit_code"]), (&failing["id"], &json!(true), &json!(3)));
+    let out = env.cli_ok(&[
+        "evaluate",
+        &snap,
+        "--name",
+        "reward",
+        "--version",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo not json > $STRATA_RESULT",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v["result"].is_null() && v["result_error"].as_str().unwrap().contains("is not JSON"), "{v}");
+    let timed = evaluate(&env, &snap, json!({"name": "slow", "version": "1", "timeout": 1, "argv": ["sleep", "30"]}));
+    assert_eq!((&timed["timed_out"], &timed["exit_code"]), (&json!(true), &json!(137)), "{timed}");
+
+    let evals = get(&env, &format!("/v1/snapshots/{snap}/evaluations"));
+    let names: Vec<String> = evals
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| format!("{}@{}", e["name"].as_str().unwrap(), e["version"].as_str().unwrap()))
+        .collect();
+    assert_eq!(names, ["tests@1", "tests@2", "reward@1", "slow@1"]);
+    // The snapshot's tree is as it was; the throwaway sandboxes are gone,
+    // and with them their lineages.
+    assert_eq!(env.cli_ok(&["diff", &snap]), tree_before);
+    let check = env.cli_ok(&["fork", &snap]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &check, "cat /tmp/tree")), "original\n");
+    env.cli_ok(&["rm", &check]);
+    assert_eq!(get(&env, "/v1/sandboxes").as_array().unwrap().len(), sandboxes_before);
+
+    // Bad requests change nothing.
+    for bad in [
+        json!({"name": "a b", "version": "1", "argv": ["true"]}),
+        json!({"name": "t", "version": "1", "argv": []}),
+        json!({"name": "t", "version": "1", "argv": ["true"], "timeout": 0}),
+        json!({"name": "t", "version": "1", "argv": ["true"], "bogus": 1}),
+    ] {
+        let r = env.client().call::<Value>("POST", &format!("/v1/snapshots/{snap}/evaluate"), Some(&bad));
+        assert_eq!(r.unwrap_err().status(), Some(400), "{bad}");
+    }
+    assert_eq!(get(&env, &format!("/v1/snapshots/{snap}/evaluations")).as_array().unwrap().len(), 4);
+    env.finish();
+}
+
+#[test]
+fn labels_filter_and_a_retained_snapshot_outlives_gc_until_released() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let first = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let second = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    // Idempotent: labelling twice is the same as once.
+    for _ in 0..2 {
+        assert_eq!(
+            env.cli_ok(&["snapshot", "label", &first, "verdict=accepted", "run=7"]),
+            "run=7\nverdict=accepted\n"
+        );
+    }
+    let listed = |sel: &str| -> Vec<String> {
+        env.cli_ok(&["snapshot", "ls", "--label", sel]).lines().skip(1).map(|l| l[..16].to_string()).collect()
+    };
+    assert_eq!(listed("verdict=accepted"), [first.clone()]);
+    assert_eq!(listed("verdict"), [first.clone()]);
+    assert!(listed("verdict=rejected").is_empty());
+    env.cli_ok(&["snapshot", "label", &first, "run-"]);
+    assert_eq!(get(&env, &format!("/v1/snapshots/{first}"))["labels"], json!({"verdict": "accepted"}));
+    let bad = env.client().call::<Value>(
+        "POST",
+        &format!("/v1/snapshots/{first}/labels"),
+        Some(&json!({"labels": {"a b": "x"}})),
+    );
+    assert_eq!(bad.unwrap_err().status(), Some(400));
+
+    // `first` is superseded by `second`: gc takes it, unless retained.
+    env.cli_ok(&["snapshot", "retain", &first]);
+    env.cli_ok(&["snapshot", "retain", &first]);
+    assert_eq!(get(&env, &format!("/v1/snapshots/{first}"))["retained"], true);
+    env.cli_ok(&["gc", "--retention", "0s"]);
+    assert_eq!(get(&env, &format!("/v1/snapshots/{first}"))["state"], "superseded");
+    env.cli_ok(&["snapshot", "release", &first]);
+    env.cli_ok(&["gc", "--retention", "0s"]);
+    let gone = env.client().call::<Value>("GET", &format!("/v1/snapshots/{first}"), None::<&()>);
+    assert_eq!(gone.unwrap_err().status(), Some(404));
+    assert_eq!(get(&env, &format!("/v1/snapshots/{second}"))["state"], "ready");
+    env.finish();
+}
+
+#[test]
+fn logs_keep_output_up_to_the_limit_and_a_rollback_keeps_only_what_it_kept() {
+    let env = TestEnv::start_with(&["--keep-output", "64"]);
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "echo one; echo err >&2");
+    sh(&env, &id, "printf '%0200d' 0");
+    let kept = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    sh(&env, &id, "echo discarded");
+    env.cli_ok(&["rollback", &id, "--to", &kept]);
+    sh(&env, &id, "echo after");
+    let log = get(&env, &format!("/v1/sandboxes/{id}/logs?output=true"));
+    assert_eq!(argvs(&log), ["\"echo one; echo err >&2\"", "\"printf '%0200d' 0\"", "\"echo after\""], "{log}");
+    assert_eq!(log[0]["output"], json!({"stdout": "one\n", "stderr": "err\n", "cut": 0}));
+    assert_eq!(log[1]["output"]["stdout"], "0".repeat(64));
+    assert_eq!(log[1]["output"]["cut"], 136);
+    assert_eq!(log[1]["output_bytes"], 200);
+    assert!(log[2]["output"]["stdout"] == "after\n");
+    // Without ?output the records are as before; the CLI marks the cut.
+    assert!(get(&env, &format!("/v1/sandboxes/{id}/logs"))[0].get("output").is_none());
+    let text = env.cli_ok(&["logs", "--output", &id]);
+    assert!(
+        text.contains("  --- stdout\none\n  --- stderr\nerr\n") && text.contains("[136 more bytes of output not kept]"),
+        "{text}"
+    );
+    // A checkpoint after the rollback seals the kept commands only.
+    let after = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    assert_eq!(argvs(&get(&env, &format!("/v1/snapshots/{after}/logs"))), argvs(&log));
+    env.finish();
+}
+
+#[test]
+fn a_patch_shows_what_changed_like_git_diff() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "printf 'a\\nb\\nc\\n' > /tmp/f; echo bye > /tmp/gone; printf '\\0\\1' > /tmp/bin");
+    let one = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    sh(&env, &id, "printf 'a\\nB\\nc\\n' > /tmp/f; rm /tmp/gone; printf '\\0\\2' > /tmp/bin; chmod +x /tmp/f");
+    let two = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let p = env.cli_ok(&["diff", &two, "--patch", "--against", &one]);
+    assert!(p.contains("diff --git a/tmp/f b/tmp/f\nold mode 100644\nnew mode 100755\n--- a/tmp/f\n+++ b/tmp/f\n@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n"), "{p}");
+    assert!(p.contains("diff --git a/tmp/gone b/tmp/gone\ndeleted file mode 100644\n--- a/tmp/gone\n+++ /dev/null\n@@ -1 +0,0 @@\n-bye\n"), "{p}");
+    assert!(p.contains("Binary files a/tmp/bin and b/tmp/bin differ"), "{p}");
+    assert!(!p.contains("etc/"), "unchanged image files are not in the patch: {p}");
+    // Against what it ran on (the image): everything is new.
+    let p = env.cli_ok(&["diff", &two, "--patch"]);
+    assert!(p.contains("new file mode 100755\n--- /dev/null\n+++ b/tmp/f\n@@ -0,0 +1,3 @@\n+a\n+B\n+c\n"), "{p}");
+    assert!(!p.contains("tmp/gone"), "{p}");
+    // Its own patch applies: git apply would take it; here the hunks are exact.
+    let r = env.client().call::<Value>(
+        "GET",
+        &format!("/v1/snapshots/{two}/diff?patch=true&against=0123456789abcdef"),
+        None::<&()>,
+    );
+    assert_eq!(r.unwrap_err().status(), Some(404));
+    env.finish();
+}
+
+#[test]
+fn the_result_document_and_logs_and_evaluations_travel_with_push_and_pull() {
+    let reg = registry::Registry::start();
+    let a = TestEnv::start();
+    let b = TestEnv::start();
+    a.import_busybox();
+    let id = create(&a, json!({"image": "busybox"}));
+    sh(&a, &id, "echo made > /tmp/work; echo built");
+    let snap = a.cli_ok(&["checkpoint", &id]).trim().to_string();
+    evaluate(
+        &a,
+        &snap,
+        json!({"name": "tests", "version": "1", "argv": ["sh", "-c", "echo '{\"ok\": true}' > $STRATA_RESULT"]}),
+    );
+    a.cli_ok(&["snapshot", "label", &snap, "verdict=accepted"]);
+    let result = get(&a, &format!("/v1/snapshots/{snap}/result"));
+    assert_eq!(result["snapshot"]["id"], snap.as_str());
+    assert_eq!(result["chain"], json!([snap]));
+    assert_eq!(result["provenance"]["image"], "busybox:latest");
+    assert_eq!(result["provenance"]["source_sandbox"], id.as_str());
+    assert!(
+        result["provenance"]["strata_version"].is_string() && result["provenance"]["image_manifest_digest"].is_string()
+    );
+    assert_eq!(result["logs"][0]["output"]["stdout"], "built\n", "{result}");
+    assert_eq!(result["evaluations"][0]["result"], json!({"ok": true}));
+    assert_eq!(result["labels"], json!({"verdict": "accepted"}));
+
+    // A resumed sandbox's checkpoint carries its whole trajectory.
+    let resumed = a.cli_ok(&["resume", &snap]).trim().to_string();
+    sh(&a, &resumed, "echo second");
+    let child = a.cli_ok(&["checkpoint", &resumed]).trim().to_string();
+    a.client()
+        .call::<Value>(
+            "POST",
+            &format!("/v1/snapshots/{child}/push"),
+            Some(&json!({"reference": format!("{}/strata/results:v1", reg.addr()), "insecure": true})),
+        )
+        .unwrap();
+    let pulled: Value = b
+        .client()
+        .call(
+            "POST",
+            "/v1/snapshots/pull",
+            Some(&json!({"reference": format!("{}/strata/results:v1", reg.addr()), "insecure": true})),
+        )
+        .unwrap();
+    assert_eq!(pulled["snapshot"]["id"], child.as_str());
+    let log_a = get(&a, &format!("/v1/snapshots/{child}/logs?output=true"));
+    let log_b = get(&b, &format!("/v1/snapshots/{child}/logs?output=true"));
+    assert_eq!(argvs(&log_b), ["\"echo made > /tmp/work; echo built\"", "\"echo second\""]);
+    let strip = |l: &Value| -> Vec<Value> {
+        l.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r["id"] = json!(0);
+                r
+            })
+            .collect()
+    };
+    assert_eq!(strip(&log_a), strip(&log_b), "the log arrives as it was, output included");
+    let evals_b = get(&b, &format!("/v1/snapshots/{snap}/evaluations"));
+    assert_eq!(evals_b[0]["name"], "tests");
+    assert_eq!(evals_b[0]["result"], json!({"ok": true}));
+    // A second pull of the same chain adds nothing twice.
+    b.client()
+        .call::<Value>(
+            "POST",
+            "/v1/snapshots/pull",
+            Some(&json!({"reference": format!("{}/strata/results:v1", reg.addr()), "insecure": true})),
+        )
+        .unwrap();
+    assert_eq!(get(&b, &format!("/v1/snapshots/{child}/logs")).as_array().unwrap().len(), 2);
+    assert_eq!(get(&b, &format!("/v1/snapshots/{snap}/evaluations")).as_array().unwrap().len(), 1);
+    a.finish();
+    b.finish();
+}
