@@ -117,8 +117,8 @@ fn labels_filter_and_a_retained_snapshot_outlives_gc_until_released() {
     let listed = |sel: &str| -> Vec<String> {
         env.cli_ok(&["snapshot", "ls", "--label", sel]).lines().skip(1).map(|l| l[..16].to_string()).collect()
     };
-    assert_eq!(listed("verdict=accepted"), [first.clone()]);
-    assert_eq!(listed("verdict"), [first.clone()]);
+    assert_eq!(listed("verdict=accepted"), [first.as_str()]);
+    assert_eq!(listed("verdict"), [first.as_str()]);
     assert!(listed("verdict=rejected").is_empty());
     env.cli_ok(&["snapshot", "label", &first, "run-"]);
     assert_eq!(get(&env, &format!("/v1/snapshots/{first}"))["labels"], json!({"verdict": "accepted"}));
