@@ -280,3 +280,144 @@ fn the_result_document_and_logs_and_evaluations_travel_with_push_and_pull() {
     a.finish();
     b.finish();
 }
+
+/// Poll `GET path` until `pred` holds (10 s at most).
+fn wait_for(env: &TestEnv, path: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(v) = env.client().call::<Value>("GET", path, None::<&()>) {
+            if pred(&v) {
+                return v;
+            }
+        }
+        assert!(start.elapsed().as_secs() < 10, "GET {path}: never as expected\n{}", env.daemon_log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+fn status(r: Result<Vec<u8>, ClientError>) -> Option<u16> {
+    r.err().and_then(|e| e.status())
+}
+
+#[test]
+fn a_capture_in_progress_is_listed_as_capturing_and_never_restorable() {
+    let env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", "checkpoint:captured=sleep-once:3000")]);
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox", "work_context": "wc-capturing"}));
+    sh(&env, &id, "echo x > /tmp/x");
+    let socket = env.socket.clone();
+    let sid = id.clone();
+    let t = std::thread::spawn(move || {
+        Client::connect(&socket).unwrap().call::<Value>("POST", &format!("/v1/sandboxes/{sid}/checkpoint"), None::<&()>)
+    });
+    let list =
+        wait_for(&env, "/v1/snapshots", |l| l.as_array().is_some_and(|a| a.iter().any(|s| s["state"] == "capturing")));
+    let snap = list[0]["id"].as_str().unwrap().to_string();
+    assert!(list[0]["sequence"].is_null(), "{list}");
+    assert!(get(&env, "/v1/lineages/wc-capturing")["head"].is_null(), "a capture is not a head");
+    let mut c = env.client();
+    let empty = json!({});
+    for (m, p) in [("POST", "resume"), ("POST", "fork"), ("GET", "diff")] {
+        let r = c.request(m, &format!("/v1/snapshots/{snap}/{p}"), if m == "POST" { Some(&empty) } else { None });
+        assert_eq!(status(r), Some(409), "{p} of a capture in progress");
+    }
+    assert_eq!(status(c.request("DELETE", &format!("/v1/snapshots/{snap}"), None::<&()>)), Some(409));
+    let done = t.join().unwrap().unwrap();
+    assert_eq!(
+        (done["id"].as_str(), done["state"].as_str(), done["sequence"].as_i64()),
+        (Some(snap.as_str()), Some("ready"), Some(1))
+    );
+    assert_eq!(get(&env, "/v1/lineages/wc-capturing")["head"], snap.as_str());
+    env.finish();
+}
+
+#[test]
+fn a_failed_capture_and_a_failed_seal_are_failed_and_the_head_stays_the_previous_one() {
+    let mut env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox", "work_context": "wc-fail"}));
+    sh(&env, &id, "echo one > /tmp/one");
+    let head = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    env.stop_daemon();
+    env.daemon_env = vec![("STRATA_FAILPOINTS".into(), "checkpoint:record=fail,seal:write=fail".into())];
+    env.start_daemon();
+    // The capture fails: listed as failed with the reason, never the head.
+    let r = env.client().request("POST", &format!("/v1/sandboxes/{id}/checkpoint"), None::<&()>);
+    assert!(r.is_err(), "{r:?}");
+    let failed: Vec<Value> =
+        get(&env, "/v1/snapshots").as_array().unwrap().iter().filter(|s| s["state"] == "failed").cloned().collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0]["info"]["capture_error"].as_str().unwrap().contains("failpoint checkpoint:record"), "{failed:?}");
+    assert_eq!(get(&env, "/v1/lineages/wc-fail")["head"], head.as_str());
+    // The sandbox runs on; a suspend is appended, then its seal fails: it
+    // is failed and the head goes back to the one before.
+    assert_eq!(stdout(&sh(&env, &id, "cat /tmp/one")), "one\n");
+    let s = env.cli_ok(&["suspend", &id]).trim().to_string();
+    let v = wait_for(&env, &format!("/v1/snapshots/{s}"), |v| v["state"] == "failed");
+    assert!(v["info"]["seal_error"].as_str().unwrap().contains("failpoint seal:write"), "{v}");
+    assert_eq!(get(&env, "/v1/lineages/wc-fail")["head"], head.as_str());
+    // Resuming the work context lands on the previous head.
+    let r: Value = env.client().call("POST", "/v1/lineages/wc-fail/resume", Some(&json!({}))).unwrap();
+    assert_eq!(r["restored"]["snapshot"], head.as_str(), "{r}");
+    // gc collects both failed snapshots.
+    let report = env.cli_ok(&["gc", "--retention", "0s"]);
+    assert!(report.contains(failed[0]["id"].as_str().unwrap()) && report.contains(&s), "{report}");
+    env.finish();
+}
+
+#[test]
+fn a_removal_is_deleting_until_its_files_are_gone_and_finishes_after_a_crash() {
+    let mut env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", "snapshot-rm:files-removed=sleep-once:2000")]);
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "echo x > /tmp/x");
+    // The older of two checkpoints (an active lineage's head is kept).
+    let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    sh(&env, &id, "echo z > /tmp/z");
+    env.cli_ok(&["checkpoint", &id]);
+    env.cli_ok(&["rm", &id]);
+    let layer = get(&env, &format!("/v1/snapshots/{snap}"))["layer"].as_str().unwrap().to_string();
+    assert!(env.root.join("layers").join(&layer).exists());
+    let socket = env.socket.clone();
+    let sn = snap.clone();
+    let t = std::thread::spawn(move || {
+        Client::connect(&socket).unwrap().request("DELETE", &format!("/v1/snapshots/{sn}"), None::<&()>)
+    });
+    let v = wait_for(&env, &format!("/v1/snapshots/{snap}"), |v| v["state"] == "deleting");
+    assert_eq!(v["state"], "deleting");
+    let r = env.client().request("POST", &format!("/v1/snapshots/{snap}/resume"), Some(&json!({})));
+    assert_eq!(status(r), Some(404), "a snapshot being removed is not restorable");
+    t.join().unwrap().unwrap();
+    assert_eq!(status(env.client().request("GET", &format!("/v1/snapshots/{snap}"), None::<&()>)), Some(404));
+    assert!(!env.root.join("layers").join(&layer).exists());
+
+    // Killed half-way: the next start finishes the removal.
+    env.stop_daemon();
+    env.daemon_env = vec![("STRATA_FAILPOINTS".into(), "snapshot-rm:deleting".into())];
+    env.start_daemon();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "echo y > /tmp/y");
+    // The older of two checkpoints (an active lineage's head is kept).
+    let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    sh(&env, &id, "echo z > /tmp/z");
+    env.cli_ok(&["checkpoint", &id]);
+    env.cli_ok(&["rm", &id]);
+    let layer = get(&env, &format!("/v1/snapshots/{snap}"))["layer"].as_str().unwrap().to_string();
+    let socket = env.socket.clone();
+    let sn = snap.clone();
+    let t = std::thread::spawn(move || {
+        Client::connect(&socket).unwrap().request("DELETE", &format!("/v1/snapshots/{sn}"), None::<&()>)
+    });
+    let start = std::time::Instant::now();
+    while !env.daemon_log().contains("failpoint snapshot-rm:deleting reached") {
+        assert!(start.elapsed().as_secs() < 30, "{}", env.daemon_log());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    env.kill_daemon();
+    let _ = t.join();
+    env.daemon_env.clear();
+    env.start_daemon();
+    assert_eq!(status(env.client().request("GET", &format!("/v1/snapshots/{snap}"), None::<&()>)), Some(404));
+    assert!(!env.root.join("layers").join(&layer).exists());
+    env.finish();
+}

@@ -1145,8 +1145,8 @@ fn a_checkpoint_stops_when_its_sandbox_is_removed() {
     std::thread::sleep(std::time::Duration::from_secs(1));
     let used = cpu_seconds(daemon) - before;
     assert!(used < 0.3, "the daemon used {used:.2} s of CPU after the checkpoint ended");
-    let snaps: serde_json::Value = env.client().call("GET", "/v1/snapshots", None::<&()>).unwrap();
-    assert_eq!(snaps.as_array().map(Vec::len), Some(0), "{snaps}");
+    let snaps: Vec<serde_json::Value> = env.client().call("GET", "/v1/snapshots", None::<&()>).unwrap();
+    assert!(only_failed_captures(&snaps), "{snaps:?}");
     assert_eq!(tmp_entries_settle(&env, &[], 10), Vec::<String>::new());
     env.finish();
 }

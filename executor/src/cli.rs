@@ -1302,7 +1302,7 @@ fn print_lineage(l: &crate::types::LineageInfo) {
     for c in &l.checkpoints {
         println!(
             "{:<5} {:<18} {:<11} {:<18} {:<18} {}",
-            c.sequence.unwrap_or(0),
+            c.sequence.map_or("-".to_string(), |n| n.to_string()),
             c.id,
             c.state,
             c.predecessor.as_deref().unwrap_or("-"),

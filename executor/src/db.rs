@@ -336,12 +336,65 @@ const MIGRATIONS: &[&str] = &[
     // 11: sealed results. An exec record keeps its output (bounded; `cut`
     // counts the bytes past the limit). A snapshot may be retained (gc
     // keeps it whatever its age) and labelled; evaluations record a
-    // command run against it. Both go with their snapshot.
+    // command run against it. Both go with their snapshot. Snapshot states
+    // tell the truth: a checkpoint is a row from the start of its capture
+    // (`capturing`, no place in its lineage yet: its sequence is given when
+    // it is appended; a capture that fails is `failed` and never gets one),
+    // and a removal is `deleting` until its files are gone. SQLite cannot
+    // alter a CHECK: rebuild (as migration 7 did).
     r#"
     ALTER TABLE exec_records ADD COLUMN stdout BLOB;
     ALTER TABLE exec_records ADD COLUMN stderr BLOB;
     ALTER TABLE exec_records ADD COLUMN output_cut INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE snapshots ADD COLUMN retained INTEGER NOT NULL DEFAULT 0 CHECK (retained IN (0, 1));
+    CREATE TABLE snapshots_new (
+        id             TEXT PRIMARY KEY CHECK (length(id) = 16),
+        image_id       INTEGER NOT NULL REFERENCES images(id) ON DELETE RESTRICT,
+        parent_id      TEXT REFERENCES snapshots(id) ON DELETE RESTRICT,
+        layer_id       TEXT NOT NULL REFERENCES layers(id) ON DELETE RESTRICT,
+        blob_digest    TEXT NOT NULL,
+        blob_size      INTEGER NOT NULL,
+        compression    TEXT NOT NULL CHECK (compression IN ('zstd', 'gzip')),
+        class          TEXT NOT NULL CHECK (class IN ('baseline', 'checkpoint')),
+        state          TEXT NOT NULL
+                       CHECK (state IN ('capturing', 'ready', 'superseded', 'retired', 'failed', 'deleting')),
+        work_context   TEXT REFERENCES work_contexts(id) ON DELETE RESTRICT,
+        sequence       INTEGER,
+        predecessor_id TEXT,
+        owner          TEXT,
+        repo           TEXT,
+        ref            TEXT,
+        commit_id      TEXT,
+        evidence       TEXT,
+        source_sandbox TEXT NOT NULL,
+        info           TEXT NOT NULL,
+        created_at     INTEGER NOT NULL,
+        retired_at     INTEGER,
+        deleted_at     INTEGER,
+        retained       INTEGER NOT NULL DEFAULT 0 CHECK (retained IN (0, 1)),
+        CHECK (class != 'checkpoint' OR (work_context IS NOT NULL
+            AND (sequence IS NOT NULL OR state IN ('capturing', 'failed', 'deleting'))
+            AND owner IS NULL AND repo IS NULL AND ref IS NULL AND commit_id IS NULL AND evidence IS NULL)),
+        CHECK (class != 'baseline' OR (work_context IS NULL AND sequence IS NULL AND predecessor_id IS NULL
+            AND owner IS NOT NULL AND repo IS NOT NULL AND ref IS NOT NULL AND commit_id IS NOT NULL
+            AND evidence IS NOT NULL)),
+        CHECK ((state = 'capturing') <= (sequence IS NULL AND retired_at IS NULL))
+    );
+    INSERT INTO snapshots_new (id, image_id, parent_id, layer_id, blob_digest, blob_size, compression, class, state,
+            work_context, sequence, predecessor_id, owner, repo, ref, commit_id, evidence, source_sandbox, info,
+            created_at, retired_at, deleted_at)
+        SELECT id, image_id, parent_id, layer_id, blob_digest, blob_size, compression, class, state,
+            work_context, sequence, predecessor_id, owner, repo, ref, commit_id, evidence, source_sandbox, info,
+            created_at, retired_at, deleted_at
+        FROM snapshots;
+    DROP TABLE snapshots;
+    ALTER TABLE snapshots_new RENAME TO snapshots;
+    CREATE INDEX snapshots_parent ON snapshots(parent_id);
+    CREATE INDEX snapshots_layer ON snapshots(layer_id);
+    CREATE UNIQUE INDEX snapshots_sequence ON snapshots(work_context, sequence);
+    CREATE UNIQUE INDEX snapshots_one_head ON snapshots(work_context)
+        WHERE class = 'checkpoint' AND state = 'ready';
+    CREATE UNIQUE INDEX snapshots_one_baseline ON snapshots(owner, repo, image_id, ref)
+        WHERE class = 'baseline' AND state = 'ready';
     CREATE TABLE snapshot_labels (
         snapshot_id TEXT NOT NULL REFERENCES snapshots(id) ON DELETE CASCADE,
         key         TEXT NOT NULL CHECK (length(key) BETWEEN 1 AND 128),
@@ -797,6 +850,26 @@ pub enum Claim {
 pub const PULLED_UNCHECKED: &str = "pulled: not yet checked on this host";
 
 /// Delete a layer's row if no image or snapshot lists it; true if deleted.
+/// The lineage a sandbox appends to; a sandbox from before lineages gets
+/// its own, from now.
+fn adopt_lineage_in(
+    tx: &rusqlite::Transaction<'_>,
+    sandbox: &SandboxId,
+    wc: Option<String>,
+    image_id: i64,
+) -> Result<String, DbError> {
+    if let Some(wc) = wc {
+        return Ok(wc);
+    }
+    tx.execute(
+        "INSERT OR IGNORE INTO work_contexts (id, image_id, start_kind, state, created_at, used_at) \
+         VALUES (?1, ?2, 'image', 'active', ?3, ?3)",
+        params![sandbox.as_str(), image_id, now()],
+    )
+    .map_err(q("adopt work context"))?;
+    Ok(sandbox.to_string())
+}
+
 /// Insert an exec record (its id is the database's); returns the id.
 fn insert_exec_record_in(conn: &Connection, r: &ExecRecord) -> Result<i64, DbError> {
     let argv = serde_json::to_string(&r.argv).map_err(|source| DbError::Decode { what: "argv", source })?;
@@ -1075,19 +1148,7 @@ impl Db {
             serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin append"))?;
         let (wc, observed) = sandbox_lineage_in(&tx, sandbox)?;
-        let wc = match wc {
-            Some(wc) => wc,
-            None => {
-                // A sandbox from before lineages: its own lineage, from now.
-                tx.execute(
-                    "INSERT OR IGNORE INTO work_contexts (id, image_id, start_kind, state, created_at, used_at) \
-                     VALUES (?1, ?2, 'image', 'active', ?3, ?3)",
-                    params![sandbox.as_str(), snap.image_id, now()],
-                )
-                .map_err(q("adopt work context"))?;
-                sandbox.to_string()
-            }
-        };
+        let wc = adopt_lineage_in(&tx, sandbox, wc, snap.image_id)?;
         let (head, seq, state) = lineage_head_in(&tx, &wc)?;
         if let Some(fence) = fence(&wc, &observed, &head, state) {
             return Ok(Err(fence));
@@ -1102,7 +1163,34 @@ impl Db {
         snap.work_context = Some(wc.clone());
         snap.sequence = Some(seq + 1);
         snap.predecessor_id = head;
-        insert_snapshot_row(&tx, snap, &info)?;
+        // A capture's row exists since it began (`begin_capture`): it gets
+        // its layer, blob, info and place in the lineage now, and its
+        // placeholder layer row goes.
+        let capturing: Option<String> = tx
+            .query_row("SELECT layer_id FROM snapshots WHERE id = ?1 AND state = 'capturing'", [&snap.id], |r| r.get(0))
+            .optional()
+            .map_err(q("capturing row"))?;
+        match capturing {
+            Some(placeholder) => {
+                tx.execute(
+                    "UPDATE snapshots SET layer_id = ?2, blob_digest = ?3, blob_size = ?4, compression = ?5, \
+                     state = 'ready', sequence = ?6, predecessor_id = ?7, info = ?8 WHERE id = ?1",
+                    params![
+                        snap.id,
+                        snap.layer,
+                        snap.blob_digest.as_ref().map_or("", Digest::as_str),
+                        snap.blob_size as i64,
+                        snap.compression,
+                        snap.sequence,
+                        snap.predecessor_id,
+                        info
+                    ],
+                )
+                .map_err(q("complete capture"))?;
+                delete_layer_if_unused(&tx, &placeholder)?;
+            }
+            None => insert_snapshot_row(&tx, snap, &info)?,
+        }
         tx.execute(
             "UPDATE work_contexts SET head_id = ?2, head_seq = ?3, used_at = ?4 WHERE id = ?1",
             params![wc, snap.id, seq + 1, now()],
@@ -1123,6 +1211,63 @@ impl Db {
         }
         tx.commit().map_err(q("commit append"))?;
         Ok(Ok(()))
+    }
+
+    /// Begin a checkpoint's capture, fenced as its append will be: `snap`
+    /// is recorded `capturing` in the sandbox's lineage (visible, never
+    /// restorable, no sequence yet) with a placeholder layer row named by
+    /// its id (`s<id>`, no directory); `append_checkpoint` completes it,
+    /// `capture_failed` ends it.
+    pub fn begin_capture(
+        &mut self,
+        sandbox: &SandboxId,
+        image_id: i64,
+        parent: Option<SnapshotId>,
+    ) -> Result<Result<SnapshotId, Fence>, DbError> {
+        let id = SnapshotId::random();
+        let placeholder = LayerRow { id: LayerId::suspended(&id), diff_id: None, size: 0, entries: 0 };
+        let mut snap = SnapshotRow::new(image_id, parent, &placeholder, sandbox, serde_json::json!({}));
+        snap.id = id;
+        let info = "{}";
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin capture"))?;
+        let (wc, observed) = sandbox_lineage_in(&tx, sandbox)?;
+        let wc = adopt_lineage_in(&tx, sandbox, wc, snap.image_id)?;
+        let (head, _, state) = lineage_head_in(&tx, &wc)?;
+        if let Some(fence) = fence(&wc, &observed, &head, state) {
+            return Ok(Err(fence));
+        }
+        insert_layer(&tx, &placeholder)?;
+        snap.state = SnapshotState::Capturing;
+        snap.work_context = Some(wc);
+        insert_snapshot_row(&tx, &snap, info)?;
+        tx.commit().map_err(q("commit begin capture"))?;
+        Ok(Ok(snap.id))
+    }
+
+    /// A capture that will not complete: `failed`, with why in its info
+    /// (`capture_error`). It never had a place in its lineage; gc takes it
+    /// after retention. No-op unless it is still capturing.
+    pub fn capture_failed(&self, id: &str, why: &str) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "UPDATE snapshots SET state = 'failed', retired_at = ?3, info = json_set(info, '$.capture_error', ?2) \
+                 WHERE id = ?1 AND state = 'capturing'",
+                params![id, why, now()],
+            )
+            .map_err(q("capture failed"))?;
+        Ok(())
+    }
+
+    /// At start-up: captures a stopped daemon left half-way are failed.
+    pub fn fail_interrupted_captures(&self) -> Result<usize, DbError> {
+        self.conn
+            .execute(
+                "UPDATE snapshots SET state = 'failed', retired_at = ?1, \
+                 info = json_set(info, '$.capture_error', 'the daemon stopped during the capture') \
+                 WHERE state = 'capturing'",
+                [now()],
+            )
+            .map_err(q("fail interrupted captures"))
     }
 
     /// Record a pulled chain in one transaction: its image (found or
@@ -1538,11 +1683,12 @@ impl Db {
         Ok(chain)
     }
 
-    /// Delete a snapshot if nothing uses it. `Ok(Err(users))` names what
-    /// still does (child snapshots); sandboxes are checked by the caller,
-    /// which knows the live ones. Returns the layer id if its layer became
-    /// unused (row deleted; the caller removes the directory).
-    pub fn delete_snapshot(&mut self, id: &str) -> Result<Result<Option<String>, Vec<String>>, DbError> {
+    /// Begin removing a snapshot: refused (`Ok(Err(users))`, naming its
+    /// child snapshots or the active lineage it heads) while anything
+    /// uses it; else it is `deleting` (never restorable again) until
+    /// [`Db::finish_delete_snapshot`] removes its row. Sandboxes are
+    /// checked by the caller, which knows the live ones.
+    pub fn begin_delete_snapshot(&mut self, id: &str) -> Result<Result<(), Vec<String>>, DbError> {
         let tx =
             self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin delete snapshot"))?;
         let children: Vec<String> = {
@@ -1569,13 +1715,53 @@ impl Db {
         }
         // A retired lineage's head may go; the lineage keeps no pointer to it.
         tx.execute("UPDATE work_contexts SET head_id = NULL WHERE head_id = ?1", [id]).map_err(q("clear head"))?;
-        let layer: String = tx
-            .query_row("SELECT layer_id FROM snapshots WHERE id = ?1", [id], |r| r.get(0))
+        tx.execute("UPDATE snapshots SET state = 'deleting', deleted_at = ?2 WHERE id = ?1", params![id, now()])
+            .map_err(q("mark deleting"))?;
+        tx.commit().map_err(q("commit begin delete"))?;
+        Ok(Ok(()))
+    }
+
+    /// What only this snapshot holds: its layer (if no image and no other
+    /// snapshot lists it) and its blob (likewise).
+    pub fn held_only_by(&self, id: &str) -> Result<(Option<String>, Option<String>), DbError> {
+        self.conn
+            .query_row(
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM image_layers WHERE layer_id = s.layer_id) \
+                   OR EXISTS (SELECT 1 FROM snapshots o WHERE o.layer_id = s.layer_id AND o.id != s.id) \
+                   THEN NULL ELSE s.layer_id END, \
+                 CASE WHEN s.blob_digest = '' \
+                   OR EXISTS (SELECT 1 FROM image_layers WHERE blob_digest = s.blob_digest) \
+                   OR EXISTS (SELECT 1 FROM snapshots o WHERE o.blob_digest = s.blob_digest AND o.id != s.id) \
+                   THEN NULL ELSE s.blob_digest END \
+                 FROM snapshots s WHERE s.id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(q("snapshot's own files"))
+    }
+
+    /// Remove a `deleting` snapshot's row, and its layer's row if nothing
+    /// else lists it (returned: its directory is the caller's to remove).
+    pub fn finish_delete_snapshot(&mut self, id: &str) -> Result<Option<String>, DbError> {
+        let tx =
+            self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin finish delete"))?;
+        let layer: Option<String> = tx
+            .query_row("SELECT layer_id FROM snapshots WHERE id = ?1 AND state = 'deleting'", [id], |r| r.get(0))
+            .optional()
             .map_err(q("get snapshot"))?;
+        let Some(layer) = layer else { return Ok(None) };
         tx.execute("DELETE FROM snapshots WHERE id = ?1", [id]).map_err(q("delete snapshot"))?;
         let orphan = delete_layer_if_unused(&tx, &layer)?.then_some(layer);
         tx.commit().map_err(q("commit delete snapshot"))?;
-        Ok(Ok(orphan))
+        Ok(orphan)
+    }
+
+    /// Snapshots whose removal was interrupted (still `deleting`).
+    pub fn deleting_snapshots(&self) -> Result<Vec<String>, DbError> {
+        let mut st =
+            self.conn.prepare("SELECT id FROM snapshots WHERE state = 'deleting'").map_err(q("deleting snapshots"))?;
+        let rows = st.query_map([], |r| r.get(0)).map_err(q("deleting snapshots"))?;
+        rows.collect::<Result<_, _>>().map_err(q("deleting snapshots"))
     }
 
     /// Images still referenced by snapshots (image rm is refused for them).
@@ -2199,10 +2385,65 @@ mod tests {
             .is_err());
         db.conn.execute("UPDATE work_contexts SET head_id = '000000000000000a' WHERE id = 'w1'", []).unwrap();
         assert!(db.conn.execute("DELETE FROM snapshots WHERE id = '000000000000000a'", []).is_err());
-        assert_eq!(db.delete_snapshot("000000000000000a").unwrap(), Err(vec!["head of work context w1".to_string()]));
+        assert_eq!(
+            db.begin_delete_snapshot("000000000000000a").unwrap(),
+            Err(vec!["head of work context w1".to_string()])
+        );
         assert!(db.retire_work_context("w1").unwrap());
         assert_eq!(db.snapshot("000000000000000a").unwrap().unwrap().state, SnapshotState::Retired);
-        assert!(db.delete_snapshot("000000000000000a").unwrap().is_ok(), "a retired lineage's head may go");
+        assert!(db.begin_delete_snapshot("000000000000000a").unwrap().is_ok(), "a retired lineage's head may go");
+        assert_eq!(db.snapshot("000000000000000a").unwrap().unwrap().state, SnapshotState::Deleting);
+        assert_eq!(db.deleting_snapshots().unwrap(), ["000000000000000a"]);
+        // Another snapshot lists the same layer: the layer stays.
+        assert_eq!(db.held_only_by("000000000000000a").unwrap(), (None, None));
+        assert_eq!(db.finish_delete_snapshot("000000000000000a").unwrap(), None);
+        assert!(db.snapshot("000000000000000a").unwrap().is_none());
+        // A capture in progress has no sequence; a ready one must.
+        assert!(snap(&db, "000000000000000f", "checkpoint", "capturing", Some("w1"), Some(9), None).is_err());
+        snap(&db, "000000000000000f", "checkpoint", "capturing", Some("w1"), None, None).unwrap();
+        assert!(db.conn.execute("UPDATE snapshots SET state = 'ready' WHERE id = '000000000000000f'", []).is_err());
+    }
+
+    #[test]
+    fn a_capture_is_a_row_from_its_start_and_ends_appended_or_failed() {
+        let mut db = Db::open_in_memory().unwrap();
+        let img = db
+            .insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[layer('1')])
+            .unwrap();
+        let sb = SandboxId::random();
+        let spec = crate::spec::SandboxSpec { work_context: Some("w".into()), ..Default::default() };
+        db.insert_work_context(&WorkContextRow::new("w", img, StartKind::Image, None)).unwrap();
+        db.insert_running_sandbox(&sb, img, &spec, 1, 1).unwrap();
+        let (l, _) = layer('2');
+        let begin = |db: &mut Db| {
+            let mut row = SnapshotRow::new(img, None, &l, &sb, serde_json::json!({}));
+            row.id = db.begin_capture(&sb, img, None).unwrap().unwrap();
+            row
+        };
+        // Two captures at once: both visible, neither a head, no sequence.
+        let mut a = begin(&mut db);
+        let b = begin(&mut db);
+        for r in [&a, &b] {
+            let got = db.snapshot(&r.id).unwrap().unwrap();
+            assert_eq!((got.state, got.sequence), (SnapshotState::Capturing, None));
+        }
+        assert_eq!(db.work_context("w").unwrap().unwrap().head_id, None);
+        // One completes: the same row, now the head with its layer.
+        a.layer = l.id.clone();
+        a.blob_digest = Some(digest('b'));
+        db.append_checkpoint(&sb, &mut a, &l, false, false).unwrap().unwrap();
+        let got = db.snapshot(&a.id).unwrap().unwrap();
+        assert_eq!((got.state, got.sequence, got.layer), (SnapshotState::Ready, Some(1), l.id.clone()));
+        assert!(!db.layer_exists(LayerId::suspended(&a.id).as_str()).unwrap(), "placeholder gone");
+        // The other fails: never a head, its reason kept; interrupted ones
+        // fail at start-up.
+        db.capture_failed(&b.id, "no space").unwrap();
+        let got = db.snapshot(&b.id).unwrap().unwrap();
+        assert_eq!((got.state, got.info["capture_error"].as_str()), (SnapshotState::Failed, Some("no space")));
+        assert_eq!(db.work_context("w").unwrap().unwrap().head_id, Some(a.id.clone()));
+        let c = begin(&mut db);
+        assert_eq!(db.fail_interrupted_captures().unwrap(), 1);
+        assert_eq!(db.snapshot(&c.id).unwrap().unwrap().state, SnapshotState::Failed);
     }
 
     #[test]

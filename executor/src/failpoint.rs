@@ -2,8 +2,9 @@
 //! `STRATA_FAILPOINTS=name[,name...]` in the daemon's environment makes it
 //! log `failpoint NAME reached` and stop there (sleep until killed) when it
 //! gets to one; `name=sleep-once:MS` makes only the first arrival wait MS
-//! milliseconds and go on. Unset, a point costs one load of an initialised
-//! static.
+//! milliseconds and go on; `name=fail` makes [`fails`] answer true there
+//! (the step fails as it would on its own). Unset, a point costs one load
+//! of an initialised static.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -12,14 +13,27 @@ use std::time::Duration;
 enum Action {
     Stop,
     SleepOnce(Duration, AtomicBool),
+    Fail,
 }
 
 static POINTS: OnceLock<Vec<(String, Action)>> = OnceLock::new();
 
+fn armed() -> &'static [(String, Action)] {
+    POINTS.get_or_init(|| std::env::var("STRATA_FAILPOINTS").map(|v| parse(&v)).unwrap_or_default())
+}
+
+/// Whether the step at `name` is to fail (armed as `name=fail`).
+pub fn fails(name: &str) -> bool {
+    let fail = armed().iter().any(|(point, action)| point == name && matches!(action, Action::Fail));
+    if fail {
+        tracing::warn!("failpoint {name} failing");
+    }
+    fail
+}
+
 /// Stop or wait here if `name` is armed.
 pub fn hit(name: &str) {
-    let armed = POINTS.get_or_init(|| std::env::var("STRATA_FAILPOINTS").map(|v| parse(&v)).unwrap_or_default());
-    for (point, action) in armed {
+    for (point, action) in armed() {
         if point != name {
             continue;
         }
@@ -33,6 +47,7 @@ pub fn hit(name: &str) {
                     std::thread::sleep(*d);
                 }
             }
+            Action::Fail => {}
         }
     }
 }
@@ -41,12 +56,13 @@ fn parse(v: &str) -> Vec<(String, Action)> {
     v.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| match s.split_once("=sleep-once:") {
-            Some((name, ms)) => {
+        .map(|s| match (s.split_once("=sleep-once:"), s.strip_suffix("=fail")) {
+            (Some((name, ms)), _) => {
                 let ms = ms.parse().unwrap_or(0);
                 (name.to_string(), Action::SleepOnce(Duration::from_millis(ms), AtomicBool::new(false)))
             }
-            None => (s.to_string(), Action::Stop),
+            (None, Some(name)) => (name.to_string(), Action::Fail),
+            (None, None) => (s.to_string(), Action::Stop),
         })
         .collect()
 }

@@ -461,6 +461,17 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     ticks as f64 / nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).unwrap().unwrap() as f64
 }
 
+/// Whether every listed snapshot is a capture that failed: listed with
+/// its reason, no place in its lineage, no blob (it holds nothing).
+pub fn only_failed_captures(snaps: &[serde_json::Value]) -> bool {
+    snaps.iter().all(|s| {
+        s["state"] == "failed"
+            && s["info"]["capture_error"].is_string()
+            && s["sequence"].is_null()
+            && s["blob_digest"] == ""
+    })
+}
+
 /// Wait up to 60 s for a snapshot's background seal to end.
 pub fn sealed(env: &TestEnv, snap: &str) -> serde_json::Value {
     let start = std::time::Instant::now();

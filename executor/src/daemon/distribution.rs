@@ -250,6 +250,7 @@ impl Daemon {
             return Err(invalid("a push needs a tag, not a digest (the registry computes the digest)"));
         };
         let row = self.snapshot_row(id)?;
+        crate::daemon::snapshots::restorable(&row)?;
         let _pin = self.pin_snapshot(&row.id)?;
         let (image, chain) = self.sealed_chain(&row)?;
         let client = client(req, &reference)?;

@@ -520,6 +520,10 @@ impl Daemon {
     /// Re-adopt sandboxes whose shim is alive; clean up the rest; sweep.
     fn recover(&self) -> Result<(), DaemonError> {
         lock(&self.db).forget_unsettled_keys()?;
+        let failed = lock(&self.db).fail_interrupted_captures()?;
+        if failed > 0 {
+            tracing::warn!("{failed} capture(s) interrupted by the last stop are failed");
+        }
         let rows = lock(&self.db).list_sandboxes()?;
         for row in rows {
             let adopted = match row.state {
@@ -571,6 +575,14 @@ impl Daemon {
             }
         }
         self.rt.store.sweep(&known_sandboxes)?;
+        // Removals a stop left half-way go on (their files first, then rows).
+        let deleting = lock(&self.db).deleting_snapshots()?;
+        for id in deleting {
+            match self.finish_removal(&id) {
+                Ok(()) => tracing::info!("finished removing snapshot {id}"),
+                Err(e) => tracing::warn!("finish removing snapshot {id}: {}", crate::error::chain(&e)),
+            }
+        }
         // Layers and blobs no row lists (an operation cut short): no lease
         // outlives the daemon that took it.
         // What cannot be removed stays for the next collection: the daemon

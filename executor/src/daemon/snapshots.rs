@@ -27,7 +27,7 @@ use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{LayerRow, SnapshotRow};
 use crate::error::{Classify, ErrorKind};
 use crate::ids::{LayerId, SandboxId, SnapshotId};
-use crate::model::{Rung, SnapshotClass, StartKind};
+use crate::model::{Rung, SnapshotClass, SnapshotState, StartKind};
 use crate::oci;
 use crate::sandbox::Until;
 use crate::store::{remove_tree, BlobCompression, Lease, Resource, Scope, StoreError};
@@ -232,6 +232,21 @@ fn removed_meanwhile(sb: &crate::sandbox::Sandbox) -> CaptureError {
 
 /// Mark a snapshot captured in a user namespace: its chain then runs only
 /// in one (`Daemon::settle_userns`).
+/// Whether a snapshot's files can be read (resumed, forked, exported,
+/// pushed, diffed): not while it is being captured or removed, nor after a
+/// capture that failed (it holds nothing). A suspend whose seal failed
+/// still holds its files and is restorable by id.
+pub(crate) fn restorable(row: &SnapshotRow) -> Result<(), SnapshotLookupError> {
+    let why = match row.state {
+        SnapshotState::Capturing => "is still being captured",
+        SnapshotState::Deleting => return Err(SnapshotLookupError::BeingRemoved(row.id.clone())),
+        SnapshotState::Failed if row.info.get("capture_error").is_some() => "is a capture that failed",
+        _ => return Ok(()),
+    };
+    let reason = row.info["capture_error"].as_str().map(|e| format!(" ({e})")).unwrap_or_default();
+    Err(SnapshotLookupError::NotRestorable(format!("snapshot {} {why}{reason}", row.id)))
+}
+
 /// A snapshot's sealed exec log: its chain's segments, root first.
 pub(crate) fn snapshot_log(
     db: &crate::db::Db,
@@ -286,6 +301,8 @@ pub enum SnapshotLookupError {
     /// snapshot's image row is missing
     NoImageRow,
     /// {0}
+    NotRestorable(String),
+    /// {0}
     Db(#[from] crate::db::DbError),
     /// {0}
     Hydrate(Box<crate::daemon::distribution::TransferError>),
@@ -296,6 +313,7 @@ impl Classify for SnapshotLookupError {
         match self {
             SnapshotLookupError::NotFound(_) | SnapshotLookupError::BeingRemoved(_) => ErrorKind::NotFound,
             SnapshotLookupError::NoImageRow => ErrorKind::Internal,
+            SnapshotLookupError::NotRestorable(_) => ErrorKind::Conflict,
             SnapshotLookupError::Db(e) => e.kind(),
             SnapshotLookupError::Hydrate(e) => e.kind(),
         }
@@ -441,7 +459,19 @@ impl Daemon {
     pub fn checkpoint(&self, id: &str, compression: BlobCompression) -> Result<SnapshotInfo, CaptureError> {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
-        let work = self.rt.store.new_tmp("checkpoint").map_err(store_err)?;
+        // A row from now on (`capturing`: listed, never restorable), fenced
+        // as its append will be: a sandbox fenced out of its lineage fails
+        // before any work.
+        let capture = {
+            let mut db = lock(&self.db);
+            let image = db.image_by_name(&sb.spec.image.parse()?)?.ok_or(CaptureError::NoImageRow)?;
+            match db.begin_capture(&sb.id, image.id, sb.spec.snapshot.clone())? {
+                Ok(id) => id,
+                Err(fence) => return Err(CaptureError::Fenced { what: "checkpoint", fence }),
+            }
+        };
+        crate::failpoint::hit("checkpoint:begun");
+        let work = self.rt.store.new_tmp("checkpoint").map_err(store_err);
         // Appended to the sandbox's lineage, fenced on the head it observed.
         let append = |db: &mut crate::db::Db, row: &mut SnapshotRow, layer: &LayerRow| match db
             .append_checkpoint(&sb.id, row, layer, false, false)?
@@ -449,10 +479,19 @@ impl Daemon {
             Ok(()) => Ok(()),
             Err(fence) => Err(CaptureError::Fenced { what: "checkpoint", fence }),
         };
-        let result = self.leased(|lease| self.capture_in(&sb, &work, compression, started, &append, lease));
-        let _ = remove_tree(&work);
+        let result = work.and_then(|work| {
+            let r = self.leased(|lease| self.capture_in(&sb, &capture, &work, compression, started, &append, lease));
+            let _ = remove_tree(&work);
+            r
+        });
         // Whatever failed once the sandbox went away failed because it did.
-        result.map_err(|e| if sb.gone().is_set() { removed_meanwhile(&sb) } else { e })
+        let result = result.map_err(|e| if sb.gone().is_set() { removed_meanwhile(&sb) } else { e });
+        if let Err(e) = &result {
+            if let Err(db) = lock(&self.db).capture_failed(capture.as_str(), &crate::error::chain(e)) {
+                tracing::warn!("checkpoint {capture}: {}", crate::error::chain(&db));
+            }
+        }
+        result
     }
 
     /// Capture a running sandbox's changes as a snapshot and hand the row
@@ -460,9 +499,11 @@ impl Daemon {
     /// checkpoint's fenced append). What it puts in place is held by
     /// `lease`; if `record` refuses, what no row lists is the collector's
     /// once the lease ends.
+    #[allow(clippy::too_many_arguments)]
     fn capture_in(
         &self,
         sb: &crate::sandbox::Sandbox,
+        id: &SnapshotId,
         work: &Path,
         compression: BlobCompression,
         started: Instant,
@@ -614,6 +655,9 @@ impl Daemon {
                 .map(|(hex, size)| (hex, size, started.elapsed())),
         };
         let (blob_hex, blob_size, blob_at) = blob?;
+        if crate::failpoint::fails("checkpoint:record") {
+            return Err(CaptureError::UnsealableContent("failpoint checkpoint:record".into()));
+        }
 
         let looked_up = (|| {
             let db = lock(&self.db);
@@ -640,6 +684,7 @@ impl Daemon {
         mark_userns(&mut info, sb);
         let layer = LayerRow::content(own_layer_id(&sealed.diff_id)?, sealed.size, sealed.entries);
         let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
+        row.id = id.clone();
         (row.blob_digest, row.blob_size, row.compression) =
             (Some(format!("sha256:{blob_hex}").parse()?), blob_size, compression);
         // Layer and blob are on disk before any row names them. The tars
@@ -776,6 +821,7 @@ impl Daemon {
 
     /// What a resume or fork of `row` starts from: its image and whole chain.
     pub(crate) fn snapshot_base(&self, row: &SnapshotRow) -> Result<Base, SnapshotLookupError> {
+        restorable(row)?;
         let db = lock(&self.db);
         let image = db.image_by_id(row.image_id)?.ok_or(SnapshotLookupError::NoImageRow)?;
         let mut layers = image.layers.clone();
@@ -950,6 +996,7 @@ impl Daemon {
     /// Added, changed and deleted paths of a snapshot's own delta.
     pub fn snapshot_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, SnapshotDiffError> {
         let row = self.snapshot_row(id)?;
+        restorable(&row)?;
         let base = self.snapshot_base(&row)?;
         let below = &base.layers[..base.layers.len().saturating_sub(1)];
         let delta = self.rt.store.layer_dir(&row.layer).join("fs");
@@ -1178,7 +1225,12 @@ impl Daemon {
         };
         let place = |pid: u32| cg.add(pid).map_err(crate::sandbox::SandboxError::Cgroup);
         let tmp = store.new_blob_path();
-        let written = crate::worker::seal(&dir.join("fs"), &tmp, &place);
+        let written = if crate::failpoint::fails("seal:write") {
+            let message = "failpoint seal:write".to_string();
+            Err(crate::worker::WorkerError::Failed(crate::worker::Failed { message, content: true, errno: None }))
+        } else {
+            crate::worker::seal(&dir.join("fs"), &tmp, &place)
+        };
         {
             let mut sealing = lock(&self.sealing);
             sealing.cgroup = None;
@@ -1286,6 +1338,7 @@ impl Daemon {
         compression: BlobCompression,
     ) -> Result<crate::export::Exported, SnapshotExportError> {
         let row = self.snapshot_row(id)?;
+        restorable(&row)?;
         let (image, chain) = {
             let db = lock(&self.db);
             let image = db.image_by_id(row.image_id)?.ok_or(SnapshotLookupError::NoImageRow)?;
@@ -1301,6 +1354,9 @@ impl Daemon {
     /// child snapshot uses it.
     pub fn remove_snapshot(&self, id: &str) -> Result<(), RemoveSnapshotError> {
         let row = self.snapshot_row(id)?;
+        if row.state == SnapshotState::Capturing {
+            return Err(RemoveSnapshotError::InFlight(row.id));
+        }
         {
             let mut pool = lock(&self.pool);
             let users: Vec<String> = pool
@@ -1322,14 +1378,28 @@ impl Daemon {
     }
 
     fn remove_unused_snapshot(&self, row: &SnapshotRow) -> Result<(), RemoveSnapshotError> {
-        let mut db = lock(&self.db);
-        let orphan = match db.delete_snapshot(&row.id)? {
-            Err(children) => return Err(RemoveSnapshotError::HasChildren { id: row.id.clone(), children }),
-            Ok(orphan) => orphan,
-        };
-        drop(db);
-        // Its layer (if no other row lists it) and blob go now.
-        let blob = row.blob_digest.as_ref().map(|d| Resource::Blob(d.hex().to_string()));
+        if let Err(children) = lock(&self.db).begin_delete_snapshot(&row.id)? {
+            return Err(RemoveSnapshotError::HasChildren { id: row.id.clone(), children });
+        }
+        self.finish_removal(&row.id)
+    }
+
+    /// The rest of a removal, once the snapshot is `deleting` (never
+    /// restorable again): the layer and blob it alone holds are removed
+    /// (under the database lock, as the collector removes: an operation
+    /// that leases or lists them meanwhile keeps them), then its row. Run
+    /// again at start-up for a removal a stopped daemon left half-way.
+    pub(crate) fn finish_removal(&self, id: &str) -> Result<(), RemoveSnapshotError> {
+        crate::failpoint::hit("snapshot-rm:deleting");
+        let db = lock(&self.db);
+        let (layer, blob) = db.held_only_by(id)?;
+        let blob = blob.and_then(|d| d.parse::<oci::Digest>().ok()).map(|d| Resource::Blob(d.hex().to_string()));
+        let doomed: std::collections::BTreeSet<Resource> =
+            layer.map(Resource::Layer).into_iter().chain(blob.clone()).collect();
+        self.rt.store.remove_unleased(db, &doomed).map_err(crate::daemon::CollectError::from)?;
+        crate::failpoint::hit("snapshot-rm:files-removed");
+        let orphan = lock(&self.db).finish_delete_snapshot(id)?;
+        // What a lease kept is the collector's once nothing lists it.
         self.collect(Scope::Released, orphan.into_iter().map(Resource::Layer).chain(blob))?;
         Ok(())
     }
