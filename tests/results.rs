@@ -67,6 +67,14 @@ fn an_evaluation_runs_in_a_throwaway_fork_and_is_recorded_with_the_snapshot() {
     ]);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert!(v["result"].is_null() && v["result_error"].as_str().unwrap().contains("is not JSON"), "{v}");
+    // A result that is a symlink (to a host path, say) is refused, not followed.
+    let escape = evaluate(
+        &env,
+        &snap,
+        json!({"name": "escape", "version": "1", "argv": ["ln", "-s", "/etc/hostname", "/tmp/strata-result.json"]}),
+    );
+    assert!(escape["result"].is_null(), "{escape}");
+    assert!(escape["result_error"].as_str().unwrap().contains("symbolic links"), "{escape}");
     let timed = evaluate(&env, &snap, json!({"name": "slow", "version": "1", "timeout": 1, "argv": ["sleep", "30"]}));
     assert_eq!((&timed["timed_out"], &timed["exit_code"]), (&json!(true), &json!(137)), "{timed}");
 
@@ -77,7 +85,7 @@ fn an_evaluation_runs_in_a_throwaway_fork_and_is_recorded_with_the_snapshot() {
         .iter()
         .map(|e| format!("{}@{}", e["name"].as_str().unwrap(), e["version"].as_str().unwrap()))
         .collect();
-    assert_eq!(names, ["tests@1", "tests@2", "reward@1", "slow@1"]);
+    assert_eq!(names, ["tests@1", "tests@2", "reward@1", "escape@1", "slow@1"]);
     // The snapshot's tree is as it was; the throwaway sandboxes are gone,
     // and with them their lineages.
     assert_eq!(env.cli_ok(&["diff", &snap]), tree_before);
@@ -96,7 +104,7 @@ fn an_evaluation_runs_in_a_throwaway_fork_and_is_recorded_with_the_snapshot() {
         let r = env.client().call::<Value>("POST", &format!("/v1/snapshots/{snap}/evaluate"), Some(&bad));
         assert_eq!(r.unwrap_err().status(), Some(400), "{bad}");
     }
-    assert_eq!(get(&env, &format!("/v1/snapshots/{snap}/evaluations")).as_array().unwrap().len(), 4);
+    assert_eq!(get(&env, &format!("/v1/snapshots/{snap}/evaluations")).as_array().unwrap().len(), 5);
     env.finish();
 }
 

@@ -68,8 +68,6 @@ pub enum CopyError {
     Root(#[source] io::Error),
     #[error("{path} in the sandbox is more than {} directories deep", crate::diff::MAX_DEPTH)]
     TooDeep { path: String },
-    #[error("{path} in the sandbox holds more than {limit} bytes")]
-    TooLarge { path: String, limit: u64 },
 }
 
 impl CopyError {
@@ -217,30 +215,6 @@ pub fn copy_out(root: BorrowedFd<'_>, src: &str, dst: &Path, no_symlinks: bool) 
     let mut out = Out { copied: &mut copied, no_symlinks };
     get(dir.as_fd(), name.as_bytes(), src, &target, 0, &mut out)?;
     Ok(copied)
-}
-
-/// The sandbox's regular file `path`, resolved as a copy out resolves it
-/// (never outside the sandbox, no symlink followed at its last
-/// component): `None` if there is none; an error if it is not a regular
-/// file or holds more than `limit` bytes.
-pub fn read_file(root: BorrowedFd<'_>, path: &str, limit: u64) -> Result<Option<Vec<u8>>, CopyError> {
-    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
-    let fd = match openat2(root, &cstr(path.as_bytes())?, flags, 0, RESOLVE) {
-        Ok(fd) => fd,
-        Err(Errno::ENOENT) => return Ok(None),
-        Err(e) => return Err(sb_err(path)(e)),
-    };
-    let st = fstat(fd.as_raw_fd()).map_err(sb_err(path))?;
-    if SFlag::from_bits_truncate(st.st_mode & libc::S_IFMT) != SFlag::S_IFREG {
-        return Err(CopyError::Unsupported { path: path.into(), kind: "special file or directory" });
-    }
-    let mut data = Vec::new();
-    io::Read::read_to_end(&mut io::Read::take(File::from(fd), limit + 1), &mut data)
-        .map_err(|e| sb_err(path)(Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))?;
-    if data.len() as u64 > limit {
-        return Err(CopyError::TooLarge { path: path.into(), limit });
-    }
-    Ok(Some(data))
 }
 
 /// What a copy out has copied, and how.

@@ -11,7 +11,6 @@
 //! as `cp`, removes the sandbox and its lineage, and records the outcome.
 
 use std::collections::BTreeMap;
-use std::os::fd::AsFd;
 
 use crate::daemon::snapshots::{SnapshotDiffError, SnapshotLookupError};
 use crate::daemon::{lock, Daemon};
@@ -145,8 +144,7 @@ impl Daemon {
                 };
                 let out = sb.exec_buffered(&ereq, Vec::new());
                 let result = out.as_ref().ok().map(|_| {
-                    let read = crate::copy::sandbox_root(sb.shim_pid)
-                        .and_then(|root| crate::copy::read_file(root.as_fd(), RESULT_PATH, MAX_RESULT));
+                    let read = crate::sandbox::read_file(sb.shim_pid, RESULT_PATH, MAX_RESULT);
                     match read {
                         Ok(None) => (None, None),
                         Ok(Some(bytes)) => match serde_json::from_slice::<serde_json::Value>(&bytes) {

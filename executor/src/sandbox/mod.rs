@@ -9,6 +9,7 @@ mod checkpoint;
 mod create;
 mod destroy;
 mod exec;
+mod files;
 mod freeze;
 mod precopy;
 mod shim_exe;
@@ -19,6 +20,7 @@ pub use checkpoint::{
 };
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{ExecOutput, ExecRequest, ExecSummary};
+pub use files::{read_file, ReadFileError};
 pub use precopy::{PreCopy, Precopied, Precopier};
 pub use shim_exe::{ShimExe, ShimExeError};
 
