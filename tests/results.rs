@@ -27,7 +27,8 @@ fn an_evaluation_runs_in_a_throwaway_fork_and_is_recorded_with_the_snapshot() {
     let env = TestEnv::start();
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox"}));
-    sh(&env, &id, "echo original > /tmp/tree");
+    // The agent plants results where an evaluator might write them.
+    sh(&env, &id, "echo original > /tmp/tree; for f in /tmp/strata-result.json /tmp/result.json; do echo '{\"passed\": 999}' > $f; done");
     let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
     let tree_before = env.cli_ok(&["diff", &snap]);
     let sandboxes_before = get(&env, "/v1/sandboxes").as_array().unwrap().len();
@@ -71,12 +72,15 @@ fn an_evaluation_runs_in_a_throwaway_fork_and_is_recorded_with_the_snapshot() {
     let escape = evaluate(
         &env,
         &snap,
-        json!({"name": "escape", "version": "1", "argv": ["ln", "-s", "/etc/hostname", "/tmp/strata-result.json"]}),
+        json!({"name": "escape", "version": "1", "argv": ["sh", "-c", "ln -s /etc/hostname $STRATA_RESULT"]}),
     );
     assert!(escape["result"].is_null(), "{escape}");
     assert!(escape["result_error"].as_str().unwrap().contains("symbolic links"), "{escape}");
     let timed = evaluate(&env, &snap, json!({"name": "slow", "version": "1", "timeout": 1, "argv": ["sleep", "30"]}));
     assert_eq!((&timed["timed_out"], &timed["exit_code"]), (&json!(true), &json!(137)), "{timed}");
+    // An evaluator that writes nothing has no result, whatever the
+    // snapshot holds: $STRATA_RESULT is a new name each run.
+    assert!(timed["result"].is_null() && timed["result_error"].is_null(), "{timed}");
 
     let evals = get(&env, &format!("/v1/snapshots/{snap}/evaluations"));
     let names: Vec<String> = evals

@@ -823,6 +823,8 @@ pub enum PullConflict {
     Diverged { work_context: String, sequence: i64, here: String },
     #[error("image names {0:?} are taken by other images")]
     ImageName(Vec<String>),
+    #[error("snapshot {0} is being removed on this host; pull again once it is gone")]
+    BeingRemoved(SnapshotId),
 }
 
 fn insert_pulled_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow) -> Result<(), DbError> {
@@ -1091,6 +1093,25 @@ impl Db {
     pub fn delete_image(&mut self, image_id: i64) -> Result<Result<Vec<String>, Vec<String>>, DbError> {
         let tx =
             self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin delete image"))?;
+        // Captures that failed hold nothing: they go with the image (kept
+        // if anything else refuses it: the transaction is not committed).
+        let failed: Vec<String> = {
+            let mut st = tx
+                .prepare(
+                    "SELECT id FROM snapshots WHERE image_id = ?1 AND state = 'failed' \
+                     AND json_extract(info, '$.capture_error') IS NOT NULL",
+                )
+                .map_err(q("failed captures"))?;
+            let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("failed captures"))?;
+            rows.collect::<Result<_, _>>().map_err(q("failed captures"))?
+        };
+        for id in &failed {
+            let layer: String = tx
+                .query_row("SELECT layer_id FROM snapshots WHERE id = ?1", [id], |r| r.get(0))
+                .map_err(q("failed capture"))?;
+            tx.execute("DELETE FROM snapshots WHERE id = ?1", [id]).map_err(q("delete failed capture"))?;
+            delete_layer_if_unused(&tx, &layer)?;
+        }
         let users: Vec<String> = {
             let mut st = tx
                 .prepare("SELECT id FROM sandboxes WHERE image_id = ?1 UNION ALL SELECT 'snapshot ' || id FROM snapshots WHERE image_id = ?1")
@@ -1245,13 +1266,15 @@ impl Db {
     }
 
     /// A capture that will not complete: `failed`, with why in its info
-    /// (`capture_error`). It never had a place in its lineage; gc takes it
-    /// after retention. No-op unless it is still capturing.
+    /// (`capture_error`). It never had a place in its lineage and holds
+    /// nothing: it keeps no parent (so it never keeps its parent from
+    /// being removed) and goes with its image; gc takes it after
+    /// retention. No-op unless it is still capturing.
     pub fn capture_failed(&self, id: &str, why: &str) -> Result<(), DbError> {
         self.conn
             .execute(
-                "UPDATE snapshots SET state = 'failed', retired_at = ?3, info = json_set(info, '$.capture_error', ?2) \
-                 WHERE id = ?1 AND state = 'capturing'",
+                "UPDATE snapshots SET state = 'failed', retired_at = ?3, parent_id = NULL, \
+                 info = json_set(info, '$.capture_error', ?2) WHERE id = ?1 AND state = 'capturing'",
                 params![id, why, now()],
             )
             .map_err(q("capture failed"))?;
@@ -1262,7 +1285,7 @@ impl Db {
     pub fn fail_interrupted_captures(&self) -> Result<usize, DbError> {
         self.conn
             .execute(
-                "UPDATE snapshots SET state = 'failed', retired_at = ?1, \
+                "UPDATE snapshots SET state = 'failed', retired_at = ?1, parent_id = NULL, \
                  info = json_set(info, '$.capture_error', 'the daemon stopped during the capture') \
                  WHERE state = 'capturing'",
                 [now()],
@@ -1326,28 +1349,33 @@ impl Db {
         let mut inserted = Vec::new();
         for p in snaps.iter_mut() {
             let pulled = p.layer.id.to_string();
-            let here: Option<Option<String>> = tx
+            let here: Option<(Option<String>, SnapshotState)> = tx
                 .query_row(
-                    "SELECT l.diff_id FROM snapshots s JOIN layers l ON l.id = s.layer_id WHERE s.id = ?1",
+                    "SELECT l.diff_id, s.state FROM snapshots s JOIN layers l ON l.id = s.layer_id WHERE s.id = ?1",
                     [&p.row.id],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()
                 .map_err(q("pulled snapshot"))?;
-            if let Some(here) = here {
+            if let Some((_, SnapshotState::Deleting)) = here {
+                return Ok(Err(PullConflict::BeingRemoved(p.row.id.clone())));
+            }
+            if let Some((here, _)) = here {
                 if here.as_deref() != Some(pulled.as_str()) {
                     let here = here.unwrap_or_else(|| "sealing".into());
                     return Ok(Err(PullConflict::Differs { id: p.row.id.clone(), here, pulled }));
                 }
                 continue;
             }
-            if let Some(parent) = &p.row.parent_id {
-                let known = tx
-                    .query_row("SELECT 1 FROM snapshots WHERE id = ?1", [parent], |_| Ok(()))
+            if let Some(parent) = p.row.parent_id.clone() {
+                let known: Option<SnapshotState> = tx
+                    .query_row("SELECT state FROM snapshots WHERE id = ?1", [&parent], |r| r.get(0))
                     .optional()
                     .map_err(q("pulled parent"))?;
-                if known.is_none() {
-                    p.row.parent_id = None;
+                match known {
+                    None => p.row.parent_id = None,
+                    Some(SnapshotState::Deleting) => return Ok(Err(PullConflict::BeingRemoved(parent))),
+                    Some(_) => {}
                 }
             }
             insert_layer(&tx, &p.layer)?;
@@ -1903,7 +1931,11 @@ impl Db {
 
     /// A lineage's checkpoints, in append order.
     pub fn lineage_snapshots(&self, work_context: &str) -> Result<Vec<SnapshotRow>, DbError> {
-        let sql = format!("{} WHERE s.work_context = ?1 ORDER BY s.sequence", Self::SNAP_SELECT);
+        // Captures (in progress or failed: no sequence) after the sequence.
+        let sql = format!(
+            "{} WHERE s.work_context = ?1 ORDER BY s.sequence IS NULL, s.sequence, s.created_at",
+            Self::SNAP_SELECT
+        );
         let mut st = self.conn.prepare(&sql).map_err(q("lineage snapshots"))?;
         let rows: Vec<_> = st
             .query_map([work_context], Self::snapshot_from)

@@ -459,17 +459,28 @@ impl Daemon {
             }
             let inherited = log.len();
             log.extend(crate::daemon::snapshots::own_log(&db, s, true)?);
-            out.snapshots.push(SnapshotRecords {
-                id: s.id.clone(),
-                inherited,
-                log,
-                evaluations: db.evaluations(&s.id)?,
-            });
+            // Ids are this host's: they mean nothing elsewhere.
+            log.iter_mut().for_each(|r| r.id = 0);
+            let mut evaluations = db.evaluations(&s.id)?;
+            evaluations.iter_mut().for_each(|e| e.id = 0);
+            out.snapshots.push(SnapshotRecords { id: s.id.clone(), inherited, log, evaluations });
         }
         drop(db);
-        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        serde_json::to_writer(&mut gz, &out)?;
-        Ok(gz.finish()?)
+        let pack = |out: &ChainRecords| -> Result<Vec<u8>, TransferError> {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            serde_json::to_writer(&mut gz, out)?;
+            Ok(gz.finish()?)
+        };
+        let packed = pack(&out)?;
+        if packed.len() as u64 <= MAX_RECORDS {
+            return Ok(packed);
+        }
+        // Too large for a pull to take: the commands' output stays here.
+        tracing::warn!("records of {} bytes: pushing the exec log without its output", packed.len());
+        for s in &mut out.snapshots {
+            s.log.iter_mut().for_each(|r| r.output = None);
+        }
+        pack(&out)
     }
 
     /// Fetch and read a chain's records blob (checked against its digest

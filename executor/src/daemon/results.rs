@@ -19,8 +19,12 @@ use crate::error::{Classify, ErrorKind};
 use crate::model::{Rung, SnapshotClass, StartKind};
 use crate::types::{EvaluateRequest, LabelRequest, Provenance, SealedResult, SnapshotInfo};
 
-/// Where an evaluation's command writes its result (`$STRATA_RESULT`).
-pub const RESULT_PATH: &str = "/tmp/strata-result.json";
+/// Where an evaluation's command writes its result (`$STRATA_RESULT`):
+/// a name new for each run, so that no file the snapshot holds (an agent
+/// planting `{"passed": 999}`) can pass for the evaluator's result.
+fn result_path() -> String {
+    format!("/tmp/strata-result-{:016x}.json", rand::random::<u64>())
+}
 /// The most of a result that is kept.
 pub const MAX_RESULT: u64 = 1 << 20;
 /// An evaluation's default and longest time (seconds).
@@ -129,10 +133,15 @@ impl Daemon {
         let wc = self.new_lineage(None, base.image.id, start_kind, Some(&row.id))?;
         (base.work_context, base.observed_head, base.rung) = (wc.clone(), None, rung);
         // Removed by the reaper should this daemon die before it does.
-        let launch = crate::types::LaunchRequest { timeout: Some(timeout + 60), ..Default::default() };
+        let launch = crate::types::LaunchRequest {
+            timeout: Some(timeout + 60),
+            on_timeout: Some(crate::model::OnTimeout::Remove),
+            ..Default::default()
+        };
         let ran =
             self.launch_spec(launch).and_then(|l| self.launch(&base, l)).map_err(EvaluateError::from).and_then(|sb| {
-                let mut env = vec![format!("STRATA_RESULT={RESULT_PATH}")];
+                let path = result_path();
+                let mut env = vec![format!("STRATA_RESULT={path}")];
                 env.extend(req.env.iter().cloned());
                 let ereq = crate::sandbox::ExecRequest {
                     argv: req.argv.clone(),
@@ -144,12 +153,12 @@ impl Daemon {
                 };
                 let out = sb.exec_buffered(&ereq, Vec::new());
                 let result = out.as_ref().ok().map(|_| {
-                    let read = crate::sandbox::read_file(sb.shim_pid, RESULT_PATH, MAX_RESULT);
+                    let read = crate::sandbox::read_file(sb.shim_pid, &path, MAX_RESULT);
                     match read {
                         Ok(None) => (None, None),
                         Ok(Some(bytes)) => match serde_json::from_slice::<serde_json::Value>(&bytes) {
                             Ok(v) => (Some(v), None),
-                            Err(e) => (None, Some(format!("{RESULT_PATH} is not JSON: {e}"))),
+                            Err(e) => (None, Some(format!("$STRATA_RESULT is not JSON: {e}"))),
                         },
                         Err(e) => (None, Some(crate::error::chain(&e))),
                     }
@@ -224,14 +233,24 @@ impl Daemon {
     /// the snapshot, as a unified diff.
     pub fn snapshot_patch(&self, id: &str, against: Option<&str>) -> Result<crate::patch::Patch, SnapshotDiffError> {
         let row = self.snapshot_row(id)?;
-        let new = self.snapshot_base(&row)?.layers;
-        let old = match against {
-            Some(other) => {
-                let other = self.snapshot_row(other)?;
-                self.snapshot_base(&other)?.layers
-            }
-            None => new[..new.len().saturating_sub(1)].to_vec(),
+        let _pin = self.pin_snapshot(&row.id)?;
+        let new = self.snapshot_base(&row)?;
+        // What it ran on: its parent's tree (a compacted snapshot's own
+        // layer holds its whole chain), else its image's.
+        let other = match against.map(str::to_string).or_else(|| row.parent_id.as_ref().map(|p| p.to_string())) {
+            Some(other) => match self.snapshot_row(&other) {
+                Ok(o) => Some(o),
+                Err(SnapshotLookupError::NotFound(_)) if against.is_none() => None,
+                Err(e) => return Err(e.into()),
+            },
+            None => None,
         };
+        let _other_pin = other.as_ref().map(|o| self.pin_snapshot(&o.id)).transpose()?;
+        let old = match &other {
+            Some(o) => self.snapshot_base(o)?.layers,
+            None => new.image.layers.clone(),
+        };
+        let new = new.layers;
         let fs = |layers: &[crate::ids::LayerId]| -> Vec<std::path::PathBuf> {
             layers.iter().rev().map(|l| self.rt.store.layer_dir(l).join("fs")).collect()
         };

@@ -459,6 +459,13 @@ impl Daemon {
     pub fn checkpoint(&self, id: &str, compression: BlobCompression) -> Result<SnapshotInfo, CaptureError> {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
+        // Refused before any row while it cannot be captured (stopping, or
+        // in another capture); the capture checks again as it freezes.
+        let state = sb.run_state();
+        if state.next(crate::sandbox::RunEvent::Capture).is_none() {
+            let refused = crate::sandbox::SandboxError::State { id: sb.id.clone(), state, action: "checkpoint" };
+            return Err(refused.into());
+        }
         // A row from now on (`capturing`: listed, never restorable), fenced
         // as its append will be: a sandbox fenced out of its lineage fails
         // before any work.
@@ -959,7 +966,15 @@ impl Daemon {
             output_bytes: s.output_bytes,
             output: Some(s.kept.clone()),
         };
-        if let Err(e) = lock(&self.db).insert_exec_record(&rec) {
+        // A command that ends after its sandbox began to go (removed, or
+        // rolled back: the discarded timeline) is not logged. Checked under
+        // the database lock: a rollback reads where its log starts after
+        // marking the sandbox gone, so no late record lands after that.
+        let db = lock(&self.db);
+        if sb.gone().is_set() {
+            return;
+        }
+        if let Err(e) = db.insert_exec_record(&rec) {
             tracing::warn!("exec log of {}: {}", sb.id, crate::error::chain(&e));
         }
     }
@@ -997,6 +1012,7 @@ impl Daemon {
     pub fn snapshot_diff(&self, id: &str) -> Result<Vec<crate::diff::Change>, SnapshotDiffError> {
         let row = self.snapshot_row(id)?;
         restorable(&row)?;
+        let _pin = self.pin_snapshot(&row.id)?;
         let base = self.snapshot_base(&row)?;
         let below = &base.layers[..base.layers.len().saturating_sub(1)];
         let delta = self.rt.store.layer_dir(&row.layer).join("fs");
@@ -1339,6 +1355,7 @@ impl Daemon {
     ) -> Result<crate::export::Exported, SnapshotExportError> {
         let row = self.snapshot_row(id)?;
         restorable(&row)?;
+        let _pin = self.pin_snapshot(&row.id)?;
         let (image, chain) = {
             let db = lock(&self.db);
             let image = db.image_by_id(row.image_id)?.ok_or(SnapshotLookupError::NoImageRow)?;
