@@ -433,3 +433,31 @@ fn a_removal_is_deleting_until_its_files_are_gone_and_finishes_after_a_crash() {
     assert!(!env.root.join("layers").join(&layer).exists());
     env.finish();
 }
+
+#[test]
+fn a_compacted_chain_pushed_alone_still_carries_its_whole_log() {
+    let reg = registry::Registry::start();
+    let a = TestEnv::start_with(&["--compact-depth", "1"]);
+    let b = TestEnv::start();
+    a.import_busybox();
+    let id = create(&a, json!({"image": "busybox"}));
+    sh(&a, &id, "echo first");
+    let s1 = a.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let resumed = a.cli_ok(&["resume", &s1]).trim().to_string();
+    sh(&a, &resumed, "echo second");
+    // Its chain would be two layers deep: folded into one, s2 alone is pushed.
+    let s2 = a.cli_ok(&["checkpoint", &resumed]).trim().to_string();
+    let info = get(&a, &format!("/v1/snapshots/{s2}"));
+    assert_eq!(
+        (info["info"]["compacted"].as_bool(), info["parent"].as_str()),
+        (Some(true), Some(s1.as_str())),
+        "{info}"
+    );
+    let reference = format!("{}/strata/compacted:v1", reg.addr());
+    post(&a, &format!("/v1/snapshots/{s2}/push"), json!({"reference": reference, "insecure": true}));
+    let pulled = post(&b, "/v1/snapshots/pull", json!({"reference": reference, "insecure": true}));
+    assert!(pulled["snapshot"]["parent"].is_null(), "B has no s1: {pulled}");
+    assert_eq!(argvs(&get(&b, &format!("/v1/snapshots/{s2}/logs"))), ["\"echo first\"", "\"echo second\""]);
+    a.finish();
+    b.finish();
+}
