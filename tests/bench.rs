@@ -122,6 +122,18 @@ fn main() {
     c.request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
     stats("api_warm_exec", warm);
 
+    // Where the time goes: an API round trip that does nothing (the HTTP
+    // request, parsing, the blocking pool and back).
+    let mut trip = vec![];
+    for i in 0..runs.max(100) + 5 {
+        let t = Instant::now();
+        let _: Value = c.call("GET", "/v1/version", None::<&()>).unwrap();
+        if i >= 5 {
+            trip.push(ms(t));
+        }
+    }
+    stats("api_round_trip", trip);
+
     // The floor: fork+exec of busybox true on the host, waited for.
     let mut floor = vec![];
     for i in 0..runs.max(100) + 5 {

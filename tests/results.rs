@@ -461,3 +461,50 @@ fn a_compacted_chain_pushed_alone_still_carries_its_whole_log() {
     a.finish();
     b.finish();
 }
+
+#[test]
+fn df_shows_the_store_by_owner_and_what_gc_would_reclaim() {
+    let env = TestEnv::start_with(&["--retention", "0s", "--gc-interval", "0s"]);
+    env.import_busybox();
+    let df = |env: &TestEnv| get(env, "/v1/df");
+    let d = df(&env);
+    assert_eq!((d["images"]["count"].as_u64(), d["snapshots"]["count"].as_u64()), (Some(1), Some(0)), "{d}");
+    assert!(d["images"]["layer_bytes"].as_u64().unwrap() > 500_000 && d["images"]["blob_bytes"].as_u64().unwrap() > 0);
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "head -c 1048576 /dev/urandom > /tmp/one");
+    let d = df(&env);
+    assert_eq!(d["sandboxes"]["count"], 1);
+    assert!(d["sandboxes"]["layer_bytes"].as_u64().unwrap() >= 1 << 20, "{d}");
+    let s1 = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let b1 = get(&env, &format!("/v1/snapshots/{s1}"))["bytes"].clone();
+    assert!(b1["layer"].as_u64().unwrap() >= 1 << 20 && b1["blob"].as_u64().unwrap() >= 1 << 20, "{b1}");
+    assert_eq!((&b1["chain_layers"], &b1["chain_blobs"]), (&b1["layer"], &b1["blob"]));
+    sh(&env, &id, "head -c 1048576 /dev/urandom > /tmp/two");
+    let s2 = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    // A resumed sandbox's checkpoint: its chain holds its parent's bytes too.
+    let r = env.cli_ok(&["resume", &s2]).trim().to_string();
+    sh(&env, &r, "echo three > /tmp/three");
+    let s3 = env.cli_ok(&["checkpoint", &r]).trim().to_string();
+    let (b2, b3) = (
+        get(&env, &format!("/v1/snapshots/{s2}"))["bytes"].clone(),
+        get(&env, &format!("/v1/snapshots/{s3}"))["bytes"].clone(),
+    );
+    let n = |v: &Value| v.as_u64().unwrap();
+    assert_eq!(n(&b3["chain_layers"]), n(&b2["layer"]) + n(&b3["layer"]), "{b2} {b3}");
+    assert_eq!(n(&b3["chain_blobs"]), n(&b2["blob"]) + n(&b3["blob"]));
+    // The snapshots' total is theirs, each layer once; s1 (superseded,
+    // retention 0) is what gc would take.
+    let d = df(&env);
+    assert_eq!(d["snapshots"]["count"], 3);
+    assert_eq!(n(&d["snapshots"]["layer_bytes"]), n(&b1["layer"]) + n(&b2["layer"]) + n(&b3["layer"]), "{d}");
+    assert_eq!(n(&d["snapshots"]["blob_bytes"]), n(&b1["blob"]) + n(&b2["blob"]) + n(&b3["blob"]), "{d}");
+    assert_eq!(d["reclaimable"]["snapshots"], json!([s1]), "{d}");
+    assert_eq!(n(&d["reclaimable"]["bytes"]), n(&b1["layer"]) + n(&b1["blob"]), "{d}");
+    let text = env.cli_ok(&["df"]);
+    assert!(text.contains("snapshots") && text.contains("reclaimable by gc now"), "{text}");
+    env.cli_ok(&["gc"]);
+    let d = df(&env);
+    assert_eq!((d["snapshots"]["count"].as_u64(), d["reclaimable"]["bytes"].as_u64()), (Some(2), Some(0)), "{d}");
+    assert!(d["store_used_bytes"].as_u64().unwrap() > 0 && d["store_free_bytes"].as_u64().unwrap() > 0);
+    env.finish();
+}

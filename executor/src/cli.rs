@@ -162,6 +162,9 @@ pub enum Command {
     /// The host's capacity as JSON: slots, memory and CPUs allocated,
     /// store use, images and layers held, ready or draining.
     Info,
+    /// The store's use by images, snapshots and sandboxes, and what gc
+    /// would reclaim now.
+    Df,
     /// Stop starting new sandboxes (running ones go on); --off ends it.
     Drain {
         #[arg(long)]
@@ -995,6 +998,21 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Cp { src, dst, no_symlinks } => run_cp(&cli, src, dst, *no_symlinks),
         Command::Pause { id } => {
             client(&cli)?.request("POST", &format!("/v1/sandboxes/{id}/pause"), NO_BODY)?;
+            Ok(0)
+        }
+        Command::Df => {
+            let u: crate::types::DiskUsage = client(&cli)?.call("GET", "/v1/df", NO_BODY)?;
+            println!("{:<12} {:>6} {:>16} {:>14}", "TYPE", "COUNT", "LAYERS/UPPERS", "BLOBS");
+            for (name, x) in [("images", &u.images), ("snapshots", &u.snapshots), ("sandboxes", &u.sandboxes)] {
+                println!("{:<12} {:>6} {:>16} {:>14}", name, x.count, x.layer_bytes, x.blob_bytes);
+            }
+            println!(
+                "reclaimable by gc now: {} bytes in {} snapshots; store: {} bytes used, {} free",
+                u.reclaimable.bytes,
+                u.reclaimable.snapshots.len(),
+                u.store_used_bytes,
+                u.store_free_bytes
+            );
             Ok(0)
         }
         Command::Info => {

@@ -16,7 +16,7 @@ use crate::oci::{Digest, ImageConfig};
 use crate::spec::SandboxSpec;
 
 mod results;
-pub use results::{Evaluation, MAX_LABEL_KEY, MAX_LABEL_VALUE};
+pub use results::{Evaluation, StoreUsage, MAX_LABEL_KEY, MAX_LABEL_VALUE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {

@@ -335,11 +335,58 @@ pub struct SnapshotInfo {
     /// hardlinks, tar_bytes; timings in ms (frozen_ms, blob_ms, total_ms,
     /// seal_ms).
     pub info: serde_json::Value,
+    /// What it costs the store: its own layer unpacked, and its whole
+    /// chain's layers and blobs (a resume mounts the chain).
+    #[serde(default)]
+    pub bytes: SnapshotBytes,
     /// Kept by gc whatever its age, until released.
     #[serde(default)]
     pub retained: bool,
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
+}
+
+/// A snapshot's bytes in the store.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SnapshotBytes {
+    /// Its own layer, unpacked (0 while a suspend's layer is sealing).
+    pub layer: u64,
+    /// Its own blob (compressed).
+    pub blob: u64,
+    /// Its layer chain above the image (itself included): layers unpacked, blobs.
+    pub chain_layers: u64,
+    pub chain_blobs: u64,
+}
+
+/// `GET /v1/df`: the store's use by images, snapshots and sandboxes, and
+/// what `gc` would reclaim now.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct DiskUsage {
+    pub images: Usage,
+    pub snapshots: Usage,
+    /// Live sandboxes: their uppers (what they wrote), as allocated on disk.
+    pub sandboxes: Usage,
+    /// What a `gc` with the daemon's retention would delete now, and the
+    /// bytes only those snapshots hold (their layers unpacked and blobs).
+    pub reclaimable: Reclaimable,
+    /// The file system the store is on.
+    pub store_used_bytes: u64,
+    pub store_free_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Usage {
+    pub count: u64,
+    /// Unpacked layers (or, for sandboxes, uppers), counted once.
+    pub layer_bytes: u64,
+    /// Compressed blobs, counted once.
+    pub blob_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Reclaimable {
+    pub snapshots: Vec<SnapshotId>,
+    pub bytes: u64,
 }
 
 /// `POST /v1/snapshots/{id}/evaluate`: run a command against the

@@ -153,6 +153,8 @@ fn exec_request(b: &ExecRequestBody) -> Result<ExecRequest, ApiError> {
 pub enum Action {
     Version,
     Info,
+    /// The store's use (`GET /v1/df`).
+    DiskUsage,
     /// Start draining (`Some`) or stop (`None`).
     Drain(Option<types::DrainRequest>),
     ListImages,
@@ -257,6 +259,8 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
         (["version"], _) => return Err(not_allowed("GET")),
         (["info"], "GET") => A::Info,
         (["info"], _) => return Err(not_allowed("GET")),
+        (["df"], "GET") => A::DiskUsage,
+        (["df"], _) => return Err(not_allowed("GET")),
         (["drain"], "POST") => A::Drain(Some(body_or_default(req)?)),
         (["drain"], "DELETE") => A::Drain(None),
         (["drain"], _) => return Err(not_allowed("POST, DELETE")),
@@ -444,6 +448,7 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
             },
         ),
         A::Info => json(200, &d.host_info()?),
+        A::DiskUsage => json(200, &d.disk_usage()?),
         A::Drain(r) => json(200, &d.drain(r)?),
         A::ListImages => json(200, &d.list_images()?),
         A::PullImage(r) => {

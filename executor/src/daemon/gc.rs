@@ -96,6 +96,77 @@ impl Daemon {
         Ok(report)
     }
 
+    /// The store's use by images, snapshots and live sandboxes, and what
+    /// a `gc` with the daemon's retention would reclaim now.
+    pub fn disk_usage(&self) -> Result<crate::types::DiskUsage, crate::db::DbError> {
+        use crate::types::{DiskUsage, Reclaimable, Usage};
+        let store = &self.rt.store;
+        let blob_bytes = |digests: &[String]| -> u64 {
+            digests
+                .iter()
+                .filter_map(|d| d.parse::<crate::oci::Digest>().ok())
+                .filter_map(|d| std::fs::metadata(store.blob_path(d.hex())).ok())
+                .map(|m| m.len())
+                .sum()
+        };
+        let (u, mut candidates, links) = {
+            let db = lock(&self.db);
+            let now = crate::db::now();
+            let cutoff = now.saturating_sub(i64::try_from(self.cfg.retention.as_secs()).unwrap_or(i64::MAX));
+            (db.usage()?, db.gc_candidates(cutoff)?, db.snapshot_parents()?)
+        };
+        let live: Vec<_> = lock(&self.pool).live.values().cloned().collect();
+        // As `gc` goes: a candidate a live sandbox runs on stays, as does
+        // one with a child that stays; children go first.
+        let mut kept: HashSet<String> =
+            live.iter().filter_map(|s| s.spec.snapshot.as_ref().map(|i| i.to_string())).collect();
+        loop {
+            let staying = |id: &String| kept.contains(id) || !candidates.contains(id);
+            let blocked: Vec<String> = candidates
+                .iter()
+                .filter(|c| kept.contains(*c) || links.iter().any(|(child, parent)| parent == *c && staying(child)))
+                .cloned()
+                .collect();
+            if blocked.is_empty() {
+                break;
+            }
+            candidates.retain(|c| !blocked.contains(c));
+            kept.extend(blocked);
+        }
+        // What only they hold.
+        let mut reclaim = 0;
+        let mut snapshots = Vec::new();
+        for id in candidates {
+            let db = lock(&self.db);
+            let (layer, blob) = db.held_only_by(&id)?;
+            reclaim += layer.map(|l| db.layer_size(&l)).transpose()?.unwrap_or(0);
+            drop(db);
+            reclaim += blob.map(|b| blob_bytes(&[b])).unwrap_or(0);
+            if let Ok(id) = id.parse() {
+                snapshots.push(id);
+            }
+        }
+        let uppers: u64 = live.iter().map(|sb| allocated(&sb.dirs(store).upper)).sum();
+        let (store_used_bytes, store_free_bytes) = nix::sys::statvfs::statvfs(store.root())
+            .map(|v| {
+                let f = v.fragment_size();
+                ((v.blocks() - v.blocks_free()) * f, v.blocks_available() * f)
+            })
+            .unwrap_or((0, 0));
+        Ok(DiskUsage {
+            images: Usage { count: u.images, layer_bytes: u.image_layer_bytes, blob_bytes: blob_bytes(&u.image_blobs) },
+            snapshots: Usage {
+                count: u.snapshots,
+                layer_bytes: u.snapshot_layer_bytes,
+                blob_bytes: u.snapshot_blob_bytes,
+            },
+            sandboxes: Usage { count: live.len() as u64, layer_bytes: uppers, blob_bytes: 0 },
+            reclaimable: Reclaimable { snapshots, bytes: reclaim },
+            store_used_bytes,
+            store_free_bytes,
+        })
+    }
+
     /// The collector: remove the layers and blobs in `scope` (and `also`)
     /// that no row lists and no lease holds; returns how many it removed.
     /// The rows are read and the files removed under the database lock (a
@@ -167,4 +238,28 @@ impl Daemon {
             tracing::error!("start gc thread: {e}");
         }
     }
+}
+
+/// Bytes allocated on disk under `dir` (a file with several names counted
+/// once; nothing followed). What vanishes meanwhile (a running sandbox
+/// writes) is skipped.
+fn allocated(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        for e in entries.flatten() {
+            let Ok(m) = e.path().symlink_metadata() else { continue };
+            if m.nlink() > 1 && !m.is_dir() && !seen.insert((m.dev(), m.ino())) {
+                continue;
+            }
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    total
 }

@@ -798,6 +798,12 @@ impl Daemon {
             source_sandbox: row.source_sandbox.clone(),
             created_at: row.created_at,
             info: row.info.clone(),
+            bytes: crate::types::SnapshotBytes {
+                layer: db.layer_size(row.layer.as_str())?,
+                blob: row.blob_size,
+                chain_layers: chain.iter().map(|s| db.layer_size(s.layer.as_str())).sum::<Result<u64, _>>()?,
+                chain_blobs: chain.iter().map(|s| s.blob_size).sum(),
+            },
             retained: db.retained(&row.id)?,
             labels: db.labels(&row.id)?,
         })

@@ -195,4 +195,64 @@ impl Db {
             .map_err(q("delete throwaway lineage"))?;
         Ok(())
     }
+
+    /// Every (snapshot, parent) link.
+    pub fn snapshot_parents(&self) -> Result<Vec<(String, String)>, DbError> {
+        let mut st = self
+            .conn
+            .prepare("SELECT id, parent_id FROM snapshots WHERE parent_id IS NOT NULL")
+            .map_err(q("snapshot parents"))?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).map_err(q("snapshot parents"))?;
+        rows.collect::<Result<_, _>>().map_err(q("snapshot parents"))
+    }
+
+    /// A layer's unpacked size (0 for a layer still sealing or unknown).
+    pub fn layer_size(&self, id: &str) -> Result<u64, DbError> {
+        self.conn
+            .query_row("SELECT size FROM layers WHERE id = ?1", [id], |r| r.get::<_, i64>(0))
+            .optional()
+            .map(|s| s.unwrap_or(0) as u64)
+            .map_err(q("layer size"))
+    }
+
+    /// What the store holds, by owner: images (count, their layers'
+    /// unpacked bytes, their blob digests) and snapshots (count, the
+    /// unpacked bytes of layers no image lists, their blobs' bytes).
+    /// Layers and blobs are counted once however many rows list them.
+    pub fn usage(&self) -> Result<StoreUsage, DbError> {
+        let one = |sql: &str| -> Result<i64, DbError> {
+            self.conn.query_row(sql, [], |r| r.get::<_, Option<i64>>(0)).map(|v| v.unwrap_or(0)).map_err(q("usage"))
+        };
+        let image_blobs = {
+            let mut st =
+                self.conn.prepare("SELECT DISTINCT blob_digest FROM image_layers").map_err(q("image blobs"))?;
+            let rows = st.query_map([], |r| r.get::<_, String>(0)).map_err(q("image blobs"))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(q("image blobs"))?
+        };
+        Ok(StoreUsage {
+            images: one("SELECT COUNT(*) FROM images")? as u64,
+            image_layer_bytes: one("SELECT SUM(size) FROM layers WHERE id IN (SELECT layer_id FROM image_layers)")?
+                as u64,
+            image_blobs,
+            snapshots: one("SELECT COUNT(*) FROM snapshots")? as u64,
+            snapshot_layer_bytes: one("SELECT SUM(size) FROM layers WHERE id IN (SELECT layer_id FROM snapshots) \
+                 AND id NOT IN (SELECT layer_id FROM image_layers)")? as u64,
+            snapshot_blob_bytes: one(
+                "SELECT SUM(blob_size) FROM (SELECT blob_digest, MAX(blob_size) AS blob_size FROM snapshots \
+                 WHERE blob_digest != '' AND blob_digest NOT IN (SELECT blob_digest FROM image_layers) \
+                 GROUP BY blob_digest)",
+            )? as u64,
+        })
+    }
+}
+
+/// See [`Db::usage`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StoreUsage {
+    pub images: u64,
+    pub image_layer_bytes: u64,
+    pub image_blobs: Vec<String>,
+    pub snapshots: u64,
+    pub snapshot_layer_bytes: u64,
+    pub snapshot_blob_bytes: u64,
 }
