@@ -508,3 +508,23 @@ fn df_shows_the_store_by_owner_and_what_gc_would_reclaim() {
     assert!(d["store_used_bytes"].as_u64().unwrap() > 0 && d["store_free_bytes"].as_u64().unwrap() > 0);
     env.finish();
 }
+
+#[test]
+fn a_log_pulled_back_by_the_host_that_made_it_is_not_its_live_sandboxs_own() {
+    let reg = registry::Registry::start();
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "echo one");
+    let s1 = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    sh(&env, &id, "echo two");
+    env.cli_ok(&["checkpoint", &id]);
+    let reference = format!("{}/strata/back:v1", reg.addr());
+    post(&env, &format!("/v1/snapshots/{s1}/push"), json!({"reference": reference, "insecure": true}));
+    env.cli_ok(&["snapshot", "rm", &s1]);
+    post(&env, "/v1/snapshots/pull", json!({"reference": reference, "insecure": true}));
+    // The pulled snapshot has its log; the sandbox that ran it keeps its own once.
+    assert_eq!(argvs(&get(&env, &format!("/v1/snapshots/{s1}/logs"))), ["\"echo one\""]);
+    assert_eq!(argvs(&get(&env, &format!("/v1/sandboxes/{id}/logs"))), ["\"echo one\"", "\"echo two\""]);
+    env.finish();
+}

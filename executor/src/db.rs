@@ -419,6 +419,13 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX evaluations_snapshot ON evaluations(snapshot_id, name, version, id);
     "#,
+    // 12: exec records a pull brought (a pulled snapshot's log) are marked:
+    // they name the sandbox that ran them on another host, or on this one
+    // when a host pulls back what it pushed, and are never that live
+    // sandbox's own log.
+    r#"
+    ALTER TABLE exec_records ADD COLUMN pulled INTEGER NOT NULL DEFAULT 0 CHECK (pulled IN (0, 1));
+    "#,
 ];
 
 pub struct Db {
@@ -872,13 +879,14 @@ fn adopt_lineage_in(
     Ok(sandbox.to_string())
 }
 
-/// Insert an exec record (its id is the database's); returns the id.
-fn insert_exec_record_in(conn: &Connection, r: &ExecRecord) -> Result<i64, DbError> {
+/// Insert an exec record (its id is the database's; `pulled`: a pulled
+/// snapshot's); returns the id.
+fn insert_exec_record_in(conn: &Connection, r: &ExecRecord, pulled: bool) -> Result<i64, DbError> {
     let argv = serde_json::to_string(&r.argv).map_err(|source| DbError::Decode { what: "argv", source })?;
     let out = r.output.as_ref();
     conn.prepare_cached(
         "INSERT INTO exec_records (sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes, \
-         stdout, stderr, output_cut) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+         stdout, stderr, output_cut, pulled) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
     )
     .and_then(|mut st| {
         st.execute(params![
@@ -892,6 +900,7 @@ fn insert_exec_record_in(conn: &Connection, r: &ExecRecord) -> Result<i64, DbErr
             out.map(|o| &o.stdout),
             out.map(|o| &o.stderr),
             out.map_or(0, |o| o.cut as i64),
+            pulled,
         ])
     })
     .map_err(q("insert exec record"))?;
@@ -1386,7 +1395,7 @@ impl Db {
             let keep = if p.row.parent_id.is_none() { 0 } else { p.inherited.min(p.log.len()) };
             let mut range = (0, 0);
             for (i, r) in p.log[keep..].iter().enumerate() {
-                let id = insert_exec_record_in(&tx, r)?;
+                let id = insert_exec_record_in(&tx, r, true)?;
                 range = (if i == 0 { id - 1 } else { range.0 }, id);
             }
             if let Some(o) = p.row.info.as_object_mut() {
@@ -2089,7 +2098,7 @@ impl Db {
     // ---- exec log ----
 
     pub fn insert_exec_record(&self, r: &ExecRecord) -> Result<(), DbError> {
-        insert_exec_record_in(&self.conn, r).map(|_| ())
+        insert_exec_record_in(&self.conn, r, false).map(|_| ())
     }
 
     /// Exec records with `from < id <= upto` (`upto` `None`: all after
@@ -2105,9 +2114,9 @@ impl Db {
         const COLUMNS: &str = "SELECT id, sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes, \
                  CASE WHEN ?4 THEN stdout END, CASE WHEN ?4 THEN stderr END, output_cut FROM exec_records";
         let mut st = match sandbox_id {
-            Some(_) => self
-                .conn
-                .prepare_cached(&format!("{COLUMNS} WHERE sandbox_id = ?1 AND id > ?2 AND id <= ?3 ORDER BY id")),
+            Some(_) => self.conn.prepare_cached(&format!(
+                "{COLUMNS} WHERE sandbox_id = ?1 AND pulled = 0 AND id > ?2 AND id <= ?3 ORDER BY id"
+            )),
             None => {
                 self.conn.prepare_cached(&format!("{COLUMNS} WHERE ?1 IS NULL AND id > ?2 AND id <= ?3 ORDER BY id"))
             }
