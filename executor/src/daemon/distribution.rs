@@ -293,15 +293,20 @@ impl Daemon {
                 };
                 progress(Progress { action: action.into(), digest: b.digest.to_string(), size: b.size, done: b.size });
             }
+            // A small document pushed as a blob (the records, the config), tallied.
+            let mut push_doc = |bytes: &[u8]| -> Result<Digest, TransferError> {
+                let digest = Digest::sha256(bytes);
+                if client.push_bytes(repo, &digest, bytes)? == Pushed::Uploaded {
+                    result.uploaded_blobs += 1;
+                    result.uploaded_bytes += bytes.len() as u64;
+                } else {
+                    result.present_blobs += 1;
+                }
+                Ok(digest)
+            };
             let mut meta = self.chain_meta(&image, &chain)?;
             let records = self.chain_records(&chain)?;
-            let records_digest = Digest::sha256(&records);
-            if client.push_bytes(repo, &records_digest, &records)? == Pushed::Uploaded {
-                result.uploaded_blobs += 1;
-                result.uploaded_bytes += records.len() as u64;
-            } else {
-                result.present_blobs += 1;
-            }
+            let records_digest = push_doc(&records)?;
             meta.records = Some(RecordsRef { digest: records_digest, size: records.len() as u64 });
             let mut labels = std::collections::HashMap::new();
             labels.insert(CHAIN_LABEL.to_string(), serde_json::to_string(&meta)?);
@@ -309,13 +314,7 @@ impl Daemon {
             let diff_ids: Vec<String> = blobs.iter().map(|b| format!("sha256:{}", b.diff_id)).collect();
             let config = crate::export::config_document(&image, &diff_ids, labels);
             let config_bytes = crate::oci::canonical_json(&config)?;
-            let config_digest = Digest::sha256(&config_bytes);
-            if client.push_bytes(repo, &config_digest, &config_bytes)? == Pushed::Uploaded {
-                result.uploaded_blobs += 1;
-                result.uploaded_bytes += config_bytes.len() as u64;
-            } else {
-                result.present_blobs += 1;
-            }
+            let config_digest = push_doc(&config_bytes)?;
             let layers = blobs.iter().map(|b| oci::descriptor(b.media_type, &b.digest, b.size)).collect();
             let config_desc = oci::descriptor(oci::layout::MEDIA_OCI_CONFIG, &config_digest, config_bytes.len() as u64);
             let manifest =
