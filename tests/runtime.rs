@@ -1287,13 +1287,15 @@ fn deadlines_and_idle_timeouts_end_sandboxes_and_survive_a_restart() {
     assert!((0..=1000).contains(&(at - deadline(&a))), "removed {} ms after its deadline", at - deadline(&a));
 
     // Renewed: it outlives its first deadline, then goes at the new one.
-    let b = make(&env, json!({"image": "busybox", "timeout": 2}));
+    // Renewed 3 s before the old deadline (or at once, if the create was
+    // that slow: the deadline runs from the create's start).
+    let b = make(&env, json!({"image": "busybox", "timeout": 5}));
     let bid = b["id"].as_str().unwrap().to_string();
-    std::thread::sleep(Duration::from_millis(1000));
+    std::thread::sleep(Duration::from_millis((deadline(&b) - 3000 - now_ms()).max(0) as u64));
     let renewed: Value =
-        env.client().call("POST", &format!("/v1/sandboxes/{bid}/timeout"), Some(&json!({"timeout": 3}))).unwrap();
-    assert!(deadline(&renewed) >= deadline(&b) + 900, "{renewed}");
-    std::thread::sleep(Duration::from_millis((deadline(&b) + 1500 - now_ms()).max(0) as u64));
+        env.client().call("POST", &format!("/v1/sandboxes/{bid}/timeout"), Some(&json!({"timeout": 5}))).unwrap();
+    assert!(deadline(&renewed) >= deadline(&b) + 1900, "{renewed}");
+    std::thread::sleep(Duration::from_millis((deadline(&b) + 1000 - now_ms()).max(0) as u64));
     assert!(live(&env, &bid), "a renewed sandbox went at its old deadline");
     let at = gone_at(&env, &bid, Duration::from_secs(10));
     assert!((0..=1000).contains(&(at - deadline(&renewed))), "{}", at - deadline(&renewed));

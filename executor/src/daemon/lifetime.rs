@@ -49,16 +49,23 @@ pub fn lifetime(
 impl Daemon {
     /// `POST /v1/sandboxes/{id}/timeout`: a new deadline, `timeout`
     /// seconds from now (and a new action, if given); kept in the database.
+    /// Refused (409) once the old one came and the sandbox is going: a
+    /// scheduler told "renewed" can count on it.
     pub fn set_timeout(&self, id: &str, req: TimeoutRequest) -> Result<SandboxInfo, SandboxOpError> {
         let sb = self.sandbox(id)?;
         let old = sb.lifetime();
         // Unset, the action stays the sandbox's.
         let new = lifetime(Some(req.timeout), req.on_timeout, old.idle_timeout, old.on_timeout)
             .map_err(SandboxOpError::Invalid)?;
+        if sb.gone().is_set() || !sb.renew(new) {
+            return Err(SandboxOpError::Expiring(sb.id.clone()));
+        }
         let mut spec = sb.spec.clone();
         spec.lifetime = new;
-        lock(&self.db).set_sandbox_spec(&sb.id, &spec)?;
-        sb.set_lifetime(new);
+        if let Err(e) = lock(&self.db).set_sandbox_spec(&sb.id, &spec) {
+            sb.renew(old);
+            return Err(e.into());
+        }
         tracing::info!("sandbox {}: deadline renewed, {} s from now ({})", sb.id, req.timeout, new.on_timeout);
         Ok(sandbox_info(&sb))
     }
@@ -92,14 +99,11 @@ impl Daemon {
     }
 
     /// Remove or suspend a sandbox whose time came, and say so in the log.
-    /// A deadline renewed since it came due is kept; one whose action
-    /// fails (the sandbox is in a checkpoint, say) is tried again in a
-    /// second.
+    /// Renewals are refused from the moment it was taken; a deadline whose
+    /// action fails (the sandbox is in a checkpoint, say) is tried again
+    /// in a second.
     fn expire(&self, sb: &Sandbox, due: Due) {
         if self.stopping.load(Ordering::Acquire) {
-            return;
-        }
-        if due != Due::Idle && sb.lifetime().deadline_ms.is_some_and(|d| d > now_ms()) {
             return;
         }
         let id = sb.id.to_string();
@@ -117,6 +121,7 @@ impl Daemon {
                 // again after another idle period; a deadline is kept by
                 // removing it.
                 Err(e) if due == Due::Idle => {
+                    sb.untake(None);
                     return tracing::warn!("sandbox {id}: idle suspend failed: {}", crate::error::chain(&e));
                 }
                 Err(e) => tracing::warn!(
@@ -133,11 +138,7 @@ impl Daemon {
                     "sandbox {id}: removal at its deadline failed ({}); again in 1 s",
                     crate::error::chain(&e)
                 );
-                let mut l = sb.lifetime();
-                if l.deadline_ms.is_none() {
-                    l.deadline_ms = Some(now_ms() + 1000);
-                    sb.set_lifetime(l);
-                }
+                sb.untake(Some(1000));
             }
         }
     }

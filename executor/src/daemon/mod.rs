@@ -212,6 +212,8 @@ pub enum SandboxOpError {
     NotFound(String),
     /// sandbox {0} is already being removed
     BeingRemoved(SandboxId),
+    /// sandbox {0} is past its deadline or idle timeout and going (removed or suspended); too late to renew
+    Expiring(SandboxId),
     /// {0}
     Invalid(String),
     /// {0}
@@ -224,7 +226,7 @@ impl Classify for SandboxOpError {
     fn kind(&self) -> ErrorKind {
         match self {
             SandboxOpError::NotFound(_) => ErrorKind::NotFound,
-            SandboxOpError::BeingRemoved(_) => ErrorKind::Conflict,
+            SandboxOpError::BeingRemoved(_) | SandboxOpError::Expiring(_) => ErrorKind::Conflict,
             SandboxOpError::Invalid(_) => ErrorKind::InvalidArgument,
             SandboxOpError::Sandbox(e) => e.kind(),
             SandboxOpError::Db(e) => e.kind(),

@@ -12,7 +12,7 @@ use crate::spec::{now_ms, Lifetime};
 /// A sandbox's lifetime and use.
 #[derive(Debug)]
 pub struct Activity {
-    lifetime: Mutex<Lifetime>,
+    lifetime: Mutex<Clock>,
     /// When it was last used (unix ms): an API call naming it, an exec's
     /// start or end.
     last_ms: AtomicI64,
@@ -20,9 +20,22 @@ pub struct Activity {
     busy: AtomicU32,
 }
 
+/// The lifetime as last set, and whether the reaper took it (its
+/// deadline or idle timeout came and the sandbox is being removed or
+/// suspended): one lock, so a renewal and the reaper never both win.
+#[derive(Debug)]
+struct Clock {
+    lifetime: Lifetime,
+    taken: bool,
+}
+
 impl Activity {
     pub fn new(lifetime: Lifetime) -> Activity {
-        Activity { lifetime: Mutex::new(lifetime), last_ms: AtomicI64::new(now_ms()), busy: AtomicU32::new(0) }
+        Activity {
+            lifetime: Mutex::new(Clock { lifetime, taken: false }),
+            last_ms: AtomicI64::new(now_ms()),
+            busy: AtomicU32::new(0),
+        }
     }
 }
 
@@ -59,29 +72,118 @@ impl Sandbox {
     }
 
     pub fn lifetime(&self) -> Lifetime {
-        *self.activity.lifetime.lock().unwrap_or_else(|p| p.into_inner())
+        self.activity.lifetime()
     }
 
-    pub fn set_lifetime(&self, l: Lifetime) {
-        *self.activity.lifetime.lock().unwrap_or_else(|p| p.into_inner()) = l;
+    /// See [`Activity::renew`].
+    pub fn renew(&self, l: Lifetime) -> bool {
+        self.activity.renew(l)
+    }
+
+    /// See [`Activity::untake`].
+    pub fn untake(&self, retry_ms: Option<i64>) {
+        self.activity.untake(retry_ms)
+    }
+
+    /// See [`Activity::take_due`].
+    pub fn take_due(&self, now: i64) -> Option<Due> {
+        self.activity.take_due(now)
+    }
+}
+
+impl Activity {
+    fn clock(&self) -> std::sync::MutexGuard<'_, Clock> {
+        self.lifetime.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lifetime(&self) -> Lifetime {
+        self.clock().lifetime
+    }
+
+    /// Renew: set a new lifetime unless the reaper took this one already
+    /// (then `false`: the sandbox is going, a renewal would be a lie).
+    pub fn renew(&self, l: Lifetime) -> bool {
+        let mut c = self.clock();
+        if c.taken {
+            return false;
+        }
+        c.lifetime = l;
+        true
+    }
+
+    /// The reaper's action failed: give the sandbox back to it, with a
+    /// deadline `retry_ms` from now if it had none (a deadline is kept by
+    /// trying again; an idle timeout simply comes again).
+    pub fn untake(&self, retry_ms: Option<i64>) {
+        let mut c = self.clock();
+        c.taken = false;
+        if let Some(ms) = retry_ms {
+            c.lifetime.deadline_ms.get_or_insert(now_ms() + ms);
+        }
     }
 
     /// What is due at `now` (unix ms), if anything; a deadline first. What
     /// is returned is taken: the deadline is cleared (in memory; the
     /// database keeps it, so a daemon restarted before the action is done
-    /// does it), the idle clock restarts.
+    /// does it), the idle clock restarts, and renewals are refused until
+    /// [`Activity::untake`].
     pub fn take_due(&self, now: i64) -> Option<Due> {
-        let mut l = self.activity.lifetime.lock().unwrap_or_else(|p| p.into_inner());
-        if l.deadline_ms.is_some_and(|d| d <= now) {
-            l.deadline_ms = None;
-            return Some(Due::Deadline(l.on_timeout));
+        let mut c = self.clock();
+        if c.taken {
+            return None;
         }
-        let idle = l.idle_timeout?;
-        let since = now - self.activity.last_ms.load(Ordering::Acquire);
-        if self.activity.busy.load(Ordering::Acquire) == 0 && since >= (idle as i64).saturating_mul(1000) {
-            self.touch();
+        if c.lifetime.deadline_ms.is_some_and(|d| d <= now) {
+            c.lifetime.deadline_ms = None;
+            c.taken = true;
+            return Some(Due::Deadline(c.lifetime.on_timeout));
+        }
+        let idle = c.lifetime.idle_timeout?;
+        let since = now - self.last_ms.load(Ordering::Acquire);
+        if self.busy.load(Ordering::Acquire) == 0 && since >= (idle as i64).saturating_mul(1000) {
+            self.last_ms.store(now_ms(), Ordering::Release);
+            c.taken = true;
             return Some(Due::Idle);
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taken_deadline_refuses_renewal_until_given_back() {
+        let now = now_ms();
+        let l = Lifetime { deadline_ms: Some(now - 1), on_timeout: OnTimeout::Remove, idle_timeout: None };
+        let a = Activity::new(l);
+        assert_eq!(a.take_due(now), Some(Due::Deadline(OnTimeout::Remove)));
+        // Taken: nothing is due twice, and a renewal is refused.
+        assert_eq!(a.take_due(now + 10_000), None);
+        assert!(!a.renew(Lifetime { deadline_ms: Some(now + 60_000), ..l }));
+        assert_eq!(a.lifetime().deadline_ms, None);
+        // Given back after a failed removal: due again a second later.
+        a.untake(Some(1000));
+        assert_eq!(a.take_due(now), None);
+        assert!(a.take_due(now + 5_000).is_some());
+        a.untake(None);
+        assert!(a.renew(Lifetime { deadline_ms: Some(now + 60_000), ..l }));
+        assert_eq!(a.take_due(now + 5_000), None);
+    }
+
+    #[test]
+    fn idle_is_due_only_when_no_exec_runs() {
+        let now = now_ms();
+        let a = Activity::new(Lifetime { deadline_ms: None, on_timeout: OnTimeout::Suspend, idle_timeout: Some(2) });
+        assert_eq!(a.take_due(now + 1_000), None);
+        a.busy.fetch_add(1, Ordering::AcqRel);
+        assert_eq!(a.take_due(now + 3_000), None);
+        a.busy.fetch_sub(1, Ordering::AcqRel);
+        assert_eq!(a.take_due(now + 3_000), Some(Due::Idle));
+        assert!(!a.renew(Lifetime {
+            deadline_ms: Some(now + 60_000),
+            on_timeout: OnTimeout::Remove,
+            idle_timeout: Some(2)
+        }));
     }
 }
