@@ -1116,10 +1116,13 @@ fn a_snapshot_is_never_removed_under_a_resume_in_flight() {
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox"}));
     sh(&env, &id, "for i in $(seq 200); do echo $i > /tmp/f$i; done");
+    let first = env.cli_ok(&["checkpoint", &id]).trim().to_string();
     for round in 0..16 {
         let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
         // A newer checkpoint supersedes it: it is no longer its lineage's
-        // head (a head cannot be removed) and nothing else holds it.
+        // head (a head cannot be removed) and nothing else holds it (the
+        // newer one is over the first, rolled back to, not over it).
+        env.cli_ok(&["rollback", &id, "--to", &first]);
         env.cli_ok(&["checkpoint", &id]);
         let socket = env.socket.clone();
         let s2 = snap.clone();
@@ -1592,32 +1595,40 @@ fn gc_deletes_what_retention_allows_and_keeps_what_is_used() {
     let a = create(&env, json!({"image": "busybox", "work_context": "l1"}));
     sh(&env, &a, same);
     let s1 = env.cli_ok(&["checkpoint", &a]).trim().to_string();
-    sh(&env, &a, "echo 2 > /w/g");
-    let s2 = env.cli_ok(&["checkpoint", &a]).trim().to_string();
     let b = create(&env, json!({"image": "busybox", "work_context": "l2"}));
     sh(&env, &b, same);
     let t1 = env.cli_ok(&["checkpoint", &b]).trim().to_string();
     let shared = snap(&s1)["layer"].as_str().unwrap().to_string();
     assert_eq!(snap(&t1)["layer"], shared.as_str(), "identical trees share one layer");
-    assert_eq!(snap(&s1)["state"], "superseded");
+    sh(&env, &a, "echo 2 > /w/g");
+    let s2 = env.cli_ok(&["checkpoint", &a]).trim().to_string();
+    assert_eq!(snap(&s2)["parent"], s1.as_str(), "an increment over the one before");
+    // s2 supersedes s1 but is over it. A rollback to s1 and a checkpoint
+    // make s3, also over s1, and leave s2 superseded and unused.
+    env.cli_ok(&["rollback", &a, "--to", &s1]);
+    let s3 = env.cli_ok(&["checkpoint", &a]).trim().to_string();
+    assert_eq!(snap(&s3)["parent"], s1.as_str());
+    assert_eq!((snap(&s1)["state"].as_str(), snap(&s2)["state"].as_str()), (Some("superseded"), Some("superseded")));
 
     // Within retention nothing goes.
     assert!(deleted(&gc(json!({}))).is_empty());
-    // Past retention, a superseded snapshot a live sandbox runs on stays.
-    let r: Value = env.client().call("POST", &format!("/v1/snapshots/{s1}/resume"), Some(&json!({}))).unwrap();
+    // Past retention, a superseded snapshot a live sandbox runs on stays,
+    // and so does one another snapshot is over.
+    let r: Value = env.client().call("POST", &format!("/v1/snapshots/{s2}/resume"), Some(&json!({}))).unwrap();
     let r = r["id"].as_str().unwrap().to_string();
     let rep = gc(json!({"retention_secs": 0}));
     assert!(deleted(&rep).is_empty(), "{rep}");
-    assert_eq!(rep["kept"][0][0], s1.as_str(), "{rep}");
-    // Once unused it goes; its layer stays, another lineage's checkpoint has it.
+    let kept: Vec<&str> = rep["kept"].as_array().unwrap().iter().map(|k| k[0].as_str().unwrap()).collect();
+    assert!(kept.contains(&s2.as_str()) && kept.contains(&s1.as_str()), "{rep}");
+    // Once unused it goes; its parent stays (the head is over it too).
     env.cli_ok(&["rm", &r]);
-    assert_eq!(deleted(&gc(json!({"retention_secs": 0}))), vec![s1.clone()]);
-    assert!(layer_exists(&shared), "a layer still in use was deleted");
-    // Heads are never collected; a retired lineage's are, with the layer.
+    assert_eq!(deleted(&gc(json!({"retention_secs": 0}))), vec![s2.clone()]);
+    // Heads are never collected; a retired lineage's are. Its layer stays
+    // while another lineage's snapshot has it.
     env.cli_ok(&["lineage", "retire", "l2"]);
     env.cli_ok(&["rm", &b]);
     assert_eq!(deleted(&gc(json!({"retention_secs": 0}))), vec![t1.clone()]);
-    assert!(!layer_exists(&shared), "an unused layer was kept");
+    assert!(layer_exists(&shared), "a layer still in use was deleted");
 
     // Stale lineages are retired, unless a live sandbox works for them.
     let c3 = create(&env, json!({"image": "busybox", "work_context": "l3"}));
@@ -1631,9 +1642,12 @@ fn gc_deletes_what_retention_allows_and_keeps_what_is_used() {
     env.cli_ok(&["rm", &a]);
     env.cli_ok(&["lineage", "retire", "l1"]);
     let out = env.cli_ok(&["gc", "--retention", "0s"]);
-    assert!(out.contains(&format!("deleted snapshot {s2}")), "{out}");
+    // Children first, then the parents they freed.
+    let (at3, at1) = (out.find(&format!("deleted snapshot {s3}")), out.find(&format!("deleted snapshot {s1}")));
+    assert!(at3.is_some() && at1.is_some() && at3 < at1, "{out}");
     let snaps: Vec<Value> = env.client().call("GET", "/v1/snapshots", none).unwrap();
     assert!(snaps.is_empty(), "{snaps:?}");
+    assert!(!layer_exists(&shared), "an unused layer was kept");
     assert_eq!(snapshot_blobs(&env), 0);
     // What no row lists and no operation leases (planted here) is the
     // collector's, found by the whole-store pass of every gc.
@@ -2055,9 +2069,26 @@ fn a_checkpoint_on_a_full_disk_fails_cleanly_and_the_sandbox_runs_on() {
     assert_eq!(v["exit_code"], 0, "{v}");
     let want = stdout(&v);
     let count = |sub: &str| std::fs::read_dir(env.root.join(sub)).unwrap().count();
-    let layers_before = count("layers");
     let ballast = env.root.join("ballast");
-    for room in [8 * MIB, 24 * MIB, 40 * MIB] {
+    // Three full disks for the first checkpoint; then, after it worked, one
+    // for the second, an increment (the sandbox wrote another 4 MiB).
+    let mut first = None;
+    let mut want2 = String::new();
+    for room in [8 * MIB, 24 * MIB, 40 * MIB, 0, 2 * MIB] {
+        if room == 0 {
+            // With room again, the same checkpoint works.
+            std::fs::remove_file(&ballast).unwrap();
+            first = Some(env.cli_ok(&["checkpoint", &id]).trim().to_string());
+            let v = sh(
+                &env,
+                &id,
+                &format!("head -c {} /dev/urandom > /tmp/big2 && {}", 4 * MIB, sum.replace("big", "big2")),
+            );
+            want2 = stdout(&v);
+            continue;
+        }
+        let layers_before = count("layers");
+        let blobs_before = snapshot_blobs(&env);
         let _ = std::fs::remove_file(&ballast);
         let st = nix::sys::statvfs::statvfs(&env.root).unwrap();
         let free = st.blocks_available() * st.fragment_size();
@@ -2081,10 +2112,11 @@ fn a_checkpoint_on_a_full_disk_fails_cleanly_and_the_sandbox_runs_on() {
         }
         // Nothing partial: no snapshot but the failed capture, no new
         // layer, no blob, nothing in tmp.
-        let snaps: Vec<Value> = env.client().call("GET", "/v1/snapshots", None::<&()>).unwrap();
+        let mut snaps: Vec<Value> = env.client().call("GET", "/v1/snapshots", None::<&()>).unwrap();
+        snaps.retain(|s| s["id"].as_str() != first.as_deref());
         assert!(only_failed_captures(&snaps), "{room}: {snaps:?}");
         assert_eq!(count("layers"), layers_before, "{room}: layer left");
-        assert_eq!(snapshot_blobs(&env), 0, "{room}: blob left");
+        assert_eq!(snapshot_blobs(&env), blobs_before, "{room}: blob left");
         let start = Instant::now();
         while count("tmp") != 0 {
             assert!(start.elapsed() < Duration::from_secs(10), "{room}: tmp/ not emptied");
@@ -2095,12 +2127,16 @@ fn a_checkpoint_on_a_full_disk_fails_cleanly_and_the_sandbox_runs_on() {
         assert_eq!(info["state"], "running", "{room}");
         assert_eq!(stdout(&sh(&env, &id, sum)), want, "{room}");
     }
-    // With room again, the same checkpoint works and resumes to the same data.
+    // With room again, the increment works and resumes to the same data.
     std::fs::remove_file(&ballast).unwrap();
     let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
+    assert_eq!(info["parent"].as_str(), first.as_deref(), "{info}");
+    assert!(info["blob_size"].as_u64().unwrap() < 5 * MIB, "{info}");
     env.cli_ok(&["rm", &id]);
     let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &resumed, sum)), want);
+    assert_eq!(stdout(&sh(&env, &resumed, &sum.replace("big", "big2"))), want2);
     env.finish();
 }
 
@@ -2116,15 +2152,28 @@ fn a_daemon_killed_at_any_point_of_a_capture_leaves_it_whole_or_gone() {
         "suspend:appended",
         "seal:blob-written",
     ] {
-        crash_at(point);
+        crash_at(point, false);
+    }
+    // The second checkpoint of a sandbox is an increment over the first.
+    for point in ["checkpoint:begun", "checkpoint:captured", "checkpoint:layer-committed", "checkpoint:appended"] {
+        crash_at(point, true);
     }
 }
 
-fn crash_at(point: &str) {
-    let mut env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", point)]);
+/// Kill the daemon at `point` of a capture (the second checkpoint, an
+/// increment over the first, if `second`), restart it, and check that the
+/// capture is whole or gone.
+fn crash_at(point: &str, second: bool) {
+    let armed = if second { format!("{point}=stop-after:1") } else { point.to_string() };
+    let mut env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", &armed)]);
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox", "work_context": "crash"}));
     sh(&env, &id, "mkdir /data && for i in $(seq 20); do echo $i > /data/f$i; done");
+    let first = second.then(|| {
+        let snap: Value = env.client().call("POST", &format!("/v1/sandboxes/{id}/checkpoint"), None::<&()>).unwrap();
+        sh(&env, &id, "echo changed > /data/f20 && rm /data/f1");
+        snap["id"].as_str().unwrap().to_string()
+    });
     let op = if point.starts_with("checkpoint") { "checkpoint" } else { "suspend" };
     let socket = env.socket.clone();
     let sid = id.clone();
@@ -2132,7 +2181,7 @@ fn crash_at(point: &str) {
         let mut c = Client::connect(&socket).unwrap();
         c.request("POST", &format!("/v1/sandboxes/{sid}/{op}"), None::<&()>).map(|_| ())
     });
-    kill_at_failpoint(&mut env, point);
+    kill_at_failpoint(&mut env, point, usize::from(second) + 1);
     let answered = t.join().unwrap();
     assert_eq!(answered.is_ok(), point == "seal:blob-written", "{point}: {answered:?}");
     let snaps = store_matches_database(&env, "busybox:latest", point);
@@ -2150,24 +2199,37 @@ fn crash_at(point: &str) {
     }
     // The head moved at most once, to a whole snapshot.
     let l: Value = c.call("GET", "/v1/lineages/crash", none).unwrap();
+    let snaps: Vec<&Value> = snaps.iter().filter(|s| Some(s["id"].as_str().unwrap()) != first.as_deref()).collect();
     match snaps.as_slice() {
-        [] => assert!(l["head"].is_null(), "{point}: {l}"),
+        [] => assert_eq!(l["head"].as_str(), first.as_deref(), "{point}: {l}"),
         [s] => {
             assert_eq!(l["head"], s["id"], "{point}: {l}");
-            assert_eq!(s["sequence"], 1);
+            assert_eq!(s["sequence"], usize::from(second) + 1);
+            // An increment over the first checkpoint, whole.
+            assert_eq!(s["parent"].as_str(), first.as_deref(), "{point}: {s}");
             let r: Value = c
                 .call("POST", &format!("/v1/snapshots/{}/resume", s["id"].as_str().unwrap()), Some(&json!({})))
                 .unwrap();
-            assert_eq!(stdout(&sh(&env, r["id"].as_str().unwrap(), "cat /data/f20")), "20\n", "{point}");
+            let want = if second { "changed\nno f1\n" } else { "20\n" };
+            let got = stdout(&sh(&env, r["id"].as_str().unwrap(), "cat /data/f20; test -e /data/f1 || echo no f1"));
+            assert_eq!(got, want, "{point}");
         }
         more => panic!("{point}: {more:?}"),
     }
     // Before the append the snapshot is gone; after it, whole.
     let recorded = point.ends_with("appended") || point.starts_with("seal");
     assert_eq!(snaps.len(), usize::from(recorded), "{point}: {snaps:?}");
-    // A checkpoint's sandbox runs on (re-adopted).
+    // A checkpoint's sandbox runs on (re-adopted), and checkpoints again:
+    // an increment over the last one that was recorded.
     if op == "checkpoint" {
-        assert_eq!(stdout(&sh(&env, &id, "cat /data/f1")), "1\n", "{point}");
+        assert_eq!(stdout(&sh(&env, &id, "cat /data/f2")), "2\n", "{point}");
+        let again: Value = c.call("POST", &format!("/v1/sandboxes/{id}/checkpoint"), None::<&()>).unwrap();
+        let last = snaps.first().map(|s| s["id"].as_str().unwrap().to_string()).or(first.clone());
+        assert_eq!(again["parent"].as_str(), last.as_deref(), "{point}: {again}");
+        let r: Value =
+            c.call("POST", &format!("/v1/snapshots/{}/fork", again["id"].as_str().unwrap()), Some(&json!({}))).unwrap();
+        let want = if second { "changed\n" } else { "20\n" };
+        assert_eq!(stdout(&sh(&env, r[0]["id"].as_str().unwrap(), "cat /data/f20")), want, "{point}");
     }
     let start = Instant::now();
     let names = |sub: &str| -> Vec<String> {
@@ -2180,11 +2242,11 @@ fn crash_at(point: &str) {
     env.finish();
 }
 
-/// Wait until the daemon reports reaching `point`, kill it, and restart it
-/// without failpoints.
-fn kill_at_failpoint(env: &mut TestEnv, point: &str) {
+/// Wait until the daemon reports reaching `point` the `nth` time, kill it,
+/// and restart it without failpoints.
+fn kill_at_failpoint(env: &mut TestEnv, point: &str, nth: usize) {
     let start = Instant::now();
-    while !env.daemon_log().contains(&format!("failpoint {point} reached")) {
+    while env.daemon_log().matches(&format!("failpoint {point} reached")).count() < nth {
         assert!(start.elapsed() < Duration::from_secs(60), "{point} never reached:\n{}", env.daemon_log());
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -2259,7 +2321,7 @@ fn a_daemon_killed_while_publishing_a_baseline_leaves_it_whole_or_gone() {
             let body = json!({"repo": "/src/app", "ref": "main", "owner": "acme"});
             Client::connect(&socket).unwrap().request("POST", &format!("/v1/sandboxes/{pid}/baseline"), Some(&body))
         });
-        kill_at_failpoint(&mut env, point);
+        kill_at_failpoint(&mut env, point, 1);
         assert!(t.join().unwrap().is_err(), "{point}: the publish answered before the kill");
         let snaps = store_matches_database(&env, "debian-git:latest", point);
         let create_from = || {

@@ -12,6 +12,14 @@
 //! header fields otherwise (no user/group names, no atime/ctime), so the same
 //! tree always gives the same bytes, hence the same diff_id.
 //!
+//! Incremental: given what the last capture saw of each entry
+//! ([`Stamps`], `stamps.rs`), only what changed since is written: entries
+//! whose stamp differs (or is new), the directories on their paths (their
+//! headers only, never an opaque marker: their other entries are in the
+//! earlier layer), a whiteout for each name gone since, and a directory
+//! that is not the one recorded (removed and made again, or new where a
+//! file was) whole and opaque. Unchanged file data is never read.
+//!
 //! The reverse direction (tar → directory, whiteouts → overlay form) is
 //! `oci::unpack`. This module does not freeze or lock anything: the caller
 //! keeps the tree still while it is read.
@@ -26,6 +34,8 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
+
+use crate::stamps::{Stamp, Stamps};
 
 /// Which extended attributes a delta carries. `trusted.overlay.*` is
 /// overlay's own bookkeeping (origin, impure, opaque...) and must never reach
@@ -219,7 +229,17 @@ impl<W: std::io::Write> std::io::Write for HashBeside<W> {
 /// Write the delta in `upper` as an uncompressed OCI layer tar to `out`.
 /// Returns its statistics and its diff_id (lowercase sha256 hex).
 pub fn write_delta(upper: &Path, out: impl Write) -> Result<(DeltaStats, String), DiffError> {
-    write_delta_with(upper, Hashing::new(out), None)
+    write_delta_with(upper, Hashing::new(out), None, None).map(|(stats, hex, _)| (stats, hex))
+}
+
+/// [`write_delta`] of what changed since `since` (all of it without), and
+/// the stamps of what it saw now.
+pub fn write_delta_since(
+    upper: &Path,
+    out: impl Write,
+    since: Option<&Stamps>,
+) -> Result<(DeltaStats, String, Stamps), DiffError> {
+    write_delta_with(upper, Hashing::new(out), None, since)
 }
 
 /// Takes a regular file's content (as long as its `fstat` says) into a
@@ -229,35 +249,48 @@ pub fn write_delta(upper: &Path, out: impl Write) -> Result<(DeltaStats, String)
 pub type SpliceFile<W> = fn(&mut W, &File, &fs::Metadata) -> io::Result<bool>;
 
 /// [`write_delta`] without the hashing, for a caller that hashes the tar as
-/// it reads it back (a checkpoint's frozen capture: copying only). With
-/// `splice`, file contents are appended by it instead of read and written.
+/// it reads it back (a checkpoint's capture: copying only). With `splice`,
+/// file contents are appended by it instead of read and written. With
+/// `since`, only what changed since those stamps were taken is written
+/// (see the module's doc). Returns the stamps of what it saw now.
 pub fn write_delta_unhashed<W: Write>(
     upper: &Path,
     out: W,
     splice: Option<SpliceFile<W>>,
-) -> Result<DeltaStats, DiffError> {
-    write_delta_with(upper, Hashing::counting(out), splice).map(|(stats, _)| stats)
+    since: Option<&Stamps>,
+) -> Result<(DeltaStats, Stamps), DiffError> {
+    write_delta_with(upper, Hashing::counting(out), splice, since).map(|(stats, _, stamps)| (stats, stamps))
 }
 
 fn write_delta_with<W: Write>(
     upper: &Path,
     out: Hashing<W>,
     splice: Option<SpliceFile<W>>,
-) -> Result<(DeltaStats, String), DiffError> {
+    since: Option<&Stamps>,
+) -> Result<(DeltaStats, String, Stamps), DiffError> {
     let root = File::open(upper).map_err(read_err(upper))?;
-    let mut w =
-        Writer { tar: tar::Builder::new(out), root, links: HashMap::new(), stats: DeltaStats::default(), splice };
+    let mut w = Writer {
+        tar: tar::Builder::new(out),
+        root,
+        links: HashMap::new(),
+        stats: DeltaStats::default(),
+        splice,
+        since,
+        now: Stamps::new(crate::stamps::now_ns()),
+        pending: Vec::new(),
+    };
     w.tar.mode(tar::HeaderMode::Complete);
     w.tar.follow_symlinks(false);
-    w.dir_children(upper, Path::new(""))?;
+    w.now.open_dir(Path::new(""));
+    w.dir_children(upper, Path::new(""), since.is_none())?;
     let werr = |source| DiffError::Write { path: upper.into(), source };
     let (_, diff_id, written) = w.tar.into_inner().map_err(werr)?.finish();
     let mut stats = w.stats;
     stats.tar_bytes = written;
-    Ok((stats, diff_id))
+    Ok((stats, diff_id, w.now))
 }
 
-struct Writer<W: Write> {
+struct Writer<'a, W: Write> {
     tar: tar::Builder<Hashing<W>>,
     /// The tree's root directory.
     root: File,
@@ -265,6 +298,13 @@ struct Writer<W: Write> {
     links: HashMap<(u64, u64), PathBuf>,
     stats: DeltaStats,
     splice: Option<SpliceFile<W>>,
+    /// What the last capture saw (incremental), if anything.
+    since: Option<&'a Stamps>,
+    /// What this one sees.
+    now: Stamps,
+    /// Directories on the path being walked whose headers are not written
+    /// yet (unchanged, incremental): written before anything below them.
+    pending: Vec<(PathBuf, Meta, Vec<Xattr>)>,
 }
 
 fn read_err(path: &Path) -> impl FnOnce(io::Error) -> DiffError + '_ {
@@ -347,6 +387,7 @@ impl Dir<'_> {
             dev: st.st_dev,
             ino: st.st_ino,
             rdev: st.st_rdev,
+            ctime_ns: i128::from(st.st_ctime) * 1_000_000_000 + i128::from(st.st_ctime_nsec),
         })
     }
 
@@ -387,7 +428,8 @@ impl Dir<'_> {
     }
 }
 
-/// What a header needs of an entry's `lstat`.
+/// What a header (and a [`Stamp`]) needs of an entry's `lstat`.
+#[derive(Clone)]
 struct Meta {
     mode: u32,
     uid: u32,
@@ -398,12 +440,28 @@ struct Meta {
     dev: u64,
     ino: u64,
     rdev: u64,
+    ctime_ns: i128,
 }
 
 impl Meta {
     fn is(&self, kind: libc::mode_t) -> bool {
         self.mode & libc::S_IFMT == kind
     }
+
+    fn stamp(&self, opaque: bool) -> Stamp {
+        Stamp { ino: self.ino, ctime_ns: self.ctime_ns, size: self.size, mode: self.mode, opaque, racy: false }
+    }
+}
+
+/// How a directory entry is written: as the tree says (a whole capture, or
+/// under a directory written whole), without the opaque marker (an
+/// unchanged directory, whose other entries are in an earlier layer), or
+/// opaque whatever the tree says (made again since the last capture).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Opaque {
+    AsIs,
+    Never,
+    Always,
 }
 
 /// Header of an empty marker entry (whiteout, opaque marker, PAX header):
@@ -436,7 +494,7 @@ fn pax_record(key: &[u8], value: &[u8]) -> Vec<u8> {
     r
 }
 
-impl<W: Write> Writer<W> {
+impl<W: Write> Writer<'_, W> {
     fn werr(&self, rel: &Path) -> impl FnOnce(io::Error) -> DiffError {
         let path = rel.to_path_buf();
         move |source| DiffError::Write { path, source }
@@ -460,23 +518,114 @@ impl<W: Write> Writer<W> {
     }
 
     /// Children of the directory at archive path `rel` (host path `shown`),
-    /// sorted by name bytes. Only the directory being read is held open,
-    /// not its ancestors (a tree 512 levels deep would hold 512
-    /// descriptors): after a subdirectory it is opened again by its path.
-    fn dir_children(&mut self, shown: &Path, rel: &Path) -> Result<(), DiffError> {
+    /// sorted by name bytes; all of them if `whole`, else what changed
+    /// since `self.since` (which recorded this directory). Only the
+    /// directory being read is held open, not its ancestors (a tree 512
+    /// levels deep would hold 512 descriptors): after a subdirectory it is
+    /// opened again by its path.
+    fn dir_children(&mut self, shown: &Path, rel: &Path, whole: bool) -> Result<(), DiffError> {
         descend(rel)?;
         let mut fd = Some(self.open_dir(rel).map_err(read_err(shown))?);
         let names = fd.as_ref().map(|fd| Dir { fd, shown }.names()).transpose().map_err(read_err(shown))?;
+        let before = if whole { None } else { self.since.and_then(|s| s.children(rel)) };
+        let mut before = before.unwrap_or_default().iter().peekable();
         for name in names.unwrap_or_default() {
+            // Names recorded before this one and gone now: whiteouts.
+            while let Some((gone, _)) = before.next_if(|(b, _)| b.as_bytes() < name.as_bytes()) {
+                self.whiteout(&rel.join(gone))?;
+            }
+            let was = before.next_if(|(b, _)| *b == name).map(|(_, s)| *s);
             let open = match fd {
                 Some(ref f) => f,
                 None => fd.insert(self.open_dir(rel).map_err(read_err(shown))?),
             };
             let child = rel.join(&name);
-            if self.entry(&Dir { fd: open, shown }, &name, &child)? {
-                fd = None;
-                self.dir_children(&shown.join(&name), &child)?;
+            let dir = Dir { fd: open, shown };
+            if name.as_bytes().starts_with(b".wh.") {
+                return Err(DiffError::Reserved { path: child });
             }
+            let meta = dir.stat(&name).map_err(read_err(&shown.join(&name)))?;
+            let opaque = meta.is(libc::S_IFDIR)
+                && dir
+                    .xattrs(&name)
+                    .map_err(read_err(&shown.join(&name)))?
+                    .iter()
+                    .any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y");
+            let stamp = meta.stamp(opaque);
+            if !meta.is(libc::S_IFSOCK) {
+                self.now.record(rel, &name, stamp);
+            }
+            // Whole: as the tree says. Incremental: a directory that is
+            // the one recorded is walked for changes (its header written
+            // if it changed itself, else only if something below is); any
+            // other entry is written if it is not as recorded, and a
+            // directory that is new there is written whole, opaque if
+            // anything was there before.
+            let same_dir = was.is_some_and(|w| w.same_dir(&stamp));
+            let unchanged = was.is_some_and(|w| w.unchanged(&stamp));
+            let written = if whole {
+                self.entry(&dir, &name, &child, meta, Opaque::AsIs)?.then_some(true)
+            } else if same_dir && unchanged {
+                let xattrs = dir.xattrs(&name).map_err(read_err(&shown.join(&name)))?;
+                self.pending.push((child.clone(), meta, xattrs));
+                Some(false)
+            } else if same_dir {
+                self.flush_pending()?;
+                self.entry(&dir, &name, &child, meta, Opaque::Never)?.then_some(false)
+            } else if unchanged {
+                None
+            } else {
+                self.flush_pending()?;
+                let opaque = if was.is_some() { Opaque::Always } else { Opaque::AsIs };
+                self.entry(&dir, &name, &child, meta, opaque)?.then_some(true)
+            };
+            if let Some(whole) = written {
+                fd = None;
+                self.now.open_dir(&child);
+                self.dir_children(&shown.join(&name), &child, whole)?;
+                if self.pending.last().is_some_and(|(p, ..)| *p == child) {
+                    self.pending.pop();
+                }
+            }
+        }
+        for (gone, _) in before {
+            self.whiteout(&rel.join(gone))?;
+        }
+        Ok(())
+    }
+
+    /// Write the headers of the unchanged directories above what is about
+    /// to be written (incremental), outermost first.
+    fn flush_pending(&mut self) -> Result<(), DiffError> {
+        for (rel, meta, xattrs) in std::mem::take(&mut self.pending) {
+            self.dir_header(&meta, xattrs, &rel, false)?;
+        }
+        Ok(())
+    }
+
+    /// A whiteout for `rel`, gone since the last capture (incremental).
+    fn whiteout(&mut self, rel: &Path) -> Result<(), DiffError> {
+        self.flush_pending()?;
+        let mut wh = b".wh.".to_vec();
+        wh.extend_from_slice(rel.file_name().unwrap_or_default().as_bytes());
+        let path = rel.with_file_name(OsStr::from_bytes(&wh));
+        self.stats.whiteouts += 1;
+        let e = self.werr(rel);
+        self.tar.append_data(&mut marker_header(), &path, io::empty()).map_err(e)
+    }
+
+    /// A directory's header (after its xattrs' PAX header), and the opaque
+    /// marker after it if `opaque`.
+    fn dir_header(&mut self, meta: &Meta, xattrs: Vec<Xattr>, rel: &Path, opaque: bool) -> Result<(), DiffError> {
+        self.pax(xattrs, rel)?;
+        let mut h = self.header(meta, tar::EntryType::Directory, 0);
+        let e = self.werr(rel);
+        self.tar.append_data(&mut h, rel, io::empty()).map_err(e)?;
+        if opaque {
+            let mut h = marker_header();
+            self.stats.opaque_dirs += 1;
+            let e = self.werr(rel);
+            self.tar.append_data(&mut h, rel.join(".wh..wh..opq"), io::empty()).map_err(e)?;
         }
         Ok(())
     }
@@ -589,18 +738,22 @@ impl<W: Write> Writer<W> {
         written.map_err(e).map(|()| false)
     }
 
-    /// Write the entry `name` of `dir`; `true` if it is a directory, whose
-    /// children the caller writes next.
-    fn entry(&mut self, dir: &Dir<'_>, name: &OsStr, rel: &Path) -> Result<bool, DiffError> {
+    /// Write the entry `name` of `dir`, whose `lstat` is `meta`; `true` if
+    /// it is a directory, whose children the caller writes next. A
+    /// sandbox's own `.wh.passwd` would be read as a deletion of `passwd`
+    /// by whoever unpacks the layer (and `strata diff` would show an added
+    /// file): the caller refuses such names, as the unpacker's whiteouts
+    /// are ours alone.
+    fn entry(
+        &mut self,
+        dir: &Dir<'_>,
+        name: &OsStr,
+        rel: &Path,
+        meta: Meta,
+        opaque: Opaque,
+    ) -> Result<bool, DiffError> {
         let host = dir.shown.join(name);
         let host = host.as_path();
-        // A sandbox's own `.wh.passwd` would be read as a deletion of
-        // `passwd` by whoever unpacks the layer (and `strata diff` would show
-        // an added file): refused, as the unpacker's whiteouts are ours alone.
-        if name.as_bytes().starts_with(b".wh.") {
-            return Err(DiffError::Reserved { path: rel.into() });
-        }
-        let meta = dir.stat(name).map_err(read_err(host))?;
         let xattrs = || dir.xattrs(name).map_err(read_err(host));
         self.stats.entries += 1;
         if meta.is(libc::S_IFCHR) && meta.rdev == 0 {
@@ -624,17 +777,12 @@ impl<W: Write> Writer<W> {
         }
         if meta.is(libc::S_IFDIR) {
             let xattrs = xattrs()?;
-            let opaque = xattrs.iter().any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y");
-            self.pax(xattrs, rel)?;
-            let mut h = self.header(&meta, tar::EntryType::Directory, 0);
-            let e = self.werr(rel);
-            self.tar.append_data(&mut h, rel, io::empty()).map_err(e)?;
-            if opaque {
-                let mut h = marker_header();
-                self.stats.opaque_dirs += 1;
-                let e = self.werr(rel);
-                self.tar.append_data(&mut h, rel.join(".wh..wh..opq"), io::empty()).map_err(e)?;
-            }
+            let opaque = match opaque {
+                Opaque::AsIs => xattrs.iter().any(|(n, v)| n == OPAQUE_XATTR.as_bytes() && v == b"y"),
+                Opaque::Never => false,
+                Opaque::Always => true,
+            };
+            self.dir_header(&meta, xattrs, rel, opaque)?;
             return Ok(true);
         }
         if meta.is(libc::S_IFLNK) {
@@ -1193,7 +1341,7 @@ mod tests {
         fs::create_dir_all(&deep).unwrap();
         fs::write(deep.join("bottom"), b"x").unwrap();
         let before = fs::read_dir("/proc/self/fd").unwrap().count();
-        let stats = write_delta_unhashed(tree.path(), Vec::new(), Some(count)).unwrap();
+        let (stats, _) = write_delta_unhashed(tree.path(), Vec::new(), Some(count), None).unwrap();
         assert_eq!(stats.entries, 301);
         let held = OPEN_AT_BOTTOM.load(Ordering::SeqCst).saturating_sub(before);
         // Other tests run alongside and open files too: a margin.

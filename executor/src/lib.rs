@@ -34,6 +34,7 @@ pub mod sandbox;
 pub mod server;
 pub mod shim_client;
 pub mod spec;
+pub mod stamps;
 pub mod store;
 pub mod stream;
 pub mod tree;

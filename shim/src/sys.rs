@@ -762,6 +762,14 @@ pub fn lsetxattr(path: &CStr, name: &CStr, value: &[u8]) -> Result<(), Errno> {
     Errno::result(rc).map(drop)
 }
 
+/// `lremovexattr(path, name)`: never follows a final symlink.
+pub fn lremovexattr(path: &CStr, name: &CStr) -> Result<(), Errno> {
+    // SAFETY: both strings are NUL-terminated; the kernel only reads them
+    // during the call.
+    let rc = unsafe { libc::lremovexattr(path.as_ptr(), name.as_ptr()) };
+    Errno::result(rc).map(drop)
+}
+
 /// `lgetxattr(path, name)`: the attribute's value.
 pub fn lgetxattr(path: &CStr, name: &CStr) -> Result<Vec<u8>, Errno> {
     let mut buf = vec![0u8; 64 * 1024];

@@ -15,9 +15,15 @@
 //! mid-way, and layer and blob files the database does not list are swept
 //! too.
 //!
-//! A sandbox's upper holds everything it changed since it started, so every
-//! checkpoint of it is one layer on top of the snapshot it started from (or
-//! its image): the parent of a checkpoint is the sandbox's own base.
+//! A sandbox's upper holds everything it changed since it started. Its
+//! first checkpoint is that upper as one layer on top of the snapshot it
+//! started from (or its image). Each later one is incremental: a layer of
+//! what changed since the sandbox's last checkpoint, whose parent that
+//! checkpoint is (`diff.rs`, `stamps.rs`: what each capture saw of the
+//! upper is kept next to the sandbox and used while it describes this
+//! upper, on this base, and names a checkpoint still there). A rollback
+//! starts a new upper on the snapshot rolled back to, so the checkpoint
+//! after it is on top of that snapshot.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -54,6 +60,18 @@ struct Sealed {
     compacted: bool,
 }
 
+/// A checkpoint being captured: of which sandbox, under which id, over
+/// which earlier checkpoint (and what its capture saw) if incremental,
+/// working in `work`, since when.
+#[derive(Clone, Copy)]
+struct Capturing<'a> {
+    sb: &'a crate::sandbox::Sandbox,
+    id: &'a SnapshotId,
+    since: Option<&'a (SnapshotRow, crate::stamps::Stamps)>,
+    work: &'a Path,
+    started: Instant,
+}
+
 /// Most sandboxes one fork may start.
 pub const MAX_FORK: u32 = 64;
 
@@ -75,14 +93,38 @@ pub(crate) fn merge_stats(info: &mut serde_json::Value, stats: &crate::diff::Del
 /// copied through its delta tar (streamed through a pipe, never on disk)
 /// with the same checks as a checkpoint when it is on its own disk
 /// (`--disk`, another file system) or when `copy` says a move is unsafe
-/// (`MountDecl::passes_descriptors`). Returns whether it was moved (and
-/// must be given back on failure).
-fn move_or_copy_upper(upper: &Path, work: &Path, copy: bool) -> Result<bool, CaptureError> {
+/// (`MountDecl::passes_descriptors`). With `since` (what the sandbox's
+/// last checkpoint saw), only what changed since is kept: a moved upper is
+/// pruned in place (`stamps::prune`), a copy is of the increment. Returns
+/// whether it was moved (and must be given back on failure).
+fn move_or_copy_upper(
+    upper: &Path,
+    work: &Path,
+    copy: bool,
+    since: Option<&crate::stamps::Stamps>,
+) -> Result<bool, CaptureError> {
     let fs_dir = work.join("fs");
     let io = |step| move |source| CaptureError::Io { step, source };
     if !copy {
         match std::fs::rename(upper, &fs_dir) {
-            Ok(()) => return Ok(true),
+            Ok(()) => {
+                let Some(since) = since else { return Ok(true) };
+                // Refused before it removed anything: the upper goes back.
+                return match crate::stamps::prune(&fs_dir, since) {
+                    Ok(p) => {
+                        if p.failed > 0 {
+                            tracing::warn!("{}: {} unchanged entries could not be pruned", upper.display(), p.failed);
+                        }
+                        Ok(true)
+                    }
+                    Err(e) => {
+                        if let Err(back) = std::fs::rename(&fs_dir, upper) {
+                            tracing::error!("give {} back: {back}", upper.display());
+                        }
+                        Err(io("keep only what changed since the last checkpoint")(e))
+                    }
+                };
+            }
             Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
             Err(e) => return Err(io("move the upper")(e)),
         }
@@ -92,7 +134,7 @@ fn move_or_copy_upper(upper: &Path, work: &Path, copy: bool) -> Result<bool, Cap
     let (written, unpacked) = std::thread::scope(|s| {
         let writer = s.spawn(move || {
             let mut w = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::from(w));
-            crate::diff::write_delta(upper, &mut w).map_err(std::io::Error::other)?;
+            crate::diff::write_delta_since(upper, &mut w, since).map_err(std::io::Error::other)?;
             std::io::Write::flush(&mut w)
         });
         let unpacked = oci::unpack_own_stream(std::fs::File::from(r), &fs_dir);
@@ -466,13 +508,17 @@ impl Daemon {
             let refused = crate::sandbox::SandboxError::State { id: sb.id.clone(), state, action: "checkpoint" };
             return Err(refused.into());
         }
+        // Incremental over the sandbox's last checkpoint, if that is still
+        // there and what was recorded of it still holds.
+        let since = self.last_capture(&sb);
+        let parent = since.as_ref().map(|(row, _)| row.id.clone()).or_else(|| sb.spec.snapshot.clone());
         // A row from now on (`capturing`: listed, never restorable), fenced
         // as its append will be: a sandbox fenced out of its lineage fails
         // before any work.
         let capture = {
             let mut db = lock(&self.db);
             let image = db.image_by_name(&sb.spec.image.parse()?)?.ok_or(CaptureError::NoImageRow)?;
-            match db.begin_capture(&sb.id, image.id, sb.spec.snapshot.clone())? {
+            match db.begin_capture(&sb.id, image.id, parent.clone())? {
                 Ok(id) => id,
                 Err(fence) => return Err(CaptureError::Fenced { what: "checkpoint", fence }),
             }
@@ -487,7 +533,10 @@ impl Daemon {
             Err(fence) => Err(CaptureError::Fenced { what: "checkpoint", fence }),
         };
         let result = work.and_then(|work| {
-            let r = self.leased(|lease| self.capture_in(&sb, &capture, &work, compression, started, &append, lease));
+            let r = self.leased(|lease| {
+                let cap = Capturing { sb: &sb, id: &capture, since: since.as_ref(), work: &work, started };
+                self.capture_in(&cap, compression, &append, lease)
+            });
             let _ = remove_tree(&work);
             r
         });
@@ -501,22 +550,62 @@ impl Daemon {
         result
     }
 
+    /// The sandbox's last checkpoint and what its capture saw of the
+    /// upper, if a checkpoint now can be an increment over it: the stamps
+    /// describe this upper on this base, and name a checkpoint of this
+    /// sandbox that is still restorable. Else (none yet, a rollback, the
+    /// checkpoint removed, the record unreadable) the capture is whole.
+    fn last_capture(&self, sb: &crate::sandbox::Sandbox) -> Option<(SnapshotRow, crate::stamps::Stamps)> {
+        use std::os::unix::fs::MetadataExt;
+        let dirs = sb.dirs(&self.rt.store);
+        let (origin, stamps) = match crate::stamps::Stamps::load(&dirs.dir.join("stamps")) {
+            Ok(found) => found?,
+            Err(e) => {
+                tracing::warn!("sandbox {}: what its last checkpoint saw is unreadable ({e}); capturing whole", sb.id);
+                return None;
+            }
+        };
+        let upper = std::fs::symlink_metadata(&dirs.upper).ok()?;
+        if origin.upper != (upper.dev(), upper.ino()) || origin.base != sb.spec.snapshot.as_deref().unwrap_or("") {
+            return None;
+        }
+        let row = lock(&self.db).snapshot(&origin.snapshot).ok()??;
+        (row.source_sandbox == sb.id.as_str() && restorable(&row).is_ok()).then_some((row, stamps))
+    }
+
+    /// Keep what a checkpoint's capture saw, for the next to be an
+    /// increment over it (best effort: without it the next is whole).
+    fn keep_stamps(&self, sb: &crate::sandbox::Sandbox, snapshot: &SnapshotId, stamps: &crate::stamps::Stamps) {
+        use std::os::unix::fs::MetadataExt;
+        let dirs = sb.dirs(&self.rt.store);
+        let kept = std::fs::symlink_metadata(&dirs.upper).and_then(|upper| {
+            let origin = crate::stamps::Origin {
+                snapshot: snapshot.to_string(),
+                base: sb.spec.snapshot.clone().map(|s| s.to_string()).unwrap_or_default(),
+                upper: (upper.dev(), upper.ino()),
+            };
+            stamps.save(&origin, &dirs.dir.join("stamps"))
+        });
+        if let Err(e) = kept {
+            tracing::warn!("sandbox {}: keep what checkpoint {snapshot} saw: {e}; the next is whole", sb.id);
+        }
+    }
+
     /// Capture a running sandbox's changes as a snapshot and hand the row
     /// and its layer to `record`, which writes them to the database (a
     /// checkpoint's fenced append). What it puts in place is held by
     /// `lease`; if `record` refuses, what no row lists is the collector's
     /// once the lease ends.
-    #[allow(clippy::too_many_arguments)]
     fn capture_in(
         &self,
-        sb: &crate::sandbox::Sandbox,
-        id: &SnapshotId,
-        work: &Path,
+        cap: &Capturing<'_>,
         compression: BlobCompression,
-        started: Instant,
         record: &dyn Fn(&mut crate::db::Db, &mut SnapshotRow, &LayerRow) -> Result<(), CaptureError>,
         lease: &Lease,
     ) -> Result<SnapshotInfo, CaptureError> {
+        let Capturing { sb, id, since, work, started } = *cap;
+        let parent = since.map(|(row, _)| row.id.clone()).or_else(|| sb.spec.snapshot.clone());
+        let stamps_since = since.map(|(_, stamps)| stamps);
         let store = &self.rt.store;
         let dirs = sb.dirs(store);
         let tar = work.join("layer.tar");
@@ -534,7 +623,7 @@ impl Daemon {
         // The hydration hashes the tar (diff_id). Nothing is written ahead
         // for a sandbox whose capture will be refused (stopping, or in a
         // capture; best effort: two concurrent checkpoints both may).
-        let deep = self.needs_compaction(sb.spec.snapshot.as_deref())?;
+        let deep = self.needs_compaction(parent.as_deref())?;
         let capturable = sb.run_state().next(crate::sandbox::RunEvent::Capture).is_some();
         let copier = (!deep && capturable)
             .then(|| crate::sandbox::Precopier::new(&dirs.upper, &work.join("pre")))
@@ -582,7 +671,8 @@ impl Daemon {
                 let follow = Until::new(crate::sandbox::TarFollower::new(&ahead, written.clone()), sb.gone());
                 s.spawn(move || compress(follow))
             });
-            let spec = copier.map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, written.clone(), sb.gone()));
+            let spec = copier
+                .map(|c| crate::sandbox::speculate(&dirs.upper, &ahead, c, written.clone(), sb.gone(), stamps_since));
             let confirmable = spec.as_ref().is_some_and(|s| s.ahead.is_ok());
             if spec.is_some() && !confirmable {
                 // Nothing written ahead to confirm.
@@ -596,7 +686,7 @@ impl Daemon {
                 live
             });
             let _live_ends = live.as_ref().map(|l| l.end_on_drop());
-            let cap = sb.capture(&dirs.upper, &tar, live.clone(), spec.as_ref());
+            let cap = sb.capture(&dirs.upper, &tar, live.clone(), spec.as_ref(), stamps_since);
             if let Some(live) = &live {
                 live.end(cap.is_ok());
             }
@@ -646,10 +736,13 @@ impl Daemon {
             Ok((cap, _)) => cap.segments.iter().map(|s| s.len).sum(),
             Err(_) => 0,
         };
-        let (sealed, blob) = match (unpacked, follower) {
-            (Ok((cap, layer)), None) => (self.finish_capture(sb, cap, layer, work, lease)?, None),
-            (Ok((cap, layer)), Some(Ok(blob))) => (self.finish_capture(sb, cap, layer, work, lease)?, Some(blob)),
-            (Ok(_), Some(Err(e))) | (Err(e), _) => return Err(e),
+        let (sealed, blob, stamps) = match (unpacked, follower) {
+            (Ok((mut cap, layer)), blob) => {
+                let stamps = std::mem::take(&mut cap.stamps);
+                let blob = blob.transpose()?;
+                (self.finish_capture(parent.as_deref(), cap, layer, work, lease)?, blob, stamps)
+            }
+            (Err(e), _) => return Err(e),
         };
         crate::failpoint::hit("checkpoint:layer-committed");
         let blob = match blob {
@@ -682,15 +775,17 @@ impl Daemon {
             "blob_ahead": spec.as_ref().is_some_and(|(_, missed)| missed.is_none()),
             "ahead_missed": spec.as_ref().and_then(|(_, missed)| missed.clone()),
             "reused_bytes": reused,
-            "log_from": sb.spec.log_from,
+            // An increment's log starts where its parent's ended.
+            "log_from": since.map_or(sb.spec.log_from, |(row, _)| row.info["log_upto"].as_i64().unwrap_or(0)),
             "log_upto": log_upto,
+            "incremental": since.is_some(),
             "compacted": sealed.compacted,
             "worker_cpu_ms": worker_cpu.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1000.0,
         });
         merge_stats(&mut info, stats);
         mark_userns(&mut info, sb);
         let layer = LayerRow::content(own_layer_id(&sealed.diff_id)?, sealed.size, sealed.entries);
-        let mut row = SnapshotRow::new(image.id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
+        let mut row = SnapshotRow::new(image.id, parent.clone(), &layer, &sb.id, info);
         row.id = id.clone();
         (row.blob_digest, row.blob_size, row.compression) =
             (Some(format!("sha256:{blob_hex}").parse()?), blob_size, compression);
@@ -713,6 +808,7 @@ impl Daemon {
         // lease ends; the sandbox runs on.
         checked.and_then(|()| record(&mut db, &mut row, &layer))?;
         drop(db);
+        self.keep_stamps(sb, &row.id, &stamps);
         crate::failpoint::hit("checkpoint:appended");
         let info = self.snapshot_info_locked(&lock(&self.db), &row)?;
         tracing::info!(
@@ -730,7 +826,7 @@ impl Daemon {
     /// The layer is held by `lease`.
     fn finish_capture(
         &self,
-        sb: &crate::sandbox::Sandbox,
+        parent: Option<&str>,
         cap: crate::sandbox::Capture,
         (layer_dir, unpacked): (std::path::PathBuf, oci::UnpackStats),
         work: &Path,
@@ -747,7 +843,7 @@ impl Daemon {
             compacted: false,
         };
         let mut layer_dir = layer_dir;
-        if let Some(c) = self.compact_if_deep(sb.spec.snapshot.as_deref(), &layer_dir.join("fs"), work, true)? {
+        if let Some(c) = self.compact_if_deep(parent, parent, &layer_dir.join("fs"), work, true)? {
             (layer_dir, sealed.size, sealed.entries) = (c.dir, c.stats.bytes, c.stats.entries);
             sealed.diff_id = c.diff_id;
             sealed.tar = c.tar.unwrap_or(sealed.tar);
@@ -1082,10 +1178,15 @@ impl Daemon {
             // stopped, so no exec comes later.
             let log_upto = lock(&self.db).last_exec_record(sb.id.as_str())?;
             let snap_id = SnapshotId::random();
+            // After a checkpoint, an increment over it: what the upper holds
+            // unchanged since is in that checkpoint's layer already.
+            let since = self.last_capture(sb);
+            let parent = since.as_ref().map(|(row, _)| row.id.clone()).or_else(|| sb.spec.snapshot.clone());
             // The processes are gone and the overlay with them: the upper is
             // still. A deep chain is folded (that reads the data); otherwise
             // the upper itself becomes the layer, named by the snapshot.
-            let compacted = self.compact_if_deep(sb.spec.snapshot.as_deref(), &upper, &work, false)?;
+            let compacted =
+                self.compact_if_deep(parent.as_deref(), sb.spec.snapshot.as_deref(), &upper, &work, false)?;
             let (layer, layer_src, moved) = match &compacted {
                 Some(c) => {
                     (LayerRow::content(own_layer_id(&c.diff_id)?, c.stats.bytes, c.stats.entries), c.dir.clone(), false)
@@ -1097,7 +1198,7 @@ impl Daemon {
                     // layer. A copy is new inodes no one holds; the upper
                     // goes with the sandbox's dir.
                     let copy = sb.spec.mounts.iter().any(crate::spec::MountDecl::passes_descriptors);
-                    let moved = move_or_copy_upper(&upper, &work, copy)?;
+                    let moved = move_or_copy_upper(&upper, &work, copy, since.as_ref().map(|(_, s)| s))?;
                     let id = LayerId::suspended(&snap_id);
                     (LayerRow { id, diff_id: None, size: 0, entries: 0 }, work.clone(), moved)
                 }
@@ -1121,8 +1222,9 @@ impl Daemon {
                 "suspended": true,
                 "compacted": compacted.is_some(),
                 "total_ms": started.elapsed().as_secs_f64() * 1000.0,
-                "log_from": sb.spec.log_from,
+                "log_from": since.as_ref().map_or(sb.spec.log_from, |(row, _)| row.info["log_upto"].as_i64().unwrap_or(0)),
                 "log_upto": log_upto,
+                "incremental": since.is_some(),
                 // For the seal's worker (`seal_blob`): the sandbox's quota.
                 "cpus": sb.spec.limits.cpus,
             });
@@ -1130,7 +1232,7 @@ impl Daemon {
                 merge_stats(&mut info, &c.stats);
             }
             mark_userns(&mut info, sb);
-            let mut row = SnapshotRow::new(image_id, sb.spec.snapshot.clone(), &layer, &sb.id, info);
+            let mut row = SnapshotRow::new(image_id, parent, &layer, &sb.id, info);
             row.id = snap_id; // the id its layer is named by
             let mut db = lock(&self.db);
             let appended = db.append_checkpoint(&sb.id, &mut row, &layer, true, true);
@@ -1173,12 +1275,15 @@ impl Daemon {
     }
 
     /// If a snapshot on top of `parent` would make its layer chain longer
-    /// than `--compact-depth`, fold the chain and `delta` (an overlay-form
-    /// tree) into one layer under `work/compact`. With `want_tar`, also
-    /// write the layer's tar (for its blob).
+    /// than `--compact-depth`, fold `over`'s chain and `delta` (an
+    /// overlay-form tree of the changes over `over`: the parent, or for a
+    /// whole upper the sandbox's base) into one layer under
+    /// `work/compact`. With `want_tar`, also write the layer's tar (for
+    /// its blob).
     fn compact_if_deep(
         &self,
         parent: Option<&str>,
+        over: Option<&str>,
         delta: &Path,
         work: &Path,
         want_tar: bool,
@@ -1186,7 +1291,7 @@ impl Daemon {
         if !self.needs_compaction(parent)? {
             return Ok(None);
         }
-        let chain = match parent {
+        let chain = match over {
             Some(p) => lock(&self.db).snapshot_layer_chain(p)?,
             None => Vec::new(),
         };

@@ -301,6 +301,7 @@ pub fn speculate(
     mut copier: Precopier,
     progress: Arc<TarProgress>,
     gone: &super::Gone,
+    since: Option<&crate::stamps::Stamps>,
 ) -> Speculation {
     use std::io::Write;
     let started = Instant::now();
@@ -318,7 +319,7 @@ pub fn speculate(
     copier.gone = gone.clone();
     sparse.copier = Some(copier);
     let mut w = BufWriter::with_capacity(1 << 20, sparse);
-    let walked = diff::write_delta_unhashed(upper, &mut w, Some(splice_into_tar))
+    let walked = diff::write_delta_unhashed(upper, &mut w, Some(splice_into_tar), since)
         .map_err(|e| crate::error::chain(&e))
         .and_then(|_| w.flush().map_err(|e| crate::error::chain(&e)));
     let (mut sparse, _) = w.into_parts();
@@ -551,6 +552,9 @@ pub struct Capture {
     pub segments: Vec<Segment>,
     /// Whether it is, byte for byte, the tar written ahead.
     pub same_as_ahead: bool,
+    /// What it saw of each entry (for the next capture to write only what
+    /// changed since).
+    pub stamps: crate::stamps::Stamps,
 }
 
 impl Capture {
@@ -597,13 +601,15 @@ impl Sandbox {
     /// New execs are refused meanwhile. With `progress`, each write is
     /// published to it (the caller ends it). With `spec`, files it copied
     /// that did not change since are referred to, not copied, and the tar
-    /// is compared with the one it wrote ([`Capture::same_as_ahead`]).
+    /// is compared with the one it wrote ([`Capture::same_as_ahead`]). With
+    /// `since`, only what changed since those stamps is written.
     pub fn capture(
         &self,
         upper: &Path,
         tar: &Path,
         progress: Option<Arc<TarProgress>>,
         spec: Option<&Speculation>,
+        since: Option<&crate::stamps::Stamps>,
     ) -> Result<Capture, SandboxError> {
         let started = Instant::now();
         let state = self.transition(RunEvent::Capture, "checkpoint", || Ok(()))?;
@@ -626,9 +632,10 @@ impl Sandbox {
                     sparse.pre = spec.map(|s| s.pre.clone());
                     let mut w = BufWriter::with_capacity(1 << 20, sparse);
                     let r = if unhashed {
-                        diff::write_delta_unhashed(upper, &mut w, Some(splice_into_tar)).map(|s| (s, None))
+                        diff::write_delta_unhashed(upper, &mut w, Some(splice_into_tar), since)
+                            .map(|(s, stamps)| (s, None, stamps))
                     } else {
-                        diff::write_delta(upper, &mut w).map(|(s, h)| (s, Some(h)))
+                        diff::write_delta_since(upper, &mut w, since).map(|(s, h, stamps)| (s, Some(h), stamps))
                     }
                     .map_err(SandboxError::Capture)?;
                     // No fsync: the tar is scratch under tmp/ (blob and layer are
@@ -651,9 +658,9 @@ impl Sandbox {
         let frozen = if froze { started.elapsed() } else { Duration::ZERO };
         let _ = self.transition(RunEvent::Captured, "finish checkpoint", || Ok(()));
         result?;
-        let ((stats, diff_id), segments, same_as_ahead) =
+        let ((stats, diff_id, stamps), segments, same_as_ahead) =
             written.unwrap_or(Err(SandboxError::Dead(self.id.clone())))?;
-        Ok(Capture { tar: tar.to_path_buf(), diff_id, stats, frozen, segments, same_as_ahead })
+        Ok(Capture { tar: tar.to_path_buf(), diff_id, stats, frozen, segments, same_as_ahead, stamps })
     }
 }
 
@@ -687,11 +694,11 @@ mod tests {
             let upper = tempfile::tempdir_in(src).unwrap();
             tree(upper.path());
             let mut plain = Vec::new();
-            diff::write_delta_unhashed(upper.path(), &mut plain, None).unwrap();
+            diff::write_delta_unhashed(upper.path(), &mut plain, None, None).unwrap();
 
             let path = out.path().join(format!("t{i}"));
             let mut w = BufWriter::new(SparseFile::new(std::fs::File::create(&path).unwrap(), None));
-            let stats = diff::write_delta_unhashed(upper.path(), &mut w, Some(splice_into_tar)).unwrap();
+            let (stats, _) = diff::write_delta_unhashed(upper.path(), &mut w, Some(splice_into_tar), None).unwrap();
             let sf = w.into_inner().map_err(|e| e.into_error()).unwrap();
             let spliced_here = sf.splice;
             sf.finish().unwrap();
@@ -721,7 +728,7 @@ mod tests {
         let progress = Arc::new(TarProgress::default());
         let followed = follow(&tar, &progress);
         let copier = Precopier::new(u, &out.join("pre")).unwrap().expect("/var/tmp on ext4, XFS or btrfs");
-        let spec = speculate(u, &tar, copier, progress, &super::super::Gone::default());
+        let spec = speculate(u, &tar, copier, progress, &super::super::Gone::default(), None);
         (spec, followed.join().unwrap().unwrap())
     }
 
@@ -737,7 +744,7 @@ mod tests {
         sf.compare(spec.ahead.as_ref().unwrap()).unwrap();
         sf.pre = Some(spec.pre.clone());
         let mut w = BufWriter::new(sf);
-        let stats = diff::write_delta_unhashed(u, &mut w, Some(splice_into_tar)).unwrap();
+        let (stats, _) = diff::write_delta_unhashed(u, &mut w, Some(splice_into_tar), None).unwrap();
         let mut sf = w.into_inner().map_err(|e| e.into_error()).unwrap();
         let same = sf.same();
         let segments = std::mem::take(&mut sf.segments);
@@ -768,14 +775,14 @@ mod tests {
         std::fs::hard_link(u.join("d/big"), u.join("link")).unwrap();
         std::thread::sleep(Duration::from_millis(1100));
         let mut plain = Vec::new();
-        diff::write_delta_unhashed(u, &mut plain, None).unwrap();
+        diff::write_delta_unhashed(u, &mut plain, None, None).unwrap();
         let (spec, written) = ahead(u, out.path());
         assert!(written == plain, "the tar written ahead differs");
         let copied = (4 << 20) + 17 + (2 << 20) + (2 << 20);
         assert_eq!(spec.pre.bytes, copied, "dense, big (once for both names), changed; not small, not sparse");
         std::fs::OpenOptions::new().write(true).open(u.join("d/changed")).unwrap().write_all_at(b"new", 9).unwrap();
         let mut plain = Vec::new();
-        diff::write_delta_unhashed(u, &mut plain, None).unwrap();
+        diff::write_delta_unhashed(u, &mut plain, None, None).unwrap();
 
         let tar = out.path().join("t");
         let progress = Arc::new(TarProgress::default());
@@ -788,8 +795,15 @@ mod tests {
         assert!(followed.join().unwrap().unwrap() == plain, "the followed tar differs");
         assert!(!same, "a changed tree, the same tar");
 
-        let cap =
-            Capture { tar: tar.clone(), diff_id: None, stats, frozen: Duration::ZERO, segments, same_as_ahead: same };
+        let cap = Capture {
+            tar: tar.clone(),
+            diff_id: None,
+            stats,
+            frozen: Duration::ZERO,
+            segments,
+            same_as_ahead: same,
+            stamps: Default::default(),
+        };
         let mut finished = Vec::new();
         TarFollower::finished(&cap).unwrap().read_to_end(&mut finished).unwrap();
         assert!(finished == plain, "the finished tar differs");
@@ -857,7 +871,7 @@ mod tests {
         let progress = Arc::new(TarProgress::default());
         let mut follower = TarFollower::new(&tar, progress.clone());
         let copier = Precopier::new(u, &out.path().join("pre")).unwrap().unwrap();
-        let spec = speculate(u, &tar, copier, progress, &super::super::Gone::default());
+        let spec = speculate(u, &tar, copier, progress, &super::super::Gone::default(), None);
         assert!(spec.ahead.unwrap_err().contains("could not be copied"));
         assert_eq!(spec.pre.bytes, 64 << 10, "the small file is still copied");
         let mut all = Vec::new();

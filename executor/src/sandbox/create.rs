@@ -45,9 +45,16 @@ impl Runtime {
     }
 
     /// Layer `fs` dirs of a chain (bottom first), topmost first as
-    /// overlay's lowerdir wants them.
+    /// overlay's lowerdir wants them. A layer in it twice (layers are named
+    /// by content: two checkpoints with nothing changed between them, or an
+    /// image's empty layers) would make overlay refuse the mount (ELOOP, a
+    /// lower dir used twice), so only its topmost place is kept: the same
+    /// layer above decides every path the one below touches (its files,
+    /// whiteouts and opaque directories again), and a path it does not
+    /// touch was not the lower copy's either.
     pub fn lowers(&self, layers: &[crate::ids::LayerId]) -> Vec<PathBuf> {
-        layers.iter().rev().map(|hex| Store::lower_rel(hex)).collect()
+        let mut seen = std::collections::HashSet::new();
+        layers.iter().rev().filter(|l| seen.insert(*l)).map(|hex| Store::lower_rel(hex)).collect()
     }
 }
 

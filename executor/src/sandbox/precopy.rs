@@ -207,8 +207,14 @@ mod tests {
     fn precopy(upper: &Path, work: &Path) -> Precopied {
         let Some(copier) = Precopier::new(upper, &work.join("pre")).unwrap() else { return Precopied::default() };
         let progress = Arc::new(super::super::TarProgress::default());
-        let spec =
-            super::super::speculate(upper, &work.join("ahead.tar"), copier, progress, &super::super::Gone::default());
+        let spec = super::super::speculate(
+            upper,
+            &work.join("ahead.tar"),
+            copier,
+            progress,
+            &super::super::Gone::default(),
+            None,
+        );
         Arc::try_unwrap(spec.pre).unwrap()
     }
 
