@@ -370,3 +370,28 @@ fn checkpoints_with_nothing_changed_between_them_still_mount() {
     env.cli_ok(&["rm", &child]);
     env.finish();
 }
+
+/// 500 checkpoints of one running sandbox, each an increment over the one
+/// before: compaction keeps the chain short enough to mount, and the last
+/// one forks and runs, with every file as the sandbox last wrote it.
+#[test]
+fn five_hundred_checkpoints_of_one_sandbox_still_fork_and_run() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let mut last = Value::Null;
+    let mut longest = 0;
+    for i in 0..500 {
+        sh(&env, &id, &format!("mkdir -p /data && echo {i} > /data/f{}", i % 10));
+        last = post(&env, &format!("/v1/sandboxes/{id}/checkpoint"), json!({}));
+        longest = longest.max(last["layers"].as_array().unwrap().len());
+    }
+    // The image's layer and at most --compact-depth (32) snapshot layers.
+    assert!(longest <= 33, "a chain of {longest} layers");
+    let forked = post(&env, &format!("/v1/snapshots/{}/fork", last["id"].as_str().unwrap()), json!({}));
+    let child = forked[0]["id"].as_str().unwrap().to_string();
+    let want: String = (490..500).map(|i| format!("{i}\n")).collect();
+    assert_eq!(stdout(&sh(&env, &child, "for i in 0 1 2 3 4 5 6 7 8 9; do cat /data/f$i; done")), want);
+    env.cli_ok(&["rm", &child]);
+    env.finish();
+}

@@ -118,7 +118,8 @@ fn labels_filter_and_a_retained_snapshot_outlives_gc_until_released() {
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox"}));
     let first = env.cli_ok(&["checkpoint", &id]).trim().to_string();
-    let second = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    // Whole: not over `first`, which it supersedes.
+    let second = env.cli_ok(&["checkpoint", "--whole", &id]).trim().to_string();
     // Idempotent: labelling twice is the same as once.
     for _ in 0..2 {
         assert_eq!(
@@ -200,10 +201,12 @@ fn a_patch_shows_what_changed_like_git_diff() {
     assert!(p.contains("diff --git a/tmp/gone b/tmp/gone\ndeleted file mode 100644\n--- a/tmp/gone\n+++ /dev/null\n@@ -1 +0,0 @@\n-bye\n"), "{p}");
     assert!(p.contains("Binary files a/tmp/bin and b/tmp/bin differ"), "{p}");
     assert!(!p.contains("etc/"), "unchanged image files are not in the patch: {p}");
-    // Against what it ran on (the image): everything is new.
-    let p = env.cli_ok(&["diff", &two, "--patch"]);
-    assert!(p.contains("new file mode 100755\n--- /dev/null\n+++ b/tmp/f\n@@ -0,0 +1,3 @@\n+a\n+B\n+c\n"), "{p}");
-    assert!(!p.contains("tmp/gone"), "{p}");
+    // Against what it is over (its parent, `one`: it is an increment): the same.
+    assert_eq!(env.cli_ok(&["diff", &two, "--patch"]), p);
+    // The first, against what it ran on (the image): everything is new.
+    let p = env.cli_ok(&["diff", &one, "--patch"]);
+    assert!(p.contains("new file mode 100644\n--- /dev/null\n+++ b/tmp/f\n@@ -0,0 +1,3 @@\n+a\n+b\n+c\n"), "{p}");
+    assert!(p.contains("+++ b/tmp/gone"), "{p}");
     // Its own patch applies: git apply would take it; here the hunks are exact.
     let r = env.client().call::<Value>(
         "GET",
@@ -383,10 +386,11 @@ fn a_removal_is_deleting_until_its_files_are_gone_and_finishes_after_a_crash() {
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox"}));
     sh(&env, &id, "echo x > /tmp/x");
-    // The older of two checkpoints (an active lineage's head is kept).
+    // The older of two checkpoints (an active lineage's head is kept; the
+    // newer captures the whole upper, so it is not over the older).
     let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
     sh(&env, &id, "echo z > /tmp/z");
-    env.cli_ok(&["checkpoint", &id]);
+    env.cli_ok(&["checkpoint", "--whole", &id]);
     env.cli_ok(&["rm", &id]);
     let layer = get(&env, &format!("/v1/snapshots/{snap}"))["layer"].as_str().unwrap().to_string();
     assert!(env.root.join("layers").join(&layer).exists());
@@ -409,10 +413,11 @@ fn a_removal_is_deleting_until_its_files_are_gone_and_finishes_after_a_crash() {
     env.start_daemon();
     let id = create(&env, json!({"image": "busybox"}));
     sh(&env, &id, "echo y > /tmp/y");
-    // The older of two checkpoints (an active lineage's head is kept).
+    // The older of two checkpoints (an active lineage's head is kept; the
+    // newer captures the whole upper, so it is not over the older).
     let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
     sh(&env, &id, "echo z > /tmp/z");
-    env.cli_ok(&["checkpoint", &id]);
+    env.cli_ok(&["checkpoint", "--whole", &id]);
     env.cli_ok(&["rm", &id]);
     let layer = get(&env, &format!("/v1/snapshots/{snap}"))["layer"].as_str().unwrap().to_string();
     let socket = env.socket.clone();
@@ -475,12 +480,22 @@ fn df_shows_the_store_by_owner_and_what_gc_would_reclaim() {
     let d = df(&env);
     assert_eq!(d["sandboxes"]["count"], 1);
     assert!(d["sandboxes"]["layer_bytes"].as_u64().unwrap() >= 1 << 20, "{d}");
+    // Past the racy window (a file changed within a clock tick or two of a
+    // capture is captured again by the next).
+    std::thread::sleep(std::time::Duration::from_millis(50));
     let s1 = env.cli_ok(&["checkpoint", &id]).trim().to_string();
     let b1 = get(&env, &format!("/v1/snapshots/{s1}"))["bytes"].clone();
     assert!(b1["layer"].as_u64().unwrap() >= 1 << 20 && b1["blob"].as_u64().unwrap() >= 1 << 20, "{b1}");
     assert_eq!((&b1["chain_layers"], &b1["chain_blobs"]), (&b1["layer"], &b1["blob"]));
     sh(&env, &id, "head -c 1048576 /dev/urandom > /tmp/two");
-    let s2 = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    // An increment over s1 holds only the new file; a whole capture holds
+    // both, and is not over s1.
+    let inc = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    let bi = get(&env, &format!("/v1/snapshots/{inc}"))["bytes"].clone();
+    assert!(bi["layer"].as_u64().unwrap() < (1 << 20) + 4096, "{bi}");
+    assert_eq!(bi["chain_layers"].as_u64().unwrap(), bi["layer"].as_u64().unwrap() + b1["layer"].as_u64().unwrap());
+    let s2 = env.cli_ok(&["checkpoint", "--whole", &id]).trim().to_string();
+    env.cli_ok(&["snapshot", "rm", &inc]);
     // A resumed sandbox's checkpoint: its chain holds its parent's bytes too.
     let r = env.cli_ok(&["resume", &s2]).trim().to_string();
     sh(&env, &r, "echo three > /tmp/three");
@@ -518,7 +533,7 @@ fn a_log_pulled_back_by_the_host_that_made_it_is_not_its_live_sandboxs_own() {
     sh(&env, &id, "echo one");
     let s1 = env.cli_ok(&["checkpoint", &id]).trim().to_string();
     sh(&env, &id, "echo two");
-    env.cli_ok(&["checkpoint", &id]);
+    env.cli_ok(&["checkpoint", "--whole", &id]);
     let reference = format!("{}/strata/back:v1", reg.addr());
     post(&env, &format!("/v1/snapshots/{s1}/push"), json!({"reference": reference, "insecure": true}));
     env.cli_ok(&["snapshot", "rm", &s1]);

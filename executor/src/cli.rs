@@ -54,6 +54,10 @@ pub enum Command {
         /// Blob compression: zstd (default) or gzip.
         #[arg(long, value_parser = ["zstd", "gzip"])]
         compression: Option<String>,
+        /// Capture every change since the sandbox started (over its base),
+        /// not only what changed since its last checkpoint.
+        #[arg(long)]
+        whole: bool,
     },
     /// Stop a sandbox, seal its changes by moving them into the layer store,
     /// release it; prints the snapshot id.
@@ -744,12 +748,12 @@ pub fn run(cli: Cli) -> Result<i32> {
             }
             Ok(if failed > 0 { 1 } else { 0 })
         }
-        Command::Checkpoint { id, compression } => {
+        Command::Checkpoint { id, compression, whole } => {
             let compression = compression_arg(compression.as_deref());
             let snap: SnapshotInfo = client(&cli)?.call(
                 "POST",
                 &format!("/v1/sandboxes/{id}/checkpoint"),
-                Some(&CheckpointRequest { compression }),
+                Some(&CheckpointRequest { compression, whole: *whole }),
             )?;
             println!("{}", snap.id);
             Ok(0)

@@ -10,10 +10,12 @@
 //! recorded is the one that capture wrote. Two things could defeat that,
 //! and are ruled out:
 //! - A change right after the thaw stamped with the same ctime as one
-//!   right before the freeze (file systems stamp with a coarse clock, one
-//!   tick of 1 to 10 ms): an entry whose ctime is within [`RACY_NS`] of
-//!   the capture's start is recorded as racy and written again next time
-//!   (git's "racily clean" index entries, the same answer).
+//!   right before the freeze (file systems stamp with the coarse clock,
+//!   one tick of 1 to 10 ms): an entry whose ctime is within two ticks of
+//!   the capture's start ([`racy_window_ns`]) is recorded as racy and
+//!   written again next time (git's "racily clean" index entries, the
+//!   same answer). A change after the thaw is stamped at least the thaw
+//!   less one tick, later than the capture's start less one tick.
 //! - A stamp taken from another tree: the stamps name the checkpoint they
 //!   describe, the snapshot the sandbox started from, and the upper dir's
 //!   inode, and are used only when all three still hold.
@@ -30,9 +32,18 @@ use std::io::{self, Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
-/// How close to the capture's start a ctime makes an entry racy: well over
-/// the coarsest timestamp tick (10 ms at HZ=100).
-pub const RACY_NS: i128 = 50_000_000;
+/// How close to the capture's start a ctime makes an entry racy: two
+/// ticks of the coarse clock file systems stamp with (8 ms at HZ=250;
+/// 20 ms if the clock cannot tell).
+pub fn racy_window_ns() -> i128 {
+    static WINDOW: std::sync::OnceLock<i128> = std::sync::OnceLock::new();
+    *WINDOW.get_or_init(|| {
+        let tick = nix::time::clock_getres(nix::time::ClockId::CLOCK_REALTIME_COARSE)
+            .map(|t| i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec()))
+            .unwrap_or(10_000_000);
+        2 * tick.clamp(1_000_000, 10_000_000)
+    })
+}
 
 /// One upper entry as a capture saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,7 +127,7 @@ impl Stamps {
     /// Record `name` in the directory at `rel`, racy if its ctime is too
     /// close to the capture's start.
     pub fn record(&mut self, rel: &Path, name: &std::ffi::OsStr, mut stamp: Stamp) {
-        stamp.racy |= stamp.ctime_ns >= self.taken_ns - RACY_NS;
+        stamp.racy |= stamp.ctime_ns >= self.taken_ns - racy_window_ns();
         self.dirs.entry(rel.to_path_buf()).or_default().push((name.to_os_string(), stamp));
     }
 

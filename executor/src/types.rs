@@ -228,6 +228,11 @@ pub struct CheckpointRequest {
     /// `zstd` (default) or `gzip`.
     #[serde(default)]
     pub compression: Option<crate::store::BlobCompression>,
+    /// Capture the whole upper (every change since the sandbox started,
+    /// over its base) even after a checkpoint, instead of what changed
+    /// since: a snapshot that keeps none of the sandbox's earlier ones.
+    #[serde(default)]
+    pub whole: bool,
 }
 
 /// Per-sandbox settings of a resume or a fork.

@@ -462,7 +462,7 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::CreateSandbox(b) => json(201, &d.create_sandbox(b)?),
         A::GetSandbox(id) => json(200, &crate::daemon::sandbox_info(&*d.sandbox(&id)?)),
         A::RemoveSandbox(id) => done(d.remove_sandbox(&id)),
-        A::Checkpoint(id, b) => json(201, &d.checkpoint(&id, b.compression.unwrap_or_default())?),
+        A::Checkpoint(id, b) => json(201, &d.checkpoint(&id, b.compression.unwrap_or_default(), b.whole)?),
         A::Suspend(id) => json(201, &d.suspend(&id)?),
         A::Rollback(id, b) => json(200, &d.rollback(&id, &b.to)?),
         A::SandboxDiff(id) => json(200, &d.sandbox_diff(&id)?),

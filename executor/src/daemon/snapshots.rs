@@ -498,7 +498,14 @@ impl Classify for RollbackError {
 
 impl Daemon {
     /// Seal the sandbox's current changes as a snapshot; it keeps running.
-    pub fn checkpoint(&self, id: &str, compression: BlobCompression) -> Result<SnapshotInfo, CaptureError> {
+    /// What changed since its last checkpoint, over that one, unless
+    /// `whole` (or there is none): then every change since it started.
+    pub fn checkpoint(
+        &self,
+        id: &str,
+        compression: BlobCompression,
+        whole: bool,
+    ) -> Result<SnapshotInfo, CaptureError> {
         let sb = self.sandbox(id)?;
         let started = Instant::now();
         // Refused before any row while it cannot be captured (stopping, or
@@ -510,7 +517,7 @@ impl Daemon {
         }
         // Incremental over the sandbox's last checkpoint, if that is still
         // there and what was recorded of it still holds.
-        let since = self.last_capture(&sb);
+        let since = if whole { None } else { self.last_capture(&sb) };
         let parent = since.as_ref().map(|(row, _)| row.id.clone()).or_else(|| sb.spec.snapshot.clone());
         // A row from now on (`capturing`: listed, never restorable), fenced
         // as its append will be: a sandbox fenced out of its lineage fails
