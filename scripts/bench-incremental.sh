@@ -19,56 +19,24 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
 [[ $(id -u) -eq 0 ]] || { echo "run as root: sudo scripts/bench-incremental.sh" >&2; exit 1; }
 if ! command -v cargo >/dev/null; then PATH="$HOME/.cargo/bin:$PATH"; fi
-for tool in python3 curl docker-registry; do
-	command -v "$tool" >/dev/null || { echo "$tool missing: run scripts/install-deps.sh" >&2; exit 1; }
-done
-
-echo "==> building (release) and images" >&2
-cargo build --release --workspace >&2
-images/build-all.sh images/out >&2
-BIN=$REPO_ROOT/target/release
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
+need_tools python3 curl docker-registry
+build_release
+BIN=$REPO_ROOT/target/release
+STRATA=$BIN/strata
 
 WORK=$(mktemp -d /var/tmp/strata-bench-inc.XXXXXX)
 SOCK=$WORK/strata.sock
 DAEMON_PID=
-REG_PID=
 cleanup() {
 	stop_daemon "$SOCK" "$DAEMON_PID"
-	if [[ -n $REG_PID ]]; then
-		kill "$REG_PID" 2>/dev/null || true
-		wait "$REG_PID" 2>/dev/null || true
-	fi
+	stop_registry
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-REG=127.0.0.1:$PORT
-cat >"$WORK/registry.yml" <<EOF
-version: 0.1
-log:
-  level: warn
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: "$WORK/registry"
-http:
-  addr: $REG
-  secret: bench
-health:
-  storagedriver:
-    enabled: false
-EOF
-docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
-REG_PID=$!
-for _ in $(seq 200); do
-	[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$REG/v2/" || true) == 200 ]] && break
-	sleep 0.05
-done
-
+start_registry "$WORK"
 start_daemon "$SOCK" "$WORK/root" strata-bench-inc "$WORK/daemon.log"
 S() { "$BIN/strata" --socket "$SOCK" "$@"; }
 S image import images/out/busybox --name busybox >/dev/null

@@ -41,19 +41,15 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
 [[ $(id -u) -eq 0 ]] || { echo "run as root: sudo scripts/bench-registry.sh" >&2; exit 1; }
 if ! command -v cargo >/dev/null; then PATH="$HOME/.cargo/bin:$PATH"; fi
-for tool in python3 curl skopeo unshare docker-registry zstd; do
-	command -v "$tool" >/dev/null || { echo "$tool missing: run scripts/install-deps.sh" >&2; exit 1; }
-done
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+need_tools python3 curl skopeo unshare docker-registry zstd
 RUNS=${RUNS:-3}
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "RUNS must be a positive integer" >&2; exit 1; }
 
-echo "==> building (release) and images" >&2
-cargo build --release --workspace >&2
-images/build-all.sh images/out >&2
+build_release
 BIN=$REPO_ROOT/target/release
 STRATA=$BIN/strata
-# shellcheck source=scripts/lib.sh
-. scripts/lib.sh
 
 WORK=$(mktemp -d /var/tmp/strata-bench-reg.XXXXXX)
 SOCK_A=$WORK/a.sock
@@ -64,10 +60,7 @@ REG_PID=
 cleanup() {
 	stop_daemon "$SOCK_A" "$PID_A"
 	stop_daemon "$SOCK_B" "$PID_B"
-	if [[ -n $REG_PID ]]; then
-		kill "$REG_PID" 2>/dev/null || true
-		wait "$REG_PID" 2>/dev/null || true
-	fi
+	stop_registry
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -76,35 +69,7 @@ now() { date +%s.%N; }
 secs() { python3 -c "import sys; print(f'{(float(sys.argv[2]) - float(sys.argv[1])) * 1000:.0f}')" "$1" "$2"; }
 
 # ---- the registry ----
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-REG=127.0.0.1:$PORT
-cat >"$WORK/registry.yml" <<EOF
-version: 0.1
-log:
-  level: warn
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: "$WORK/registry"
-  delete:
-    enabled: true
-http:
-  addr: $REG
-  secret: bench
-health:
-  storagedriver:
-    enabled: false
-EOF
-docker-registry serve "$WORK/registry.yml" >"$WORK/registry.log" 2>&1 &
-REG_PID=$!
-for _ in $(seq 200); do
-	[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$REG/v2/" || true) == 200 ]] && break
-	kill -0 "$REG_PID" 2>/dev/null || { cat "$WORK/registry.log" >&2; echo "docker-registry exited" >&2; exit 1; }
-	sleep 0.05
-done
-[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$REG/v2/" || true) == 200 ]] ||
-	{ cat "$WORK/registry.log" >&2; echo "docker-registry did not answer on $REG" >&2; exit 1; }
+start_registry "$WORK"
 
 # ---- two hosts ----
 start_daemon "$SOCK_A" "$WORK/root-a" strata-bench-reg-a "$WORK/daemon-a.log"

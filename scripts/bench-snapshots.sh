@@ -29,17 +29,12 @@ REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
 [[ $(id -u) -eq 0 ]] || { echo "run as root: sudo scripts/bench-snapshots.sh" >&2; exit 1; }
 if ! command -v cargo >/dev/null; then PATH="$HOME/.cargo/bin:$PATH"; fi
-for tool in zstd gzip python3 curl; do
-	command -v "$tool" >/dev/null || { echo "$tool missing: run scripts/install-deps.sh" >&2; exit 1; }
-done
-
-echo "==> building (release) and images" >&2
-cargo build --release --workspace >&2
-images/build-all.sh images/out >&2
-BIN=$REPO_ROOT/target/release
-STRATA=$BIN/strata
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
+need_tools zstd gzip python3 curl
+build_release
+BIN=$REPO_ROOT/target/release
+STRATA=$BIN/strata
 
 WORK=$(mktemp -d /var/tmp/strata-bench-snap.XXXXXX)
 SOCK=$WORK/strata.sock

@@ -32,3 +32,61 @@ stop_daemon() {
 	kill "$2" 2>/dev/null || true
 	wait "$2" 2>/dev/null || true
 }
+
+# need_tools TOOL...: exit, naming it, if a tool is missing.
+need_tools() {
+	local tool
+	for tool in "$@"; do
+		command -v "$tool" >/dev/null || { echo "$tool missing: run scripts/install-deps.sh" >&2; exit 1; }
+	done
+}
+
+# build_release: the release binaries and the test images (benchmarks).
+build_release() {
+	echo "==> building (release) and images" >&2
+	cargo build --release --workspace >&2
+	images/build-all.sh images/out >&2
+}
+
+# start_registry DIR: a throwaway docker-registry (distribution 2.8) on a
+# free loopback port, storing under DIR/registry; sets REG (host:port) and
+# REG_PID, and returns once it answers. stop_registry ends it.
+start_registry() {
+	local dir=$1 port
+	port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+	REG=127.0.0.1:$port
+	cat >"$dir/registry.yml" <<YML
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: "$dir/registry"
+  delete:
+    enabled: true
+http:
+  addr: $REG
+  secret: bench
+health:
+  storagedriver:
+    enabled: false
+YML
+	docker-registry serve "$dir/registry.yml" >"$dir/registry.log" 2>&1 &
+	REG_PID=$!
+	for _ in $(seq 200); do
+		[[ $(curl -s -o /dev/null -w '%{http_code}' "http://$REG/v2/" || true) == 200 ]] && return 0
+		kill -0 "$REG_PID" 2>/dev/null || break
+		sleep 0.05
+	done
+	cat "$dir/registry.log" >&2
+	echo "docker-registry did not answer on $REG" >&2
+	exit 1
+}
+
+stop_registry() {
+	[[ -n ${REG_PID:-} ]] || return 0
+	kill "$REG_PID" 2>/dev/null || true
+	wait "$REG_PID" 2>/dev/null || true
+}

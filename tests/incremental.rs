@@ -336,9 +336,22 @@ fn a_small_change_to_a_large_upper_costs_a_small_blob_and_push() {
 
     let forked = post(&env, &format!("/v1/snapshots/{}/fork", second["id"].as_str().unwrap()), json!({}));
     let child = forked[0]["id"].as_str().unwrap().to_string();
-    let sums = |sb: &str| stdout(&sh(&env, sb, "sha256sum /big /first /second"));
-    assert_eq!(sums(&child), sums(&id));
+    let sums = |env: &TestEnv, sb: &str| stdout(&sh(env, sb, "sha256sum /big /first /second"));
+    assert_eq!(sums(&env, &child), sums(&env, &id));
     env.cli_ok(&["rm", &child]);
+
+    // Another host pulls the increment: the chain comes with it, and forks
+    // to the same files.
+    let other = TestEnv::start();
+    other.import_busybox();
+    let pulled =
+        post(&other, "/v1/snapshots/pull", json!({"reference": format!("{}/s/inc:2", reg.addr()), "insecure": true}));
+    let snap = &pulled["snapshot"];
+    assert_eq!((&snap["id"], &snap["parent"]), (&second["id"], &first["id"]), "{pulled}");
+    let forked = post(&other, &format!("/v1/snapshots/{}/fork", snap["id"].as_str().unwrap()), json!({}));
+    assert_eq!(sums(&other, forked[0]["id"].as_str().unwrap()), sums(&env, &id));
+    other.cli_ok(&["rm", forked[0]["id"].as_str().unwrap()]);
+    other.finish();
     env.finish();
 }
 

@@ -1057,6 +1057,22 @@ fn exported_snapshot_unpacks_with_umoci_to_the_same_tree() {
     // Exporting into an existing directory is refused.
     let out = work.path().join("layout-gzip");
     assert!(!env.cli(&["snapshot", "export", &snap, out.to_str().unwrap()]).status.success());
+    // A second checkpoint is an increment over the first (whiteouts, a
+    // directory made again, a file changed, one new): its export, the
+    // whole chain, unpacks with umoci to the sandbox's tree.
+    let v = sh(
+        &env,
+        &id,
+        "set -e; rm /tmp/hard '/tmp/with space'; rm -rf /root; mkdir /root; echo again > /root/again;          echo more >> /tmp/new; chmod 600 /etc/group; mkdir -p /srv/d; echo d > /srv/d/f",
+    );
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let want = tree(&env, &id);
+    let snap2: Value = env.client().call("POST", &format!("/v1/sandboxes/{id}/checkpoint"), Some(&json!({}))).unwrap();
+    assert_eq!(snap2["parent"], snap.as_str(), "{snap2}");
+    let out = work.path().join("layout-incremental");
+    env.cli_ok(&["snapshot", "export", snap2["id"].as_str().unwrap(), out.to_str().unwrap(), "--compression", "gzip"]);
+    let got = umoci_tree(&format!("{}:latest", out.display()), &work.path().join("bundle-incremental"));
+    assert!(got == want, "umoci's tree of the incremental chain differs:\n{got}\n---\n{want}");
     env.finish();
 }
 
