@@ -45,7 +45,8 @@ api() { # METHOD PATH [BODY] -> body on stdout
 	curl -sf --unix-socket "$SOCK" -X "$1" -H 'Content-Type: application/json' -d "${3:-{\}}" "http://strata$2"
 }
 field() { python3 -c "import json, sys; v = json.load(sys.stdin); print(eval(sys.argv[1]))" "$@"; }
-stored() { du -sb "$WORK/registry" | cut -f1; }
+# Bytes of the files the registry stores (its directories not counted).
+stored() { find "$WORK/registry" -type f -printf '%s\n' | awk '{n += $1} END {printf "%.0f\n", n}'; }
 
 echo "==> writing 1 GiB into a sandbox" >&2
 ID=$(S create --image busybox --memory 2g)
@@ -60,7 +61,7 @@ S exec "$ID" -- sh -c '
 	for i in 1 2 3 4; do head -c 67108864 /dev/urandom > /data/large$i; done
 ' >/dev/null
 FIRST=$(api POST "/v1/sandboxes/$ID/checkpoint")
-echo "first (whole) checkpoint: $(echo "$FIRST" | field 'f"{v[\"blob_size\"]} bytes, frozen {v[\"info\"][\"frozen_ms\"]:.0f} ms"')" >&2
+echo "first (whole) checkpoint: $(echo "$FIRST" | field '"%d bytes, frozen %.0f ms" % (v["blob_size"], v["info"]["frozen_ms"])')" >&2
 api POST "/v1/snapshots/$(echo "$FIRST" | field 'v["id"]')/push" "{\"reference\": \"$REG/bench/inc:first\", \"insecure\": true}" >/dev/null
 
 row() { # KIND CHANGE SNAPSHOT-JSON PUSHED
