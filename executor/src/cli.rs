@@ -276,6 +276,17 @@ pub struct DaemonArgs {
     /// On SIGTERM, how long API requests in flight may take to finish.
     #[arg(long, default_value = "30s", value_parser = crate::units::parse_duration)]
     pub shutdown_grace: std::time::Duration,
+    /// Also serve E2B's API (control and envd) on this TCP address, e.g.
+    /// 127.0.0.1:3000 (plain HTTP: keep it on loopback or behind TLS).
+    #[arg(long, requires = "e2b_api_keys")]
+    pub e2b_listen: Option<std::net::SocketAddr>,
+    /// The API keys E2B clients may use (X-API-KEY), one per line.
+    #[arg(long)]
+    pub e2b_api_keys: Option<PathBuf>,
+    /// Also route envd requests by `Host: 49983-<id>.<DOMAIN>`, and answer
+    /// creates with this domain.
+    #[arg(long)]
+    pub e2b_domain: Option<String>,
 }
 
 fn parse_keep_output(s: &str) -> Result<usize, String> {
@@ -1088,7 +1099,17 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         max_connections: a.max_connections as usize,
         shutdown_grace: a.shutdown_grace,
     };
-    crate::server::run(cfg, a.gc_interval, http)?;
+    let e2b = match (&a.e2b_listen, &a.e2b_api_keys) {
+        (Some(addr), Some(keys)) => Some((
+            *addr,
+            crate::e2b::E2bConfig {
+                keys: crate::e2b::read_keys(keys).with_context(|| format!("read --e2b-api-keys {}", keys.display()))?,
+                domain: a.e2b_domain.clone(),
+            },
+        )),
+        _ => None,
+    };
+    crate::server::run(cfg, a.gc_interval, http, e2b)?;
     Ok(0)
 }
 

@@ -15,7 +15,9 @@ pub use crate::model::{BlobCompression, LineageState, Rung, SandboxState, Snapsh
 use crate::oci::{Digest, ImageConfig};
 use crate::spec::SandboxSpec;
 
+mod e2b;
 mod results;
+pub use e2b::{E2bSandbox, E2bSnapshot, E2bSpec};
 pub use results::{Evaluation, StoreUsage, MAX_LABEL_KEY, MAX_LABEL_VALUE};
 
 #[derive(Debug, thiserror::Error)]
@@ -425,6 +427,30 @@ const MIGRATIONS: &[&str] = &[
     // sandbox's own log.
     r#"
     ALTER TABLE exec_records ADD COLUMN pulled INTEGER NOT NULL DEFAULT 0 CHECK (pulled IN (0, 1));
+    "#,
+    // 13: sandboxes made through the E2B-compatible API (e2b/): who made
+    // each (a hash of its API key), its envd token, its options, and the
+    // Strata sandbox running it (NULL while paused: its files are the head
+    // of its work context). E2B snapshots are checkpoints with an owner.
+    r#"
+    CREATE TABLE e2b_sandboxes (
+        id           TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 64),
+        owner        TEXT NOT NULL CHECK (length(owner) = 64),
+        token        TEXT NOT NULL,
+        template     TEXT NOT NULL,
+        work_context TEXT NOT NULL UNIQUE,
+        spec         TEXT NOT NULL,
+        sandbox      TEXT UNIQUE,
+        started_at   INTEGER NOT NULL
+    );
+    CREATE TABLE e2b_snapshots (
+        id         TEXT PRIMARY KEY REFERENCES snapshots(id) ON DELETE CASCADE,
+        owner      TEXT NOT NULL CHECK (length(owner) = 64),
+        sandbox    TEXT NOT NULL,
+        name       TEXT,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX e2b_snapshots_owner ON e2b_snapshots(owner, created_at);
     "#,
 ];
 

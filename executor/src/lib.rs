@@ -19,6 +19,7 @@ pub mod db;
 pub mod diff;
 pub mod direct;
 pub mod disk;
+pub mod e2b;
 pub mod error;
 pub mod export;
 pub mod extents;

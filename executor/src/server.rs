@@ -19,6 +19,12 @@ pub enum ServeError {
     Signals(#[source] nix::Error),
     #[error(transparent)]
     Open(#[from] DaemonError),
+    #[error("listen on {addr} (--e2b-listen)")]
+    Tcp {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{0} exists and is not a socket; refusing to replace it")]
     NotASocket(PathBuf),
     #[error("{step} {path}")]
@@ -32,7 +38,12 @@ pub enum ServeError {
 
 /// Run the daemon until SIGTERM or SIGINT (sandboxes keep running and are
 /// adopted at the next start); `gc_interval` zero runs no periodic gc.
-pub fn run(cfg: DaemonConfig, gc_interval: Duration, http: crate::api::ServeConfig) -> Result<(), ServeError> {
+pub fn run(
+    cfg: DaemonConfig,
+    gc_interval: Duration,
+    http: crate::api::ServeConfig,
+    e2b: Option<(std::net::SocketAddr, crate::e2b::E2bConfig)>,
+) -> Result<(), ServeError> {
     cfg.limit_policy.check()?;
     raise_open_files(http.max_connections);
     for clash in crate::userns::host_ids_in_ranges(cfg.userns_base) {
@@ -49,6 +60,14 @@ pub fn run(cfg: DaemonConfig, gc_interval: Duration, http: crate::api::ServeConf
     sigs.thread_block().map_err(ServeError::Signals)?;
     let daemon = Arc::new(Daemon::open(cfg.clone())?);
     let listener = bind_socket(&cfg.socket, cfg.socket_gid)?;
+    let e2b = match e2b {
+        Some((addr, e2b_cfg)) => {
+            let l = std::net::TcpListener::bind(addr).map_err(|source| ServeError::Tcp { addr, source })?;
+            tracing::info!("E2B API on http://{addr}");
+            Some((l, e2b_cfg))
+        }
+        None => None,
+    };
     tracing::info!(
         "strata daemon on {} (root {}, max {} sandboxes)",
         cfg.socket.display(),
@@ -68,6 +87,21 @@ pub fn run(cfg: DaemonConfig, gc_interval: Duration, http: crate::api::ServeConf
     daemon.start_reaper();
     daemon.start_ready_pools();
     daemon.start_gc(gc_interval, cfg.retention, cfg.stale_after);
+    if let Some((l, e2b_cfg)) = e2b {
+        let (d, stopped) = (daemon.clone(), stopped.clone());
+        std::thread::Builder::new()
+            .name("e2b".into())
+            .spawn(move || {
+                if let Err(e) = crate::e2b::serve(d, l, e2b_cfg, stopped) {
+                    tracing::error!("the E2B listener stopped: {e}");
+                }
+            })
+            .map_err(|source| ServeError::Socket {
+                step: "start the E2B listener for",
+                path: cfg.socket.clone(),
+                source,
+            })?;
+    }
     let served = crate::api::serve(daemon.clone(), listener, http, stopped);
     let _ = std::fs::remove_file(&cfg.socket);
     daemon.shutdown();

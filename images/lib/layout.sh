@@ -3,7 +3,7 @@
 # OCI image layout (one gzip layer, tagged "latest").
 #
 # usage (after `source images/lib/layout.sh`):
-#   write_oci_layout ROOTFS OUTDIR CREATED_BY CMD_JSON
+#   write_oci_layout ROOTFS OUTDIR CREATED_BY CMD_JSON [USER WORKDIR HOME]
 # Needs: tar gzip sha256sum stat sort. Sets LAYER_DIGEST, LAYER_SIZE,
 # DIFF_ID, CONFIG_DIGEST and MANIFEST_DIGEST. OUTDIR is replaced atomically
 # (a reader never sees a half-written layout); an existing OUTDIR that is
@@ -11,6 +11,8 @@
 
 write_oci_layout() {
 	local rootfs=$1 outdir=$2 created_by=$3 cmd_json=$4
+	local user=${5:-} workdir=${6:-/} home=${7:-/root} user_json=""
+	[[ -z $user ]] || user_json='"User":"'"$user"'",'
 	local arch work stage blobs
 	case "$(uname -m)" in
 	x86_64) arch=amd64 ;;
@@ -52,8 +54,8 @@ write_oci_layout() {
 	printf '%s' \
 		'{"created":"1970-01-01T00:00:00Z",' \
 		'"architecture":"'"$arch"'","os":"linux",' \
-		'"config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","HOME=/root"],' \
-		'"Cmd":'"$cmd_json"',"WorkingDir":"/"},' \
+		'"config":{'"$user_json"'"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin","HOME='"$home"'"],' \
+		'"Cmd":'"$cmd_json"',"WorkingDir":"'"$workdir"'"},' \
 		'"rootfs":{"type":"layers","diff_ids":["sha256:'"$DIFF_ID"'"]},' \
 		'"history":[{"created":"1970-01-01T00:00:00Z","created_by":"'"$created_by"'"}]}' \
 		>"$work/config.json"

@@ -16,10 +16,7 @@ impl Daemon {
         };
         let memory_allocated = live.iter().filter_map(|s| s.spec.limits.memory).sum();
         let cpus_allocated = live.iter().filter_map(|s| s.spec.limits.cpus).sum();
-        let memory_total = {
-            use procfs::Current;
-            procfs::Meminfo::current().map(|m| m.mem_total).unwrap_or(0)
-        };
+        let memory_total = memory_total();
         let (store_used_bytes, store_free_bytes) = nix::sys::statvfs::statvfs(self.rt.store.root())
             .map(|v| {
                 let f = v.fragment_size();
@@ -65,4 +62,15 @@ impl Daemon {
         self.slots.notify_all();
         self.host_info()
     }
+}
+
+/// The host's memory, in bytes (0 if /proc/meminfo cannot be read).
+pub fn memory_total() -> u64 {
+    use procfs::Current;
+    procfs::Meminfo::current().map(|m| m.mem_total).unwrap_or(0)
+}
+
+/// The CPUs this process may run on.
+pub fn cpu_count() -> u64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
 }

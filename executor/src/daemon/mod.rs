@@ -1156,6 +1156,31 @@ impl Daemon {
         Ok(())
     }
 
+    /// Follow a command [`Sandbox::spawn`] left running (E2B's processes):
+    /// its output to `sink` until it ends (or `timeout` kills it), then
+    /// log it. The sandbox counts as busy meanwhile.
+    pub fn follow(
+        &self,
+        sb: &Sandbox,
+        req: &sandbox::ExecRequest,
+        output: sandbox::SpawnedOutput,
+        timeout: Option<std::time::Duration>,
+        sink: &mut dyn FnMut(crate::stream::FrameKind, &[u8]),
+    ) -> Result<(strata_shim::proto::ExitStatus, bool), SandboxOpError> {
+        let _busy = sb.busy();
+        let (started_at, start) = (std::time::SystemTime::now(), std::time::Instant::now());
+        let (mut kept, mut output_bytes) = (crate::model::KeptOutput::default(), 0u64);
+        let (status, timed_out) = sb.follow(output, timeout, &mut |kind, data| {
+            output_bytes += data.len() as u64;
+            kept.keep(self.cfg.keep_output, kind == crate::stream::FrameKind::Stdout, data);
+            sink(kind, data);
+            true
+        })?;
+        let summary = sandbox::ExecSummary { status, started_at, duration: start.elapsed(), output_bytes, kept };
+        self.record_exec(sb, req, &summary);
+        Ok((status, timed_out))
+    }
+
     /// A live sandbox by id; looking it up counts as using it (its idle
     /// timeout starts again).
     pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, SandboxOpError> {

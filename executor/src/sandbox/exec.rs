@@ -77,6 +77,26 @@ struct Piped {
     stderr: OwnedFd,
 }
 
+/// A command left running by [`Sandbox::spawn`].
+pub struct Spawned {
+    /// The shim's id of it (for signals).
+    pub id: u64,
+    /// Its pid in the sandbox's PID namespace.
+    pub pid: i32,
+    /// Its stdin (none with a tty: input goes to the master).
+    pub stdin: Option<OwnedFd>,
+    /// With a tty: the pty master (input, window size).
+    pub master: Option<OwnedFd>,
+    pub output: SpawnedOutput,
+}
+
+/// What [`Sandbox::follow`] reads: a spawned command's output and events.
+pub struct SpawnedOutput {
+    id: u64,
+    rx: Receiver<Delivery>,
+    outputs: Vec<(OwnedFd, FrameKind)>,
+}
+
 /// How the pump loop ended.
 struct Finished {
     status: ExitStatus,
@@ -150,11 +170,12 @@ impl Sandbox {
         Ok(Piped { rx, stdin, stdout, stderr })
     }
 
-    /// Wait for the shim to confirm the fork; returns the pty master if any.
-    fn wait_started(&self, rx: &Receiver<Delivery>) -> Result<Option<OwnedFd>, SandboxError> {
+    /// Wait for the shim to confirm the fork; returns the command's pid in
+    /// the sandbox and the pty master if any.
+    fn wait_started(&self, rx: &Receiver<Delivery>) -> Result<(i32, Option<OwnedFd>), SandboxError> {
         loop {
             match rx.recv() {
-                Ok(Delivery { event: ShimEvent::Started { .. }, mut fds }) => return Ok(fds.pop()),
+                Ok(Delivery { event: ShimEvent::Started { pid, .. }, mut fds }) => return Ok((pid, fds.pop())),
                 Ok(Delivery { event: ShimEvent::StartFailed { message, .. }, .. }) => {
                     return Err(SandboxError::BadExec(message))
                 }
@@ -225,7 +246,7 @@ impl Sandbox {
         let id = spec.id;
         if req.tty {
             let rx = self.shim.exec(spec, &[]).map_err(SandboxError::Exec)?;
-            let master = self.wait_started(&rx)?.ok_or_else(|| SandboxError::BadExec("shim sent no pty".into()))?;
+            let master = self.wait_started(&rx)?.1.ok_or_else(|| SandboxError::BadExec("shim sent no pty".into()))?;
             let dup = |m: &OwnedFd| m.try_clone().map_err(|source| SandboxError::Io { step: "dup pty master", source });
             let (input, resize) = (dup(&master)?, dup(&master)?);
             upgrade(&mut conn).map_err(|source| SandboxError::Io { step: "upgrade connection", source })?;
@@ -235,6 +256,43 @@ impl Sandbox {
         self.wait_started(&rx)?;
         upgrade(&mut conn).map_err(|source| SandboxError::Io { step: "upgrade connection", source })?;
         self.attached_loop(id, rx, vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)], in_w, None, req, conn)
+    }
+
+    /// Start a command and leave it running: its pid, its input (stdin,
+    /// or the pty master with `tty`) and its output to [`Sandbox::follow`].
+    /// Nothing here kills it when a client goes away; its owner does.
+    pub fn spawn(&self, req: &ExecRequest) -> Result<Spawned, SandboxError> {
+        let spec = self.exec_spec(req)?;
+        let id = spec.id;
+        if req.tty {
+            let rx = self.shim.exec(spec, &[]).map_err(SandboxError::Exec)?;
+            let (pid, master) = self.wait_started(&rx)?;
+            let master = master.ok_or_else(|| SandboxError::BadExec("shim sent no pty".into()))?;
+            let out = master.try_clone().map_err(|source| SandboxError::Io { step: "dup pty master", source })?;
+            let output = SpawnedOutput { id, rx, outputs: vec![(out, FrameKind::Stdout)] };
+            return Ok(Spawned { id, pid, stdin: None, master: Some(master), output });
+        }
+        let Piped { rx, stdin, stdout, stderr } = self.start_piped(spec)?;
+        let (pid, _) = self.wait_started(&rx)?;
+        let output = SpawnedOutput { id, rx, outputs: vec![(stdout, FrameKind::Stdout), (stderr, FrameKind::Stderr)] };
+        Ok(Spawned { id, pid, stdin: Some(stdin), master: None, output })
+    }
+
+    /// Copy a spawned command's output to `sink` until it has exited and
+    /// its output is drained; `timeout` kills its process group.
+    pub fn follow(
+        &self,
+        output: SpawnedOutput,
+        timeout: Option<Duration>,
+        sink: &mut dyn FnMut(FrameKind, &[u8]) -> bool,
+    ) -> Result<(ExitStatus, bool), SandboxError> {
+        let fin = self.pump(output.id, &output.rx, output.outputs, timeout, sink)?;
+        Ok((fin.status, fin.timed_out))
+    }
+
+    /// Send `signal` to a command's process group.
+    pub fn signal_exec(&self, id: u64, signal: i32) -> Result<(), SandboxError> {
+        self.shim.signal(id, signal, true).map_err(SandboxError::Exec)
     }
 
     #[allow(clippy::too_many_arguments)]

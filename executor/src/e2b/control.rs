@@ -1,0 +1,469 @@
+//! E2B's control API (the routes the current SDK calls), on the daemon's
+//! own operations: a sandbox is a Strata sandbox with a work context of
+//! its own; pause suspends it into that lineage and connect resumes the
+//! lineage (files kept, processes not); a timeout is the sandbox's
+//! deadline (kill, or pause with `autoPause`); snapshots are checkpoints.
+//! Every row names the API key that made it (as a hash) and only that key
+//! sees it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::{E2b, Req, Resp};
+use crate::daemon::lock;
+use crate::db::{E2bSandbox, E2bSnapshot, E2bSpec};
+use crate::error::{chain, Classify, ErrorKind};
+use crate::model::OnTimeout;
+use crate::types::{CreateRequest, LaunchRequest, SandboxInfo};
+
+/// The envd version reported: every feature gate of the SDK (2.63) open.
+pub const ENVD_VERSION: &str = "0.6.4";
+/// Seconds a sandbox lives when its create names no timeout (E2B's).
+pub const DEFAULT_TIMEOUT: u64 = 300;
+/// The longest timeout accepted (E2B Pro's 24 h).
+pub const MAX_TIMEOUT: u64 = 86_400;
+/// Most sandboxes one list page holds.
+pub const MAX_PAGE: usize = 100;
+
+/// A control API error: status and message, as E2B's `Error` body.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: u16, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into() }
+    }
+    fn bad(message: impl Into<String>) -> ApiError {
+        ApiError::new(400, message)
+    }
+    fn not_found(id: &str) -> ApiError {
+        ApiError::new(404, format!("sandbox {id} not found"))
+    }
+}
+
+/// A daemon operation's error, by its kind.
+impl<E: Classify> From<E> for ApiError {
+    fn from(e: E) -> Self {
+        let status = match e.kind() {
+            ErrorKind::InvalidArgument | ErrorKind::Unprocessable => 400,
+            ErrorKind::NotFound => 404,
+            ErrorKind::Conflict => 409,
+            // 429 would make the SDK retry silently; say it once.
+            ErrorKind::LimitReached => 409,
+            ErrorKind::NoSpace => 507,
+            _ => 500,
+        };
+        ApiError::new(status, chain(&e))
+    }
+}
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+fn body(req: &Req) -> Result<serde_json::Map<String, Value>> {
+    if req.body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(serde_json::Map::new());
+    }
+    match serde_json::from_slice(&req.body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(ApiError::bad("the request body must be a JSON object")),
+        Err(e) => Err(ApiError::bad(format!("invalid JSON body: {e}"))),
+    }
+}
+
+fn strings(v: Option<&Value>, what: &str) -> Result<BTreeMap<String, String>> {
+    match v {
+        None | Some(Value::Null) => Ok(BTreeMap::new()),
+        Some(Value::Object(m)) => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k.clone(), s.clone())),
+                _ => Err(ApiError::bad(format!("{what}.{k} must be a string"))),
+            })
+            .collect(),
+        Some(_) => Err(ApiError::bad(format!("{what} must be an object of strings"))),
+    }
+}
+
+fn timeout(v: Option<&Value>, default: u64) -> Result<u64> {
+    match v {
+        None | Some(Value::Null) => Ok(default),
+        Some(t) => match t.as_u64() {
+            Some(t) if (1..=MAX_TIMEOUT).contains(&t) => Ok(t),
+            _ => Err(ApiError::bad(format!("timeout {t} must be between 1 and {MAX_TIMEOUT} seconds"))),
+        },
+    }
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut b);
+    hex::encode(b)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn time(ms: i64) -> String {
+    super::fs::rfc3339(ms.div_euclid(1000), ms.rem_euclid(1000) * 1_000_000)
+}
+
+/// Where an E2B sandbox is now.
+enum Run {
+    Running(Box<SandboxInfo>),
+    Paused,
+}
+
+impl E2b {
+    /// The row of `id` if `owner` made it, with where it runs now. A row
+    /// whose Strata sandbox is gone was ended by its deadline: paused if
+    /// that suspended it (its work context's head is a snapshot of that
+    /// sandbox), else gone (the row is dropped).
+    fn sandbox(&self, owner: &str, id: &str) -> Result<(E2bSandbox, Run)> {
+        let row =
+            lock(&self.d.db).e2b_sandbox(id)?.filter(|r| r.owner == owner).ok_or_else(|| ApiError::not_found(id))?;
+        let Some(current) = row.sandbox.clone() else { return Ok((row, Run::Paused)) };
+        if let Ok(sb) = self.d.sandbox(&current) {
+            return Ok((row, Run::Running(Box::new(crate::daemon::sandbox_info(&sb)))));
+        }
+        self.forget_processes(&current);
+        let suspended =
+            self.d.lineage(&row.work_context).ok().and_then(|l| l.checkpoints.last().cloned()).is_some_and(|head| {
+                head.source_sandbox == current && head.class == crate::model::SnapshotClass::Checkpoint
+            });
+        let db = lock(&self.d.db);
+        if suspended && row.spec.auto_pause {
+            db.set_e2b_sandbox_run(id, None, row.started_at)?;
+            return Ok((E2bSandbox { sandbox: None, ..row }, Run::Paused));
+        }
+        db.delete_e2b_sandbox(id)?;
+        Err(ApiError::not_found(id))
+    }
+
+    /// The `Sandbox` model a create or connect answers.
+    fn created(&self, row: &E2bSandbox) -> Value {
+        json!({
+            "templateID": row.template,
+            "sandboxID": row.id,
+            "clientID": self.client_id(),
+            "envdVersion": ENVD_VERSION,
+            "envdAccessToken": row.token,
+            "alias": row.template,
+            "domain": self.domain,
+        })
+    }
+
+    fn client_id(&self) -> String {
+        nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "strata".into())
+    }
+
+    /// `SandboxDetail` / `ListedSandbox`.
+    fn detail(&self, row: &E2bSandbox, run: &Run) -> Value {
+        let (state, cpus, memory, disk, end) = match run {
+            Run::Running(info) => (
+                "running",
+                info.limits.cpus.map_or_else(crate::daemon::host::cpu_count, |c| c.ceil() as u64),
+                info.limits.memory.unwrap_or_else(crate::daemon::host::memory_total) >> 20,
+                info.limits.disk.unwrap_or(0) >> 20,
+                info.lifetime.deadline_ms.unwrap_or(row.started_at + row.spec.timeout as i64 * 1000),
+            ),
+            Run::Paused => (
+                "paused",
+                crate::daemon::host::cpu_count(),
+                crate::daemon::host::memory_total() >> 20,
+                0,
+                row.started_at,
+            ),
+        };
+        json!({
+            "templateID": row.template,
+            "sandboxID": row.id,
+            "clientID": self.client_id(),
+            "alias": row.template,
+            "startedAt": time(row.started_at),
+            "endAt": time(end),
+            "envdVersion": ENVD_VERSION,
+            "cpuCount": cpus,
+            "memoryMB": memory,
+            "diskSizeMB": disk,
+            "state": state,
+            "metadata": row.spec.metadata,
+            "envdAccessToken": row.token,
+        })
+    }
+
+    fn env(spec: &E2bSpec) -> Vec<String> {
+        spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+
+    fn on_timeout(spec: &E2bSpec) -> OnTimeout {
+        if spec.auto_pause {
+            OnTimeout::Suspend
+        } else {
+            OnTimeout::Remove
+        }
+    }
+
+    /// `POST /v2/sandboxes`.
+    pub fn create(self: &Arc<Self>, owner: &str, req: &Req) -> Result<Resp> {
+        let b = body(req)?;
+        let template = match b.get("templateID") {
+            Some(Value::String(t)) if !t.is_empty() => t.clone(),
+            _ => return Err(ApiError::bad("templateID is required")),
+        };
+        let auto_pause = match b.get("autoPause") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(v)) => *v,
+            Some(_) => return Err(ApiError::bad("autoPause must be true or false")),
+        };
+        let spec = E2bSpec {
+            metadata: strings(b.get("metadata"), "metadata")?,
+            env: strings(b.get("envVars"), "envVars")?,
+            auto_pause,
+            timeout: timeout(b.get("timeout"), DEFAULT_TIMEOUT)?,
+        };
+        let snapshot = lock(&self.d.db).e2b_snapshots(owner)?.into_iter().find(|s| s.id == template);
+        let info = match snapshot {
+            // A snapshot of this key's: a new sandbox forked from it.
+            Some(s) => self
+                .d
+                .fork(
+                    &s.id,
+                    LaunchRequest {
+                        env: Self::env(&spec),
+                        timeout: Some(spec.timeout),
+                        on_timeout: Some(Self::on_timeout(&spec)),
+                        ..Default::default()
+                    },
+                )?
+                .remove(0),
+            None => {
+                if self.d.get_image(&template).is_err() {
+                    return Err(ApiError::new(
+                        404,
+                        format!("template {template:?} not found (an image name or a snapshot id)"),
+                    ));
+                }
+                self.d.create_sandbox(CreateRequest {
+                    image: template.clone(),
+                    env: Self::env(&spec),
+                    timeout: Some(spec.timeout),
+                    on_timeout: Some(Self::on_timeout(&spec)),
+                    ..Default::default()
+                })?
+            }
+        };
+        let row = E2bSandbox {
+            id: format!("i{}", random_hex(10)),
+            owner: owner.to_string(),
+            token: random_hex(16),
+            template,
+            work_context: info.work_context.clone().unwrap_or_default(),
+            spec,
+            sandbox: Some(info.id.clone()),
+            started_at: now_ms(),
+        };
+        if let Err(e) = lock(&self.d.db).insert_e2b_sandbox(&row) {
+            let _ = self.d.remove_sandbox(&info.id);
+            return Err(e.into());
+        }
+        Ok(Resp::json(201, self.created(&row)))
+    }
+
+    /// `GET /sandboxes/{id}`.
+    pub fn get(&self, owner: &str, id: &str) -> Result<Resp> {
+        let (row, run) = self.sandbox(owner, id)?;
+        Ok(Resp::json(200, self.detail(&row, &run)))
+    }
+
+    /// `GET /v2/sandboxes` (and `/sandboxes`): filtered by metadata and
+    /// state, paged by `nextToken` (the last id of the page before).
+    pub fn list(&self, owner: &str, req: &Req) -> Result<Resp> {
+        let mut wanted = BTreeMap::new();
+        if let Some(m) = req.query("metadata") {
+            for (k, v) in super::form_decode(&m) {
+                wanted.insert(super::percent_decode(&k), super::percent_decode(&v));
+            }
+        }
+        let states: Vec<String> =
+            req.query("state").map(|s| s.split(',').map(|s| s.trim().to_string()).collect()).unwrap_or_default();
+        if let Some(bad) = states.iter().find(|s| !matches!(s.as_str(), "running" | "paused")) {
+            return Err(ApiError::bad(format!("state {bad:?}: running or paused")));
+        }
+        let limit = match req.query("limit") {
+            None => MAX_PAGE,
+            Some(l) => l
+                .parse::<usize>()
+                .ok()
+                .filter(|l| (1..=MAX_PAGE).contains(l))
+                .ok_or_else(|| ApiError::bad(format!("limit {l:?} must be between 1 and {MAX_PAGE}")))?,
+        };
+        let after = req.query("nextToken");
+        let rows = lock(&self.d.db).e2b_sandboxes(owner)?;
+        let mut page = Vec::new();
+        let mut more = None;
+        for row in rows {
+            let Ok((row, run)) = self.sandbox(owner, &row.id) else { continue };
+            let state = if matches!(run, Run::Running(_)) { "running" } else { "paused" };
+            if !states.is_empty() && !states.iter().any(|s| s == state) {
+                continue;
+            }
+            if wanted.iter().any(|(k, v)| row.spec.metadata.get(k) != Some(v)) {
+                continue;
+            }
+            page.push((row, run));
+        }
+        page.sort_by(|a, b| a.0.id.cmp(&b.0.id));
+        if let Some(a) = &after {
+            page.retain(|(r, _)| r.id.as_str() > a.as_str());
+        }
+        if page.len() > limit {
+            page.truncate(limit);
+            more = page.last().map(|(r, _)| r.id.clone());
+        }
+        let list: Vec<Value> = page.iter().map(|(r, run)| self.detail(r, run)).collect();
+        let mut resp = Resp::json(200, Value::Array(list));
+        if let Some(token) = more {
+            resp.headers.push(("x-next-token", token));
+        }
+        Ok(resp)
+    }
+
+    /// `DELETE /sandboxes/{id}`: the sandbox, its processes and its work
+    /// context (retired: nothing resumes it; gc collects it).
+    pub fn kill(&self, owner: &str, id: &str) -> Result<Resp> {
+        let (row, run) = self.sandbox(owner, id)?;
+        if let Run::Running(info) = run {
+            self.forget_processes(&info.id);
+            match self.d.remove_sandbox(&info.id) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        lock(&self.d.db).delete_e2b_sandbox(id)?;
+        if let Err(e) = self.d.retire_lineage(&row.work_context) {
+            tracing::warn!("e2b kill {id}: retire work context {}: {}", row.work_context, chain(&e));
+        }
+        Ok(Resp::empty(204))
+    }
+
+    /// `POST /sandboxes/{id}/timeout`: a new deadline from now.
+    pub fn set_timeout(&self, owner: &str, id: &str, req: &Req) -> Result<Resp> {
+        let b = body(req)?;
+        let t = timeout(b.get("timeout"), 0).and_then(|t| match t {
+            0 => Err(ApiError::bad("timeout is required")),
+            t => Ok(t),
+        })?;
+        let (row, run) = self.sandbox(owner, id)?;
+        let Run::Running(info) = run else {
+            return Err(ApiError::new(409, format!("sandbox {id} is paused; connect to it first")));
+        };
+        self.d.set_timeout(
+            &info.id,
+            crate::types::TimeoutRequest { timeout: t, on_timeout: Some(Self::on_timeout(&row.spec)) },
+        )?;
+        Ok(Resp::empty(204))
+    }
+
+    /// `POST /sandboxes/{id}/pause`: suspend into its work context.
+    pub fn pause(&self, owner: &str, id: &str) -> Result<Resp> {
+        let (row, run) = self.sandbox(owner, id)?;
+        let Run::Running(info) = run else {
+            return Err(ApiError::new(409, format!("sandbox {id} is already paused")));
+        };
+        self.forget_processes(&info.id);
+        self.d.suspend(&info.id)?;
+        lock(&self.d.db).set_e2b_sandbox_run(id, None, row.started_at)?;
+        Ok(Resp::empty(204))
+    }
+
+    /// `POST /v2/sandboxes/{id}/connect` (and `/sandboxes/{id}/resume`):
+    /// 200 if it runs (its deadline renewed when a timeout is given), 201
+    /// once resumed from its work context.
+    pub fn connect(&self, owner: &str, id: &str, req: &Req) -> Result<Resp> {
+        let b = body(req)?;
+        let (row, run) = self.sandbox(owner, id)?;
+        let t = timeout(b.get("timeout"), row.spec.timeout)?;
+        if let Run::Running(info) = run {
+            if b.get("timeout").is_some_and(|v| !v.is_null()) {
+                self.d.set_timeout(
+                    &info.id,
+                    crate::types::TimeoutRequest { timeout: t, on_timeout: Some(Self::on_timeout(&row.spec)) },
+                )?;
+            }
+            return Ok(Resp::json(200, self.created(&row)));
+        }
+        let info = self.d.resume_lineage(
+            &row.work_context,
+            LaunchRequest {
+                env: Self::env(&row.spec),
+                timeout: Some(t),
+                on_timeout: Some(Self::on_timeout(&row.spec)),
+                ..Default::default()
+            },
+        )?;
+        let row = E2bSandbox { sandbox: Some(info.id.clone()), started_at: now_ms(), ..row };
+        if let Err(e) = lock(&self.d.db).set_e2b_sandbox_run(id, Some(&info.id), row.started_at) {
+            let _ = self.d.remove_sandbox(&info.id);
+            return Err(e.into());
+        }
+        Ok(Resp::json(201, self.created(&row)))
+    }
+
+    /// `POST /sandboxes/{id}/snapshots`: a checkpoint, usable as a
+    /// `templateID`.
+    pub fn snapshot(&self, owner: &str, id: &str, req: &Req) -> Result<Resp> {
+        let b = body(req)?;
+        let name = match b.get("name") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(n)) if n.len() <= 128 => Some(n.clone()),
+            Some(_) => return Err(ApiError::bad("name must be a string of at most 128 bytes")),
+        };
+        let (_, run) = self.sandbox(owner, id)?;
+        let Run::Running(info) = run else {
+            return Err(ApiError::new(409, format!("sandbox {id} is paused; connect to it first")));
+        };
+        let snap = self.d.checkpoint(&info.id, crate::model::BlobCompression::default(), false)?;
+        let s = E2bSnapshot {
+            id: snap.id.to_string(),
+            owner: owner.to_string(),
+            sandbox: id.to_string(),
+            name,
+            created_at: now_ms(),
+        };
+        lock(&self.d.db).insert_e2b_snapshot(&s)?;
+        Ok(Resp::json(201, snapshot_json(&s)))
+    }
+
+    /// `GET /snapshots` (`sandboxID` filter).
+    pub fn snapshots(&self, owner: &str, req: &Req) -> Result<Resp> {
+        let of = req.query("sandboxID");
+        let list: Vec<Value> = lock(&self.d.db)
+            .e2b_snapshots(owner)?
+            .iter()
+            .filter(|s| of.as_deref().is_none_or(|o| s.sandbox == o))
+            .map(snapshot_json)
+            .collect();
+        Ok(Resp::json(200, Value::Array(list)))
+    }
+
+    /// `DELETE /templates/{id}`: one of this key's snapshots.
+    pub fn delete_snapshot(&self, owner: &str, id: &str) -> Result<Resp> {
+        if !lock(&self.d.db).e2b_snapshots(owner)?.iter().any(|s| s.id == id) {
+            return Err(ApiError::new(404, format!("snapshot {id} not found")));
+        }
+        self.d.remove_snapshot(id)?;
+        Ok(Resp::empty(204))
+    }
+}
+
+fn snapshot_json(s: &E2bSnapshot) -> Value {
+    let names: Vec<&str> = s.name.as_deref().into_iter().collect();
+    json!({"snapshotID": s.id, "names": names})
+}

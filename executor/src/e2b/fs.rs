@@ -1,0 +1,400 @@
+//! envd's file operations on a live sandbox's tree, resolved as `strata cp`
+//! resolves sandbox paths (copy.rs): every path is opened with
+//! `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)`
+//! from the sandbox's root (`/proc/<shim>/root`), so `..` stops at that
+//! root, absolute symlink targets start from it, and crossing into another
+//! mount (`/proc`, `/dev`, scratch and cache mounts) is refused; the last
+//! component is then used through its parent's descriptor with `*at`
+//! calls that do not follow it. The daemon does the work as root; what it
+//! creates is given to the calling user (as envd, running as that user,
+//! would have made it).
+#![forbid(unsafe_code)]
+
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{fchmodat, fstatat, FchmodatFlags, FileStat, Mode, SFlag};
+use serde_json::{json, Value};
+use strata_shim::sys::{openat, openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_XDEV};
+
+use super::connect::{Code, RpcError};
+use super::users::{Accounts, User};
+
+const RESOLVE: u64 = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
+
+/// Deepest listing `ListDir` walks (`depth`).
+pub const MAX_LIST_DEPTH: u64 = 32;
+/// Most entries one listing returns.
+pub const MAX_LIST_ENTRIES: usize = 100_000;
+
+/// An errno from the sandbox's side as the RPC error envd would give.
+pub fn rpc_error(path: &str, e: Errno) -> RpcError {
+    let code = match e {
+        Errno::ENOENT => Code::NotFound,
+        Errno::EEXIST | Errno::ENOTEMPTY => Code::AlreadyExists,
+        Errno::EACCES | Errno::EPERM | Errno::EROFS => Code::PermissionDenied,
+        Errno::ENOSPC | Errno::EDQUOT | Errno::EMFILE => Code::ResourceExhausted,
+        Errno::EXDEV => return RpcError::invalid(format!("{path}: crosses a mount point (not served)")),
+        Errno::ELOOP => return RpcError::invalid(format!("{path}: a symlink where a directory or file was expected")),
+        Errno::ENOTDIR | Errno::EISDIR | Errno::EINVAL | Errno::ENAMETOOLONG => Code::InvalidArgument,
+        _ => Code::Internal,
+    };
+    RpcError::new(code, format!("{path}: {}", e.desc()))
+}
+
+/// A live sandbox's root and the accounts its `/etc` names.
+pub struct Tree {
+    root: OwnedFd,
+    pub accounts: Accounts,
+    /// Added to uids and gids this sandbox's user namespace shifts (0 if none).
+    shift: u32,
+}
+
+/// `path` made absolute (relative paths are under the user's home), with
+/// no NUL byte.
+pub fn absolute(path: &str, user: &User) -> Result<String, RpcError> {
+    if path.contains('\0') {
+        return Err(RpcError::invalid("paths must not contain NUL bytes"));
+    }
+    let p = if path.starts_with('/') {
+        path.to_string()
+    } else if path.is_empty() {
+        return Err(RpcError::invalid("path is empty"));
+    } else if path == "~" {
+        user.home.clone()
+    } else {
+        format!("{}/{}", user.home.trim_end_matches('/'), path.strip_prefix("~/").unwrap_or(path))
+    };
+    Ok(p)
+}
+
+fn cstr(s: &[u8]) -> Result<CString, RpcError> {
+    CString::new(s).map_err(|_| RpcError::invalid("paths must not contain NUL bytes"))
+}
+
+/// `path` split into its parent and its last component (lexically).
+fn split(path: &str) -> Result<(&str, &str), RpcError> {
+    let trimmed = path.trim_end_matches('/');
+    let (parent, name) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(RpcError::invalid(format!("{path:?} names no file (it is the root, or ends in . or ..)")));
+    }
+    Ok((if parent.is_empty() { "/" } else { parent }, name))
+}
+
+fn kind(st: &FileStat) -> SFlag {
+    SFlag::from_bits_truncate(st.st_mode & libc::S_IFMT)
+}
+
+/// Go's `FileMode.String()` of a mode (what envd reports as `permissions`).
+fn permissions(st: &FileStat) -> String {
+    let t = match kind(st) {
+        SFlag::S_IFDIR => 'd',
+        SFlag::S_IFLNK => 'L',
+        SFlag::S_IFIFO => 'p',
+        SFlag::S_IFSOCK => 'S',
+        SFlag::S_IFCHR => 'c',
+        SFlag::S_IFBLK => 'D',
+        _ => '-',
+    };
+    let mut s = String::from(t);
+    for (i, c) in "rwxrwxrwx".chars().enumerate() {
+        s.push(if st.st_mode & (0o400 >> i) != 0 { c } else { '-' });
+    }
+    s
+}
+
+/// RFC 3339 (UTC, nanoseconds) of a unix time.
+pub fn rfc3339(secs: i64, nanos: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (h, mi, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    if nanos == 0 {
+        format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+    } else {
+        format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{nanos:09}Z")
+    }
+}
+
+impl Tree {
+    pub fn open(shim_pid: i32, shift: u32) -> Result<Tree, RpcError> {
+        let root = crate::copy::sandbox_root(shim_pid).map_err(|e| {
+            RpcError::new(Code::Unavailable, format!("the sandbox's root: {}", crate::error::chain(&e)))
+        })?;
+        let accounts = Accounts::read(root.as_fd());
+        Ok(Tree { root, accounts, shift })
+    }
+
+    /// A directory of the sandbox, for `*at` calls.
+    fn dir(&self, path: &str) -> Result<OwnedFd, RpcError> {
+        openat2(self.root.as_fd(), &cstr(path.as_bytes())?, libc::O_PATH | libc::O_DIRECTORY, 0, RESOLVE)
+            .map_err(|e| rpc_error(path, e))
+    }
+
+    fn parent(&self, path: &str) -> Result<(OwnedFd, CString), RpcError> {
+        let (parent, name) = split(path)?;
+        Ok((self.dir(parent)?, cstr(name.as_bytes())?))
+    }
+
+    fn chown(&self, dir: BorrowedFd<'_>, name: &CString, user: &User) -> Result<(), Errno> {
+        nix::unistd::fchownat(
+            Some(dir.as_raw_fd()),
+            name.as_c_str(),
+            Some(nix::unistd::Uid::from_raw(user.uid + self.shift)),
+            Some(nix::unistd::Gid::from_raw(user.gid + self.shift)),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+    }
+
+    /// envd's `EntryInfo` of `name` in `dir` (not followed), at `path`.
+    fn entry(&self, dir: BorrowedFd<'_>, name: &[u8], path: &str) -> Result<Value, RpcError> {
+        let st = fstatat(Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(|e| rpc_error(path, e))?;
+        let owner = |id: u32| id.wrapping_sub(self.shift);
+        let t = match kind(&st) {
+            SFlag::S_IFDIR => "FILE_TYPE_DIRECTORY",
+            SFlag::S_IFLNK => "FILE_TYPE_SYMLINK",
+            _ => "FILE_TYPE_FILE",
+        };
+        let mut v = json!({
+            "name": String::from_utf8_lossy(name),
+            "type": t,
+            "path": path,
+            "size": st.st_size.to_string(),
+            "mode": st.st_mode & 0o7777,
+            "permissions": permissions(&st),
+            "owner": self.accounts.user_name(owner(st.st_uid)),
+            "group": self.accounts.group_name(owner(st.st_gid)),
+            "modifiedTime": rfc3339(st.st_mtime, st.st_mtime_nsec),
+        });
+        if kind(&st) == SFlag::S_IFLNK {
+            let target = nix::fcntl::readlinkat(Some(dir.as_raw_fd()), name).map_err(|e| rpc_error(path, e))?;
+            v["symlinkTarget"] = json!(String::from_utf8_lossy(target.as_bytes()));
+        }
+        Ok(v)
+    }
+
+    pub fn stat(&self, path: &str) -> Result<Value, RpcError> {
+        if path.trim_end_matches('/').is_empty() {
+            return self.entry(self.root.as_fd(), b".", "/").map(|mut v| {
+                v["name"] = json!("/");
+                v
+            });
+        }
+        let (dir, name) = self.parent(path)?;
+        self.entry(dir.as_fd(), name.as_bytes(), path.trim_end_matches('/'))
+    }
+
+    /// Entries below `path`, `depth` levels down (1: its children).
+    pub fn list(&self, path: &str, depth: u64) -> Result<Vec<Value>, RpcError> {
+        let depth = depth.clamp(1, MAX_LIST_DEPTH);
+        let top = self.dir(path)?;
+        let mut out = Vec::new();
+        self.list_in(top, path.trim_end_matches('/'), depth, &mut out)?;
+        Ok(out)
+    }
+
+    fn list_in(&self, dir: OwnedFd, path: &str, depth: u64, out: &mut Vec<Value>) -> Result<(), RpcError> {
+        let mut listing = nix::dir::Dir::openat(
+            Some(dir.as_raw_fd()),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| rpc_error(path, e))?;
+        let mut names: Vec<Vec<u8>> = Vec::new();
+        for e in listing.iter() {
+            let e = e.map_err(|e| rpc_error(path, e))?;
+            let n = e.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                names.push(n.to_vec());
+            }
+        }
+        names.sort();
+        for n in names {
+            if out.len() >= MAX_LIST_ENTRIES {
+                return Err(RpcError::new(
+                    Code::ResourceExhausted,
+                    format!("{path}: more than {MAX_LIST_ENTRIES} entries; list less deep"),
+                ));
+            }
+            let child = format!("{path}/{}", String::from_utf8_lossy(&n));
+            let e = match self.entry(dir.as_fd(), &n, &child) {
+                Ok(e) => e,
+                Err(e) if e.code == Code::NotFound => continue, // gone meanwhile
+                Err(e) => return Err(e),
+            };
+            let is_dir = e["type"] == "FILE_TYPE_DIRECTORY";
+            out.push(e);
+            if is_dir && depth > 1 {
+                let name = cstr(&n)?;
+                let sub = match openat(dir.as_fd(), &name, libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0) {
+                    Ok(fd) => fd,
+                    Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => continue,
+                    Err(e) => return Err(rpc_error(&child, e)),
+                };
+                self.list_in(sub, &child, depth - 1, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Make `path` and its missing parents; false if it already was a
+    /// directory.
+    pub fn make_dir(&self, path: &str, user: &User) -> Result<bool, RpcError> {
+        let (parent, name) = split(path)?;
+        let dir = match self.dir(parent) {
+            Ok(d) => d,
+            Err(e) if e.code == Code::NotFound => {
+                self.make_dir(parent, user)?;
+                self.dir(parent)?
+            }
+            Err(e) => return Err(e),
+        };
+        let name = cstr(name.as_bytes())?;
+        match nix::sys::stat::mkdirat(Some(dir.as_raw_fd()), name.as_c_str(), Mode::from_bits_truncate(0o755)) {
+            Ok(()) => {
+                self.chown(dir.as_fd(), &name, user).map_err(|e| rpc_error(path, e))?;
+                Ok(true)
+            }
+            Err(Errno::EEXIST) => {
+                let st = fstatat(Some(dir.as_raw_fd()), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map_err(|e| rpc_error(path, e))?;
+                if kind(&st) == SFlag::S_IFDIR {
+                    Ok(false)
+                } else {
+                    Err(RpcError::new(Code::AlreadyExists, format!("{path}: exists and is not a directory")))
+                }
+            }
+            Err(e) => Err(rpc_error(path, e)),
+        }
+    }
+
+    pub fn rename(&self, from: &str, to: &str, user: &User) -> Result<Value, RpcError> {
+        let (fdir, fname) = self.parent(from)?;
+        let (tparent, _) = split(to)?;
+        if matches!(self.dir(tparent), Err(ref e) if e.code == Code::NotFound) {
+            self.make_dir(tparent, user)?;
+        }
+        let (tdir, tname) = self.parent(to)?;
+        nix::fcntl::renameat(Some(fdir.as_raw_fd()), fname.as_c_str(), Some(tdir.as_raw_fd()), tname.as_c_str())
+            .map_err(|e| rpc_error(from, e))?;
+        self.entry(tdir.as_fd(), tname.as_bytes(), to.trim_end_matches('/'))
+    }
+
+    /// Remove a file, a symlink (not what it names) or a whole tree.
+    pub fn remove(&self, path: &str) -> Result<(), RpcError> {
+        let (dir, name) = self.parent(path)?;
+        let st = fstatat(Some(dir.as_raw_fd()), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| rpc_error(path, e))?;
+        if kind(&st) != SFlag::S_IFDIR {
+            return nix::unistd::unlinkat(
+                Some(dir.as_raw_fd()),
+                name.as_c_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            )
+            .map_err(|e| rpc_error(path, e));
+        }
+        // tree::remove_all opens each level O_NOFOLLOW and works by
+        // descriptor; the parent is named through our descriptor of it.
+        let through = std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+            .join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+        crate::tree::remove_all(&through)
+            .map_err(|e| rpc_error(path, e.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO)))
+    }
+
+    /// A regular file's bytes (at most `limit`).
+    pub fn read(&self, path: &str, limit: u64) -> Result<Vec<u8>, RpcError> {
+        let fd = openat2(self.root.as_fd(), &cstr(path.as_bytes())?, libc::O_RDONLY | libc::O_NONBLOCK, 0, RESOLVE)
+            .map_err(|e| rpc_error(path, e))?;
+        let st = nix::sys::stat::fstat(fd.as_raw_fd()).map_err(|e| rpc_error(path, e))?;
+        if kind(&st) != SFlag::S_IFREG {
+            return Err(RpcError::invalid(format!("{path}: not a regular file")));
+        }
+        let mut data = Vec::new();
+        std::fs::File::from(fd)
+            .take(limit + 1)
+            .read_to_end(&mut data)
+            .map_err(|e| rpc_error(path, e.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO)))?;
+        if data.len() as u64 > limit {
+            return Err(RpcError::new(Code::ResourceExhausted, format!("{path}: larger than {limit} bytes")));
+        }
+        Ok(data)
+    }
+
+    /// Write `data` as the regular file `path` (replacing its contents;
+    /// parents made as needed). A symlink there is refused, not followed.
+    pub fn write(&self, path: &str, data: &[u8], user: &User) -> Result<Value, RpcError> {
+        let (parent, _) = split(path)?;
+        if matches!(self.dir(parent), Err(ref e) if e.code == Code::NotFound) {
+            self.make_dir(parent, user)?;
+        }
+        let (dir, name) = self.parent(path)?;
+        let fd =
+            openat(dir.as_fd(), &name, libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0o644)
+                .map_err(|e| rpc_error(path, e))?;
+        let mut f = std::fs::File::from(fd);
+        let st = nix::sys::stat::fstat(f.as_raw_fd()).map_err(|e| rpc_error(path, e))?;
+        if kind(&st) != SFlag::S_IFREG {
+            return Err(RpcError::invalid(format!("{path}: not a regular file")));
+        }
+        let io = |e: std::io::Error| rpc_error(path, e.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO));
+        f.set_len(0).map_err(io)?;
+        f.write_all(data).map_err(io)?;
+        if st.st_nlink <= 1 {
+            // A new file (or one only this name holds) becomes the user's;
+            // never a hard link's other names' inode.
+            self.chown(dir.as_fd(), &name, user).map_err(|e| rpc_error(path, e))?;
+            let _ = fchmodat(
+                Some(dir.as_raw_fd()),
+                name.as_c_str(),
+                Mode::from_bits_truncate(st.st_mode & 0o777),
+                FchmodatFlags::FollowSymlink,
+            );
+        }
+        let (_, base) = split(path)?;
+        Ok(json!({"name": base, "type": "file", "path": path}))
+    }
+
+    /// An `O_PATH` descriptor of a directory (for watches).
+    pub fn watch_dir(&self, path: &str) -> Result<OwnedFd, RpcError> {
+        self.dir(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_of_known_instants() {
+        assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400, 5), "2000-02-29T00:00:00.000000005Z");
+        assert_eq!(rfc3339(1_796_083_200, 0), "2026-12-01T00:00:00Z");
+    }
+
+    #[test]
+    fn paths_split_and_relative_ones_start_at_home() {
+        assert_eq!(split("/a/b/").unwrap(), ("/a", "b"));
+        assert_eq!(split("/a").unwrap(), ("/", "a"));
+        assert!(split("/").is_err() && split("/a/..").is_err());
+        let u = User { name: "user".into(), uid: 1000, gid: 1000, home: "/home/user".into() };
+        assert_eq!(absolute("x/y", &u).unwrap(), "/home/user/x/y");
+        assert_eq!(absolute("~/x", &u).unwrap(), "/home/user/x");
+        assert_eq!(absolute("/etc", &u).unwrap(), "/etc");
+        assert!(absolute("a\0b", &u).is_err());
+    }
+}

@@ -1,0 +1,656 @@
+//! An E2B-compatible listener (`strata daemon --e2b-listen ADDR`): the
+//! control API E2B's SDK calls, and the API of E2B's in-sandbox agent
+//! (envd: `process.Process` and `filesystem.Filesystem` over the Connect
+//! protocol, `/files`, `/health`) for every sandbox, on one TCP listener.
+//! envd requests name their sandbox by the `E2b-Sandbox-Id` header (the
+//! SDK sends it when `E2B_SANDBOX_URL` points here) or by a `Host` of
+//! `49983-<id>.<domain>`; they must carry that sandbox's
+//! `X-Access-Token`. Control requests carry an API key (`X-API-KEY`, one
+//! of `--e2b-api-keys`); a key sees only what it made.
+//!
+//! This module sits beside `api`: it turns E2B's requests into the
+//! daemon's operations and never touches a sandbox's files or processes
+//! but through them (`fs` resolves every path as `strata cp` does).
+
+mod connect;
+mod control;
+pub mod fs;
+mod process;
+pub mod users;
+mod watch;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::io::Read;
+use std::net::TcpListener;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::service::service_fn;
+use hyper::{Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, watch as tokio_watch};
+
+use self::connect::{field, Code, RpcError};
+use self::process::Procs;
+use crate::daemon::{lock, Daemon};
+
+/// The port envd listens on in an E2B sandbox (part of its host names).
+pub const ENVD_PORT: u16 = 49983;
+/// Largest request body: a file written through `/files` (whole, in
+/// memory) or an RPC message.
+pub const MAX_BODY: usize = 256 << 20;
+/// Largest file `GET /files` returns.
+pub const MAX_READ: u64 = 1 << 30;
+
+#[derive(Debug, Clone)]
+pub struct E2bConfig {
+    /// The API keys clients may use.
+    pub keys: Vec<String>,
+    /// For `Host: 49983-<id>.<domain>` routing, and the `domain` a create
+    /// answers.
+    pub domain: Option<String>,
+}
+
+/// Read `--e2b-api-keys`: one key per line; blank lines and `#` comments
+/// skipped.
+pub fn read_keys(path: &std::path::Path) -> std::io::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)?;
+    let keys: Vec<String> =
+        text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect();
+    if keys.is_empty() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "no API key in the file"));
+    }
+    Ok(keys)
+}
+
+fn hash(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// The listener's state.
+pub struct E2b {
+    d: Arc<Daemon>,
+    /// sha256 hex of each API key.
+    keys: Vec<String>,
+    domain: Option<String>,
+    /// E2B processes, by the Strata sandbox they run in.
+    procs: Mutex<HashMap<String, Arc<Procs>>>,
+    watchers: watch::Watchers,
+}
+
+/// A request, read whole.
+pub struct Req {
+    pub method: String,
+    pub path: String,
+    query: Vec<(String, String)>,
+    headers: hyper::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Req {
+    pub fn query(&self, key: &str) -> Option<String> {
+        self.query.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// `%XX` decoded (lossy UTF-8).
+pub fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// An `application/x-www-form-urlencoded` string's pairs (`+` is a space).
+pub fn form_decode(s: &str) -> Vec<(String, String)> {
+    s.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(&k.replace('+', " ")), percent_decode(&v.replace('+', " ")))
+        })
+        .collect()
+}
+
+/// A response.
+pub struct Resp {
+    status: u16,
+    content_type: &'static str,
+    body: RespBody,
+    headers: Vec<(&'static str, String)>,
+}
+
+enum RespBody {
+    Whole(Bytes),
+    Frames(mpsc::Receiver<Bytes>),
+}
+
+impl Resp {
+    pub fn json(status: u16, v: Value) -> Resp {
+        Resp::bytes(status, "application/json", v.to_string().into_bytes())
+    }
+    pub fn empty(status: u16) -> Resp {
+        Resp::bytes(status, "", Vec::new())
+    }
+    fn bytes(status: u16, content_type: &'static str, b: Vec<u8>) -> Resp {
+        Resp { status, content_type, body: RespBody::Whole(Bytes::from(b)), headers: Vec::new() }
+    }
+    fn frames(rx: mpsc::Receiver<Bytes>) -> Resp {
+        Resp { status: 200, content_type: "application/connect+json", body: RespBody::Frames(rx), headers: Vec::new() }
+    }
+    /// E2B's control error body.
+    fn error(status: u16, message: &str) -> Resp {
+        Resp::json(status, json!({"code": status, "message": message}))
+    }
+    fn rpc_error(e: &RpcError) -> Resp {
+        Resp::json(e.code.status(), e.to_json())
+    }
+}
+
+impl From<control::ApiError> for Resp {
+    fn from(e: control::ApiError) -> Resp {
+        if e.status >= 500 {
+            tracing::error!("e2b: {}", e.message);
+        }
+        Resp::error(e.status, &e.message)
+    }
+}
+
+struct Body(RespBody);
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match &mut self.0 {
+            RespBody::Whole(b) if b.is_empty() => Poll::Ready(None),
+            RespBody::Whole(b) => Poll::Ready(Some(Ok(Frame::data(std::mem::take(b))))),
+            RespBody::Frames(rx) => rx.poll_recv(cx).map(|f| f.map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(&self.0, RespBody::Whole(b) if b.is_empty())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.0 {
+            RespBody::Whole(b) => SizeHint::with_exact(b.len() as u64),
+            RespBody::Frames(_) => SizeHint::default(),
+        }
+    }
+}
+
+/// Serve E2B's API on `listener` until `stop` turns true.
+pub fn serve(
+    d: Arc<Daemon>,
+    listener: TcpListener,
+    cfg: E2bConfig,
+    mut stop: tokio_watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(256)
+        .thread_name("e2b")
+        .enable_all()
+        .build()?;
+    listener.set_nonblocking(true)?;
+    let e2b = Arc::new(E2b {
+        d,
+        keys: cfg.keys.iter().map(|k| hash(k)).collect(),
+        domain: cfg.domain,
+        procs: Mutex::new(HashMap::new()),
+        watchers: watch::Watchers::default(),
+    });
+    let result = rt.block_on(async move {
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        loop {
+            let (conn, _) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!("e2b accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = stop.changed() => break,
+            };
+            let _ = conn.set_nodelay(true);
+            let e2b = e2b.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req| {
+                    let e2b = e2b.clone();
+                    async move { Ok::<_, Infallible>(e2b.answer(req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .keep_alive(true)
+                    .serve_connection(TokioIo::new(conn), svc)
+                    .await;
+            });
+        }
+        Ok(())
+    });
+    rt.shutdown_background();
+    result
+}
+
+fn respond(r: Resp) -> Response<Body> {
+    let mut out = Response::new(Body(r.body));
+    *out.status_mut() = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = out.headers_mut();
+    if !r.content_type.is_empty() {
+        h.insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(r.content_type));
+    }
+    for (k, v) in r.headers {
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&v) {
+            h.insert(k, v);
+        }
+    }
+    out
+}
+
+/// Which API a path belongs to.
+fn is_envd(path: &str) -> bool {
+    path.starts_with("/process.Process/")
+        || path.starts_with("/filesystem.Filesystem/")
+        || path == "/files"
+        || path == "/health"
+}
+
+impl E2b {
+    async fn answer(self: Arc<Self>, req: hyper::Request<Incoming>) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let body = match tokio::time::timeout(Duration::from_secs(300), Limited::new(body, MAX_BODY).collect()).await {
+            Err(_) => return respond(Resp::error(408, "request body not received within 300 s")),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                return respond(Resp::error(413, &format!("request body exceeds {MAX_BODY} bytes")))
+            }
+            Ok(Err(e)) => return respond(Resp::error(400, &format!("read request body: {e}"))),
+            Ok(Ok(b)) => b.to_bytes(),
+        };
+        let req = Req {
+            method: parts.method.to_string(),
+            path: parts.uri.path().to_string(),
+            query: form_decode(parts.uri.query().unwrap_or("")),
+            headers: parts.headers,
+            body,
+        };
+        let this = self.clone();
+        respond(tokio::task::block_in_place(move || this.route(&req)))
+    }
+
+    fn route(self: &Arc<Self>, req: &Req) -> Resp {
+        let routed_by_host = self.host_sandbox(req);
+        if is_envd(&req.path) || routed_by_host.is_some() {
+            return self.envd(req, routed_by_host);
+        }
+        // The control API: a key first.
+        let Some(owner) = req.header("x-api-key").map(hash).filter(|h| self.keys.contains(h)) else {
+            return Resp::error(401, "a valid X-API-KEY is required");
+        };
+        let segs: Vec<String> = req.path.split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
+        let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+        let m = req.method.as_str();
+        let r = match (m, segs.as_slice()) {
+            ("POST", ["v2", "sandboxes"] | ["sandboxes"]) => self.create(&owner, req),
+            ("GET", ["v2", "sandboxes"] | ["sandboxes"]) => self.list(&owner, req),
+            ("GET", ["sandboxes", id]) => self.get(&owner, id),
+            ("DELETE", ["sandboxes", id]) => self.kill(&owner, id),
+            ("POST", ["sandboxes", id, "timeout"]) => self.set_timeout(&owner, id, req),
+            ("POST", ["sandboxes", id, "pause"]) => self.pause(&owner, id),
+            ("POST", ["v2", "sandboxes", id, "connect"] | ["sandboxes", id, "connect" | "resume"]) => {
+                self.connect(&owner, id, req)
+            }
+            ("POST", ["sandboxes", id, "snapshots"]) => self.snapshot(&owner, id, req),
+            ("GET", ["snapshots"]) => self.snapshots(&owner, req),
+            ("DELETE", ["templates", id]) => self.delete_snapshot(&owner, id),
+            _ => return Resp::error(404, &format!("no route {m} {} in Strata's E2B API", req.path)),
+        };
+        r.unwrap_or_else(Resp::from)
+    }
+
+    /// The sandbox a `Host: 49983-<id>.<domain>` names.
+    fn host_sandbox(&self, req: &Req) -> Option<String> {
+        let domain = self.domain.as_deref()?;
+        let host = req.header("host")?.split(':').next()?;
+        let sub = host.strip_suffix(domain)?.strip_suffix('.')?;
+        let (port, id) = sub.split_once('-')?;
+        (port == ENVD_PORT.to_string() && !id.contains('.')).then(|| id.to_string())
+    }
+
+    fn processes(&self, sandbox: &str) -> Arc<Procs> {
+        lock(&self.procs).entry(sandbox.to_string()).or_default().clone()
+    }
+
+    /// Forget the processes (and watchers) of a Strata sandbox that goes.
+    fn forget_processes(&self, sandbox: &str) {
+        lock(&self.procs).remove(sandbox);
+        self.watchers.forget(sandbox);
+    }
+
+    /// An envd request: find its sandbox, check its token, serve it.
+    fn envd(self: &Arc<Self>, req: &Req, by_host: Option<String>) -> Resp {
+        let rpc = req.path.contains('.');
+        // A sandbox that is not running is, for plain routes, what E2B's
+        // proxy answers: 502 with a "was not found" message.
+        let fail = |e: RpcError| match (rpc, e.code) {
+            (true, _) => Resp::rpc_error(&e),
+            (false, Code::Unavailable) => Resp::error(502, &e.message),
+            (false, _) => Resp::error(e.code.status(), &e.message),
+        };
+        let Some(id) = req.header("e2b-sandbox-id").map(String::from).or(by_host) else {
+            return fail(RpcError::invalid("no sandbox named (E2b-Sandbox-Id header, or Host 49983-<id>.<domain>)"));
+        };
+        let row = match lock(&self.d.db).e2b_sandbox(&id) {
+            Ok(Some(row)) => row,
+            Ok(None) => return fail(RpcError::new(Code::Unavailable, format!("sandbox {id} was not found"))),
+            Err(e) => return fail(RpcError::internal(crate::error::chain(&e))),
+        };
+        // Compared in constant time: the token is the sandbox's key.
+        let given = req.header("x-access-token").unwrap_or("");
+        let ok = given.len() == row.token.len()
+            && given.bytes().zip(row.token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        if !ok {
+            return fail(RpcError::new(
+                Code::Unauthenticated,
+                format!("sandbox {id}: a valid X-Access-Token is required"),
+            ));
+        }
+        let sb = match row.sandbox.as_deref().map(|s| self.d.sandbox(s)) {
+            Some(Ok(sb)) => sb,
+            _ => {
+                return fail(RpcError::new(Code::Unavailable, format!("sandbox {id} was not found (paused or ended)")))
+            }
+        };
+        if req.path == "/health" {
+            return Resp::empty(204);
+        }
+        let shift = sb.spec.userns.map_or(0, |m| m.host_id);
+        let tree = match fs::Tree::open(sb.shim_pid, shift) {
+            Ok(t) => t,
+            Err(e) => return fail(e),
+        };
+        // The user: `Authorization: Basic base64(user:)`, `?username=`,
+        // else E2B's default.
+        let name = req
+            .header("authorization")
+            .and_then(|a| a.strip_prefix("Basic "))
+            .and_then(|b| field::bytes(&json!({"a": b}), "a").ok())
+            .map(|b| String::from_utf8_lossy(&b).split(':').next().unwrap_or("").to_string())
+            .or_else(|| req.query("username"))
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| users::DEFAULT_USER.to_string());
+        let Some(user) = tree.accounts.user(&name) else {
+            return fail(RpcError::invalid(format!("user {name:?} is not in the sandbox's /etc/passwd")));
+        };
+        let env = Envd { e2b: self, sb: &sb, tree: &tree, user: &user, req };
+        if req.path == "/files" {
+            return env.files().unwrap_or_else(|e| Resp::error(e.code.status(), &e.message));
+        }
+        let Some((service, method)) = req.path.trim_start_matches('/').split_once('/') else {
+            return fail(RpcError::new(Code::Unimplemented, format!("no method {}", req.path)));
+        };
+        if req.method != "POST" {
+            return Resp::error(405, "Connect calls are POSTs");
+        }
+        let streaming = req.header("content-type").is_some_and(|c| c.starts_with("application/connect+json"));
+        let msgs = if streaming { connect::messages(&req.body) } else { connect::parse(&req.body).map(|m| vec![m]) };
+        let msgs = match msgs {
+            Ok(m) => m,
+            Err(e) => return Resp::rpc_error(&e),
+        };
+        let first = msgs.first().cloned().unwrap_or_else(|| json!({}));
+        let timeout = req.header("connect-timeout-ms").and_then(|t| t.parse::<u64>().ok()).filter(|t| *t > 0);
+        let r = match (service, method) {
+            ("process.Process", "Start") => {
+                let procs = self.processes(sb.id.as_str());
+                process::StartRequest::parse(&first)
+                    .and_then(|s| procs.start(&self.d, &sb, &user, s, timeout.map(Duration::from_millis)))
+                    .map(Reply::Stream)
+            }
+            ("process.Process", "Connect") => self.processes(sb.id.as_str()).connect(&first).map(Reply::Stream),
+            ("process.Process", "List") => Ok(Reply::Message(self.processes(sb.id.as_str()).list())),
+            ("process.Process", "SendInput") => {
+                let input = first.get("input").cloned().unwrap_or_default();
+                self.processes(sb.id.as_str()).input(&first, &input).map(|()| Reply::Message(json!({})))
+            }
+            ("process.Process", "StreamInput") => env.stream_input(&msgs).map(Reply::OneOfStream),
+            ("process.Process", "CloseStdin") => {
+                self.processes(sb.id.as_str()).close_stdin(&first).map(|()| Reply::Message(json!({})))
+            }
+            ("process.Process", "SendSignal") => {
+                self.processes(sb.id.as_str()).signal(&sb, &first).map(|()| Reply::Message(json!({})))
+            }
+            ("process.Process", "Update") => {
+                self.processes(sb.id.as_str()).update(&first).map(|()| Reply::Message(json!({})))
+            }
+            ("filesystem.Filesystem", m) => env.filesystem(m, &first).map(Reply::Message),
+            _ => Err(RpcError::new(Code::Unimplemented, format!("{service}/{method} is not implemented"))),
+        };
+        match (r, streaming) {
+            (Ok(Reply::Message(m)), false) => Resp::json(200, m),
+            (Ok(Reply::Message(m)) | Ok(Reply::OneOfStream(m)), true) => {
+                let (tx, rx) = mpsc::channel(2);
+                let _ = tx.try_send(connect::message(&m));
+                let _ = tx.try_send(connect::end(None));
+                Resp::frames(rx)
+            }
+            (Ok(Reply::OneOfStream(m)), false) => Resp::json(200, m),
+            (Ok(Reply::Stream(rx)), _) => Resp::frames(rx),
+            (Err(e), true) => {
+                let (tx, rx) = mpsc::channel(1);
+                let _ = tx.try_send(connect::end(Some(&e)));
+                Resp::frames(rx)
+            }
+            (Err(e), false) => Resp::rpc_error(&e),
+        }
+    }
+}
+
+enum Reply {
+    Message(Value),
+    /// A client stream's one reply message.
+    OneOfStream(Value),
+    Stream(process::Frames),
+}
+
+/// One envd request, its sandbox found and its caller checked.
+struct Envd<'a> {
+    e2b: &'a Arc<E2b>,
+    sb: &'a Arc<crate::sandbox::Sandbox>,
+    tree: &'a fs::Tree,
+    user: &'a users::User,
+    req: &'a Req,
+}
+
+impl Envd<'_> {
+    fn path(&self, m: &Value, key: &str) -> Result<String, RpcError> {
+        fs::absolute(field::str(m, key)?, self.user)
+    }
+
+    fn filesystem(&self, method: &str, m: &Value) -> Result<Value, RpcError> {
+        let t = self.tree;
+        match method {
+            "Stat" => Ok(json!({"entry": t.stat(&self.path(m, "path")?)?})),
+            "ListDir" => Ok(json!({"entries": t.list(&self.path(m, "path")?, field::uint(m, "depth")?)?})),
+            "MakeDir" => {
+                let p = self.path(m, "path")?;
+                if !t.make_dir(&p, self.user)? {
+                    return Err(RpcError::new(Code::AlreadyExists, format!("{p}: the directory already exists")));
+                }
+                Ok(json!({"entry": t.stat(&p)?}))
+            }
+            "Move" => {
+                Ok(json!({"entry": t.rename(&self.path(m, "source")?, &self.path(m, "destination")?, self.user)?}))
+            }
+            "Remove" => t.remove(&self.path(m, "path")?).map(|()| json!({})),
+            "CreateWatcher" => {
+                let p = self.path(m, "path")?;
+                let id = self.e2b.watchers.create(self.sb.id.as_str(), t, &p, field::bool(m, "recursive")?)?;
+                Ok(json!({"watcherId": id}))
+            }
+            "GetWatcherEvents" => {
+                let events = self.e2b.watchers.events(self.sb.id.as_str(), t, field::str(m, "watcherId")?)?;
+                Ok(json!({"events": events}))
+            }
+            "RemoveWatcher" => {
+                self.e2b.watchers.remove(self.sb.id.as_str(), field::str(m, "watcherId")?).map(|()| json!({}))
+            }
+            _ => Err(RpcError::new(Code::Unimplemented, format!("filesystem.Filesystem/{method} is not implemented"))),
+        }
+    }
+
+    /// `StreamInput`: a start naming the process, then input messages.
+    fn stream_input(&self, msgs: &[Value]) -> Result<Value, RpcError> {
+        let procs = self.e2b.processes(self.sb.id.as_str());
+        let start = msgs
+            .first()
+            .and_then(|m| m.get("start"))
+            .ok_or_else(|| RpcError::invalid("the first StreamInput message must be a start"))?;
+        for m in &msgs[1..] {
+            if let Some(input) = m.get("data").and_then(|d| d.get("input")) {
+                procs.input(start, input)?;
+            }
+        }
+        Ok(json!({}))
+    }
+
+    /// `GET /files?path=` (the file's bytes) and `POST /files` (multipart
+    /// parts named by their filename, or one octet-stream body at `path`,
+    /// gzip allowed).
+    fn files(&self) -> Result<Resp, RpcError> {
+        let req = self.req;
+        match req.method.as_str() {
+            "GET" => {
+                let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
+                let data = self.tree.read(&p, MAX_READ)?;
+                Ok(Resp::bytes(200, "application/octet-stream", data))
+            }
+            "POST" => {
+                let ctype = req.header("content-type").unwrap_or("");
+                let mut written = Vec::new();
+                if let Some(boundary) = multipart_boundary(ctype) {
+                    for (name, data) in multipart(&req.body, &boundary)? {
+                        let path = req.query("path").filter(|_| name.is_empty()).unwrap_or(name);
+                        let p = fs::absolute(&path, self.user)?;
+                        written.push(self.tree.write(&p, data, self.user)?);
+                    }
+                } else {
+                    let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
+                    let data = if req.header("content-encoding").is_some_and(|e| e.eq_ignore_ascii_case("gzip")) {
+                        let mut out = Vec::new();
+                        flate2::read::GzDecoder::new(&req.body[..])
+                            .take(MAX_BODY as u64 + 1)
+                            .read_to_end(&mut out)
+                            .map_err(|e| RpcError::invalid(format!("gzip body: {e}")))?;
+                        if out.len() > MAX_BODY {
+                            return Err(RpcError::new(Code::ResourceExhausted, "the unpacked file is too large"));
+                        }
+                        out
+                    } else {
+                        req.body.to_vec()
+                    };
+                    written.push(self.tree.write(&p, &data, self.user)?);
+                }
+                if written.is_empty() {
+                    return Err(RpcError::invalid("no file in the request"));
+                }
+                Ok(Resp::json(200, Value::Array(written)))
+            }
+            m => Ok(Resp::error(405, &format!("method {m} not allowed on /files (GET, POST)"))),
+        }
+    }
+}
+
+fn multipart_boundary(ctype: &str) -> Option<String> {
+    let (kind, params) = ctype.split_once(';')?;
+    if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
+        return None;
+    }
+    params.split(';').find_map(|p| {
+        let (k, v) = p.trim().split_once('=')?;
+        k.eq_ignore_ascii_case("boundary").then(|| v.trim_matches('"').to_string())
+    })
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The file parts of a multipart body: (filename, bytes).
+fn multipart<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<(String, &'a [u8])>, RpcError> {
+    let delim = format!("--{boundary}");
+    let bad = |why: &str| RpcError::invalid(format!("multipart body: {why}"));
+    let mut rest = &body[find(body, delim.as_bytes()).ok_or_else(|| bad("no boundary"))? + delim.len()..];
+    let mut parts = Vec::new();
+    let next = format!("\r\n--{boundary}");
+    loop {
+        if rest.starts_with(b"--") {
+            return Ok(parts);
+        }
+        rest = rest.strip_prefix(b"\r\n").ok_or_else(|| bad("boundary not followed by a line end"))?;
+        let head_end = find(rest, b"\r\n\r\n").ok_or_else(|| bad("part headers do not end"))?;
+        let head = String::from_utf8_lossy(&rest[..head_end]).into_owned();
+        let data_start = &rest[head_end + 4..];
+        let end = find(data_start, next.as_bytes()).ok_or_else(|| bad("part does not end"))?;
+        let filename =
+            head.lines().find(|l| l.to_ascii_lowercase().starts_with("content-disposition:")).and_then(|l| {
+                let i = l.find("filename=\"")? + 10;
+                let tail = &l[i..];
+                Some(tail[..tail.find('"')?].replace("%22", "\"").replace("\\\\", "\\"))
+            });
+        if let Some(f) = filename {
+            parts.push((f, &data_start[..end]));
+        }
+        rest = &data_start[end + next.len()..];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multipart_parts_are_read_by_filename() {
+        let body = b"--b1\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/a/x.txt\"\r\nContent-Type: text/plain\r\n\r\nhello\r\n--b1\r\nContent-Disposition: form-data; name=\"file\"; filename=\"y\"\r\n\r\n\r\nline\r\n\r\n--b1--\r\n";
+        let parts = multipart(body, "b1").unwrap();
+        assert_eq!(parts, vec![("/a/x.txt".to_string(), &b"hello"[..]), ("y".to_string(), &b"\r\nline\r\n"[..])]);
+        assert!(multipart(b"--b1\r\nbroken", "b1").is_err());
+        assert_eq!(multipart_boundary("multipart/form-data; boundary=abc").as_deref(), Some("abc"));
+        assert_eq!(multipart_boundary("application/octet-stream"), None);
+    }
+
+    #[test]
+    fn queries_decode_as_forms_and_metadata_twice() {
+        let q = form_decode("path=%2Fhome%2Fuser%2Fa+b&metadata=env%3Ddev%26k%3Dv");
+        assert_eq!(q[0], ("path".into(), "/home/user/a b".into()));
+        let inner = form_decode(&q[1].1);
+        assert_eq!(inner, vec![("env".into(), "dev".into()), ("k".into(), "v".into())]);
+        assert_eq!(percent_decode("%zz%41"), "%zzA");
+    }
+}

@@ -1,0 +1,333 @@
+//! envd's `process.Process` service: commands that outlive the request
+//! that started them. Each is a command the daemon spawned in the sandbox
+//! (its own process group, pid in the sandbox's PID namespace); a thread
+//! follows its output and hands each chunk to every stream attached to it
+//! (`Start`'s, then any `Connect`'s), then its end. A stream going away
+//! detaches; it does not kill the command (`SendSignal` does, and so does
+//! the sandbox going).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use strata_shim::proto::ExitStatus;
+use tokio::sync::mpsc;
+
+use super::connect::{self, field, Code, RpcError};
+use super::users::User;
+use crate::daemon::{lock, Daemon};
+use crate::sandbox::{ExecRequest, Sandbox};
+use crate::stream::FrameKind;
+
+/// Frames queued per attached stream before the command's output waits
+/// for it.
+const STREAM_QUEUE: usize = 64;
+
+/// A stream's frames: messages, then the end-of-stream envelope.
+pub type Frames = mpsc::Receiver<Bytes>;
+
+struct Attached {
+    streams: Vec<mpsc::Sender<Bytes>>,
+    ended: bool,
+}
+
+pub struct Proc {
+    pid: u32,
+    tag: Option<String>,
+    /// `ProcessConfig` as it was asked for (echoed by `List`).
+    config: Value,
+    exec_id: u64,
+    stdin: Mutex<Option<File>>,
+    master: Option<File>,
+    attached: Mutex<Attached>,
+}
+
+impl Proc {
+    /// Attach a stream; its first message is the start event. None once
+    /// the command has ended.
+    fn attach(&self) -> Option<Frames> {
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let mut a = lock(&self.attached);
+        if a.ended {
+            return None;
+        }
+        let _ = tx.try_send(connect::message(&json!({"event": {"start": {"pid": self.pid}}})));
+        a.streams.push(tx);
+        Some(rx)
+    }
+
+    /// Send to every attached stream, dropping those that went away.
+    fn broadcast(&self, frame: Bytes) {
+        let streams = lock(&self.attached).streams.clone();
+        let mut gone = false;
+        for s in &streams {
+            // Waits while a client is slow to read: its command's output
+            // then waits too (the pipe fills), as on a terminal.
+            gone |= s.blocking_send(frame.clone()).is_err();
+        }
+        if gone {
+            lock(&self.attached).streams.retain(|s| !s.is_closed());
+        }
+    }
+}
+
+/// The commands E2B clients started in one sandbox, by pid.
+#[derive(Default)]
+pub struct Procs {
+    by_pid: Mutex<BTreeMap<u32, Arc<Proc>>>,
+}
+
+/// What `Start` asks for, read from its message.
+pub struct StartRequest {
+    pub cmd: String,
+    pub args: Vec<String>,
+    pub envs: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub tag: Option<String>,
+    pub stdin: bool,
+    /// With a pty: (rows, cols).
+    pub pty: Option<(u16, u16)>,
+    pub config: Value,
+}
+
+impl StartRequest {
+    pub fn parse(m: &Value) -> Result<StartRequest, RpcError> {
+        let p = m.get("process").ok_or_else(|| RpcError::invalid("process is required"))?;
+        let cmd = field::str(p, "cmd")?.to_string();
+        if cmd.is_empty() {
+            return Err(RpcError::invalid("process.cmd is required"));
+        }
+        let args = match p.get("args") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_str().map(String::from).ok_or_else(|| RpcError::invalid("args must be strings")))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(RpcError::invalid("process.args must be a list")),
+        };
+        let pty = match m.get("pty").and_then(|p| p.get("size")) {
+            Some(size) => {
+                let dim = |k| field::uint(size, k).map(|n| n.clamp(1, u64::from(u16::MAX)) as u16);
+                Some((dim("rows")?, dim("cols")?))
+            }
+            None if m.get("pty").is_some_and(|p| !p.is_null()) => Some((24, 80)),
+            None => None,
+        };
+        Ok(StartRequest {
+            cmd,
+            args,
+            envs: field::map(p, "envs")?,
+            cwd: field::opt_str(p, "cwd")?.filter(|c| !c.is_empty()).map(String::from),
+            tag: field::opt_str(m, "tag")?.map(String::from),
+            stdin: field::bool(m, "stdin")?,
+            pty,
+            config: p.clone(),
+        })
+    }
+}
+
+/// How a command ended, as envd's `EndEvent`.
+fn end_event(status: ExitStatus) -> Value {
+    match status {
+        ExitStatus::Code(c) => json!({"exitCode": c, "exited": true, "status": format!("exit status {c}")}),
+        ExitStatus::Signal(s) => {
+            let name = nix::sys::signal::Signal::try_from(s)
+                .map(|s| match s {
+                    nix::sys::signal::Signal::SIGKILL => "killed".to_string(),
+                    nix::sys::signal::Signal::SIGTERM => "terminated".to_string(),
+                    other => other.as_str().trim_start_matches("SIG").to_lowercase(),
+                })
+                .unwrap_or_else(|_| s.to_string());
+            json!({"exitCode": -1, "exited": false, "status": format!("signal: {name}")})
+        }
+    }
+}
+
+impl Procs {
+    fn get(&self, m: &Value) -> Result<Arc<Proc>, RpcError> {
+        let sel = m.get("process").ok_or_else(|| RpcError::invalid("process (a selector) is required"))?;
+        let procs = lock(&self.by_pid);
+        if let Some(tag) = field::opt_str(sel, "tag")? {
+            return procs
+                .values()
+                .find(|p| p.tag.as_deref() == Some(tag))
+                .cloned()
+                .ok_or_else(|| RpcError::not_found(format!("no process with tag {tag:?}")));
+        }
+        let pid = field::uint(sel, "pid")?;
+        procs
+            .get(&(pid as u32))
+            .cloned()
+            .ok_or_else(|| RpcError::not_found(format!("process with pid {pid} not found")))
+    }
+
+    /// Start a command; the returned stream begins with its start event.
+    pub fn start(
+        self: &Arc<Self>,
+        d: &Arc<Daemon>,
+        sb: &Arc<Sandbox>,
+        user: &User,
+        req: StartRequest,
+        timeout: Option<Duration>,
+    ) -> Result<Frames, RpcError> {
+        // The environment envd gives: the user's, then the request's.
+        let mut env =
+            vec![format!("HOME={}", user.home), format!("USER={}", user.name), format!("LOGNAME={}", user.name)];
+        env.extend(req.envs.iter().map(|(k, v)| format!("{k}={v}")));
+        let exec = ExecRequest {
+            argv: std::iter::once(req.cmd.clone()).chain(req.args.iter().cloned()).collect(),
+            env,
+            cwd: Some(req.cwd.clone().unwrap_or_else(|| user.home.clone())),
+            user: Some(format!("{}:{}", user.uid, user.gid)),
+            timeout: None,
+            tty: req.pty.is_some(),
+            size: req.pty.unwrap_or((24, 80)),
+            keep_output: 0,
+        };
+        let spawned = sb.spawn(&exec).map_err(|e| {
+            let msg = crate::error::chain(&e);
+            match e {
+                crate::sandbox::SandboxError::BadExec(_) => RpcError::invalid(msg),
+                _ => RpcError::new(Code::Unavailable, msg),
+            }
+        })?;
+        let proc = Arc::new(Proc {
+            pid: spawned.pid as u32,
+            tag: req.tag.clone(),
+            config: req.config.clone(),
+            exec_id: spawned.id,
+            // Without `stdin: true` the command reads EOF (envd's default).
+            stdin: Mutex::new(spawned.stdin.filter(|_| req.stdin).map(File::from)),
+            master: spawned.master.map(File::from),
+            attached: Mutex::new(Attached { streams: Vec::new(), ended: false }),
+        });
+        let frames = proc.attach().ok_or_else(|| RpcError::internal("the command ended before it started"))?;
+        lock(&self.by_pid).insert(proc.pid, proc.clone());
+        let (d, sb, procs, output) = (d.clone(), sb.clone(), self.clone(), spawned.output);
+        let pty = req.pty.is_some();
+        std::thread::spawn(move || {
+            let followed = d.follow(&sb, &exec, output, timeout, &mut |kind, data| {
+                let key = match (pty, kind) {
+                    (true, _) => "pty",
+                    (false, FrameKind::Stderr) => "stderr",
+                    (false, _) => "stdout",
+                };
+                proc.broadcast(connect::message(&json!({"event": {"data": {key: field::base64(data)}}})));
+            });
+            lock(&procs.by_pid).remove(&proc.pid);
+            let (end, error) = match followed {
+                Ok((status, false)) => (Some(end_event(status)), None),
+                Ok((status, true)) => (
+                    Some(end_event(status)),
+                    Some(RpcError::new(Code::DeadlineExceeded, "the command's time ran out; it was killed")),
+                ),
+                Err(e) => (None, Some(RpcError::new(Code::Unavailable, crate::error::chain(&e)))),
+            };
+            if let Some(end) = end {
+                proc.broadcast(connect::message(&json!({"event": {"end": end}})));
+            }
+            proc.broadcast(connect::end(error.as_ref()));
+            let mut a = lock(&proc.attached);
+            a.ended = true;
+            a.streams.clear();
+        });
+        Ok(frames)
+    }
+
+    /// `Connect`: attach to a running command.
+    pub fn connect(&self, m: &Value) -> Result<Frames, RpcError> {
+        let p = self.get(m)?;
+        p.attach().ok_or_else(|| RpcError::not_found(format!("process with pid {} has ended", p.pid)))
+    }
+
+    pub fn list(&self) -> Value {
+        let procs = lock(&self.by_pid);
+        let list: Vec<Value> = procs
+            .values()
+            .map(|p| {
+                let mut v = json!({"config": p.config, "pid": p.pid});
+                if let Some(t) = &p.tag {
+                    v["tag"] = json!(t);
+                }
+                v
+            })
+            .collect();
+        json!({ "processes": list })
+    }
+
+    /// `SendInput` (and each message of `StreamInput`): bytes to its stdin
+    /// or its pty.
+    pub fn input(&self, m: &Value, input: &Value) -> Result<(), RpcError> {
+        let p = self.get(m)?;
+        if input.get("pty").is_some() {
+            let data = field::bytes(input, "pty")?;
+            let mut master = p.master.as_ref().ok_or_else(|| RpcError::invalid("the process has no pty"))?;
+            return master.write_all(&data).map_err(|e| RpcError::internal(format!("write to the pty: {e}")));
+        }
+        let data = field::bytes(input, "stdin")?;
+        let mut stdin = lock(&p.stdin);
+        let w = stdin.as_mut().ok_or_else(|| {
+            RpcError::new(Code::FailedPrecondition, "the process's stdin is closed (start it with stdin: true)")
+        })?;
+        w.write_all(&data).map_err(|e| RpcError::internal(format!("write to stdin: {e}")))
+    }
+
+    pub fn close_stdin(&self, m: &Value) -> Result<(), RpcError> {
+        lock(&self.get(m)?.stdin).take();
+        Ok(())
+    }
+
+    pub fn signal(&self, sb: &Sandbox, m: &Value) -> Result<(), RpcError> {
+        let p = self.get(m)?;
+        let sig = match m.get("signal") {
+            Some(Value::String(s)) if s == "SIGNAL_SIGKILL" => libc::SIGKILL,
+            Some(Value::String(s)) if s == "SIGNAL_SIGTERM" => libc::SIGTERM,
+            Some(Value::Number(n)) if n.as_i64() == Some(9) => libc::SIGKILL,
+            Some(Value::Number(n)) if n.as_i64() == Some(15) => libc::SIGTERM,
+            other => return Err(RpcError::invalid(format!("signal {other:?}: SIGNAL_SIGKILL or SIGNAL_SIGTERM"))),
+        };
+        sb.signal_exec(p.exec_id, sig).map_err(|e| RpcError::new(Code::Unavailable, crate::error::chain(&e)))
+    }
+
+    /// `Update`: a pty's window size.
+    pub fn update(&self, m: &Value) -> Result<(), RpcError> {
+        let p = self.get(m)?;
+        let Some(size) = m.get("pty").and_then(|p| p.get("size")) else { return Ok(()) };
+        let master = p.master.as_ref().ok_or_else(|| RpcError::invalid("the process has no pty"))?;
+        let dim = |k| field::uint(size, k).map(|n| n.clamp(1, u64::from(u16::MAX)) as u16);
+        strata_shim::sys::set_window_size(master.as_fd(), dim("rows")?, dim("cols")?)
+            .map_err(|e| RpcError::internal(format!("set the window size: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_requests_parse_as_the_sdk_sends_them() {
+        let m = json!({"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "echo hi"], "envs": {"A": "1"}, "cwd": "/tmp"}, "stdin": true});
+        let r = StartRequest::parse(&m).unwrap();
+        assert_eq!(
+            (r.cmd.as_str(), r.args.len(), r.cwd.as_deref(), r.stdin, r.pty),
+            ("/bin/bash", 3, Some("/tmp"), true, None)
+        );
+        let m =
+            json!({"process": {"cmd": "/bin/bash", "args": ["-i", "-l"]}, "pty": {"size": {"cols": 80, "rows": 24}}});
+        assert_eq!(StartRequest::parse(&m).unwrap().pty, Some((24, 80)));
+        assert!(StartRequest::parse(&json!({"process": {"args": []}})).is_err());
+        assert!(StartRequest::parse(&json!({"process": {"cmd": "x", "args": [1]}})).is_err());
+    }
+
+    #[test]
+    fn ends_read_as_envd_reports_them() {
+        assert_eq!(end_event(ExitStatus::Code(3))["exitCode"], 3);
+        assert_eq!(end_event(ExitStatus::Signal(9))["status"], "signal: killed");
+        assert_eq!(end_event(ExitStatus::Signal(9))["exited"], false);
+    }
+}

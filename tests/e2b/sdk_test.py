@@ -1,0 +1,216 @@
+"""The unmodified E2B Python SDK against Strata's E2B listener.
+
+Run by tests/e2b.rs (which starts the daemon, imports the E2B-style image
+as the template `base` and sets E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY,
+STRATA_OTHER_KEY and STRATA_HOST_CANARY). Each check names itself; the
+first failing one ends the run with a traceback.
+"""
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    FilesystemEventType,
+    FileType,
+    NotFoundException,
+    PtySize,
+    Sandbox,
+)
+from e2b.sandbox.sandbox_api import SandboxQuery
+
+RUN = str(os.getpid())
+API = os.environ["E2B_API_URL"]
+OTHER_KEY = os.environ["STRATA_OTHER_KEY"]
+CANARY = os.environ["STRATA_HOST_CANARY"]
+
+
+def step(name):
+    print(f"--- {name}", flush=True)
+
+
+def raises(exc, fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except exc as e:
+        return e
+    raise AssertionError(f"{fn.__name__} did not raise {exc.__name__}")
+
+
+def envd_call(sandbox_id, token, method, body):
+    """A raw envd unary call, as a hostile client would make it."""
+    req = urllib.request.Request(
+        f"{API}/filesystem.Filesystem/{method}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "E2b-Sandbox-Id": sandbox_id, "X-Access-Token": token},
+    )
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+step("create from the image template, with metadata and envs")
+sbx = Sandbox.create(metadata={"suite": "strata", "run": RUN}, envs={"FROM_CREATE": "yes"})
+assert sbx.sandbox_id
+info = sbx.get_info()
+assert info.state.value == "running", info.state
+assert info.metadata == {"suite": "strata", "run": RUN}, info.metadata
+
+step("commands.run: stdout, stderr, exit code")
+r = sbx.commands.run("echo hello; echo oops >&2")
+assert (r.stdout, r.stderr, r.exit_code) == ("hello\n", "oops\n", 0), r
+e = raises(CommandExitException, sbx.commands.run, "echo partial; exit 3")
+assert e.exit_code == 3 and e.stdout == "partial\n", e
+
+step("commands.run: envs, cwd, the default user and root")
+r = sbx.commands.run('echo "$FOO-$FROM_CREATE"; pwd; id -un; echo $HOME', envs={"FOO": "bar"}, cwd="/tmp")
+assert r.stdout.split() == ["bar-yes", "/tmp", "user", "/home/user"], r.stdout
+assert sbx.commands.run("pwd").stdout.strip() == "/home/user"
+assert sbx.commands.run("id -u", user="root").stdout.strip() == "0"
+
+step("a background command, listed, then killed")
+h = sbx.commands.run("sleep 300", background=True)
+assert any(p.pid == h.pid and "sleep 300" in " ".join(p.args) for p in sbx.commands.list())
+assert h.kill()
+e = raises(CommandExitException, h.wait)
+assert e.exit_code != 0
+assert all(p.pid != h.pid for p in sbx.commands.list())
+assert not sbx.commands.kill(h.pid), "killing a gone process is False"
+
+step("stdin to a command, then closed")
+h = sbx.commands.run("cat; echo done", background=True, stdin=True)
+sbx.commands.send_stdin(h.pid, "piped\n")
+sbx.commands.close_stdin(h.pid)
+r = h.wait()
+assert r.stdout == "piped\ndone\n", r.stdout
+
+step("output streamed as it comes, and a reconnect to a running command")
+seen = []
+h = sbx.commands.run("echo first; sleep 1; echo second", background=True)
+h2 = sbx.commands.connect(h.pid)
+r = h2.wait(on_stdout=seen.append)
+assert "second" in "".join(seen), seen
+
+step("a pty session")
+chunks = []
+pty = sbx.pty.create(PtySize(rows=24, cols=80))
+sbx.pty.resize(pty.pid, PtySize(rows=40, cols=100))
+sbx.pty.send_stdin(pty.pid, b"stty size; echo pty-$((6*7)); exit\n")
+pty.wait(on_pty=chunks.append)
+out = b"".join(chunks)
+assert b"pty-42" in out and b"40 100" in out, out
+
+step("files: write, read, owner, relative paths")
+w = sbx.files.write("/home/user/a.txt", "alpha")
+assert w.path == "/home/user/a.txt" and w.name == "a.txt", w
+assert sbx.files.read("/home/user/a.txt") == "alpha"
+assert sbx.commands.run("stat -c %U:%G /home/user/a.txt").stdout.strip() == "user:user"
+sbx.files.write("rel/b.bin", b"\x00beta\xff")
+assert bytes(sbx.files.read("/home/user/rel/b.bin", format="bytes")) == b"\x00beta\xff"
+sbx.files.write_files([{"path": "/home/user/m1.txt", "data": "one"}, {"path": "/home/user/m2.txt", "data": "two"}])
+assert sbx.commands.run("cat /home/user/m1.txt /home/user/m2.txt").stdout == "onetwo"
+raises(NotFoundException, sbx.files.read, "/home/user/missing.txt")
+
+step("files: exists, make_dir, list with depth, get_info")
+assert sbx.files.exists("/home/user/rel/b.bin") and not sbx.files.exists("/home/user/nope")
+assert sbx.files.make_dir("/home/user/d1/d2")
+assert not sbx.files.make_dir("/home/user/d1/d2"), "an existing directory is False"
+top = {e.name: e for e in sbx.files.list("/home/user")}
+assert {"a.txt", "rel", "d1"} <= set(top), top.keys()
+assert top["d1"].type == FileType.DIR and top["a.txt"].type == FileType.FILE and top["a.txt"].size == 5
+deep = [e.path for e in sbx.files.list("/home/user", depth=3)]
+assert "/home/user/d1/d2" in deep, deep
+assert sbx.files.get_info("/home/user/a.txt").owner == "user"
+
+step("files: rename, remove")
+sbx.files.rename("/home/user/a.txt", "/home/user/c.txt")
+assert not sbx.files.exists("/home/user/a.txt") and sbx.files.read("/home/user/c.txt") == "alpha"
+sbx.files.remove("/home/user/d1")
+assert not sbx.files.exists("/home/user/d1")
+
+step("files: watch_dir events")
+wh = sbx.files.watch_dir("/home/user", recursive=True)
+sbx.files.write("/home/user/w.txt", "x")
+sbx.commands.run("mkdir -p /home/user/wd && sleep 0.2 && touch /home/user/wd/inner && rm /home/user/c.txt")
+time.sleep(0.3)
+events = wh.get_new_events()
+kinds = {(e.name, e.type) for e in events}
+assert ("w.txt", FilesystemEventType.CREATE) in kinds, kinds
+assert ("c.txt", FilesystemEventType.REMOVE) in kinds, kinds
+sbx.commands.run("touch /home/user/wd/later")
+time.sleep(0.2)
+assert ("wd/later", FilesystemEventType.CREATE) in {(e.name, e.type) for e in wh.get_new_events()}
+wh.stop()
+
+step("nothing reaches outside the sandbox's root")
+sbx.commands.run(f"ln -s / /home/user/up; ln -s /proc/1/root /home/user/magic; ln -s ../../../../.. /home/user/dots")
+for path in [CANARY, "/../../.." + CANARY, "/home/user/up" + CANARY, "/home/user/dots" + CANARY]:
+    raises(NotFoundException, sbx.files.read, path)
+raises(Exception, sbx.files.read, "/home/user/magic" + CANARY)
+raises(Exception, sbx.files.read, "/proc/self/environ")
+sbx.files.write("/home/user/dots" + CANARY + ".written", "inside")
+assert sbx.files.read(CANARY + ".written") == "inside"
+sbx.commands.run("rm -f /home/user/up /home/user/magic /home/user/dots")
+
+step("another sandbox, another key: refused")
+other = Sandbox.create(metadata={"suite": "strata", "run": RUN, "other": "yes"})
+status, body = envd_call(other.sandbox_id, sbx._envd_access_token, "Stat", {"path": "/"})
+assert status == 401 and body["code"] == "unauthenticated", (status, body)
+status, _ = envd_call(other.sandbox_id, other._envd_access_token, "Stat", {"path": "/"})
+assert status == 200, status
+raises(NotFoundException, Sandbox.get_info, sbx.sandbox_id, api_key=OTHER_KEY)
+assert Sandbox.list(api_key=OTHER_KEY).next_items() == []
+assert not Sandbox.kill(sbx.sandbox_id, api_key=OTHER_KEY)
+
+step("list with a metadata filter")
+mine = Sandbox.list(query=SandboxQuery(metadata={"run": RUN})).next_items()
+assert {s.sandbox_id for s in mine} == {sbx.sandbox_id, other.sandbox_id}, mine
+only = Sandbox.list(query=SandboxQuery(metadata={"run": RUN, "other": "yes"})).next_items()
+assert [s.sandbox_id for s in only] == [other.sandbox_id], only
+other.kill()
+
+step("bad key, unknown sandbox")
+raises(AuthenticationException, Sandbox.create, api_key="not-a-key")
+raises(NotFoundException, Sandbox.get_info, "i00000000000000000000")
+raises(NotFoundException, Sandbox.connect, "i00000000000000000000")
+
+step("pause, then connect: files still there")
+sbx.files.write("/home/user/keep.txt", "kept")
+assert sbx.pause()
+assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
+assert not sbx.pause(), "pausing a paused sandbox is False"
+sbx.connect()
+assert sbx.get_info().state.value == "running"
+assert sbx.files.read("/home/user/keep.txt") == "kept"
+assert sbx.commands.run("echo back").stdout == "back\n"
+
+step("a snapshot, then a new sandbox from it")
+snap = sbx.create_snapshot()
+assert snap.snapshot_id in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+child = Sandbox.create(template=snap.snapshot_id)
+assert child.files.read("/home/user/keep.txt") == "kept"
+child.kill()
+
+step("set_timeout, then expiry")
+short = Sandbox.create(timeout=60)
+short.set_timeout(2)
+time.sleep(3.5)
+raises(NotFoundException, Sandbox.get_info, short.sandbox_id)
+assert not short.is_running()
+
+step("kill")
+sbx.kill()
+raises(NotFoundException, Sandbox.get_info, sbx.sandbox_id)
+assert not Sandbox.kill(sbx.sandbox_id)
+assert Sandbox.delete_snapshot(snap.snapshot_id)
+
+print("ALL E2B SDK CHECKS PASSED", flush=True)
+sys.exit(0)
