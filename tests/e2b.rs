@@ -32,7 +32,14 @@ fn the_e2b_sdk_drives_strata_unmodified() {
     std::fs::write(&canary, "host secret").unwrap();
     let port = free_port();
     let addr = format!("127.0.0.1:{port}");
-    let env = TestEnv::start_with(&["--e2b-listen", &addr, "--e2b-api-keys", keys.to_str().unwrap()]);
+    let env = TestEnv::start_with(&[
+        "--e2b-listen",
+        &addr,
+        "--e2b-api-keys",
+        keys.to_str().unwrap(),
+        "--e2b-domain",
+        "strata.test",
+    ]);
     let dir = strata_tests::image("e2b");
     env.cli_ok(&["image", "import", dir.to_str().unwrap(), "--name", "base"]);
     let url = format!("http://{addr}");

@@ -23,6 +23,7 @@ from e2b import (
     Sandbox,
 )
 from e2b.sandbox.sandbox_api import SandboxQuery
+from e2b.api.client.models.sandbox_state import SandboxState
 
 RUN = str(os.getpid())
 API = os.environ["E2B_API_URL"]
@@ -42,13 +43,16 @@ def raises(exc, fn, *args, **kwargs):
     raise AssertionError(f"{fn.__name__} did not raise {exc.__name__}")
 
 
-def envd_call(sandbox_id, token, method, body):
-    """A raw envd unary call, as a hostile client would make it."""
+def envd_call(sandbox_id, token, method, body, host=None):
+    """A raw envd unary call, as a hostile client would make it; with
+    `host`, the sandbox is named by the Host header alone."""
+    headers = {"Content-Type": "application/json", "X-Access-Token": token}
+    if host:
+        headers["Host"] = host
+    else:
+        headers["E2b-Sandbox-Id"] = sandbox_id
     req = urllib.request.Request(
-        f"{API}/filesystem.Filesystem/{method}",
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json", "E2b-Sandbox-Id": sandbox_id, "X-Access-Token": token},
+        f"{API}/filesystem.Filesystem/{method}", data=json.dumps(body).encode(), method="POST", headers=headers
     )
     try:
         with urllib.request.urlopen(req) as r:
@@ -166,6 +170,12 @@ status, body = envd_call(other.sandbox_id, sbx._envd_access_token, "Stat", {"pat
 assert status == 401 and body["code"] == "unauthenticated", (status, body)
 status, _ = envd_call(other.sandbox_id, other._envd_access_token, "Stat", {"path": "/"})
 assert status == 200, status
+status, body = envd_call(None, other._envd_access_token, "Stat", {"path": "/home"}, host=f"49983-{other.sandbox_id}.strata.test")
+assert status == 200 and body["entry"]["name"] == "home", (status, body)
+status, _ = envd_call(None, sbx._envd_access_token, "Stat", {"path": "/"}, host=f"49983-{other.sandbox_id}.strata.test")
+assert status == 401, status
+status, _ = envd_call(other.sandbox_id, "", "Stat", {"path": "/"})
+assert status == 401, status
 raises(NotFoundException, Sandbox.get_info, sbx.sandbox_id, api_key=OTHER_KEY)
 assert Sandbox.list(api_key=OTHER_KEY).next_items() == []
 assert not Sandbox.kill(sbx.sandbox_id, api_key=OTHER_KEY)
@@ -184,9 +194,16 @@ raises(NotFoundException, Sandbox.connect, "i00000000000000000000")
 
 step("pause, then connect: files still there")
 sbx.files.write("/home/user/keep.txt", "kept")
+e = raises(Exception, sbx.pause, mode="full")
+assert "memory snapshots are not supported" in str(e), e
 assert sbx.pause()
 assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
 assert not sbx.pause(), "pausing a paused sandbox is False"
+raw = urllib.request.Request(f"{API}/sandboxes/{sbx.sandbox_id}", headers={"X-API-KEY": os.environ["E2B_API_KEY"]})
+with urllib.request.urlopen(raw) as r:
+    assert json.loads(r.read())["pauseMode"] == "filesystem", "a pause keeps files, not processes"
+assert Sandbox.get_info(sbx.sandbox_id).lifecycle["on_timeout"] == "kill"
+assert Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()[0].sandbox_id == sbx.sandbox_id
 sbx.connect()
 assert sbx.get_info().state.value == "running"
 assert sbx.files.read("/home/user/keep.txt") == "kept"
@@ -199,12 +216,27 @@ child = Sandbox.create(template=snap.snapshot_id)
 assert child.files.read("/home/user/keep.txt") == "kept"
 child.kill()
 
-step("set_timeout, then expiry")
+step("fork: new sandboxes from a running one, each with its files")
+forks = sbx.fork(count=2)
+assert len(forks) == 2 and all(isinstance(f, Sandbox) for f in forks), forks
+assert len({f.sandbox_id for f in forks} | {sbx.sandbox_id}) == 3
+for f in forks:
+    assert f.files.read("/home/user/keep.txt") == "kept"
+    f.kill()
+
+step("set_timeout, then expiry: killed, or paused with on_timeout pause")
 short = Sandbox.create(timeout=60)
+auto = Sandbox.create(timeout=60, lifecycle={"on_timeout": "pause"})
+auto.files.write("/home/user/auto.txt", "auto")
 short.set_timeout(2)
+auto.set_timeout(2)
 time.sleep(3.5)
 raises(NotFoundException, Sandbox.get_info, short.sandbox_id)
 assert not short.is_running()
+assert Sandbox.get_info(auto.sandbox_id).state.value == "paused"
+auto.connect()
+assert auto.files.read("/home/user/auto.txt") == "auto"
+auto.kill()
 
 step("kill")
 sbx.kill()

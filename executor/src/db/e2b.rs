@@ -141,6 +141,11 @@ impl Db {
         Ok(())
     }
 
+    pub fn delete_e2b_snapshot(&self, id: &str) -> Result<(), DbError> {
+        self.conn.execute("DELETE FROM e2b_snapshots WHERE id = ?1", [id]).map_err(q("delete e2b snapshot"))?;
+        Ok(())
+    }
+
     /// An owner's snapshots, oldest first.
     pub fn e2b_snapshots(&self, owner: &str) -> Result<Vec<E2bSnapshot>, DbError> {
         let mut st = self

@@ -24,6 +24,8 @@ pub const ENVD_VERSION: &str = "0.6.4";
 pub const DEFAULT_TIMEOUT: u64 = 300;
 /// The longest timeout accepted (E2B Pro's 24 h).
 pub const MAX_TIMEOUT: u64 = 86_400;
+/// Most forks one call makes (E2B's).
+pub const MAX_FORKS: u64 = 20;
 /// Most sandboxes one list page holds.
 pub const MAX_PAGE: usize = 100;
 
@@ -96,6 +98,19 @@ fn timeout(v: Option<&Value>, default: u64) -> Result<u64> {
             Some(t) if (1..=MAX_TIMEOUT).contains(&t) => Ok(t),
             _ => Err(ApiError::bad(format!("timeout {t} must be between 1 and {MAX_TIMEOUT} seconds"))),
         },
+    }
+}
+
+/// Why a pause or snapshot that keeps memory is refused.
+const NO_MEMORY: &str =
+    "memory snapshots are not supported: pauses and snapshots keep the filesystem only (mode \"filesystem\"); processes are not kept";
+
+/// An optional boolean field.
+fn flag(b: &serde_json::Map<String, Value>, key: &str) -> Result<bool> {
+    match b.get(key) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(v)) => Ok(*v),
+        Some(_) => Err(ApiError::bad(format!("{key} must be true or false"))),
     }
 }
 
@@ -180,7 +195,7 @@ impl E2b {
                 row.started_at,
             ),
         };
-        json!({
+        let mut v = json!({
             "templateID": row.template,
             "sandboxID": row.id,
             "clientID": self.client_id(),
@@ -194,7 +209,13 @@ impl E2b {
             "state": state,
             "metadata": row.spec.metadata,
             "envdAccessToken": row.token,
-        })
+            "lifecycle": {"autoResume": false, "onTimeout": if row.spec.auto_pause { "pause" } else { "kill" }},
+        });
+        if matches!(run, Run::Paused) {
+            // What a pause keeps: files, not processes or memory.
+            v["pauseMode"] = json!("filesystem");
+        }
+        v
     }
 
     fn env(spec: &E2bSpec) -> Vec<String> {
@@ -216,11 +237,13 @@ impl E2b {
             Some(Value::String(t)) if !t.is_empty() => t.clone(),
             _ => return Err(ApiError::bad("templateID is required")),
         };
-        let auto_pause = match b.get("autoPause") {
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(v)) => *v,
-            Some(_) => return Err(ApiError::bad("autoPause must be true or false")),
-        };
+        let auto_pause = flag(&b, "autoPause")?;
+        if flag(&b, "autoPauseMemory")? {
+            return Err(ApiError::bad(NO_MEMORY));
+        }
+        if b.get("autoResume").and_then(|a| a.get("enabled")).is_some_and(|e| e == &Value::Bool(true)) {
+            return Err(ApiError::bad("autoResume is not supported: connect to a paused sandbox to resume it"));
+        }
         let spec = E2bSpec {
             metadata: strings(b.get("metadata"), "metadata")?,
             env: strings(b.get("envVars"), "envVars")?,
@@ -230,18 +253,7 @@ impl E2b {
         let snapshot = lock(&self.d.db).e2b_snapshots(owner)?.into_iter().find(|s| s.id == template);
         let info = match snapshot {
             // A snapshot of this key's: a new sandbox forked from it.
-            Some(s) => self
-                .d
-                .fork(
-                    &s.id,
-                    LaunchRequest {
-                        env: Self::env(&spec),
-                        timeout: Some(spec.timeout),
-                        on_timeout: Some(Self::on_timeout(&spec)),
-                        ..Default::default()
-                    },
-                )?
-                .remove(0),
+            Some(s) => self.d.fork(&s.id, Self::launch(&spec))?.remove(0),
             None => {
                 if self.d.get_image(&template).is_err() {
                     return Err(ApiError::new(
@@ -258,6 +270,13 @@ impl E2b {
                 })?
             }
         };
+        let row = self.record(owner, template, spec, &info)?;
+        Ok(Resp::json(201, self.created(&row)))
+    }
+
+    /// Record a new E2B sandbox run by the Strata sandbox `info` (removed
+    /// again if the row cannot be written).
+    fn record(&self, owner: &str, template: String, spec: E2bSpec, info: &SandboxInfo) -> Result<E2bSandbox> {
         let row = E2bSandbox {
             id: format!("i{}", random_hex(10)),
             owner: owner.to_string(),
@@ -272,7 +291,51 @@ impl E2b {
             let _ = self.d.remove_sandbox(&info.id);
             return Err(e.into());
         }
-        Ok(Resp::json(201, self.created(&row)))
+        Ok(row)
+    }
+
+    /// `POST /sandboxes/{id}/fork`: a checkpoint of it (it keeps running),
+    /// then `count` new sandboxes from that checkpoint, each with its
+    /// metadata, env and timeout behaviour; each succeeds or fails alone.
+    pub fn fork(&self, owner: &str, id: &str, req: &Req) -> Result<Resp> {
+        let b = body(req)?;
+        let count = match b.get("count") {
+            None | Some(Value::Null) => 1,
+            Some(c) => c
+                .as_u64()
+                .filter(|c| (1..=MAX_FORKS).contains(c))
+                .ok_or_else(|| ApiError::bad(format!("count {c} must be between 1 and {MAX_FORKS}")))?,
+        };
+        let (row, run) = self.sandbox(owner, id)?;
+        let Run::Running(info) = run else {
+            return Err(ApiError::new(409, format!("sandbox {id} is paused; connect to it first")));
+        };
+        let spec = E2bSpec { timeout: timeout(b.get("timeout"), row.spec.timeout)?, ..row.spec.clone() };
+        let snap = self.d.checkpoint(&info.id, crate::model::BlobCompression::default(), false)?;
+        let results: Vec<Value> = (0..count)
+            .map(|_| {
+                let child = self
+                    .d
+                    .fork(snap.id.as_str(), Self::launch(&spec))
+                    .map_err(ApiError::from)
+                    .and_then(|mut made| self.record(owner, row.template.clone(), spec.clone(), &made.remove(0)));
+                match child {
+                    Ok(child) => json!({"sandbox": self.created(&child)}),
+                    Err(e) => json!({"error": {"code": e.status, "message": e.message}}),
+                }
+            })
+            .collect();
+        Ok(Resp::json(201, Value::Array(results)))
+    }
+
+    /// A resume's or fork's settings from what the create asked for.
+    fn launch(spec: &E2bSpec) -> LaunchRequest {
+        LaunchRequest {
+            env: Self::env(spec),
+            timeout: Some(spec.timeout),
+            on_timeout: Some(Self::on_timeout(spec)),
+            ..Default::default()
+        }
     }
 
     /// `GET /sandboxes/{id}`.
@@ -372,7 +435,10 @@ impl E2b {
     }
 
     /// `POST /sandboxes/{id}/pause`: suspend into its work context.
-    pub fn pause(&self, owner: &str, id: &str) -> Result<Resp> {
+    pub fn pause(&self, owner: &str, id: &str, req: &Req) -> Result<Resp> {
+        if flag(&body(req)?, "memory")? {
+            return Err(ApiError::bad(NO_MEMORY));
+        }
         let (row, run) = self.sandbox(owner, id)?;
         let Run::Running(info) = run else {
             return Err(ApiError::new(409, format!("sandbox {id} is already paused")));
@@ -399,15 +465,8 @@ impl E2b {
             }
             return Ok(Resp::json(200, self.created(&row)));
         }
-        let info = self.d.resume_lineage(
-            &row.work_context,
-            LaunchRequest {
-                env: Self::env(&row.spec),
-                timeout: Some(t),
-                on_timeout: Some(Self::on_timeout(&row.spec)),
-                ..Default::default()
-            },
-        )?;
+        let info =
+            self.d.resume_lineage(&row.work_context, LaunchRequest { timeout: Some(t), ..Self::launch(&row.spec) })?;
         let row = E2bSandbox { sandbox: Some(info.id.clone()), started_at: now_ms(), ..row };
         if let Err(e) = lock(&self.d.db).set_e2b_sandbox_run(id, Some(&info.id), row.started_at) {
             let _ = self.d.remove_sandbox(&info.id);
@@ -425,6 +484,9 @@ impl E2b {
             Some(Value::String(n)) if n.len() <= 128 => Some(n.clone()),
             Some(_) => return Err(ApiError::bad("name must be a string of at most 128 bytes")),
         };
+        if flag(&b, "memory")? {
+            return Err(ApiError::bad(NO_MEMORY));
+        }
         let (_, run) = self.sandbox(owner, id)?;
         let Run::Running(info) = run else {
             return Err(ApiError::new(409, format!("sandbox {id} is paused; connect to it first")));
@@ -458,7 +520,17 @@ impl E2b {
         if !lock(&self.d.db).e2b_snapshots(owner)?.iter().any(|s| s.id == id) {
             return Err(ApiError::new(404, format!("snapshot {id} not found")));
         }
-        self.d.remove_snapshot(id)?;
+        match self.d.remove_snapshot(id) {
+            Ok(()) => {}
+            // Later checkpoints of its sandbox are layered over it: it
+            // stops being a template now, and its bytes go with theirs
+            // (the collector removes it once nothing builds on it).
+            Err(e) if e.kind() == ErrorKind::Conflict => {
+                tracing::info!("e2b snapshot {id} deleted; kept in the store under its children: {}", chain(&e));
+                lock(&self.d.db).delete_e2b_snapshot(id)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
         Ok(Resp::empty(204))
     }
 }

@@ -322,7 +322,8 @@ impl E2b {
             ("GET", ["sandboxes", id]) => self.get(&owner, id),
             ("DELETE", ["sandboxes", id]) => self.kill(&owner, id),
             ("POST", ["sandboxes", id, "timeout"]) => self.set_timeout(&owner, id, req),
-            ("POST", ["sandboxes", id, "pause"]) => self.pause(&owner, id),
+            ("POST", ["sandboxes", id, "pause"]) => self.pause(&owner, id, req),
+            ("POST", ["sandboxes", id, "fork"]) => self.fork(&owner, id, req),
             ("POST", ["v2", "sandboxes", id, "connect"] | ["sandboxes", id, "connect" | "resume"]) => {
                 self.connect(&owner, id, req)
             }
