@@ -599,6 +599,35 @@ pub fn set_thread_fs_ids(uid: u32, gid: u32) -> Result<(), Errno> {
     Ok(())
 }
 
+/// For the calling thread only: act on files as `uid`/`gid` (supplementary
+/// groups just `gid`): access checks are theirs and new files are theirs.
+/// Leaving fsuid 0 makes the kernel drop the file capabilities
+/// (`CAP_DAC_OVERRIDE`, `CAP_FOWNER`, `CAP_CHOWN`, ...) from the effective
+/// set (capabilities(7)), so root's overrides go too. Meant for a thread
+/// that ends after its work.
+pub fn act_on_files_as(uid: u32, gid: u32) -> Result<(), Errno> {
+    let groups = [gid];
+    // SAFETY: `groups` is a valid gid_t array of the length passed; raw
+    // syscalls act on this thread's credentials only (glibc's wrappers
+    // would broadcast to every thread).
+    if unsafe { libc::syscall(libc::SYS_setgroups, 1usize, groups.as_ptr()) } < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: plain syscalls with integer arguments, this thread only.
+    unsafe {
+        libc::syscall(libc::SYS_setfsgid, gid);
+        libc::syscall(libc::SYS_setfsuid, uid);
+    }
+    // setfsuid reports the previous id, not errors: check the result.
+    // SAFETY: -1 is an invalid id, so these only read the current ids.
+    let (now_uid, now_gid) =
+        unsafe { (libc::syscall(libc::SYS_setfsuid, u32::MAX), libc::syscall(libc::SYS_setfsgid, u32::MAX)) };
+    if (now_uid as u32, now_gid as u32) != (uid, gid) {
+        return Err(Errno::EPERM);
+    }
+    Ok(())
+}
+
 /// Make `fd` (a pty slave) the controlling terminal of the calling session leader.
 pub fn set_controlling_tty(fd: RawFd) -> Result<(), Errno> {
     // SAFETY: TIOCSCTTY takes an int argument; no memory is passed.

@@ -164,6 +164,18 @@ sbx.files.write("/home/user/dots" + CANARY + ".written", "inside")
 assert sbx.files.read(CANARY + ".written") == "inside"
 sbx.commands.run("rm -f /home/user/up /home/user/magic /home/user/dots")
 
+step("file calls act as the user: its permissions, its files")
+raises(Exception, sbx.files.write, "/etc/strata-test", "x")
+sbx.commands.run("ln -s /etc /home/user/etclink")
+raises(Exception, sbx.files.write, "/home/user/etclink/ld.so.preload", "x")
+assert not sbx.files.exists("/etc/ld.so.preload")
+raises(Exception, sbx.files.read, "/etc/shadow")
+sbx.files.write("/etc/strata-test", "x", user="root")
+assert sbx.commands.run("stat -c %U /etc/strata-test").stdout.strip() == "root"
+assert sbx.files.read("/etc/shadow", user="root")
+raises(Exception, sbx.files.remove, "/dev", user="root")
+assert sbx.commands.run("test -c /dev/null").exit_code == 0
+
 step("another sandbox, another key: refused")
 other = Sandbox.create(metadata={"suite": "strata", "run": RUN, "other": "yes"})
 status, body = envd_call(other.sandbox_id, sbx._envd_access_token, "Stat", {"path": "/"})

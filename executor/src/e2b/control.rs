@@ -135,11 +135,35 @@ enum Run {
 }
 
 impl E2b {
-    /// The row of `id` if `owner` made it, with where it runs now. A row
-    /// whose Strata sandbox is gone was ended by its deadline: paused if
-    /// that suspended it (its work context's head is a snapshot of that
-    /// sandbox), else gone (the row is dropped).
+    /// The lock that orders lifecycle changes of one E2B sandbox (pause,
+    /// connect, kill, and reconciling a row whose Strata sandbox is gone).
+    fn hold(&self, id: &str) -> Arc<std::sync::Mutex<()>> {
+        lock(&self.lifecycle).entry(id.to_string()).or_default().clone()
+    }
+
+    /// The row of `id` if `owner` made it, with where it runs now (see
+    /// [`E2b::sandbox_held`]); takes the sandbox's lifecycle lock when the
+    /// row needs reconciling.
     fn sandbox(&self, owner: &str, id: &str) -> Result<(E2bSandbox, Run)> {
+        let row =
+            lock(&self.d.db).e2b_sandbox(id)?.filter(|r| r.owner == owner).ok_or_else(|| ApiError::not_found(id))?;
+        match row.sandbox.as_deref().map(|s| self.d.sandbox(s)) {
+            None => Ok((row, Run::Paused)),
+            Some(Ok(sb)) => Ok((row, Run::Running(Box::new(crate::daemon::sandbox_info(&sb))))),
+            Some(Err(_)) => {
+                let held = self.hold(id);
+                let _g = lock(&held);
+                self.sandbox_held(owner, id)
+            }
+        }
+    }
+
+    /// As [`E2b::sandbox`], its lifecycle lock held by the caller. A row
+    /// whose Strata sandbox is gone was ended by the daemon (its
+    /// deadline): paused if that suspended it (its work context's head is
+    /// a snapshot of that sandbox), else gone: the row is dropped and its
+    /// work context retired.
+    fn sandbox_held(&self, owner: &str, id: &str) -> Result<(E2bSandbox, Run)> {
         let row =
             lock(&self.d.db).e2b_sandbox(id)?.filter(|r| r.owner == owner).ok_or_else(|| ApiError::not_found(id))?;
         let Some(current) = row.sandbox.clone() else { return Ok((row, Run::Paused)) };
@@ -151,13 +175,23 @@ impl E2b {
             self.d.lineage(&row.work_context).ok().and_then(|l| l.checkpoints.last().cloned()).is_some_and(|head| {
                 head.source_sandbox == current && head.class == crate::model::SnapshotClass::Checkpoint
             });
-        let db = lock(&self.d.db);
-        if suspended && row.spec.auto_pause {
-            db.set_e2b_sandbox_run(id, None, row.started_at)?;
+        if suspended {
+            lock(&self.d.db).set_e2b_sandbox_run(id, None, row.started_at)?;
             return Ok((E2bSandbox { sandbox: None, ..row }, Run::Paused));
         }
-        db.delete_e2b_sandbox(id)?;
+        self.drop_row(&row);
         Err(ApiError::not_found(id))
+    }
+
+    /// Forget an E2B sandbox: its row, its lock, its work context.
+    fn drop_row(&self, row: &E2bSandbox) {
+        if let Err(e) = lock(&self.d.db).delete_e2b_sandbox(&row.id) {
+            tracing::warn!("e2b {}: delete its row: {}", row.id, chain(&e));
+        }
+        lock(&self.lifecycle).remove(&row.id);
+        if let Err(e) = self.d.retire_lineage(&row.work_context) {
+            tracing::warn!("e2b {}: retire work context {}: {}", row.id, row.work_context, chain(&e));
+        }
     }
 
     /// The `Sandbox` model a create or connect answers.
@@ -237,6 +271,20 @@ impl E2b {
             Some(Value::String(t)) if !t.is_empty() => t.clone(),
             _ => return Err(ApiError::bad("templateID is required")),
         };
+        // What E2B offers and Strata does not: refused, not ignored.
+        if flag(&b, "allow_internet_access")? {
+            return Err(ApiError::bad(
+                "allow_internet_access: sandboxes here have no internet access (their own loopback only)",
+            ));
+        }
+        for key in ["network", "mcp", "iam"] {
+            if b.get(key).is_some_and(|v| !v.is_null()) {
+                return Err(ApiError::bad(format!("{key} is not supported by Strata's E2B API")));
+            }
+        }
+        if b.get("volumeMounts").is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
+            return Err(ApiError::bad("volumeMounts are not supported by Strata's E2B API"));
+        }
         let auto_pause = flag(&b, "autoPause")?;
         if flag(&b, "autoPauseMemory")? {
             return Err(ApiError::bad(NO_MEMORY));
@@ -400,19 +448,18 @@ impl E2b {
     /// `DELETE /sandboxes/{id}`: the sandbox, its processes and its work
     /// context (retired: nothing resumes it; gc collects it).
     pub fn kill(&self, owner: &str, id: &str) -> Result<Resp> {
-        let (row, run) = self.sandbox(owner, id)?;
+        let held = self.hold(id);
+        let _g = lock(&held);
+        let (row, run) = self.sandbox_held(owner, id)?;
         if let Run::Running(info) = run {
-            self.forget_processes(&info.id);
             match self.d.remove_sandbox(&info.id) {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(e) => return Err(e.into()),
             }
+            self.forget_processes(&info.id);
         }
-        lock(&self.d.db).delete_e2b_sandbox(id)?;
-        if let Err(e) = self.d.retire_lineage(&row.work_context) {
-            tracing::warn!("e2b kill {id}: retire work context {}: {}", row.work_context, chain(&e));
-        }
+        self.drop_row(&row);
         Ok(Resp::empty(204))
     }
 
@@ -439,12 +486,14 @@ impl E2b {
         if flag(&body(req)?, "memory")? {
             return Err(ApiError::bad(NO_MEMORY));
         }
-        let (row, run) = self.sandbox(owner, id)?;
+        let held = self.hold(id);
+        let _g = lock(&held);
+        let (row, run) = self.sandbox_held(owner, id)?;
         let Run::Running(info) = run else {
             return Err(ApiError::new(409, format!("sandbox {id} is already paused")));
         };
-        self.forget_processes(&info.id);
         self.d.suspend(&info.id)?;
+        self.forget_processes(&info.id);
         lock(&self.d.db).set_e2b_sandbox_run(id, None, row.started_at)?;
         Ok(Resp::empty(204))
     }
@@ -454,7 +503,9 @@ impl E2b {
     /// once resumed from its work context.
     pub fn connect(&self, owner: &str, id: &str, req: &Req) -> Result<Resp> {
         let b = body(req)?;
-        let (row, run) = self.sandbox(owner, id)?;
+        let held = self.hold(id);
+        let _g = lock(&held);
+        let (row, run) = self.sandbox_held(owner, id)?;
         let t = timeout(b.get("timeout"), row.spec.timeout)?;
         if let Run::Running(info) = run {
             if b.get("timeout").is_some_and(|v| !v.is_null()) {

@@ -17,7 +17,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
-use nix::sys::stat::{fchmodat, fstatat, FchmodatFlags, FileStat, Mode, SFlag};
+use nix::sys::stat::{fstatat, FileStat, Mode, SFlag};
 use serde_json::{json, Value};
 use strata_shim::sys::{openat, openat2, RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_XDEV};
 
@@ -52,6 +52,8 @@ pub struct Tree {
     pub accounts: Accounts,
     /// Added to uids and gids this sandbox's user namespace shifts (0 if none).
     shift: u32,
+    /// Its user namespace's size, if it has one.
+    size: Option<u32>,
 }
 
 /// `path` made absolute (relative paths are under the user's home), with
@@ -131,12 +133,35 @@ pub fn rfc3339(secs: i64, nanos: i64) -> String {
 }
 
 impl Tree {
-    pub fn open(shim_pid: i32, shift: u32) -> Result<Tree, RpcError> {
+    pub fn open(shim_pid: i32, userns: Option<crate::userns::UsernsMap>) -> Result<Tree, RpcError> {
+        let (shift, size) = userns.map_or((0, None), |m| (m.host_id, Some(m.size)));
         let root = crate::copy::sandbox_root(shim_pid).map_err(|e| {
             RpcError::new(Code::Unavailable, format!("the sandbox's root: {}", crate::error::chain(&e)))
         })?;
         let accounts = Accounts::read(root.as_fd());
-        Ok(Tree { root, accounts, shift })
+        Ok(Tree { root, accounts, shift, size })
+    }
+
+    /// Run `f` on a thread of its own that acts on files as `user` (its
+    /// access checks, its ownership of what it creates; no root
+    /// overrides), as envd, running as that user, would.
+    pub fn as_user<T: Send>(&self, user: &User, f: impl FnOnce(&Tree) -> T + Send) -> Result<T, RpcError> {
+        if self.size.is_some_and(|size| user.uid >= size || user.gid >= size) {
+            return Err(RpcError::new(
+                Code::PermissionDenied,
+                format!("user {} ({}:{}) is outside the sandbox's user namespace", user.name, user.uid, user.gid),
+            ));
+        }
+        let (uid, gid) = (user.uid + self.shift, user.gid + self.shift);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                strata_shim::sys::act_on_files_as(uid, gid)
+                    .map_err(|e| RpcError::internal(format!("act as {}: {e}", user.name)))?;
+                Ok(f(self))
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     }
 
     /// A directory of the sandbox, for `*at` calls.
@@ -148,16 +173,6 @@ impl Tree {
     fn parent(&self, path: &str) -> Result<(OwnedFd, CString), RpcError> {
         let (parent, name) = split(path)?;
         Ok((self.dir(parent)?, cstr(name.as_bytes())?))
-    }
-
-    fn chown(&self, dir: BorrowedFd<'_>, name: &CString, user: &User) -> Result<(), Errno> {
-        nix::unistd::fchownat(
-            Some(dir.as_raw_fd()),
-            name.as_c_str(),
-            Some(nix::unistd::Uid::from_raw(user.uid + self.shift)),
-            Some(nix::unistd::Gid::from_raw(user.gid + self.shift)),
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
     }
 
     /// envd's `EntryInfo` of `name` in `dir` (not followed), at `path`.
@@ -246,6 +261,11 @@ impl Tree {
                     Err(Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP) => continue,
                     Err(e) => return Err(rpc_error(&child, e)),
                 };
+                // Listed, not entered: another mount (/proc, /sys, /dev).
+                let devs = (nix::sys::stat::fstat(dir.as_raw_fd()), nix::sys::stat::fstat(sub.as_raw_fd()));
+                if !matches!(devs, (Ok(a), Ok(b)) if a.st_dev == b.st_dev) {
+                    continue;
+                }
                 self.list_in(sub, &child, depth - 1, out)?;
             }
         }
@@ -254,22 +274,19 @@ impl Tree {
 
     /// Make `path` and its missing parents; false if it already was a
     /// directory.
-    pub fn make_dir(&self, path: &str, user: &User) -> Result<bool, RpcError> {
+    pub fn make_dir(&self, path: &str) -> Result<bool, RpcError> {
         let (parent, name) = split(path)?;
         let dir = match self.dir(parent) {
             Ok(d) => d,
             Err(e) if e.code == Code::NotFound => {
-                self.make_dir(parent, user)?;
+                self.make_dir(parent)?;
                 self.dir(parent)?
             }
             Err(e) => return Err(e),
         };
         let name = cstr(name.as_bytes())?;
         match nix::sys::stat::mkdirat(Some(dir.as_raw_fd()), name.as_c_str(), Mode::from_bits_truncate(0o755)) {
-            Ok(()) => {
-                self.chown(dir.as_fd(), &name, user).map_err(|e| rpc_error(path, e))?;
-                Ok(true)
-            }
+            Ok(()) => Ok(true),
             Err(Errno::EEXIST) => {
                 let st = fstatat(Some(dir.as_raw_fd()), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
                     .map_err(|e| rpc_error(path, e))?;
@@ -283,11 +300,11 @@ impl Tree {
         }
     }
 
-    pub fn rename(&self, from: &str, to: &str, user: &User) -> Result<Value, RpcError> {
+    pub fn rename(&self, from: &str, to: &str) -> Result<Value, RpcError> {
         let (fdir, fname) = self.parent(from)?;
         let (tparent, _) = split(to)?;
         if matches!(self.dir(tparent), Err(ref e) if e.code == Code::NotFound) {
-            self.make_dir(tparent, user)?;
+            self.make_dir(tparent)?;
         }
         let (tdir, tname) = self.parent(to)?;
         nix::fcntl::renameat(Some(fdir.as_raw_fd()), fname.as_c_str(), Some(tdir.as_raw_fd()), tname.as_c_str())
@@ -300,6 +317,11 @@ impl Tree {
         let (dir, name) = self.parent(path)?;
         let st = fstatat(Some(dir.as_raw_fd()), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
             .map_err(|e| rpc_error(path, e))?;
+        let parent = nix::sys::stat::fstat(dir.as_raw_fd()).map_err(|e| rpc_error(path, e))?;
+        if st.st_dev != parent.st_dev {
+            // A mount point (/dev, /proc, a scratch or cache mount).
+            return Err(rpc_error(path, Errno::EXDEV));
+        }
         if kind(&st) != SFlag::S_IFDIR {
             return nix::unistd::unlinkat(
                 Some(dir.as_raw_fd()),
@@ -337,15 +359,15 @@ impl Tree {
 
     /// Write `data` as the regular file `path` (replacing its contents;
     /// parents made as needed). A symlink there is refused, not followed.
-    pub fn write(&self, path: &str, data: &[u8], user: &User) -> Result<Value, RpcError> {
+    pub fn write(&self, path: &str, data: &[u8]) -> Result<Value, RpcError> {
         let (parent, _) = split(path)?;
         if matches!(self.dir(parent), Err(ref e) if e.code == Code::NotFound) {
-            self.make_dir(parent, user)?;
+            self.make_dir(parent)?;
         }
         let (dir, name) = self.parent(path)?;
-        let fd =
-            openat(dir.as_fd(), &name, libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0o644)
-                .map_err(|e| rpc_error(path, e))?;
+        // Never through a symlink; an existing file keeps its owner and mode.
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+        let fd = openat(dir.as_fd(), &name, flags, 0o644).map_err(|e| rpc_error(path, e))?;
         let mut f = std::fs::File::from(fd);
         let st = nix::sys::stat::fstat(f.as_raw_fd()).map_err(|e| rpc_error(path, e))?;
         if kind(&st) != SFlag::S_IFREG {
@@ -354,17 +376,6 @@ impl Tree {
         let io = |e: std::io::Error| rpc_error(path, e.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO));
         f.set_len(0).map_err(io)?;
         f.write_all(data).map_err(io)?;
-        if st.st_nlink <= 1 {
-            // A new file (or one only this name holds) becomes the user's;
-            // never a hard link's other names' inode.
-            self.chown(dir.as_fd(), &name, user).map_err(|e| rpc_error(path, e))?;
-            let _ = fchmodat(
-                Some(dir.as_raw_fd()),
-                name.as_c_str(),
-                Mode::from_bits_truncate(st.st_mode & 0o777),
-                FchmodatFlags::FollowSymlink,
-            );
-        }
         let (_, base) = split(path)?;
         Ok(json!({"name": base, "type": "file", "path": path}))
     }

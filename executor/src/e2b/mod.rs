@@ -44,11 +44,15 @@ use crate::daemon::{lock, Daemon};
 
 /// The port envd listens on in an E2B sandbox (part of its host names).
 pub const ENVD_PORT: u16 = 49983;
-/// Largest request body: a file written through `/files` (whole, in
-/// memory) or an RPC message.
+/// Largest `/files` upload (held whole in memory; RPC and control bodies
+/// are at most [`connect::MAX_MESSAGE`]).
 pub const MAX_BODY: usize = 256 << 20;
+/// How often state of sandboxes that went is looked for.
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
 /// Largest file `GET /files` returns.
-pub const MAX_READ: u64 = 1 << 30;
+pub const MAX_READ: u64 = 256 << 20;
+/// `/files` transfers served at once (more wait).
+pub const MAX_TRANSFERS: usize = 4;
 
 #[derive(Debug, Clone)]
 pub struct E2bConfig {
@@ -84,6 +88,12 @@ pub struct E2b {
     /// E2B processes, by the Strata sandbox they run in.
     procs: Mutex<HashMap<String, Arc<Procs>>>,
     watchers: watch::Watchers,
+    /// Per E2B sandbox: the lock its pause, connect and kill hold.
+    lifecycle: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// When processes and watchers of gone sandboxes were last dropped.
+    pruned: Mutex<std::time::Instant>,
+    /// File transfers in flight at once (each may hold its file in memory).
+    transfers: Arc<tokio::sync::Semaphore>,
 }
 
 /// A request, read whole.
@@ -225,6 +235,9 @@ pub fn serve(
         domain: cfg.domain,
         procs: Mutex::new(HashMap::new()),
         watchers: watch::Watchers::default(),
+        lifecycle: Mutex::new(HashMap::new()),
+        pruned: Mutex::new(std::time::Instant::now()),
+        transfers: Arc::new(tokio::sync::Semaphore::new(MAX_TRANSFERS)),
     });
     let result = rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
@@ -285,33 +298,99 @@ fn is_envd(path: &str) -> bool {
 impl E2b {
     async fn answer(self: Arc<Self>, req: hyper::Request<Incoming>) -> Response<Body> {
         let (parts, body) = req.into_parts();
-        let body = match tokio::time::timeout(Duration::from_secs(300), Limited::new(body, MAX_BODY).collect()).await {
-            Err(_) => return respond(Resp::error(408, "request body not received within 300 s")),
-            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-                return respond(Resp::error(413, &format!("request body exceeds {MAX_BODY} bytes")))
-            }
-            Ok(Err(e)) => return respond(Resp::error(400, &format!("read request body: {e}"))),
-            Ok(Ok(b)) => b.to_bytes(),
-        };
-        let req = Req {
+        let mut req = Req {
             method: parts.method.to_string(),
             path: parts.uri.path().to_string(),
             query: form_decode(parts.uri.query().unwrap_or("")),
             headers: parts.headers,
-            body,
+            body: Bytes::new(),
+        };
+        // Who may ask is settled on the head: no body is read for a caller
+        // without a key or token.
+        let this = self.clone();
+        let admitted = match tokio::task::block_in_place(|| this.admit(&req)) {
+            Ok(a) => a,
+            Err(r) => return respond(r),
+        };
+        // File transfers (whole in memory) take one of a few permits.
+        let (limit, _permit) = if req.path == "/files" {
+            (MAX_BODY, Some(self.transfers.clone().acquire_owned().await))
+        } else {
+            (connect::MAX_MESSAGE, None)
+        };
+        req.body = match tokio::time::timeout(Duration::from_secs(300), Limited::new(body, limit).collect()).await {
+            Err(_) => return respond(Resp::error(408, "request body not received within 300 s")),
+            Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+                return respond(Resp::error(413, &format!("request body exceeds {limit} bytes")))
+            }
+            Ok(Err(e)) => return respond(Resp::error(400, &format!("read request body: {e}"))),
+            Ok(Ok(b)) => b.to_bytes(),
         };
         let this = self.clone();
-        respond(tokio::task::block_in_place(move || this.route(&req)))
+        respond(tokio::task::block_in_place(move || this.route(&req, admitted)))
     }
 
-    fn route(self: &Arc<Self>, req: &Req) -> Resp {
-        let routed_by_host = self.host_sandbox(req);
-        if is_envd(&req.path) || routed_by_host.is_some() {
-            return self.envd(req, routed_by_host);
+    /// Drop the process tables and watchers of sandboxes the daemon ended
+    /// on its own (a deadline), at most every [`PRUNE_EVERY`].
+    fn prune(&self) {
+        {
+            let mut last = lock(&self.pruned);
+            if last.elapsed() < PRUNE_EVERY {
+                return;
+            }
+            *last = std::time::Instant::now();
         }
-        // The control API: a key first.
-        let Some(owner) = req.header("x-api-key").map(hash).filter(|h| self.keys.contains(h)) else {
-            return Resp::error(401, "a valid X-API-KEY is required");
+        let live: std::collections::HashSet<String> = self.d.list_sandboxes().into_iter().map(|s| s.id).collect();
+        lock(&self.procs).retain(|id, _| live.contains(id));
+        for gone in self.watchers.sandboxes().difference(&live) {
+            self.watchers.forget(gone);
+        }
+    }
+
+    /// Check a request's credentials from its head: an API key for the
+    /// control API; for envd, the named sandbox's token, and the sandbox
+    /// running.
+    fn admit(&self, req: &Req) -> Result<Admitted, Resp> {
+        let by_host = self.host_sandbox(req);
+        if !is_envd(&req.path) && by_host.is_none() {
+            return match req.header("x-api-key").map(hash).filter(|h| self.keys.contains(h)) {
+                Some(owner) => Ok(Admitted::Control(owner)),
+                None => Err(Resp::error(401, "a valid X-API-KEY is required")),
+            };
+        }
+        let rpc = req.path.contains('.');
+        let fail = |e: RpcError| refuse(rpc, e);
+        let Some(id) = req.header("e2b-sandbox-id").map(String::from).or(by_host) else {
+            return Err(fail(RpcError::invalid(
+                "no sandbox named (E2b-Sandbox-Id header, or Host 49983-<id>.<domain>)",
+            )));
+        };
+        let row = match lock(&self.d.db).e2b_sandbox(&id) {
+            Ok(Some(row)) => row,
+            Ok(None) => return Err(fail(RpcError::new(Code::Unavailable, format!("sandbox {id} was not found")))),
+            Err(e) => return Err(fail(RpcError::internal(crate::error::chain(&e)))),
+        };
+        // Compared in constant time: the token is the sandbox's key.
+        let given = req.header("x-access-token").unwrap_or("");
+        let ok = given.len() == row.token.len()
+            && given.bytes().zip(row.token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        if !ok {
+            let e = RpcError::new(Code::Unauthenticated, format!("sandbox {id}: a valid X-Access-Token is required"));
+            return Err(fail(e));
+        }
+        match row.sandbox.as_deref().map(|s| self.d.sandbox(s)) {
+            Some(Ok(sb)) if sb.is_alive() && sb.run_state() == crate::sandbox::RunState::Running => {
+                Ok(Admitted::Envd { id, sb, rpc })
+            }
+            _ => Err(fail(RpcError::new(Code::Unavailable, format!("sandbox {id} was not found (paused or ended)")))),
+        }
+    }
+
+    fn route(self: &Arc<Self>, req: &Req, admitted: Admitted) -> Resp {
+        self.prune();
+        let owner = match admitted {
+            Admitted::Control(owner) => owner,
+            Admitted::Envd { id, sb, rpc } => return self.envd(req, &id, &sb, &|e| refuse(rpc, e)),
         };
         let segs: Vec<String> = req.path.split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
         let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
@@ -354,48 +433,26 @@ impl E2b {
         self.watchers.forget(sandbox);
     }
 
-    /// An envd request: find its sandbox, check its token, serve it.
-    fn envd(self: &Arc<Self>, req: &Req, by_host: Option<String>) -> Resp {
-        let rpc = req.path.contains('.');
-        // A sandbox that is not running is, for plain routes, what E2B's
-        // proxy answers: 502 with a "was not found" message.
-        let fail = |e: RpcError| match (rpc, e.code) {
-            (true, _) => Resp::rpc_error(&e),
-            (false, Code::Unavailable) => Resp::error(502, &e.message),
-            (false, _) => Resp::error(e.code.status(), &e.message),
-        };
-        let Some(id) = req.header("e2b-sandbox-id").map(String::from).or(by_host) else {
-            return fail(RpcError::invalid("no sandbox named (E2b-Sandbox-Id header, or Host 49983-<id>.<domain>)"));
-        };
-        let row = match lock(&self.d.db).e2b_sandbox(&id) {
-            Ok(Some(row)) => row,
-            Ok(None) => return fail(RpcError::new(Code::Unavailable, format!("sandbox {id} was not found"))),
-            Err(e) => return fail(RpcError::internal(crate::error::chain(&e))),
-        };
-        // Compared in constant time: the token is the sandbox's key.
-        let given = req.header("x-access-token").unwrap_or("");
-        let ok = given.len() == row.token.len()
-            && given.bytes().zip(row.token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-        if !ok {
-            return fail(RpcError::new(
-                Code::Unauthenticated,
-                format!("sandbox {id}: a valid X-Access-Token is required"),
-            ));
-        }
-        let sb = match row.sandbox.as_deref().map(|s| self.d.sandbox(s)) {
-            Some(Ok(sb)) => sb,
-            _ => {
-                return fail(RpcError::new(Code::Unavailable, format!("sandbox {id} was not found (paused or ended)")))
-            }
-        };
+    /// An envd request to a running sandbox, its token checked.
+    fn envd(
+        self: &Arc<Self>,
+        req: &Req,
+        id: &str,
+        sb: &Arc<crate::sandbox::Sandbox>,
+        fail: &dyn Fn(RpcError) -> Resp,
+    ) -> Resp {
         if req.path == "/health" {
             return Resp::empty(204);
         }
-        let shift = sb.spec.userns.map_or(0, |m| m.host_id);
-        let tree = match fs::Tree::open(sb.shim_pid, shift) {
+        let tree = match fs::Tree::open(sb.shim_pid, sb.spec.userns) {
             Ok(t) => t,
             Err(e) => return fail(e),
         };
+        // The root was opened through the shim's pid: that pid must still
+        // be the shim's (its pidfd says so), and the sandbox running.
+        if !sb.is_alive() || sb.run_state() != crate::sandbox::RunState::Running {
+            return fail(RpcError::new(Code::Unavailable, format!("sandbox {id} was not found (not running)")));
+        }
         // The user: `Authorization: Basic base64(user:)`, `?username=`,
         // else E2B's default.
         let name = req
@@ -409,9 +466,12 @@ impl E2b {
         let Some(user) = tree.accounts.user(&name) else {
             return fail(RpcError::invalid(format!("user {name:?} is not in the sandbox's /etc/passwd")));
         };
-        let env = Envd { e2b: self, sb: &sb, tree: &tree, user: &user, req };
+        let env = Envd { e2b: self, sb, tree: &tree, user: &user, req };
         if req.path == "/files" {
-            return env.files().unwrap_or_else(|e| Resp::error(e.code.status(), &e.message));
+            return tree
+                .as_user(&user, |_| env.files())
+                .and_then(|r| r)
+                .unwrap_or_else(|e| Resp::error(e.code.status(), &e.message));
         }
         let Some((service, method)) = req.path.trim_start_matches('/').split_once('/') else {
             return fail(RpcError::new(Code::Unimplemented, format!("no method {}", req.path)));
@@ -431,7 +491,7 @@ impl E2b {
             ("process.Process", "Start") => {
                 let procs = self.processes(sb.id.as_str());
                 process::StartRequest::parse(&first)
-                    .and_then(|s| procs.start(&self.d, &sb, &user, s, timeout.map(Duration::from_millis)))
+                    .and_then(|s| procs.start(&self.d, sb, &user, s, timeout.map(Duration::from_millis)))
                     .map(Reply::Stream)
             }
             ("process.Process", "Connect") => self.processes(sb.id.as_str()).connect(&first).map(Reply::Stream),
@@ -445,12 +505,14 @@ impl E2b {
                 self.processes(sb.id.as_str()).close_stdin(&first).map(|()| Reply::Message(json!({})))
             }
             ("process.Process", "SendSignal") => {
-                self.processes(sb.id.as_str()).signal(&sb, &first).map(|()| Reply::Message(json!({})))
+                self.processes(sb.id.as_str()).signal(sb, &first).map(|()| Reply::Message(json!({})))
             }
             ("process.Process", "Update") => {
                 self.processes(sb.id.as_str()).update(&first).map(|()| Reply::Message(json!({})))
             }
-            ("filesystem.Filesystem", m) => env.filesystem(m, &first).map(Reply::Message),
+            ("filesystem.Filesystem", m) => {
+                tree.as_user(&user, |_| env.filesystem(m, &first)).and_then(|r| r).map(Reply::Message)
+            }
             _ => Err(RpcError::new(Code::Unimplemented, format!("{service}/{method} is not implemented"))),
         };
         match (r, streaming) {
@@ -471,6 +533,26 @@ impl E2b {
             (Err(e), false) => Resp::rpc_error(&e),
         }
     }
+}
+
+/// An envd error as the route answers it: a Connect error for RPCs; for
+/// plain routes a status, and for a sandbox that is not running what
+/// E2B's proxy answers (502, "was not found").
+fn refuse(rpc: bool, e: RpcError) -> Resp {
+    match (rpc, e.code) {
+        (true, _) => Resp::rpc_error(&e),
+        (false, Code::Unavailable) => Resp::error(502, &e.message),
+        (false, _) => Resp::error(e.code.status(), &e.message),
+    }
+}
+
+/// A request whose credentials were checked.
+enum Admitted {
+    /// The control API, for the key with this hash.
+    Control(String),
+    /// envd of a running sandbox; `fail` answers an error in the form the
+    /// route expects (Connect or plain).
+    Envd { id: String, sb: Arc<crate::sandbox::Sandbox>, rpc: bool },
 }
 
 enum Reply {
@@ -501,14 +583,12 @@ impl Envd<'_> {
             "ListDir" => Ok(json!({"entries": t.list(&self.path(m, "path")?, field::uint(m, "depth")?)?})),
             "MakeDir" => {
                 let p = self.path(m, "path")?;
-                if !t.make_dir(&p, self.user)? {
+                if !t.make_dir(&p)? {
                     return Err(RpcError::new(Code::AlreadyExists, format!("{p}: the directory already exists")));
                 }
                 Ok(json!({"entry": t.stat(&p)?}))
             }
-            "Move" => {
-                Ok(json!({"entry": t.rename(&self.path(m, "source")?, &self.path(m, "destination")?, self.user)?}))
-            }
+            "Move" => Ok(json!({"entry": t.rename(&self.path(m, "source")?, &self.path(m, "destination")?)?})),
             "Remove" => t.remove(&self.path(m, "path")?).map(|()| json!({})),
             "CreateWatcher" => {
                 let p = self.path(m, "path")?;
@@ -559,7 +639,7 @@ impl Envd<'_> {
                     for (name, data) in multipart(&req.body, &boundary)? {
                         let path = req.query("path").filter(|_| name.is_empty()).unwrap_or(name);
                         let p = fs::absolute(&path, self.user)?;
-                        written.push(self.tree.write(&p, data, self.user)?);
+                        written.push(self.tree.write(&p, data)?);
                     }
                 } else {
                     let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
@@ -576,7 +656,7 @@ impl Envd<'_> {
                     } else {
                         req.body.to_vec()
                     };
-                    written.push(self.tree.write(&p, &data, self.user)?);
+                    written.push(self.tree.write(&p, &data)?);
                 }
                 if written.is_empty() {
                     return Err(RpcError::invalid("no file in the request"));

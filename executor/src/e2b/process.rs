@@ -9,9 +9,9 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -27,6 +27,11 @@ use crate::stream::FrameKind;
 /// Frames queued per attached stream before the command's output waits
 /// for it.
 const STREAM_QUEUE: usize = 64;
+/// How long a stream may keep a command's output waiting before it is
+/// dropped.
+const STREAM_STALL: Duration = Duration::from_secs(30);
+/// Commands E2B clients may have running in one sandbox at once.
+pub const MAX_PROCESSES: usize = 1024;
 
 /// A stream's frames: messages, then the end-of-stream envelope.
 pub type Frames = mpsc::Receiver<Bytes>;
@@ -61,17 +66,33 @@ impl Proc {
         Some(rx)
     }
 
-    /// Send to every attached stream, dropping those that went away.
+    /// Send to every attached stream, dropping those that went away. A
+    /// client slow to read holds the command's output (its pipe fills, as
+    /// on a terminal), for at most [`STREAM_STALL`]: then its stream is
+    /// dropped (it ends without an end event) and the others go on.
     fn broadcast(&self, frame: Bytes) {
+        use tokio::sync::mpsc::error::TrySendError;
         let streams = lock(&self.attached).streams.clone();
-        let mut gone = false;
+        let mut dropped: Vec<mpsc::Sender<Bytes>> = Vec::new();
         for s in &streams {
-            // Waits while a client is slow to read: its command's output
-            // then waits too (the pipe fills), as on a terminal.
-            gone |= s.blocking_send(frame.clone()).is_err();
+            let deadline = Instant::now() + STREAM_STALL;
+            let mut f = frame.clone();
+            loop {
+                match s.try_send(f) {
+                    Ok(()) => break,
+                    Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                        f = back;
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(_) => {
+                        dropped.push(s.clone());
+                        break;
+                    }
+                }
+            }
         }
-        if gone {
-            lock(&self.attached).streams.retain(|s| !s.is_closed());
+        if !dropped.is_empty() {
+            lock(&self.attached).streams.retain(|s| !dropped.iter().any(|d| d.same_channel(s)));
         }
     }
 }
@@ -131,6 +152,35 @@ impl StartRequest {
     }
 }
 
+/// How long input waits for a command that does not read its stdin.
+const STDIN_WAIT: Duration = Duration::from_secs(10);
+
+/// Write all of `data` to a non-blocking pipe, waiting for room at most
+/// `wait` in all: a command that never reads cannot hold a request.
+fn write_within(w: &mut File, mut data: &[u8], wait: Duration) -> Result<(), RpcError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let deadline = std::time::Instant::now() + wait;
+    while !data.is_empty() {
+        match w.write(data) {
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(RpcError::new(
+                        Code::ResourceExhausted,
+                        format!("the process did not read its stdin for {} s", wait.as_secs()),
+                    ));
+                }
+                let ms = PollTimeout::from(left.as_millis().min(1000) as u16);
+                let _ = poll(&mut [PollFd::new(w.as_fd(), PollFlags::POLLOUT)], ms);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(RpcError::internal(format!("write to stdin: {e}"))),
+        }
+    }
+    Ok(())
+}
+
 /// How a command ended, as envd's `EndEvent`.
 fn end_event(status: ExitStatus) -> Value {
     match status {
@@ -175,6 +225,12 @@ impl Procs {
         req: StartRequest,
         timeout: Option<Duration>,
     ) -> Result<Frames, RpcError> {
+        if lock(&self.by_pid).len() >= MAX_PROCESSES {
+            return Err(RpcError::new(
+                Code::ResourceExhausted,
+                format!("{MAX_PROCESSES} commands are running already"),
+            ));
+        }
         // The environment envd gives: the user's, then the request's.
         let mut env =
             vec![format!("HOME={}", user.home), format!("USER={}", user.name), format!("LOGNAME={}", user.name)];
@@ -202,7 +258,11 @@ impl Procs {
             config: req.config.clone(),
             exec_id: spawned.id,
             // Without `stdin: true` the command reads EOF (envd's default).
-            stdin: Mutex::new(spawned.stdin.filter(|_| req.stdin).map(File::from)),
+            stdin: Mutex::new(spawned.stdin.filter(|_| req.stdin).map(|fd| {
+                // Our end only (the command's end is its own descriptor).
+                let _ = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
+                File::from(fd)
+            })),
             master: spawned.master.map(File::from),
             attached: Mutex::new(Attached { streams: Vec::new(), ended: false }),
         });
@@ -219,7 +279,13 @@ impl Procs {
                 };
                 proc.broadcast(connect::message(&json!({"event": {"data": {key: field::base64(data)}}})));
             });
-            lock(&procs.by_pid).remove(&proc.pid);
+            {
+                // Not a later command that got the same pid.
+                let mut by_pid = lock(&procs.by_pid);
+                if by_pid.get(&proc.pid).is_some_and(|p| Arc::ptr_eq(p, &proc)) {
+                    by_pid.remove(&proc.pid);
+                }
+            }
             let (end, error) = match followed {
                 Ok((status, false)) => (Some(end_event(status)), None),
                 Ok((status, true)) => (
@@ -274,7 +340,7 @@ impl Procs {
         let w = stdin.as_mut().ok_or_else(|| {
             RpcError::new(Code::FailedPrecondition, "the process's stdin is closed (start it with stdin: true)")
         })?;
-        w.write_all(&data).map_err(|e| RpcError::internal(format!("write to stdin: {e}")))
+        write_within(w, &data, STDIN_WAIT)
     }
 
     pub fn close_stdin(&self, m: &Value) -> Result<(), RpcError> {
