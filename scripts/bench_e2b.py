@@ -66,6 +66,48 @@ def api_round(argv):
     return t1 - t0, t2 - t1, t3 - t2
 
 
+E2B_URL = os.environ["E2B_API_URL"].removeprefix("http://")
+e2b_conn = http.client.HTTPConnection(E2B_URL)
+
+
+def e2b_raw(method, path, body=None, headers=None, stream=False):
+    h = {"X-API-KEY": os.environ["E2B_API_KEY"], **(headers or {})}
+    if stream:
+        data = json.dumps(body).encode()
+        data = b"\0" + len(data).to_bytes(4, "big") + data
+        h["Content-Type"] = "application/connect+json"
+    else:
+        data = json.dumps(body).encode() if body is not None else None
+        if data:
+            h["Content-Type"] = "application/json"
+    e2b_conn.request(method, path, body=data, headers=h)
+    r = e2b_conn.getresponse()
+    out = r.read()
+    if r.status >= 300:
+        raise RuntimeError(f"{method} {path}: {r.status} {out!r}")
+    return json.loads(out) if out and not stream else out
+
+
+def e2b_raw_round():
+    """The requests the SDK sends, from one kept-alive http.client
+    connection: the listener's own cost, without the SDK's."""
+    t0 = time.perf_counter()
+    made = e2b_raw("POST", "/v2/sandboxes", {"templateID": "base", "metadata": {}, "envVars": {}})
+    t1 = time.perf_counter()
+    frames = e2b_raw(
+        "POST",
+        "/process.Process/Start",
+        {"process": {"cmd": "/bin/bash", "args": ["-l", "-c", "true"]}, "stdin": False},
+        {"E2b-Sandbox-Id": made["sandboxID"], "X-Access-Token": made["envdAccessToken"]},
+        stream=True,
+    )
+    assert b'"end"' in frames, frames
+    t2 = time.perf_counter()
+    e2b_raw("DELETE", f"/sandboxes/{made['sandboxID']}")
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2
+
+
 def cli_round():
     env = dict(os.environ, STRATA_SOCKET=SOCK)
     t0 = time.perf_counter()
@@ -80,6 +122,7 @@ def cli_round():
 
 ways = {
     "E2B SDK 2.63.0: `Sandbox.create()`, `commands.run(\"true\")` (`/bin/bash -l -c true`), `kill()`": e2b_round,
+    "E2B API without the SDK: the same three requests from `http.client` (one kept-alive connection)": e2b_raw_round,
     "Strata API: create, exec `/bin/bash -l -c true`, rm (one kept-alive connection)": lambda: api_round(
         ["/bin/bash", "-l", "-c", "true"]
     ),

@@ -6,6 +6,7 @@ STRATA_OTHER_KEY and STRATA_HOST_CANARY). Each check names itself; the
 first failing one ends the run with a traceback.
 """
 
+import io
 import json
 import os
 import sys
@@ -96,6 +97,12 @@ sbx.commands.close_stdin(h.pid)
 r = h.wait()
 assert r.stdout == "piped\ndone\n", r.stdout
 
+step("stdin streamed (a client stream)")
+h = sbx.commands.run("cat", background=True, stdin=True)
+sbx.commands.stream_input(h.pid, ["one ", b"two ", "three"])
+sbx.commands.close_stdin(h.pid)
+assert h.wait().stdout == "one two three"
+
 step("output streamed as it comes, and a reconnect to a running command")
 seen = []
 h = sbx.commands.run("echo first; sleep 1; echo second", background=True)
@@ -122,6 +129,16 @@ assert bytes(sbx.files.read("/home/user/rel/b.bin", format="bytes")) == b"\x00be
 sbx.files.write_files([{"path": "/home/user/m1.txt", "data": "one"}, {"path": "/home/user/m2.txt", "data": "two"}])
 assert sbx.commands.run("cat /home/user/m1.txt /home/user/m2.txt").stdout == "onetwo"
 raises(NotFoundException, sbx.files.read, "/home/user/missing.txt")
+
+step("files: octet-stream, gzip, file-object and streamed uploads")
+sbx.files.write("/home/user/o1.bin", b"octet", use_octet_stream=True)
+sbx.files.write("/home/user/o2.txt", "zipped " * 1000, gzip=True)
+sbx.files.write("/home/user/o3.bin", io.BytesIO(b"from a file object"))
+sbx.files.write("/home/user/o4.bin", iter([b"chunk1-", b"chunk2"]))
+assert sbx.files.read("/home/user/o1.bin") == "octet"
+assert sbx.files.read("/home/user/o2.txt", gzip=True) == "zipped " * 1000
+assert sbx.files.read("/home/user/o3.bin") == "from a file object"
+assert sbx.files.read("/home/user/o4.bin") == "chunk1-chunk2"
 
 step("files: exists, make_dir, list with depth, get_info")
 assert sbx.files.exists("/home/user/rel/b.bin") and not sbx.files.exists("/home/user/nope")
@@ -197,6 +214,13 @@ mine = Sandbox.list(query=SandboxQuery(metadata={"run": RUN})).next_items()
 assert {s.sandbox_id for s in mine} == {sbx.sandbox_id, other.sandbox_id}, mine
 only = Sandbox.list(query=SandboxQuery(metadata={"run": RUN, "other": "yes"})).next_items()
 assert [s.sandbox_id for s in only] == [other.sandbox_id], only
+step("list pages by x-next-token")
+pager = Sandbox.list(query=SandboxQuery(metadata={"run": RUN}), limit=1)
+first = pager.next_items()
+assert len(first) == 1 and pager.has_next, (first, pager.has_next)
+second = pager.next_items()
+assert len(second) == 1 and second[0].sandbox_id != first[0].sandbox_id and not pager.has_next
+
 other.kill()
 
 step("bad key, unknown sandbox")
