@@ -6,6 +6,7 @@ STRATA_OTHER_KEY and STRATA_HOST_CANARY). Each check names itself; the
 first failing one ends the run with a traceback.
 """
 
+import asyncio
 import io
 import json
 import os
@@ -15,6 +16,7 @@ import urllib.error
 import urllib.request
 
 from e2b import (
+    AsyncSandbox,
     AuthenticationException,
     CommandExitException,
     FilesystemEventType,
@@ -170,6 +172,24 @@ sbx.commands.run("touch /home/user/wd/later")
 time.sleep(0.2)
 assert ("wd/later", FilesystemEventType.CREATE) in {(e.name, e.type) for e in wh.get_new_events()}
 wh.stop()
+
+step("files: watch_dir as a stream (the async SDK's WatchDir)")
+
+
+async def watch_stream():
+    a = await AsyncSandbox.connect(sbx.sandbox_id)
+    got = []
+    handle = await a.files.watch_dir("/home/user", on_event=got.append)
+    await a.files.write("/home/user/streamed.txt", "s")
+    for _ in range(50):
+        if any(e.name == "streamed.txt" for e in got):
+            break
+        await asyncio.sleep(0.1)
+    await handle.stop()
+    assert ("streamed.txt", FilesystemEventType.CREATE) in {(e.name, e.type) for e in got}, got
+
+
+asyncio.run(watch_stream())
 
 step("nothing reaches outside the sandbox's root")
 sbx.commands.run(f"ln -s / /home/user/up; ln -s /proc/1/root /home/user/magic; ln -s ../../../../.. /home/user/dots")

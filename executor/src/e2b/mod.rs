@@ -47,6 +47,10 @@ pub const ENVD_PORT: u16 = 49983;
 /// Largest `/files` upload (held whole in memory; RPC and control bodies
 /// are at most [`connect::MAX_MESSAGE`]).
 pub const MAX_BODY: usize = 256 << 20;
+/// How often a `WatchDir` stream looks for events.
+const WATCH_POLL: Duration = Duration::from_millis(50);
+/// Quiet time after which a `WatchDir` stream sends a keepalive.
+const WATCH_KEEPALIVE: Duration = Duration::from_secs(5);
 /// How often state of sandboxes that went is looked for.
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
 /// Largest file `GET /files` returns.
@@ -510,6 +514,9 @@ impl E2b {
             ("process.Process", "Update") => {
                 self.processes(sb.id.as_str()).update(&first).map(|()| Reply::Message(json!({})))
             }
+            ("filesystem.Filesystem", "WatchDir") => {
+                tree.as_user(&user, |_| env.watch_stream(&first)).and_then(|r| r).map(Reply::Stream)
+            }
             ("filesystem.Filesystem", m) => {
                 tree.as_user(&user, |_| env.filesystem(m, &first)).and_then(|r| r).map(Reply::Message)
             }
@@ -604,6 +611,48 @@ impl Envd<'_> {
             }
             _ => Err(RpcError::new(Code::Unimplemented, format!("filesystem.Filesystem/{method} is not implemented"))),
         }
+    }
+
+    /// `WatchDir`: a watcher whose events are streamed as they come (a
+    /// thread polls it every [`WATCH_POLL`]) until the client goes; a
+    /// keepalive every [`WATCH_KEEPALIVE`] of quiet finds out that it has.
+    fn watch_stream(&self, m: &Value) -> Result<process::Frames, RpcError> {
+        let path = self.path(m, "path")?;
+        let sandbox = self.sb.id.to_string();
+        let id = self.e2b.watchers.create(&sandbox, self.tree, &path, field::bool(m, "recursive")?)?;
+        let (tx, rx) = mpsc::channel(64);
+        let _ = tx.try_send(connect::message(&json!({"start": {}})));
+        let (e2b, shim_pid, userns) = (self.e2b.clone(), self.sb.shim_pid, self.sb.spec.userns);
+        std::thread::spawn(move || {
+            let ended = (|| -> Result<(), RpcError> {
+                let tree = fs::Tree::open(shim_pid, userns)?;
+                let mut quiet = std::time::Instant::now();
+                loop {
+                    std::thread::sleep(WATCH_POLL);
+                    if tx.is_closed() {
+                        return Ok(());
+                    }
+                    let mut frames: Vec<Bytes> = e2b
+                        .watchers
+                        .events(&sandbox, &tree, &id)?
+                        .into_iter()
+                        .map(|ev| connect::message(&json!({"filesystem": ev})))
+                        .collect();
+                    if frames.is_empty() && quiet.elapsed() >= WATCH_KEEPALIVE {
+                        frames.push(connect::message(&json!({"keepalive": {}})));
+                    }
+                    for f in frames {
+                        quiet = std::time::Instant::now();
+                        if tx.blocking_send(f).is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+            })();
+            let _ = e2b.watchers.remove(&sandbox, &id);
+            let _ = tx.blocking_send(connect::end(ended.err().as_ref()));
+        });
+        Ok(rx)
     }
 
     /// `StreamInput`: a start naming the process, then input messages.
