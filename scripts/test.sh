@@ -130,6 +130,12 @@ cargo test --workspace --exclude strata-tests -- --include-ignored
 step "integration tests (root): cargo test -p strata-tests -- --test-threads=1"
 export STRATA_TEST_IMAGES="$REPO_ROOT/images/out"
 echo "STRATA_TEST_IMAGES=$STRATA_TEST_IMAGES"
+# The E2B SDK tests fetch the pinned SDKs once (PyPI; npm when Node >= 20.18).
+if js_sdk=$(scripts/e2b-js.sh 2>&1); then
+	echo "E2B JS SDK test: runs ($js_sdk)"
+else
+	echo "E2B JS SDK test: checks nothing here ($js_sdk)"
+fi
 integration=0
 # A hung test must not hold CI for its whole budget (TEST_TIMEOUT seconds).
 RUST_BACKTRACE=${RUST_BACKTRACE:-1} timeout --kill-after=10 "${TEST_TIMEOUT:-1800}" \

@@ -21,17 +21,12 @@ fn sdk_python() -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-#[test]
-fn the_e2b_sdk_drives_strata_unmodified() {
-    let python = sdk_python();
-    let keys_dir = tempfile::tempdir().unwrap();
-    let keys = keys_dir.path().join("keys");
+/// A daemon serving E2B's API on a free loopback port, keys `key-one` and
+/// `key-two`, the E2B-style image imported as `base`; its URL.
+fn e2b_daemon(keys_dir: &std::path::Path) -> (TestEnv, String) {
+    let keys = keys_dir.join("keys");
     std::fs::write(&keys, "# test keys\nkey-one\n\nkey-two\n").unwrap();
-    // A host file the sandbox must never read or write through the API.
-    let canary = keys_dir.path().join("canary");
-    std::fs::write(&canary, "host secret").unwrap();
-    let port = free_port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = format!("127.0.0.1:{}", free_port());
     let env = TestEnv::start_with(&[
         "--e2b-listen",
         &addr,
@@ -42,7 +37,17 @@ fn the_e2b_sdk_drives_strata_unmodified() {
     ]);
     let dir = strata_tests::image("e2b");
     env.cli_ok(&["image", "import", dir.to_str().unwrap(), "--name", "base"]);
-    let url = format!("http://{addr}");
+    (env, format!("http://{addr}"))
+}
+
+#[test]
+fn the_e2b_sdk_drives_strata_unmodified() {
+    let python = sdk_python();
+    let keys_dir = tempfile::tempdir().unwrap();
+    // A host file the sandbox must never read or write through the API.
+    let canary = keys_dir.path().join("canary");
+    std::fs::write(&canary, "host secret").unwrap();
+    let (env, url) = e2b_daemon(keys_dir.path());
     let out = Command::new(&python)
         .arg(repo_root().join("tests/e2b/sdk_test.py"))
         .env("E2B_API_URL", &url)
@@ -65,6 +70,45 @@ fn the_e2b_sdk_drives_strata_unmodified() {
     assert_eq!(std::fs::read_to_string(&canary).unwrap(), "host secret");
     assert!(!canary.with_extension("written").exists(), "a write escaped to the host");
     // Every sandbox the script made is gone (killed, expired or its own).
+    let listed = env.cli_ok(&["ps"]);
+    assert!(listed.lines().count() <= 1, "sandboxes left: {listed}");
+    env.finish();
+}
+
+/// The JavaScript SDK (pinned, from npm; needs Node >= 20.18, which Debian
+/// 12 does not ship: without it the test says so and checks nothing, and
+/// scripts/test.sh prints which it was).
+#[test]
+fn the_e2b_js_sdk_drives_strata_unmodified() {
+    let out = Command::new(repo_root().join("scripts/e2b-js.sh")).output().expect("run scripts/e2b-js.sh");
+    if out.status.code() == Some(3) {
+        eprintln!("E2B JS SDK not checked: {}", String::from_utf8_lossy(&out.stderr).trim());
+        return;
+    }
+    assert!(out.status.success(), "scripts/e2b-js.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let sdk = std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    // ES modules resolve `e2b` from the script's own directory.
+    let work = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(sdk.join("node_modules"), work.path().join("node_modules")).unwrap();
+    std::fs::copy(repo_root().join("tests/e2b/sdk_test.mjs"), work.path().join("sdk_test.mjs")).unwrap();
+    let (env, url) = e2b_daemon(work.path());
+    let out = Command::new("node")
+        .arg(work.path().join("sdk_test.mjs"))
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", "key-one")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ALL E2B JS SDK CHECKS PASSED"),
+        "the JS SDK checks failed ({}):\n{stdout}\n{}\ndaemon log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        env.daemon_log()
+    );
     let listed = env.cli_ok(&["ps"]);
     assert!(listed.lines().count() <= 1, "sandboxes left: {listed}");
     env.finish();

@@ -2111,11 +2111,16 @@ impl Db {
         rows.collect::<Result<_, _>>().map_err(q("gc candidates"))
     }
 
-    /// Active lineages neither captured nor restored since `cutoff`.
+    /// Active lineages neither captured nor restored since `cutoff`. An
+    /// E2B sandbox's work context is never stale: it holds the sandbox's
+    /// files while it is paused, and is retired when it is killed.
     pub fn stale_lineages(&self, cutoff: i64) -> Result<Vec<String>, DbError> {
         let mut st = self
             .conn
-            .prepare("SELECT id FROM work_contexts WHERE state = 'active' AND used_at <= ?1 ORDER BY id")
+            .prepare(
+                "SELECT id FROM work_contexts WHERE state = 'active' AND used_at <= ?1 \
+                 AND id NOT IN (SELECT work_context FROM e2b_sandboxes) ORDER BY id",
+            )
             .map_err(q("stale lineages"))?;
         let rows = st.query_map([cutoff], |r| r.get(0)).map_err(q("stale lineages"))?;
         rows.collect::<Result<_, _>>().map_err(q("stale lineages"))
@@ -2538,6 +2543,30 @@ mod tests {
         assert_eq!(db.delete_image(img).unwrap(), Err(vec![id.to_string()]));
         db.delete_sandbox(&id).unwrap();
         assert!(db.delete_image(img).unwrap().is_ok());
+    }
+
+    #[test]
+    fn an_e2b_sandboxs_work_context_is_never_stale() {
+        let mut db = Db::open_in_memory().unwrap();
+        let img =
+            db.insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[]).unwrap();
+        for id in ["plain", "e2b-paused"] {
+            db.insert_work_context(&WorkContextRow::new(id, img, StartKind::Image, None)).unwrap();
+        }
+        db.insert_e2b_sandbox(&E2bSandbox {
+            id: "iabc".into(),
+            owner: "0".repeat(64),
+            token: "t".into(),
+            template: "base".into(),
+            work_context: "e2b-paused".into(),
+            spec: E2bSpec { timeout: 300, ..Default::default() },
+            sandbox: None,
+            started_at: 0,
+        })
+        .unwrap();
+        assert_eq!(db.stale_lineages(i64::MAX).unwrap(), vec!["plain".to_string()]);
+        db.delete_e2b_sandbox("iabc").unwrap();
+        assert_eq!(db.stale_lineages(i64::MAX).unwrap().len(), 2);
     }
 
     #[test]

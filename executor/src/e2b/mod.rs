@@ -55,6 +55,10 @@ const WATCH_KEEPALIVE: Duration = Duration::from_secs(5);
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
 /// Largest file `GET /files` returns.
 pub const MAX_READ: u64 = 256 << 20;
+/// How long a request head may take (and a kept-alive connection idle).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections the listener keeps open at once.
+pub const MAX_CONNECTIONS: usize = 1024;
 /// `/files` transfers served at once (more wait).
 pub const MAX_TRANSFERS: usize = 4;
 
@@ -245,6 +249,7 @@ pub fn serve(
     });
     let result = rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
+        let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         loop {
             let (conn, _) = tokio::select! {
                 r = listener.accept() => match r {
@@ -257,14 +262,25 @@ pub fn serve(
                 },
                 _ = stop.changed() => break,
             };
+            // Past the cap a connection is closed at once (the SDK retries
+            // connection failures).
+            let Ok(open) = connections.clone().try_acquire_owned() else {
+                tracing::warn!("e2b: {MAX_CONNECTIONS} connections open; closing a new one");
+                continue;
+            };
             let _ = conn.set_nodelay(true);
             let e2b = e2b.clone();
             tokio::spawn(async move {
+                let _open = open;
                 let svc = service_fn(move |req| {
                     let e2b = e2b.clone();
                     async move { Ok::<_, Infallible>(e2b.answer(req).await) }
                 });
+                // A head must be whole 30 s after the connection opens or
+                // its last response (an idle kept-alive connection closes).
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
                     .keep_alive(true)
                     .serve_connection(TokioIo::new(conn), svc)
                     .await;
