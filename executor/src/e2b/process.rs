@@ -49,6 +49,9 @@ pub struct Proc {
     exec_id: u64,
     stdin: Mutex<Option<File>>,
     master: Option<File>,
+    /// With a pty: input queued for the thread that writes it to the
+    /// master (a program that does not read would block a request).
+    pty_input: Option<std::sync::mpsc::SyncSender<Vec<u8>>>,
     attached: Mutex<Attached>,
 }
 
@@ -181,6 +184,25 @@ fn write_within(w: &mut File, mut data: &[u8], wait: Duration) -> Result<(), Rpc
     Ok(())
 }
 
+/// Inputs queued for a pty before `SendInput` is refused.
+const PTY_QUEUE: usize = 256;
+
+/// A thread writing queued input to a pty master (through its own
+/// descriptor of it), until the queue's sender is dropped (the process is
+/// forgotten) or the terminal is gone (EIO once the program ended).
+fn pty_writer(master: &std::os::fd::OwnedFd) -> Result<std::sync::mpsc::SyncSender<Vec<u8>>, RpcError> {
+    let mut out = File::from(master.try_clone().map_err(|e| RpcError::internal(format!("dup pty master: {e}")))?);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(PTY_QUEUE);
+    std::thread::spawn(move || {
+        for data in rx {
+            if out.write_all(&data).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(tx)
+}
+
 /// How a command ended, as envd's `EndEvent`.
 fn end_event(status: ExitStatus) -> Value {
     match status {
@@ -263,6 +285,10 @@ impl Procs {
                 let _ = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
                 File::from(fd)
             })),
+            pty_input: match &spawned.master {
+                Some(m) => Some(pty_writer(m)?),
+                None => None,
+            },
             master: spawned.master.map(File::from),
             attached: Mutex::new(Attached { streams: Vec::new(), ended: false }),
         });
@@ -332,8 +358,16 @@ impl Procs {
         let p = self.get(m)?;
         if input.get("pty").is_some() {
             let data = field::bytes(input, "pty")?;
-            let mut master = p.master.as_ref().ok_or_else(|| RpcError::invalid("the process has no pty"))?;
-            return master.write_all(&data).map_err(|e| RpcError::internal(format!("write to the pty: {e}")));
+            let input = p.pty_input.as_ref().ok_or_else(|| RpcError::invalid("the process has no pty"))?;
+            return input.try_send(data).map_err(|e| match e {
+                std::sync::mpsc::TrySendError::Full(_) => RpcError::new(
+                    Code::ResourceExhausted,
+                    format!("{PTY_QUEUE} inputs are waiting for the program to read its terminal"),
+                ),
+                std::sync::mpsc::TrySendError::Disconnected(_) => {
+                    RpcError::not_found(format!("process with pid {} has ended", p.pid))
+                }
+            });
         }
         let data = field::bytes(input, "stdin")?;
         let mut stdin = lock(&p.stdin);
@@ -388,6 +422,18 @@ mod tests {
         assert_eq!(StartRequest::parse(&m).unwrap().pty, Some((24, 80)));
         assert!(StartRequest::parse(&json!({"process": {"args": []}})).is_err());
         assert!(StartRequest::parse(&json!({"process": {"cmd": "x", "args": [1]}})).is_err());
+    }
+
+    #[test]
+    fn input_to_a_command_that_does_not_read_gives_up() {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK).unwrap();
+        let mut w = File::from(w);
+        write_within(&mut w, b"fits", Duration::from_millis(100)).unwrap();
+        let started = Instant::now();
+        let e = write_within(&mut w, &vec![0u8; 4 << 20], Duration::from_millis(200)).unwrap_err();
+        assert_eq!(e.code, Code::ResourceExhausted);
+        assert!(started.elapsed() >= Duration::from_millis(200) && started.elapsed() < Duration::from_secs(5));
+        drop(r);
     }
 
     #[test]
