@@ -147,13 +147,19 @@ impl E2b {
     fn sandbox(&self, owner: &str, id: &str) -> Result<(E2bSandbox, Run)> {
         let row =
             lock(&self.d.db).e2b_sandbox(id)?.filter(|r| r.owner == owner).ok_or_else(|| ApiError::not_found(id))?;
+        self.locate(owner, row)
+    }
+
+    /// Where the sandbox of a row read just now runs.
+    fn locate(&self, owner: &str, row: E2bSandbox) -> Result<(E2bSandbox, Run)> {
+        let id = row.id.clone();
         match row.sandbox.as_deref().map(|s| self.d.sandbox(s)) {
             None => Ok((row, Run::Paused)),
             Some(Ok(sb)) => Ok((row, Run::Running(Box::new(crate::daemon::sandbox_info(&sb))))),
             Some(Err(_)) => {
-                let held = self.hold(id);
+                let held = self.hold(&id);
                 let _g = lock(&held);
-                self.sandbox_held(owner, id)
+                self.sandbox_held(owner, &id)
             }
         }
     }
@@ -419,7 +425,7 @@ impl E2b {
         let mut page = Vec::new();
         let mut more = None;
         for row in rows {
-            let Ok((row, run)) = self.sandbox(owner, &row.id) else { continue };
+            let Ok((row, run)) = self.locate(owner, row) else { continue };
             let state = if matches!(run, Run::Running(_)) { "running" } else { "paused" };
             if !states.is_empty() && !states.iter().any(|s| s == state) {
                 continue;

@@ -39,7 +39,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, watch as tokio_watch};
 
 use self::connect::{field, Code, RpcError};
+// `%XX` and `+` decoded, as the Unix-socket API decodes its queries.
 use self::process::Procs;
+pub use crate::api::http::percent_decode;
 use crate::daemon::{lock, Daemon};
 
 /// The port envd listens on in an E2B sandbox (part of its host names).
@@ -122,33 +124,13 @@ impl Req {
     }
 }
 
-/// `%XX` decoded (lossy UTF-8).
-pub fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// An `application/x-www-form-urlencoded` string's pairs (`+` is a space).
 pub fn form_decode(s: &str) -> Vec<(String, String)> {
     s.split('&')
         .filter(|p| !p.is_empty())
         .map(|p| {
             let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(&k.replace('+', " ")), percent_decode(&v.replace('+', " ")))
+            (percent_decode(k), percent_decode(v))
         })
         .collect()
 }
@@ -464,6 +446,30 @@ impl E2b {
         if req.path == "/health" {
             return Resp::empty(204);
         }
+        let rpc = if req.path == "/files" {
+            None
+        } else {
+            let Some((service, method)) = req.path.trim_start_matches('/').split_once('/') else {
+                return fail(RpcError::new(Code::Unimplemented, format!("no method {}", req.path)));
+            };
+            if req.method != "POST" {
+                return Resp::error(405, "Connect calls are POSTs");
+            }
+            let streaming = req.header("content-type").is_some_and(|c| c.starts_with("application/connect+json"));
+            let msgs =
+                if streaming { connect::messages(&req.body) } else { connect::parse(&req.body).map(|m| vec![m]) };
+            match msgs {
+                Ok(msgs) => Some((service, method, streaming, msgs)),
+                Err(e) => return Resp::rpc_error(&e),
+            }
+        };
+        // Calls on a running command need neither the sandbox's tree nor
+        // its users.
+        if let Some((service @ "process.Process", method, streaming, msgs)) = &rpc {
+            if *method != "Start" {
+                return answer_rpc(self.process_call(sb, service, method, msgs), *streaming);
+            }
+        }
         let tree = match fs::Tree::open(sb.shim_pid, sb.spec.userns) {
             Ok(t) => t,
             Err(e) => return fail(e),
@@ -487,23 +493,11 @@ impl E2b {
             return fail(RpcError::invalid(format!("user {name:?} is not in the sandbox's /etc/passwd")));
         };
         let env = Envd { e2b: self, sb, tree: &tree, user: &user, req };
-        if req.path == "/files" {
+        let Some((service, method, streaming, msgs)) = rpc else {
             return tree
                 .as_user(&user, |_| env.files())
                 .and_then(|r| r)
                 .unwrap_or_else(|e| Resp::error(e.code.status(), &e.message));
-        }
-        let Some((service, method)) = req.path.trim_start_matches('/').split_once('/') else {
-            return fail(RpcError::new(Code::Unimplemented, format!("no method {}", req.path)));
-        };
-        if req.method != "POST" {
-            return Resp::error(405, "Connect calls are POSTs");
-        }
-        let streaming = req.header("content-type").is_some_and(|c| c.starts_with("application/connect+json"));
-        let msgs = if streaming { connect::messages(&req.body) } else { connect::parse(&req.body).map(|m| vec![m]) };
-        let msgs = match msgs {
-            Ok(m) => m,
-            Err(e) => return Resp::rpc_error(&e),
         };
         let first = msgs.first().cloned().unwrap_or_else(|| json!({}));
         let timeout = req.header("connect-timeout-ms").and_then(|t| t.parse::<u64>().ok()).filter(|t| *t > 0);
@@ -514,22 +508,6 @@ impl E2b {
                     .and_then(|s| procs.start(&self.d, sb, &user, s, timeout.map(Duration::from_millis)))
                     .map(Reply::Stream)
             }
-            ("process.Process", "Connect") => self.processes(sb.id.as_str()).connect(&first).map(Reply::Stream),
-            ("process.Process", "List") => Ok(Reply::Message(self.processes(sb.id.as_str()).list())),
-            ("process.Process", "SendInput") => {
-                let input = first.get("input").cloned().unwrap_or_default();
-                self.processes(sb.id.as_str()).input(&first, &input).map(|()| Reply::Message(json!({})))
-            }
-            ("process.Process", "StreamInput") => env.stream_input(&msgs).map(Reply::OneOfStream),
-            ("process.Process", "CloseStdin") => {
-                self.processes(sb.id.as_str()).close_stdin(&first).map(|()| Reply::Message(json!({})))
-            }
-            ("process.Process", "SendSignal") => {
-                self.processes(sb.id.as_str()).signal(sb, &first).map(|()| Reply::Message(json!({})))
-            }
-            ("process.Process", "Update") => {
-                self.processes(sb.id.as_str()).update(&first).map(|()| Reply::Message(json!({})))
-            }
             ("filesystem.Filesystem", "WatchDir") => {
                 tree.as_user(&user, |_| env.watch_stream(&first)).and_then(|r| r).map(Reply::Stream)
             }
@@ -538,23 +516,62 @@ impl E2b {
             }
             _ => Err(RpcError::new(Code::Unimplemented, format!("{service}/{method} is not implemented"))),
         };
-        match (r, streaming) {
-            (Ok(Reply::Message(m)), false) => Resp::json(200, m),
-            (Ok(Reply::Message(m)) | Ok(Reply::OneOfStream(m)), true) => {
-                let (tx, rx) = mpsc::channel(2);
-                let _ = tx.try_send(connect::message(&m));
-                let _ = tx.try_send(connect::end(None));
-                Resp::frames(rx)
+        answer_rpc(r, streaming)
+    }
+
+    /// `process.Process` calls on a command already started.
+    fn process_call(
+        &self,
+        sb: &crate::sandbox::Sandbox,
+        service: &str,
+        method: &str,
+        msgs: &[Value],
+    ) -> Result<Reply, RpcError> {
+        let procs = self.processes(sb.id.as_str());
+        let first = msgs.first().cloned().unwrap_or_else(|| json!({}));
+        let done = |r: Result<(), RpcError>| r.map(|()| Reply::Message(json!({})));
+        match method {
+            "Connect" => procs.connect(&first).map(Reply::Stream),
+            "List" => Ok(Reply::Message(procs.list())),
+            "SendInput" => done(procs.input(&first, first.get("input").unwrap_or(&Value::Null))),
+            // A start naming the process, then input messages.
+            "StreamInput" => {
+                let start = first
+                    .get("start")
+                    .ok_or_else(|| RpcError::invalid("the first StreamInput message must be a start"))?;
+                for m in &msgs[1..] {
+                    if let Some(input) = m.get("data").and_then(|d| d.get("input")) {
+                        procs.input(start, input)?;
+                    }
+                }
+                Ok(Reply::OneOfStream(json!({})))
             }
-            (Ok(Reply::OneOfStream(m)), false) => Resp::json(200, m),
-            (Ok(Reply::Stream(rx)), _) => Resp::frames(rx),
-            (Err(e), true) => {
-                let (tx, rx) = mpsc::channel(1);
-                let _ = tx.try_send(connect::end(Some(&e)));
-                Resp::frames(rx)
-            }
-            (Err(e), false) => Resp::rpc_error(&e),
+            "CloseStdin" => done(procs.close_stdin(&first)),
+            "SendSignal" => done(procs.signal(sb, &first)),
+            "Update" => done(procs.update(&first)),
+            _ => Err(RpcError::new(Code::Unimplemented, format!("{service}/{method} is not implemented"))),
         }
+    }
+}
+
+/// A Connect reply: unary JSON, or (for a streaming request) frames.
+fn answer_rpc(r: Result<Reply, RpcError>, streaming: bool) -> Resp {
+    match (r, streaming) {
+        (Ok(Reply::Message(m)), false) => Resp::json(200, m),
+        (Ok(Reply::Message(m)) | Ok(Reply::OneOfStream(m)), true) => {
+            let (tx, rx) = mpsc::channel(2);
+            let _ = tx.try_send(connect::message(&m));
+            let _ = tx.try_send(connect::end(None));
+            Resp::frames(rx)
+        }
+        (Ok(Reply::OneOfStream(m)), false) => Resp::json(200, m),
+        (Ok(Reply::Stream(rx)), _) => Resp::frames(rx),
+        (Err(e), true) => {
+            let (tx, rx) = mpsc::channel(1);
+            let _ = tx.try_send(connect::end(Some(&e)));
+            Resp::frames(rx)
+        }
+        (Err(e), false) => Resp::rpc_error(&e),
     }
 }
 
@@ -669,21 +686,6 @@ impl Envd<'_> {
             let _ = tx.blocking_send(connect::end(ended.err().as_ref()));
         });
         Ok(rx)
-    }
-
-    /// `StreamInput`: a start naming the process, then input messages.
-    fn stream_input(&self, msgs: &[Value]) -> Result<Value, RpcError> {
-        let procs = self.e2b.processes(self.sb.id.as_str());
-        let start = msgs
-            .first()
-            .and_then(|m| m.get("start"))
-            .ok_or_else(|| RpcError::invalid("the first StreamInput message must be a start"))?;
-        for m in &msgs[1..] {
-            if let Some(input) = m.get("data").and_then(|d| d.get("input")) {
-                procs.input(start, input)?;
-            }
-        }
-        Ok(json!({}))
     }
 
     /// `GET /files?path=` (the file's bytes) and `POST /files` (multipart
