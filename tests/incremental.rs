@@ -384,6 +384,54 @@ fn checkpoints_with_nothing_changed_between_them_still_mount() {
     env.finish();
 }
 
+/// A suspend whose changes another layer holds already (nothing changed
+/// since the sandbox's last checkpoint: an empty increment, as that
+/// checkpoint was) is stored once: sealed, the snapshot lists that layer
+/// and its own `s<id>` directory goes. While a sandbox mounts the
+/// suspend's own layer, it stays; once that sandbox is gone, `gc` shares it.
+#[test]
+fn a_suspend_whose_content_is_stored_already_shares_that_layer() {
+    // The first seal waits 2 s: a resume meanwhile mounts the suspend's own layer.
+    let env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", "seal:start=sleep-once:2000")]);
+    env.import_busybox();
+    let snapshot = |id: &str| get(&env, &format!("/v1/snapshots/{id}"));
+    let own_dir = |snap: &str| env.root.join("layers").join(format!("s{snap}"));
+    // An empty increment, then a suspend with nothing changed since.
+    let empty_then_suspend = |id: &str| {
+        post(&env, &format!("/v1/sandboxes/{id}/checkpoint"), json!({}));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        post(&env, &format!("/v1/sandboxes/{id}/checkpoint"), json!({}));
+        let empty = post(&env, &format!("/v1/sandboxes/{id}/checkpoint"), json!({}));
+        assert_eq!(empty["info"]["entries"], json!(0), "{empty}");
+        (empty, env.cli_ok(&["suspend", id]).trim().to_string())
+    };
+
+    let a = create(&env, json!({"image": "busybox", "work_context": "a"}));
+    sh(&env, &a, "echo kept > /kept");
+    let (empty, first) = empty_then_suspend(&a);
+    let b = env.cli_ok(&["resume", &first]).trim().to_string();
+    let info = sealed(&env, &first);
+    assert_eq!(info["diff_id"], empty["diff_id"], "the same content: {info}");
+    assert_eq!(info["layer"], json!(format!("s{first}")), "shared while a sandbox mounts it: {info}");
+    assert!(own_dir(&first).join("fs").is_dir());
+    assert_eq!(stdout(&sh(&env, &b, "cat /kept")), "kept\n");
+    env.cli_ok(&["rm", &b]);
+    env.cli_ok(&["gc"]);
+    assert_eq!(snapshot(&first)["layer"], empty["layer"], "gc shares it once nothing mounts it");
+    assert!(!own_dir(&first).exists(), "the suspend's own layer is gone");
+
+    // Sealed with nothing mounting it: shared at once.
+    let c = env.cli_ok(&["resume", "--work-context", "a"]).trim().to_string();
+    let (_, second) = empty_then_suspend(&c);
+    let info = sealed(&env, &second);
+    assert_eq!((&info["diff_id"], &info["layer"]), (&empty["diff_id"], &empty["layer"]), "{info}");
+    assert!(!own_dir(&second).exists(), "the suspend's own layer is gone");
+    let d = env.cli_ok(&["resume", &second]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &d, "cat /kept")), "kept\n");
+    env.cli_ok(&["rm", &d]);
+    env.finish();
+}
+
 /// 500 checkpoints of one running sandbox, each an increment over the one
 /// before: compaction keeps the chain short enough to mount, and the last
 /// one forks and runs, with every file as the sandbox last wrote it.

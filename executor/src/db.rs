@@ -452,6 +452,11 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX e2b_snapshots_owner ON e2b_snapshots(owner, created_at);
     "#,
+    // 14: a suspend's layer, once sealed, is looked up by its content (a
+    // layer already holding the same tar takes its place: stored once).
+    r#"
+    CREATE INDEX layers_diff_id ON layers(diff_id);
+    "#,
 ];
 
 pub struct Db {
@@ -1648,6 +1653,58 @@ impl Db {
         .map_err(q("set snapshot blob"))?;
         tx.execute("DELETE FROM snapshot_blob_pending WHERE snapshot_id = ?1", [id]).map_err(q("clear pending"))?;
         tx.commit().map_err(q("commit set blob"))
+    }
+
+    /// Sealed suspends whose layer (`s<id>`) another layer holds already
+    /// (the same diff_id, fully hydrated): what [`Db::share_layer`] folds.
+    pub fn duplicate_suspended_layers(&self) -> Result<Vec<String>, DbError> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT s.id FROM snapshots s JOIN layers l ON l.id = s.layer_id \
+                 WHERE substr(l.id, 1, 1) = 's' AND l.diff_id IS NOT NULL AND EXISTS ( \
+                   SELECT 1 FROM layers o WHERE o.diff_id = l.diff_id AND o.id != l.id \
+                   AND o.id NOT IN (SELECT layer_id FROM layer_hydration)) \
+                 ORDER BY s.created_at, s.id",
+            )
+            .map_err(q("duplicate layers"))?;
+        let ids = st.query_map([], |r| r.get(0)).map_err(q("duplicate layers"))?;
+        ids.collect::<Result<_, _>>().map_err(q("duplicate layers"))
+    }
+
+    /// If snapshot `id`'s layer is a sealed suspend's (`s<id>`) and another
+    /// layer has the same content (diff_id; one named by it preferred, and
+    /// hydrated), the snapshot lists that one instead and the suspend's
+    /// row goes. Returns the layer no longer listed (its directory is the
+    /// collector's). The caller makes sure nothing mounts or reads it.
+    pub fn share_layer(&mut self, id: &str) -> Result<Option<String>, DbError> {
+        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin share"))?;
+        let own: Option<(String, String)> = tx
+            .query_row(
+                "SELECT l.id, l.diff_id FROM snapshots s JOIN layers l ON l.id = s.layer_id \
+                 WHERE s.id = ?1 AND substr(l.id, 1, 1) = 's' AND l.diff_id IS NOT NULL",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(q("snapshot layer"))?;
+        let Some((own, diff_id)) = own else { return Ok(None) };
+        let other: Option<String> = tx
+            .query_row(
+                "SELECT id FROM layers WHERE diff_id = ?1 AND id != ?2 \
+                 AND id NOT IN (SELECT layer_id FROM layer_hydration) \
+                 ORDER BY id = diff_id DESC, created_at, id LIMIT 1",
+                [&diff_id, &own],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(q("layer by content"))?;
+        let Some(other) = other else { return Ok(None) };
+        tx.execute("UPDATE snapshots SET layer_id = ?2 WHERE layer_id = ?1", [&own, &other])
+            .map_err(q("share layer"))?;
+        let gone = delete_layer_if_unused(&tx, &own)?;
+        tx.commit().map_err(q("commit share"))?;
+        Ok(gone.then_some(own))
     }
 
     /// A suspended snapshot whose layer cannot be serialised (what the

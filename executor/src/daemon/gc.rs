@@ -92,8 +92,42 @@ impl Daemon {
             }
         }
         report.kept = kept.into_iter().collect();
+        // Suspends sealed while their layer was in use share it now.
+        // (The list first: a `for` would hold the lock across the loop.)
+        let duplicates = lock(&self.db).duplicate_suspended_layers()?;
+        for id in duplicates {
+            if let Ok(id) = id.parse() {
+                self.share_layer(&id, 0)?;
+            }
+        }
         report.collected = self.collect(Scope::Everything, [])?;
         Ok(report)
+    }
+
+    /// Store a sealed suspend's layer once: if another layer holds the
+    /// same content, snapshot `id` lists that one and its own `s<id>`
+    /// directory goes to the collector. Done only while nothing can be
+    /// reading that directory: no live sandbox mounts it and no launch or
+    /// read of any snapshot is in flight (no pin but the caller's own
+    /// `own_pins` on `id`; a launch pins the snapshot it starts from, whose
+    /// chain may hold this layer); otherwise the next `gc` tries again.
+    /// Returns whether the snapshot now shares a layer.
+    pub(crate) fn share_layer(&self, id: &crate::ids::SnapshotId, own_pins: usize) -> Result<bool, CollectError> {
+        let layer = crate::ids::LayerId::suspended(id);
+        let gone = {
+            let mut db = lock(&self.db);
+            let pool = lock(&self.pool);
+            let mounted = pool.live.values().any(|s| s.spec.layers.contains(&layer));
+            let pinned = pool.pinned.iter().any(|(p, n)| p.as_str() != id.as_str() || *n > own_pins);
+            if mounted || pinned || pool.doomed.contains(id.as_str()) {
+                return Ok(false);
+            }
+            db.share_layer(id.as_str()).map_err(CollectError::from)?
+        };
+        let Some(gone) = gone else { return Ok(false) };
+        tracing::info!("snapshot {id}: its layer's content is stored already; {gone} goes");
+        self.collect(Scope::Released, [Resource::Layer(gone)])?;
+        Ok(true)
     }
 
     /// The store's use by images, snapshots and live sandboxes, and what

@@ -1339,6 +1339,7 @@ impl Daemon {
         if !lock(&self.db).blob_pending(id)? {
             return Ok(());
         }
+        crate::failpoint::hit("seal:start");
         let started = Instant::now();
         let store = &self.rt.store;
         let dir = store.layer_dir(&row.layer);
@@ -1400,6 +1401,11 @@ impl Daemon {
         let diff_id = Some(format!("sha256:{hex}").parse()?);
         let layer = LayerRow { id: row.layer.clone(), diff_id, size: stats.bytes, entries: stats.entries };
         lock(&self.db).set_snapshot_blob(id, &format!("sha256:{bhex}"), size, &layer, &info)?;
+        // Content known: stored once if another layer holds it (this
+        // seal's own pin aside).
+        if let Err(e) = self.share_layer(&snap, 1) {
+            tracing::warn!("snapshot {id}: sharing its layer: {}", crate::error::chain(&e));
+        }
         Ok(())
     }
 
