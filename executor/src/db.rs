@@ -1676,8 +1676,10 @@ impl Db {
     /// layer has the same content (diff_id; one named by it preferred, and
     /// hydrated), the snapshot lists that one instead and the suspend's
     /// row goes. Returns the layer no longer listed (its directory is the
-    /// collector's). The caller makes sure nothing mounts or reads it.
-    pub fn share_layer(&mut self, id: &str) -> Result<Option<String>, DbError> {
+    /// collector's). The caller makes sure nothing mounts or reads it;
+    /// `present` says whether a layer's directory is there (a removal
+    /// deletes it before its row).
+    pub fn share_layer(&mut self, id: &str, present: impl Fn(&str) -> bool) -> Result<Option<String>, DbError> {
         let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin share"))?;
         let own: Option<(String, String)> = tx
             .query_row(
@@ -1689,16 +1691,18 @@ impl Db {
             .optional()
             .map_err(q("snapshot layer"))?;
         let Some((own, diff_id)) = own else { return Ok(None) };
-        let other: Option<String> = tx
-            .query_row(
-                "SELECT id FROM layers WHERE diff_id = ?1 AND id != ?2 \
-                 AND id NOT IN (SELECT layer_id FROM layer_hydration) \
-                 ORDER BY id = diff_id DESC, created_at, id LIMIT 1",
-                [&diff_id, &own],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(q("layer by content"))?;
+        let candidates: Vec<String> = {
+            let mut st = tx
+                .prepare(
+                    "SELECT id FROM layers WHERE diff_id = ?1 AND id != ?2 \
+                     AND id NOT IN (SELECT layer_id FROM layer_hydration) \
+                     ORDER BY id = diff_id DESC, created_at, id",
+                )
+                .map_err(q("layers by content"))?;
+            let rows = st.query_map([&diff_id, &own], |r| r.get(0)).map_err(q("layers by content"))?;
+            rows.collect::<Result<_, _>>().map_err(q("layers by content"))?
+        };
+        let other = candidates.into_iter().find(|c| present(c));
         let Some(other) = other else { return Ok(None) };
         tx.execute("UPDATE snapshots SET layer_id = ?2 WHERE layer_id = ?1", [&own, &other])
             .map_err(q("share layer"))?;

@@ -122,7 +122,10 @@ impl Daemon {
             if mounted || pinned || pool.doomed.contains(id.as_str()) {
                 return Ok(false);
             }
-            db.share_layer(id.as_str()).map_err(CollectError::from)?
+            // (Layer directories are removed under the database lock,
+            // held here: what is there stays while the row changes.)
+            let present = |l: &str| self.rt.store.layer_dir(l).join("fs").is_dir();
+            db.share_layer(id.as_str(), present).map_err(CollectError::from)?
         };
         let Some(gone) = gone else { return Ok(false) };
         tracing::info!("snapshot {id}: its layer's content is stored already; {gone} goes");
