@@ -108,19 +108,30 @@ impl Daemon {
     /// same content, snapshot `id` lists that one and its own `s<id>`
     /// directory goes to the collector. Done only while nothing can be
     /// reading that directory: no live sandbox mounts it and no launch or
-    /// read of any snapshot is in flight (no pin but the caller's own
-    /// `own_pins` on `id`; a launch pins the snapshot it starts from, whose
-    /// chain may hold this layer); otherwise the next `gc` tries again.
+    /// read of a snapshot whose chain holds it is in flight (a launch pins
+    /// the snapshot it starts from; the caller's own `own_pins` on `id`
+    /// aside); otherwise the next `gc` tries again.
     /// Returns whether the snapshot now shares a layer.
     pub(crate) fn share_layer(&self, id: &crate::ids::SnapshotId, own_pins: usize) -> Result<bool, CollectError> {
         let layer = crate::ids::LayerId::suspended(id);
         let gone = {
+            // The database lock is held throughout: a launch pins its
+            // snapshot before it reads the chain under this lock, so one
+            // pinning later reads the chain as it is after this.
             let mut db = lock(&self.db);
-            let pool = lock(&self.pool);
-            let mounted = pool.live.values().any(|s| s.spec.layers.contains(&layer));
-            let pinned = pool.pinned.iter().any(|(p, n)| p.as_str() != id.as_str() || *n > own_pins);
-            if mounted || pinned || pool.doomed.contains(id.as_str()) {
-                return Ok(false);
+            let pinned: Vec<String> = {
+                let pool = lock(&self.pool);
+                let mounted = pool.live.values().any(|s| s.spec.layers.contains(&layer));
+                if mounted || pool.doomed.contains(id.as_str()) {
+                    return Ok(false);
+                }
+                let other = |p: &String, n: usize| p.as_str() != id.as_str() || n > own_pins;
+                pool.pinned.iter().filter(|(p, n)| other(p, **n)).map(|(p, _)| p.clone()).collect()
+            };
+            for p in pinned {
+                if db.snapshot_layer_chain(&p)?.iter().any(|s| s.layer == layer) {
+                    return Ok(false);
+                }
             }
             // (Layer directories are removed under the database lock,
             // held here: what is there stays while the row changes.)
