@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::params;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ImageName, LayerId, SandboxId, SnapshotId};
@@ -17,8 +17,10 @@ use crate::spec::SandboxSpec;
 
 mod e2b;
 mod results;
+pub mod sql;
 pub use e2b::{E2bSandbox, E2bSnapshot, E2bSpec};
 pub use results::{Evaluation, StoreUsage, MAX_LABEL_KEY, MAX_LABEL_VALUE};
+use sql::{Conn, Optional, Row, SqlError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
@@ -40,7 +42,7 @@ pub enum DbError {
     Query {
         what: &'static str,
         #[source]
-        source: rusqlite::Error,
+        source: SqlError,
     },
     #[error("refused to record {0}")]
     Invalid(String),
@@ -54,9 +56,9 @@ pub enum DbError {
 
 /// What a query that found no row says: the row it looked for was deleted
 /// by another request meanwhile (a checkpoint or suspend racing `rm`).
-fn removed_meanwhile(e: &rusqlite::Error) -> &'static str {
+fn removed_meanwhile(e: &SqlError) -> &'static str {
     match e {
-        rusqlite::Error::QueryReturnedNoRows => ": not found (removed while this request ran)",
+        SqlError::NoRows => ": not found (removed while this request ran)",
         _ => "",
     }
 }
@@ -67,13 +69,13 @@ impl crate::error::Classify for DbError {
             // The row a request was working on was deleted by another
             // request meanwhile (a checkpoint or suspend racing `rm`): that
             // object is gone, not the daemon broken.
-            DbError::Query { source: rusqlite::Error::QueryReturnedNoRows, .. } => crate::error::ErrorKind::NotFound,
+            DbError::Query { source: SqlError::NoRows, .. } => crate::error::ErrorKind::NotFound,
             _ => crate::error::ErrorKind::of_host_failure(self),
         }
     }
 }
 
-fn q(what: &'static str) -> impl FnOnce(rusqlite::Error) -> DbError {
+fn q(what: &'static str) -> impl FnOnce(SqlError) -> DbError {
     move |source| DbError::Query { what, source }
 }
 
@@ -460,7 +462,7 @@ const MIGRATIONS: &[&str] = &[
 ];
 
 pub struct Db {
-    conn: Connection,
+    conn: Conn,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -683,9 +685,9 @@ pub struct SandboxRow {
     pub created_at: i64,
 }
 
-fn insert_layer(tx: &rusqlite::Transaction<'_>, layer: &LayerRow) -> Result<(), DbError> {
+fn insert_layer(tx: &Conn, layer: &LayerRow) -> Result<(), DbError> {
     tx.execute(
-        "INSERT OR IGNORE INTO layers (id, diff_id, size, entries, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO layers (id, diff_id, size, entries, created_at) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
         params![layer.id, layer.diff_id.as_ref().map(Digest::hex), layer.size as i64, layer.entries as i64, now()],
     )
     .map_err(q("insert layer"))?;
@@ -693,10 +695,10 @@ fn insert_layer(tx: &rusqlite::Transaction<'_>, layer: &LayerRow) -> Result<(), 
 }
 
 /// A live sandbox's lineage and the head it observed, as its row says.
-fn sandbox_lineage_in(conn: &Connection, id: &SandboxId) -> Result<(Option<String>, Option<SnapshotId>), DbError> {
+fn sandbox_lineage_in(conn: &Conn, id: &SandboxId) -> Result<(Option<String>, Option<SnapshotId>), DbError> {
     conn.query_row(
         "SELECT json_extract(spec, '$.work_context'), json_extract(spec, '$.observed_head') FROM sandboxes WHERE id = ?1",
-        [id.as_str()],
+        params![id.as_str()],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )
     .map_err(q("sandbox lineage"))
@@ -706,7 +708,7 @@ fn sandbox_lineage_in(conn: &Connection, id: &SandboxId) -> Result<(Option<Strin
 /// A digest column: `sha256:<hex>` text, or (`hex_only`) its 64 hex
 /// characters (a layer's diff_id). NULL or empty while there is none yet;
 /// anything else malformed is an error.
-fn digest_column(r: &rusqlite::Row<'_>, col: usize, hex_only: bool) -> rusqlite::Result<Option<Digest>> {
+fn digest_column(r: &Row<'_>, col: usize, hex_only: bool) -> Result<Option<Digest>, SqlError> {
     match r.get::<_, Option<String>>(col)? {
         None => Ok(None),
         Some(s) if s.is_empty() => Ok(None),
@@ -714,13 +716,13 @@ fn digest_column(r: &rusqlite::Row<'_>, col: usize, hex_only: bool) -> rusqlite:
             let text = if hex_only { format!("sha256:{s}") } else { s };
             text.parse()
                 .map(Some)
-                .map_err(|e| rusqlite::Error::FromSqlConversionFailure(col, rusqlite::types::Type::Text, Box::new(e)))
+                .map_err(|e| SqlError::Decode { col, source: rusqlite::types::FromSqlError::Other(Box::new(e)) })
         }
     }
 }
 
-fn lineage_head_in(conn: &Connection, wc: &str) -> Result<(Option<SnapshotId>, i64, LineageState), DbError> {
-    conn.query_row("SELECT head_id, head_seq, state FROM work_contexts WHERE id = ?1", [wc], |r| {
+fn lineage_head_in(conn: &Conn, wc: &str) -> Result<(Option<SnapshotId>, i64, LineageState), DbError> {
+    conn.query_row("SELECT head_id, head_seq, state FROM work_contexts WHERE id = ?1", params![wc], |r| {
         Ok((r.get(0)?, r.get(1)?, r.get(2)?))
     })
     .map_err(q("work context head"))
@@ -739,7 +741,7 @@ fn fence(wc: &str, observed: &Option<SnapshotId>, head: &Option<SnapshotId>, sta
 }
 
 fn ready_baseline_in(
-    conn: &Connection,
+    conn: &Conn,
     owner: &str,
     repo: &str,
     image_id: i64,
@@ -757,7 +759,7 @@ fn ready_baseline_in(
 
 /// Insert a snapshot row as it is (its class, state, lineage and baseline
 /// fields set by the caller; the schema's CHECKs keep them consistent).
-fn insert_snapshot_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow, info: &str) -> Result<(), DbError> {
+fn insert_snapshot_row(tx: &Conn, snap: &SnapshotRow, info: &str) -> Result<(), DbError> {
     let b = snap.baseline.as_ref();
     let evidence = b
         .map(|b| serde_json::to_string(&b.evidence))
@@ -795,19 +797,21 @@ fn insert_snapshot_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow, info:
 }
 
 fn insert_image_in(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &Conn,
     name: &ImageName,
     manifest_digest: &Digest,
     config_digest: &Digest,
     config: &str,
     layers: &[(LayerRow, Digest)],
 ) -> Result<i64, DbError> {
-    tx.execute(
-        "INSERT INTO images (name, manifest_digest, config_digest, config, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-        params![name.as_str(), manifest_digest, config_digest, config, now()],
-    )
-    .map_err(q("insert image"))?;
-    let image_id = tx.last_insert_rowid();
+    let image_id: i64 = tx
+        .query_row(
+            "INSERT INTO images (name, manifest_digest, config_digest, config, created_at) \
+             VALUES (?1, ?2, ?3, ?4, ?5) RETURNING id",
+            params![name.as_str(), manifest_digest, config_digest, config, now()],
+            |r| r.get(0),
+        )
+        .map_err(q("insert image"))?;
     for (pos, (layer, blob)) in layers.iter().enumerate() {
         insert_layer(tx, layer)?;
         tx.execute(
@@ -865,7 +869,7 @@ pub enum PullConflict {
     BeingRemoved(SnapshotId),
 }
 
-fn insert_pulled_row(tx: &rusqlite::Transaction<'_>, snap: &SnapshotRow) -> Result<(), DbError> {
+fn insert_pulled_row(tx: &Conn, snap: &SnapshotRow) -> Result<(), DbError> {
     let info = serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
     insert_snapshot_row(tx, snap, &info)
 }
@@ -892,18 +896,13 @@ pub const PULLED_UNCHECKED: &str = "pulled: not yet checked on this host";
 /// Delete a layer's row if no image or snapshot lists it; true if deleted.
 /// The lineage a sandbox appends to; a sandbox from before lineages gets
 /// its own, from now.
-fn adopt_lineage_in(
-    tx: &rusqlite::Transaction<'_>,
-    sandbox: &SandboxId,
-    wc: Option<String>,
-    image_id: i64,
-) -> Result<String, DbError> {
+fn adopt_lineage_in(tx: &Conn, sandbox: &SandboxId, wc: Option<String>, image_id: i64) -> Result<String, DbError> {
     if let Some(wc) = wc {
         return Ok(wc);
     }
     tx.execute(
-        "INSERT OR IGNORE INTO work_contexts (id, image_id, start_kind, state, created_at, used_at) \
-         VALUES (?1, ?2, 'image', 'active', ?3, ?3)",
+        "INSERT INTO work_contexts (id, image_id, start_kind, state, created_at, used_at) \
+         VALUES (?1, ?2, 'image', 'active', ?3, ?3) ON CONFLICT DO NOTHING",
         params![sandbox.as_str(), image_id, now()],
     )
     .map_err(q("adopt work context"))?;
@@ -912,15 +911,13 @@ fn adopt_lineage_in(
 
 /// Insert an exec record (its id is the database's; `pulled`: a pulled
 /// snapshot's); returns the id.
-fn insert_exec_record_in(conn: &Connection, r: &ExecRecord, pulled: bool) -> Result<i64, DbError> {
+fn insert_exec_record_in(conn: &Conn, r: &ExecRecord, pulled: bool) -> Result<i64, DbError> {
     let argv = serde_json::to_string(&r.argv).map_err(|source| DbError::Decode { what: "argv", source })?;
     let out = r.output.as_ref();
-    conn.prepare_cached(
+    conn.query_row(
         "INSERT INTO exec_records (sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes, \
-         stdout, stderr, output_cut, pulled) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-    )
-    .and_then(|mut st| {
-        st.execute(params![
+         stdout, stderr, output_cut, pulled) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) RETURNING id",
+        params![
             r.sandbox_id,
             argv,
             r.cwd,
@@ -932,26 +929,67 @@ fn insert_exec_record_in(conn: &Connection, r: &ExecRecord, pulled: bool) -> Res
             out.map(|o| &o.stderr),
             out.map_or(0, |o| o.cut as i64),
             pulled,
-        ])
-    })
-    .map_err(q("insert exec record"))?;
-    Ok(conn.last_insert_rowid())
+        ],
+        |r| r.get(0),
+    )
+    .map_err(q("insert exec record"))
 }
 
-fn delete_layer_if_unused(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<bool, DbError> {
+fn delete_layer_if_unused(tx: &Conn, id: &str) -> Result<bool, DbError> {
     let used = tx
         .query_row(
             "SELECT 1 FROM image_layers WHERE layer_id = ?1 UNION ALL SELECT 1 FROM snapshots WHERE layer_id = ?1 LIMIT 1",
-            [id],
+            params![id],
             |_| Ok(()),
         )
         .optional()
         .map_err(q("layer users"))?
         .is_some();
     if !used {
-        tx.execute("DELETE FROM layers WHERE id = ?1", [id]).map_err(q("delete layer"))?;
+        tx.execute("DELETE FROM layers WHERE id = ?1", params![id]).map_err(q("delete layer"))?;
     }
     Ok(!used)
+}
+
+/// Bring a SQLite catalog to the newest schema.
+fn migrate_sqlite(conn: &mut rusqlite::Connection) -> Result<(), DbError> {
+    let current: usize = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(|source| DbError::Migrate { version: 0, source })?;
+    if current > MIGRATIONS.len() {
+        return Err(DbError::TooNew { found: current, known: MIGRATIONS.len() });
+    }
+    // Table rebuilds drop tables others refer to: foreign keys are off
+    // while migrating (the pragma is a no-op inside a transaction) and
+    // checked before each commit.
+    let fk = |conn: &rusqlite::Connection, on: bool, version| {
+        conn.pragma_update(None, "foreign_keys", if on { "ON" } else { "OFF" })
+            .map_err(|source| DbError::Migrate { version, source })
+    };
+    fk(conn, false, current)?;
+    let result = (|| {
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
+            let version = i + 1;
+            let err = |source| DbError::Migrate { version, source };
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Exclusive).map_err(err)?;
+            tx.execute_batch(sql).map_err(err)?;
+            let broken = {
+                use rusqlite::OptionalExtension;
+                tx.query_row("PRAGMA foreign_key_check", [], |_| Ok(())).optional().map_err(err)?
+            };
+            if broken.is_some() {
+                return Err(err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY),
+                    Some("a foreign key is broken after the migration".into()),
+                )));
+            }
+            tx.pragma_update(None, "user_version", version).map_err(err)?;
+            tx.commit().map_err(err)?;
+        }
+        Ok(())
+    })();
+    fk(conn, true, MIGRATIONS.len())?;
+    result
 }
 
 pub fn now() -> i64 {
@@ -961,72 +999,37 @@ pub fn now() -> i64 {
 impl Db {
     pub fn open(path: &Path) -> Result<Db, DbError> {
         let open_err = |source| DbError::Open { path: path.display().to_string(), source };
-        let conn = Connection::open(path).map_err(open_err)?;
+        let mut conn = rusqlite::Connection::open(path).map_err(open_err)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(open_err)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(open_err)?;
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(open_err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(open_err)?;
-        let mut db = Db { conn };
-        db.migrate()?;
-        Ok(db)
+        migrate_sqlite(&mut conn)?;
+        Ok(Db { conn: Conn::sqlite(conn) })
     }
 
     pub fn open_in_memory() -> Result<Db, DbError> {
-        let conn = Connection::open_in_memory().map_err(|source| DbError::Open { path: ":memory:".into(), source })?;
-        conn.pragma_update(None, "foreign_keys", "ON")
-            .map_err(|source| DbError::Open { path: ":memory:".into(), source })?;
-        let mut db = Db { conn };
-        db.migrate()?;
-        Ok(db)
-    }
-
-    fn migrate(&mut self) -> Result<(), DbError> {
-        let current: usize = self
-            .conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))
-            .map_err(|source| DbError::Migrate { version: 0, source })?;
-        if current > MIGRATIONS.len() {
-            return Err(DbError::TooNew { found: current, known: MIGRATIONS.len() });
-        }
-        // Table rebuilds drop tables others refer to: foreign keys are off
-        // while migrating (the pragma is a no-op inside a transaction) and
-        // checked before each commit.
-        let fk = |conn: &Connection, on: bool, version| {
-            conn.pragma_update(None, "foreign_keys", if on { "ON" } else { "OFF" })
-                .map_err(|source| DbError::Migrate { version, source })
-        };
-        fk(&self.conn, false, current)?;
-        let result = (|| {
-            for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
-                let version = i + 1;
-                let err = |source| DbError::Migrate { version, source };
-                let tx = self.conn.transaction_with_behavior(TransactionBehavior::Exclusive).map_err(err)?;
-                tx.execute_batch(sql).map_err(err)?;
-                let broken = tx.query_row("PRAGMA foreign_key_check", [], |_| Ok(())).optional().map_err(err)?;
-                if broken.is_some() {
-                    return Err(err(rusqlite::Error::SqliteFailure(
-                        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CONSTRAINT_FOREIGNKEY),
-                        Some("a foreign key is broken after the migration".into()),
-                    )));
-                }
-                tx.pragma_update(None, "user_version", version).map_err(err)?;
-                tx.commit().map_err(err)?;
-            }
-            Ok(())
-        })();
-        fk(&self.conn, true, MIGRATIONS.len())?;
-        result
+        let open_err = |source| DbError::Open { path: ":memory:".into(), source };
+        let mut conn = rusqlite::Connection::open_in_memory().map_err(open_err)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(open_err)?;
+        migrate_sqlite(&mut conn)?;
+        Ok(Db { conn: Conn::sqlite(conn) })
     }
 
     pub fn schema_version(&self) -> Result<usize, DbError> {
-        self.conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(q("schema version"))
+        match self.conn.as_sqlite() {
+            Some(c) => {
+                c.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(|e| q("schema version")(e.into()))
+            }
+            None => Ok(MIGRATIONS.len()),
+        }
     }
 
     // ---- layers and images ----
 
     pub fn layer_exists(&self, id: &str) -> Result<bool, DbError> {
         self.conn
-            .query_row("SELECT 1 FROM layers WHERE id = ?1", [id], |_| Ok(()))
+            .query_row("SELECT 1 FROM layers WHERE id = ?1", params![id], |_| Ok(()))
             .optional()
             .map(|o| o.is_some())
             .map_err(q("layer exists"))
@@ -1038,7 +1041,7 @@ impl Db {
             .query_row(
                 "SELECT EXISTS (SELECT 1 FROM snapshots WHERE blob_digest = ?1) \
                  OR EXISTS (SELECT 1 FROM image_layers WHERE blob_digest = ?1)",
-                [digest],
+                params![digest],
                 |r| r.get(0),
             )
             .map_err(q("blob listed"))
@@ -1047,18 +1050,13 @@ impl Db {
     /// Every blob digest (`sha256:<hex>`) a snapshot or an image layer
     /// refers to.
     pub fn all_blobs(&self) -> Result<std::collections::HashSet<String>, DbError> {
-        let mut st = self
-            .conn
-            .prepare("SELECT blob_digest FROM snapshots UNION SELECT blob_digest FROM image_layers")
-            .map_err(q("list blobs"))?;
-        let rows = st.query_map([], |r| r.get(0)).map_err(q("list blobs"))?;
-        rows.collect::<Result<_, _>>().map_err(q("list blobs"))
+        self.conn
+            .query("SELECT blob_digest FROM snapshots UNION SELECT blob_digest FROM image_layers", &[], |r| r.get(0))
+            .map_err(q("list blobs"))
     }
 
     pub fn all_layers(&self) -> Result<Vec<String>, DbError> {
-        let mut st = self.conn.prepare("SELECT id FROM layers").map_err(q("list layers"))?;
-        let rows = st.query_map([], |r| r.get(0)).map_err(q("list layers"))?;
-        rows.collect::<Result<_, _>>().map_err(q("list layers"))
+        self.conn.query("SELECT id FROM layers", &[], |r| r.get(0)).map_err(q("list layers"))
     }
 
     /// Insert an image and any of its layers not yet known, in one transaction.
@@ -1073,7 +1071,7 @@ impl Db {
     ) -> Result<i64, DbError> {
         let config =
             serde_json::to_string(config).map_err(|source| DbError::Decode { what: "image config", source })?;
-        let tx = self.conn.transaction().map_err(q("begin insert image"))?;
+        let tx = self.conn.transaction(false).map_err(q("begin insert image"))?;
         let image_id = insert_image_in(&tx, name, manifest_digest, config_digest, &config, layers)?;
         tx.commit().map_err(q("commit insert image"))?;
         Ok(image_id)
@@ -1083,14 +1081,13 @@ impl Db {
         let (id, name, manifest_digest, config_digest, config, created_at) = r;
         let config =
             serde_json::from_str(&config).map_err(|source| DbError::Decode { what: "image config", source })?;
-        let mut st = self
+        let pairs: Vec<(LayerId, Digest)> = self
             .conn
-            .prepare_cached("SELECT layer_id, blob_digest FROM image_layers WHERE image_id = ?1 ORDER BY position")
-            .map_err(q("image layers"))?;
-        let pairs: Vec<(LayerId, Digest)> = st
-            .query_map([id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .map_err(q("image layers"))?
-            .collect::<Result<_, _>>()
+            .query(
+                "SELECT layer_id, blob_digest FROM image_layers WHERE image_id = ?1 ORDER BY position",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .map_err(q("image layers"))?;
         let (layers, blobs) = pairs.into_iter().unzip();
         Ok(ImageRow { id, name, manifest_digest, config_digest, config, layers, blobs, created_at })
@@ -1110,7 +1107,7 @@ impl Db {
         let sql = format!("SELECT {} FROM images WHERE {cond}", Self::IMAGE_COLS);
         let row = self
             .conn
-            .query_row(&sql, [arg], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
+            .query_row(&sql, params![arg], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
             .optional()
             .map_err(q("get image"))?;
         row.map(|r| self.image_from_row(r)).transpose()
@@ -1118,11 +1115,9 @@ impl Db {
 
     pub fn list_images(&self) -> Result<Vec<ImageRow>, DbError> {
         let sql = format!("SELECT {} FROM images ORDER BY name", Self::IMAGE_COLS);
-        let mut st = self.conn.prepare(&sql).map_err(q("list images"))?;
-        let rows: Vec<_> = st
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
-            .map_err(q("list images"))?
-            .collect::<Result<_, _>>()
+        let rows: Vec<_> = self
+            .conn
+            .query(&sql, &[], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
             .map_err(q("list images"))?;
         rows.into_iter().map(|r| self.image_from_row(r)).collect()
     }
@@ -1131,53 +1126,44 @@ impl Db {
     /// more (their rows are deleted too; the caller removes the directories).
     /// Refuses (returns `Ok(Err(users))`) while sandboxes use the image.
     pub fn delete_image(&mut self, image_id: i64) -> Result<Result<Vec<String>, Vec<String>>, DbError> {
-        let tx =
-            self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin delete image"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin delete image"))?;
         // Captures that failed hold nothing: they go with the image (kept
         // if anything else refuses it: the transaction is not committed).
         let failed: Vec<String> = {
-            let mut st = tx
-                .prepare(
-                    "SELECT id FROM snapshots WHERE image_id = ?1 AND state = 'failed' \
+            tx.query(
+                "SELECT id FROM snapshots WHERE image_id = ?1 AND state = 'failed' \
                      AND json_extract(info, '$.capture_error') IS NOT NULL",
-                )
-                .map_err(q("failed captures"))?;
-            let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("failed captures"))?;
-            rows.collect::<Result<_, _>>().map_err(q("failed captures"))?
+                params![image_id],
+                |r| r.get(0),
+            )
+            .map_err(q("failed captures"))?
         };
         for id in &failed {
             let layer: String = tx
-                .query_row("SELECT layer_id FROM snapshots WHERE id = ?1", [id], |r| r.get(0))
+                .query_row("SELECT layer_id FROM snapshots WHERE id = ?1", params![id], |r| r.get(0))
                 .map_err(q("failed capture"))?;
-            tx.execute("DELETE FROM snapshots WHERE id = ?1", [id]).map_err(q("delete failed capture"))?;
+            tx.execute("DELETE FROM snapshots WHERE id = ?1", params![id]).map_err(q("delete failed capture"))?;
             delete_layer_if_unused(&tx, &layer)?;
         }
         let users: Vec<String> = {
-            let mut st = tx
-                .prepare("SELECT id FROM sandboxes WHERE image_id = ?1 UNION ALL SELECT 'snapshot ' || id FROM snapshots WHERE image_id = ?1")
-                .map_err(q("image users"))?;
-            let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image users"))?;
-            rows.collect::<Result<_, _>>().map_err(q("image users"))?
+            tx.query("SELECT id FROM sandboxes WHERE image_id = ?1 UNION ALL SELECT 'snapshot ' || id FROM snapshots WHERE image_id = ?1", params![image_id], |r| r.get(0)).map_err(q("image users"))?
         };
         if !users.is_empty() {
             return Ok(Err(users));
         }
         let layers: Vec<String> = {
-            let mut st = tx
-                .prepare("SELECT DISTINCT layer_id FROM image_layers WHERE image_id = ?1")
-                .map_err(q("image layers"))?;
-            let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image layers"))?;
-            rows.collect::<Result<_, _>>().map_err(q("image layers"))?
+            tx.query("SELECT DISTINCT layer_id FROM image_layers WHERE image_id = ?1", params![image_id], |r| r.get(0))
+                .map_err(q("image layers"))?
         };
         // Lineages of the image that hold no snapshot go with it (with
         // their restore records); one that holds any was refused above.
         tx.execute(
             "DELETE FROM work_contexts WHERE image_id = ?1 \
              AND NOT EXISTS (SELECT 1 FROM snapshots s WHERE s.work_context = work_contexts.id)",
-            [image_id],
+            params![image_id],
         )
         .map_err(q("delete image lineages"))?;
-        tx.execute("DELETE FROM images WHERE id = ?1", [image_id]).map_err(q("delete image"))?;
+        tx.execute("DELETE FROM images WHERE id = ?1", params![image_id]).map_err(q("delete image"))?;
         let mut orphans = Vec::new();
         for l in layers {
             if delete_layer_if_unused(&tx, &l)? {
@@ -1207,7 +1193,7 @@ impl Db {
     ) -> Result<Result<(), Fence>, DbError> {
         let info =
             serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin append"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin append"))?;
         let (wc, observed) = sandbox_lineage_in(&tx, sandbox)?;
         let wc = adopt_lineage_in(&tx, sandbox, wc, snap.image_id)?;
         let (head, seq, state) = lineage_head_in(&tx, &wc)?;
@@ -1228,7 +1214,9 @@ impl Db {
         // its layer, blob, info and place in the lineage now, and its
         // placeholder layer row goes.
         let capturing: Option<String> = tx
-            .query_row("SELECT layer_id FROM snapshots WHERE id = ?1 AND state = 'capturing'", [&snap.id], |r| r.get(0))
+            .query_row("SELECT layer_id FROM snapshots WHERE id = ?1 AND state = 'capturing'", params![&snap.id], |r| {
+                r.get(0)
+            })
             .optional()
             .map_err(q("capturing row"))?;
         match capturing {
@@ -1258,11 +1246,12 @@ impl Db {
         )
         .map_err(q("advance head"))?;
         if blob_pending {
-            tx.execute("INSERT INTO snapshot_blob_pending (snapshot_id) VALUES (?1)", [&snap.id])
+            tx.execute("INSERT INTO snapshot_blob_pending (snapshot_id) VALUES (?1)", params![&snap.id])
                 .map_err(q("mark blob pending"))?;
         }
         if release {
-            tx.execute("DELETE FROM sandboxes WHERE id = ?1", [sandbox.as_str()]).map_err(q("delete sandbox"))?;
+            tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![sandbox.as_str()])
+                .map_err(q("delete sandbox"))?;
         } else {
             tx.execute(
                 "UPDATE sandboxes SET spec = json_set(spec, '$.work_context', ?2, '$.observed_head', ?3) WHERE id = ?1",
@@ -1290,7 +1279,7 @@ impl Db {
         let mut snap = SnapshotRow::new(image_id, parent, &placeholder, sandbox, serde_json::json!({}));
         snap.id = id;
         let info = "{}";
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin capture"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin capture"))?;
         let (wc, observed) = sandbox_lineage_in(&tx, sandbox)?;
         let wc = adopt_lineage_in(&tx, sandbox, wc, snap.image_id)?;
         let (head, _, state) = lineage_head_in(&tx, &wc)?;
@@ -1328,7 +1317,7 @@ impl Db {
                 "UPDATE snapshots SET state = 'failed', retired_at = ?1, parent_id = NULL, \
                  info = json_set(info, '$.capture_error', 'the daemon stopped during the capture') \
                  WHERE state = 'capturing'",
-                [now()],
+                params![now()],
             )
             .map_err(q("fail interrupted captures"))
     }
@@ -1346,22 +1335,18 @@ impl Db {
         snaps: &mut [PulledSnapshot],
         unhydrated: &[Unhydrated],
     ) -> Result<Result<i64, PullConflict>, DbError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin pull"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin pull"))?;
         let want: Vec<&str> = image.layers.iter().map(|(l, _)| l.id.as_str()).collect();
         let candidates: Vec<i64> = {
-            let mut st = tx.prepare("SELECT id FROM images WHERE manifest_digest = ?1").map_err(q("find image"))?;
-            let rows = st.query_map([&image.manifest_digest], |r| r.get(0)).map_err(q("find image"))?;
-            rows.collect::<Result<_, _>>().map_err(q("find image"))?
+            tx.query("SELECT id FROM images WHERE manifest_digest = ?1", params![&image.manifest_digest], |r| r.get(0))
+                .map_err(q("find image"))?
         };
         let mut image_id = None;
         for id in candidates {
-            let mut st = tx
-                .prepare("SELECT layer_id FROM image_layers WHERE image_id = ?1 ORDER BY position")
-                .map_err(q("image layers"))?;
-            let layers: Vec<String> = st
-                .query_map([id], |r| r.get(0))
-                .map_err(q("image layers"))?
-                .collect::<Result<_, _>>()
+            let layers: Vec<String> = tx
+                .query("SELECT layer_id FROM image_layers WHERE image_id = ?1 ORDER BY position", params![id], |r| {
+                    r.get(0)
+                })
                 .map_err(q("image layers"))?;
             if layers == want {
                 image_id = Some(id);
@@ -1375,7 +1360,8 @@ impl Db {
                 let base = image.name.as_str().rsplit_once(':').map_or(image.name.as_str(), |(n, _)| n);
                 let names: Vec<String> = vec![image.name.to_string(), format!("{base}:{hex12}")];
                 let free = names.iter().find(|n| {
-                    tx.query_row("SELECT 1 FROM images WHERE name = ?1", [n], |_| Ok(())).optional().ok() == Some(None)
+                    tx.query_row("SELECT 1 FROM images WHERE name = ?1", params![n], |_| Ok(())).optional().ok()
+                        == Some(None)
                 });
                 let Some(free) = free else {
                     return Ok(Err(PullConflict::ImageName(names)));
@@ -1392,7 +1378,7 @@ impl Db {
             let here: Option<(Option<String>, SnapshotState)> = tx
                 .query_row(
                     "SELECT l.diff_id, s.state FROM snapshots s JOIN layers l ON l.id = s.layer_id WHERE s.id = ?1",
-                    [&p.row.id],
+                    params![&p.row.id],
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()
@@ -1409,7 +1395,7 @@ impl Db {
             }
             if let Some(parent) = p.row.parent_id.clone() {
                 let known: Option<SnapshotState> = tx
-                    .query_row("SELECT state FROM snapshots WHERE id = ?1", [&parent], |r| r.get(0))
+                    .query_row("SELECT state FROM snapshots WHERE id = ?1", params![&parent], |r| r.get(0))
                     .optional()
                     .map_err(q("pulled parent"))?;
                 match known {
@@ -1440,8 +1426,8 @@ impl Db {
             match (&p.row.work_context, p.row.sequence, &p.row.baseline) {
                 (Some(wc), Some(seq), _) => {
                     tx.execute(
-                        "INSERT OR IGNORE INTO work_contexts (id, image_id, start_kind, start_id, state, created_at, \
-                         used_at) VALUES (?1, ?2, ?3, ?4, 'active', ?5, ?5)",
+                        "INSERT INTO work_contexts (id, image_id, start_kind, start_id, state, created_at, \
+                         used_at) VALUES (?1, ?2, ?3, ?4, 'active', ?5, ?5) ON CONFLICT DO NOTHING",
                         params![wc, image_id, p.start_kind, p.start_id, now()],
                     )
                     .map_err(q("pulled lineage"))?;
@@ -1497,12 +1483,12 @@ impl Db {
         }
         for u in unhydrated {
             let used = tx
-                .query_row("SELECT 1 FROM layers WHERE id = ?1", [&u.layer_id], |_| Ok(()))
+                .query_row("SELECT 1 FROM layers WHERE id = ?1", params![&u.layer_id], |_| Ok(()))
                 .optional()
                 .map_err(q("unhydrated layer"))?;
             if used.is_some() {
                 tx.execute(
-                    "INSERT OR IGNORE INTO layer_hydration (layer_id, blob_digest, compression) VALUES (?1, ?2, ?3)",
+                    "INSERT INTO layer_hydration (layer_id, blob_digest, compression) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
                     params![u.layer_id, u.blob_digest, u.compression],
                 )
                 .map_err(q("mark layer unhydrated"))?;
@@ -1518,7 +1504,7 @@ impl Db {
         self.conn
             .query_row(
                 "SELECT layer_id, blob_digest, compression, error FROM layer_hydration WHERE layer_id = ?1",
-                [layer_id],
+                params![layer_id],
                 |r| {
                     Ok(Unhydrated {
                         layer_id: r.get(0)?,
@@ -1540,22 +1526,21 @@ impl Db {
         } else {
             "SELECT layer_id FROM layer_hydration WHERE error IS NULL"
         };
-        let mut st = self.conn.prepare_cached(sql).map_err(q("unhydrated layers"))?;
-        let rows = st.query_map([], |r| r.get(0)).map_err(q("unhydrated layers"))?;
-        rows.collect::<Result<_, _>>().map_err(q("unhydrated layers"))
+        self.conn.query(sql, &[], |r| r.get(0)).map_err(q("unhydrated layers"))
     }
 
     /// A layer's tree is in place: record its size and entries. False if
     /// the layer is gone (its snapshot was removed meanwhile).
     pub fn hydrated(&mut self, layer_id: &str, size: u64, entries: u64) -> Result<bool, DbError> {
-        let tx = self.conn.transaction().map_err(q("begin hydrated"))?;
+        let tx = self.conn.transaction(false).map_err(q("begin hydrated"))?;
         let n = tx
             .execute(
                 "UPDATE layers SET size = ?2, entries = ?3 WHERE id = ?1",
                 params![layer_id, size as i64, entries as i64],
             )
             .map_err(q("hydrated layer"))?;
-        tx.execute("DELETE FROM layer_hydration WHERE layer_id = ?1", [layer_id]).map_err(q("hydrated layer"))?;
+        tx.execute("DELETE FROM layer_hydration WHERE layer_id = ?1", params![layer_id])
+            .map_err(q("hydrated layer"))?;
         tx.commit().map_err(q("commit hydrated"))?;
         Ok(n == 1)
     }
@@ -1572,7 +1557,7 @@ impl Db {
          s.sequence, s.predecessor_id, s.owner, s.repo, s.ref, s.commit_id, s.evidence \
          FROM snapshots s JOIN layers l ON l.id = s.layer_id";
 
-    fn snapshot_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SnapshotRow, String)> {
+    fn snapshot_from(r: &Row<'_>) -> Result<(SnapshotRow, String), SqlError> {
         Ok((
             SnapshotRow {
                 id: r.get(0)?,
@@ -1613,18 +1598,13 @@ impl Db {
 
     pub fn snapshot(&self, id: &str) -> Result<Option<SnapshotRow>, DbError> {
         let sql = format!("{} WHERE s.id = ?1", Self::SNAP_SELECT);
-        let row = self.conn.query_row(&sql, [id], Self::snapshot_from).optional().map_err(q("get snapshot"))?;
+        let row = self.conn.query_row(&sql, params![id], Self::snapshot_from).optional().map_err(q("get snapshot"))?;
         row.map(Self::decode_snapshot).transpose()
     }
 
     pub fn list_snapshots(&self) -> Result<Vec<SnapshotRow>, DbError> {
         let sql = format!("{} ORDER BY s.created_at, s.id", Self::SNAP_SELECT);
-        let mut st = self.conn.prepare(&sql).map_err(q("list snapshots"))?;
-        let rows: Vec<_> = st
-            .query_map([], Self::snapshot_from)
-            .map_err(q("list snapshots"))?
-            .collect::<Result<_, _>>()
-            .map_err(q("list snapshots"))?;
+        let rows: Vec<_> = self.conn.query(&sql, &[], Self::snapshot_from).map_err(q("list snapshots"))?;
         rows.into_iter().map(Self::decode_snapshot).collect()
     }
 
@@ -1640,7 +1620,7 @@ impl Db {
         info: &serde_json::Value,
     ) -> Result<(), DbError> {
         let info = serde_json::to_string(info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
-        let tx = self.conn.transaction().map_err(q("begin set blob"))?;
+        let tx = self.conn.transaction(false).map_err(q("begin set blob"))?;
         tx.execute(
             "UPDATE layers SET diff_id = ?2, size = ?3, entries = ?4 WHERE id = ?1",
             params![layer.id, layer.diff_id.as_ref().map(Digest::hex), layer.size as i64, layer.entries as i64],
@@ -1651,25 +1631,25 @@ impl Db {
             params![id, digest, size as i64, info],
         )
         .map_err(q("set snapshot blob"))?;
-        tx.execute("DELETE FROM snapshot_blob_pending WHERE snapshot_id = ?1", [id]).map_err(q("clear pending"))?;
+        tx.execute("DELETE FROM snapshot_blob_pending WHERE snapshot_id = ?1", params![id])
+            .map_err(q("clear pending"))?;
         tx.commit().map_err(q("commit set blob"))
     }
 
     /// Sealed suspends whose layer (`s<id>`) another layer holds already
     /// (the same diff_id, fully hydrated): what [`Db::share_layer`] folds.
     pub fn duplicate_suspended_layers(&self) -> Result<Vec<String>, DbError> {
-        let mut st = self
-            .conn
-            .prepare(
+        self.conn
+            .query(
                 "SELECT s.id FROM snapshots s JOIN layers l ON l.id = s.layer_id \
                  WHERE substr(l.id, 1, 1) = 's' AND l.diff_id IS NOT NULL AND EXISTS ( \
                    SELECT 1 FROM layers o WHERE o.diff_id = l.diff_id AND o.id != l.id \
                    AND o.id NOT IN (SELECT layer_id FROM layer_hydration)) \
                  ORDER BY s.created_at, s.id",
+                &[],
+                |r| r.get(0),
             )
-            .map_err(q("duplicate layers"))?;
-        let ids = st.query_map([], |r| r.get(0)).map_err(q("duplicate layers"))?;
-        ids.collect::<Result<_, _>>().map_err(q("duplicate layers"))
+            .map_err(q("duplicate layers"))
     }
 
     /// If snapshot `id`'s layer is a sealed suspend's (`s<id>`) and another
@@ -1680,31 +1660,30 @@ impl Db {
     /// `present` says whether a layer's directory is there (a removal
     /// deletes it before its row).
     pub fn share_layer(&mut self, id: &str, present: impl Fn(&str) -> bool) -> Result<Option<String>, DbError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin share"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin share"))?;
         let own: Option<(String, String)> = tx
             .query_row(
                 "SELECT l.id, l.diff_id FROM snapshots s JOIN layers l ON l.id = s.layer_id \
                  WHERE s.id = ?1 AND substr(l.id, 1, 1) = 's' AND l.diff_id IS NOT NULL",
-                [id],
+                params![id],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()
             .map_err(q("snapshot layer"))?;
         let Some((own, diff_id)) = own else { return Ok(None) };
         let candidates: Vec<String> = {
-            let mut st = tx
-                .prepare(
-                    "SELECT id FROM layers WHERE diff_id = ?1 AND id != ?2 \
+            tx.query(
+                "SELECT id FROM layers WHERE diff_id = ?1 AND id != ?2 \
                      AND id NOT IN (SELECT layer_id FROM layer_hydration) \
                      ORDER BY id = diff_id DESC, created_at, id",
-                )
-                .map_err(q("layers by content"))?;
-            let rows = st.query_map([&diff_id, &own], |r| r.get(0)).map_err(q("layers by content"))?;
-            rows.collect::<Result<_, _>>().map_err(q("layers by content"))?
+                params![&diff_id, &own],
+                |r| r.get(0),
+            )
+            .map_err(q("layers by content"))?
         };
         let other = candidates.into_iter().find(|c| present(c));
         let Some(other) = other else { return Ok(None) };
-        tx.execute("UPDATE snapshots SET layer_id = ?2 WHERE layer_id = ?1", [&own, &other])
+        tx.execute("UPDATE snapshots SET layer_id = ?2 WHERE layer_id = ?1", params![&own, &other])
             .map_err(q("share layer"))?;
         let gone = delete_layer_if_unused(&tx, &own)?;
         tx.commit().map_err(q("commit share"))?;
@@ -1724,9 +1703,9 @@ impl Db {
     /// still be resumed or forked by id.
     pub fn set_seal_failed(&mut self, id: &str, info: &serde_json::Value) -> Result<(), DbError> {
         let info = serde_json::to_string(info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin seal failed"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin seal failed"))?;
         let (wc, predecessor): (Option<String>, Option<String>) = tx
-            .query_row("SELECT work_context, predecessor_id FROM snapshots WHERE id = ?1", [id], |r| {
+            .query_row("SELECT work_context, predecessor_id FROM snapshots WHERE id = ?1", params![id], |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
             .map_err(q("snapshot of a failed seal"))?;
@@ -1735,10 +1714,11 @@ impl Db {
             params![id, info, now()],
         )
         .map_err(q("set seal error"))?;
-        tx.execute("DELETE FROM snapshot_blob_pending WHERE snapshot_id = ?1", [id]).map_err(q("clear pending"))?;
+        tx.execute("DELETE FROM snapshot_blob_pending WHERE snapshot_id = ?1", params![id])
+            .map_err(q("clear pending"))?;
         if let Some(wc) = wc {
             let head: Option<String> = tx
-                .query_row("SELECT head_id FROM work_contexts WHERE id = ?1", [&wc], |r| r.get(0))
+                .query_row("SELECT head_id FROM work_contexts WHERE id = ?1", params![&wc], |r| r.get(0))
                 .optional()
                 .map_err(q("lineage head"))?
                 .flatten();
@@ -1749,7 +1729,7 @@ impl Db {
                             .execute(
                                 "UPDATE snapshots SET state = 'ready', retired_at = NULL \
                                  WHERE id = ?1 AND state = 'superseded'",
-                                [p],
+                                params![p],
                             )
                             .map_err(q("restore the previous head"))?;
                         (n == 1).then(|| p.clone())
@@ -1765,14 +1745,12 @@ impl Db {
 
     /// Snapshots whose blob is not written yet.
     pub fn pending_blobs(&self) -> Result<Vec<String>, DbError> {
-        let mut st = self.conn.prepare("SELECT snapshot_id FROM snapshot_blob_pending").map_err(q("pending blobs"))?;
-        let rows = st.query_map([], |r| r.get(0)).map_err(q("pending blobs"))?;
-        rows.collect::<Result<_, _>>().map_err(q("pending blobs"))
+        self.conn.query("SELECT snapshot_id FROM snapshot_blob_pending", &[], |r| r.get(0)).map_err(q("pending blobs"))
     }
 
     pub fn blob_pending(&self, id: &str) -> Result<bool, DbError> {
         self.conn
-            .query_row("SELECT 1 FROM snapshot_blob_pending WHERE snapshot_id = ?1", [id], |_| Ok(()))
+            .query_row("SELECT 1 FROM snapshot_blob_pending WHERE snapshot_id = ?1", params![id], |_| Ok(()))
             .optional()
             .map(|o| o.is_some())
             .map_err(q("blob pending"))
@@ -1813,22 +1791,20 @@ impl Db {
     /// [`Db::finish_delete_snapshot`] removes its row. Sandboxes are
     /// checked by the caller, which knows the live ones.
     pub fn begin_delete_snapshot(&mut self, id: &str) -> Result<Result<(), Vec<String>>, DbError> {
-        let tx =
-            self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin delete snapshot"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin delete snapshot"))?;
         let children: Vec<String> = {
-            let mut st = tx.prepare("SELECT id FROM snapshots WHERE parent_id = ?1").map_err(q("snapshot children"))?;
-            let rows = st.query_map([id], |r| r.get(0)).map_err(q("snapshot children"))?;
-            rows.collect::<Result<_, _>>().map_err(q("snapshot children"))?
+            tx.query("SELECT id FROM snapshots WHERE parent_id = ?1", params![id], |r| r.get(0))
+                .map_err(q("snapshot children"))?
         };
         if !children.is_empty() {
             return Ok(Err(children));
         }
         let heads: Vec<String> = {
-            let mut st =
-                tx.prepare("SELECT id, state FROM work_contexts WHERE head_id = ?1").map_err(q("snapshot lineage"))?;
-            let rows = st.query_map([id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)));
-            let rows: Vec<(String, String)> =
-                rows.map_err(q("snapshot lineage"))?.collect::<Result<_, _>>().map_err(q("snapshot lineage"))?;
+            let rows: Vec<(String, String)> = tx
+                .query("SELECT id, state FROM work_contexts WHERE head_id = ?1", params![id], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .map_err(q("snapshot lineage"))?;
             rows.into_iter()
                 .filter(|(_, st)| st == "active")
                 .map(|(wc, _)| format!("head of work context {wc}"))
@@ -1838,7 +1814,8 @@ impl Db {
             return Ok(Err(heads));
         }
         // A retired lineage's head may go; the lineage keeps no pointer to it.
-        tx.execute("UPDATE work_contexts SET head_id = NULL WHERE head_id = ?1", [id]).map_err(q("clear head"))?;
+        tx.execute("UPDATE work_contexts SET head_id = NULL WHERE head_id = ?1", params![id])
+            .map_err(q("clear head"))?;
         tx.execute("UPDATE snapshots SET state = 'deleting', deleted_at = ?2 WHERE id = ?1", params![id, now()])
             .map_err(q("mark deleting"))?;
         tx.commit().map_err(q("commit begin delete"))?;
@@ -1858,7 +1835,7 @@ impl Db {
                    OR EXISTS (SELECT 1 FROM snapshots o WHERE o.blob_digest = s.blob_digest AND o.id != s.id) \
                    THEN NULL ELSE s.blob_digest END \
                  FROM snapshots s WHERE s.id = ?1",
-                [id],
+                params![id],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .map_err(q("snapshot's own files"))
@@ -1867,14 +1844,13 @@ impl Db {
     /// Remove a `deleting` snapshot's row, and its layer's row if nothing
     /// else lists it (returned: its directory is the caller's to remove).
     pub fn finish_delete_snapshot(&mut self, id: &str) -> Result<Option<String>, DbError> {
-        let tx =
-            self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin finish delete"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin finish delete"))?;
         let layer: Option<String> = tx
-            .query_row("SELECT layer_id FROM snapshots WHERE id = ?1 AND state = 'deleting'", [id], |r| r.get(0))
+            .query_row("SELECT layer_id FROM snapshots WHERE id = ?1 AND state = 'deleting'", params![id], |r| r.get(0))
             .optional()
             .map_err(q("get snapshot"))?;
         let Some(layer) = layer else { return Ok(None) };
-        tx.execute("DELETE FROM snapshots WHERE id = ?1", [id]).map_err(q("delete snapshot"))?;
+        tx.execute("DELETE FROM snapshots WHERE id = ?1", params![id]).map_err(q("delete snapshot"))?;
         let orphan = delete_layer_if_unused(&tx, &layer)?.then_some(layer);
         tx.commit().map_err(q("commit delete snapshot"))?;
         Ok(orphan)
@@ -1882,17 +1858,16 @@ impl Db {
 
     /// Snapshots whose removal was interrupted (still `deleting`).
     pub fn deleting_snapshots(&self) -> Result<Vec<String>, DbError> {
-        let mut st =
-            self.conn.prepare("SELECT id FROM snapshots WHERE state = 'deleting'").map_err(q("deleting snapshots"))?;
-        let rows = st.query_map([], |r| r.get(0)).map_err(q("deleting snapshots"))?;
-        rows.collect::<Result<_, _>>().map_err(q("deleting snapshots"))
+        self.conn
+            .query("SELECT id FROM snapshots WHERE state = 'deleting'", &[], |r| r.get(0))
+            .map_err(q("deleting snapshots"))
     }
 
     /// Images still referenced by snapshots (image rm is refused for them).
     pub fn snapshots_of_image(&self, image_id: i64) -> Result<Vec<String>, DbError> {
-        let mut st = self.conn.prepare("SELECT id FROM snapshots WHERE image_id = ?1").map_err(q("image snapshots"))?;
-        let rows = st.query_map([image_id], |r| r.get(0)).map_err(q("image snapshots"))?;
-        rows.collect::<Result<_, _>>().map_err(q("image snapshots"))
+        self.conn
+            .query("SELECT id FROM snapshots WHERE image_id = ?1", params![image_id], |r| r.get(0))
+            .map_err(q("image snapshots"))
     }
 
     // ---- lineages ----
@@ -1902,8 +1877,8 @@ impl Db {
         let n = self
             .conn
             .execute(
-                "INSERT OR IGNORE INTO work_contexts (id, image_id, start_kind, start_id, state, created_at, used_at) \
-                 VALUES (?1, ?2, ?3, ?4, 'active', ?5, ?5)",
+                "INSERT INTO work_contexts (id, image_id, start_kind, start_id, state, created_at, used_at) \
+                 VALUES (?1, ?2, ?3, ?4, 'active', ?5, ?5) ON CONFLICT DO NOTHING",
                 params![wc.id, wc.image_id, wc.start_kind, wc.start_id, now()],
             )
             .map_err(q("insert work context"))?;
@@ -1917,7 +1892,7 @@ impl Db {
                 "DELETE FROM work_contexts WHERE id = ?1 AND head_id IS NULL \
                  AND NOT EXISTS (SELECT 1 FROM snapshots WHERE work_context = ?1) \
                  AND NOT EXISTS (SELECT 1 FROM restores WHERE work_context = ?1)",
-                [id],
+                params![id],
             )
             .map_err(q("delete work context"))?;
         Ok(())
@@ -1928,7 +1903,7 @@ impl Db {
             .query_row(
                 "SELECT id, image_id, start_kind, start_id, head_id, head_seq, state, created_at, used_at, retired_at \
                  FROM work_contexts WHERE id = ?1",
-                [id],
+                params![id],
                 |r| {
                     Ok(WorkContextRow {
                         id: r.get(0)?,
@@ -1964,7 +1939,7 @@ impl Db {
         fell: &[String],
     ) -> Result<(), DbError> {
         let wc = spec.work_context.as_deref().unwrap_or(id.as_str());
-        let tx = self.conn.unchecked_transaction().map_err(q("begin activate sandbox"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin activate sandbox"))?;
         self.insert_running_sandbox(id, image_id, spec, shim_pid, shim_start)?;
         self.record_restore(wc, id, (rung, snapshot, fell), spec.observed_head.as_deref())?;
         tx.commit().map_err(q("commit activate sandbox"))
@@ -1996,33 +1971,30 @@ impl Db {
     }
 
     pub fn restores(&self, work_context: &str) -> Result<Vec<RestoreRow>, DbError> {
-        let mut st = self
-            .conn
-            .prepare(
+        self.conn
+            .query(
                 "SELECT id, work_context, sandbox_id, rung, snapshot_id, observed_head, created_at, fell \
                  FROM restores WHERE work_context = ?1 ORDER BY id",
+                params![work_context],
+                |r| {
+                    Ok(RestoreRow {
+                        id: r.get(0)?,
+                        work_context: r.get(1)?,
+                        sandbox_id: r.get(2)?,
+                        rung: r.get(3)?,
+                        snapshot_id: r.get(4)?,
+                        observed_head: r.get(5)?,
+                        created_at: r.get(6)?,
+                        fell: match r.get::<_, Option<String>>(7)? {
+                            None => Vec::new(),
+                            Some(j) => serde_json::from_str(&j).map_err(|e| {
+                                rusqlite::Error::FromSqlConversionFailure(7, rusqlite::types::Type::Text, Box::new(e))
+                            })?,
+                        },
+                    })
+                },
             )
-            .map_err(q("restores"))?;
-        let rows = st
-            .query_map([work_context], |r| {
-                Ok(RestoreRow {
-                    id: r.get(0)?,
-                    work_context: r.get(1)?,
-                    sandbox_id: r.get(2)?,
-                    rung: r.get(3)?,
-                    snapshot_id: r.get(4)?,
-                    observed_head: r.get(5)?,
-                    created_at: r.get(6)?,
-                    fell: match r.get::<_, Option<String>>(7)? {
-                        None => Vec::new(),
-                        Some(j) => serde_json::from_str(&j).map_err(|e| {
-                            rusqlite::Error::FromSqlConversionFailure(7, rusqlite::types::Type::Text, Box::new(e))
-                        })?,
-                    },
-                })
-            })
-            .map_err(q("restores"))?;
-        rows.collect::<Result<_, _>>().map_err(q("restores"))
+            .map_err(q("restores"))
     }
 
     /// A lineage's checkpoints, in append order.
@@ -2032,19 +2004,15 @@ impl Db {
             "{} WHERE s.work_context = ?1 ORDER BY s.sequence IS NULL, s.sequence, s.created_at",
             Self::SNAP_SELECT
         );
-        let mut st = self.conn.prepare(&sql).map_err(q("lineage snapshots"))?;
-        let rows: Vec<_> = st
-            .query_map([work_context], Self::snapshot_from)
-            .map_err(q("lineage snapshots"))?
-            .collect::<Result<_, _>>()
-            .map_err(q("lineage snapshots"))?;
+        let rows: Vec<_> =
+            self.conn.query(&sql, params![work_context], Self::snapshot_from).map_err(q("lineage snapshots"))?;
         rows.into_iter().map(Self::decode_snapshot).collect()
     }
 
     /// Retire a lineage: it and its checkpoints leave restore eligibility.
     /// False if it was retired already.
     pub fn retire_work_context(&mut self, id: &str) -> Result<bool, DbError> {
-        let tx = self.conn.transaction().map_err(q("begin retire"))?;
+        let tx = self.conn.transaction(false).map_err(q("begin retire"))?;
         let n = tx
             .execute(
                 "UPDATE work_contexts SET state = 'retired', retired_at = ?2 WHERE id = ?1 AND state = 'active'",
@@ -2099,7 +2067,7 @@ impl Db {
         let b = snap.baseline.clone().expect("publish_baseline needs a baseline row");
         let info =
             serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin publish"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin publish"))?;
         let current = ready_baseline_in(&tx, &b.owner, &b.repo, snap.image_id, &b.git_ref)?;
         if current.as_deref() != observed {
             return Ok(Err(current));
@@ -2120,11 +2088,11 @@ impl Db {
     /// key, by a compare-and-swap on the ready baseline the caller observed
     /// (as [`Db::publish_baseline`]); its info loses the `ineligible` mark.
     pub fn admit_baseline(&mut self, id: &str, observed: Option<&str>) -> Result<Result<(), Option<String>>, DbError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin admit"))?;
+        let tx = self.conn.transaction(true).map_err(q("begin admit"))?;
         let (owner, repo, image_id, git_ref): (String, String, i64, String) = tx
             .query_row(
                 "SELECT owner, repo, image_id, ref FROM snapshots WHERE id = ?1 AND class = 'baseline'",
-                [id],
+                params![id],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .map_err(q("baseline to admit"))?;
@@ -2139,7 +2107,7 @@ impl Db {
         tx.execute(
             "UPDATE snapshots SET state = 'ready', retired_at = NULL, info = json_remove(info, '$.ineligible') \
              WHERE id = ?1",
-            [id],
+            params![id],
         )
         .map_err(q("admit baseline"))?;
         tx.commit().map_err(q("commit admit"))?;
@@ -2159,32 +2127,30 @@ impl Db {
     /// before `cutoff` (unix seconds), newest first (children before
     /// parents).
     pub fn gc_candidates(&self, cutoff: i64) -> Result<Vec<String>, DbError> {
-        let mut st = self
-            .conn
-            .prepare(
+        self.conn
+            .query(
                 "SELECT id FROM snapshots WHERE state IN ('superseded', 'retired', 'failed') \
                  AND COALESCE(retired_at, created_at) <= ?1 AND retained = 0 \
                  AND id NOT IN (SELECT start_id FROM work_contexts WHERE state = 'active' AND start_id IS NOT NULL) \
                  ORDER BY created_at DESC, id",
+                params![cutoff],
+                |r| r.get(0),
             )
-            .map_err(q("gc candidates"))?;
-        let rows = st.query_map([cutoff], |r| r.get(0)).map_err(q("gc candidates"))?;
-        rows.collect::<Result<_, _>>().map_err(q("gc candidates"))
+            .map_err(q("gc candidates"))
     }
 
     /// Active lineages neither captured nor restored since `cutoff`. An
     /// E2B sandbox's work context is never stale: it holds the sandbox's
     /// files while it is paused, and is retired when it is killed.
     pub fn stale_lineages(&self, cutoff: i64) -> Result<Vec<String>, DbError> {
-        let mut st = self
-            .conn
-            .prepare(
+        self.conn
+            .query(
                 "SELECT id FROM work_contexts WHERE state = 'active' AND used_at <= ?1 \
                  AND id NOT IN (SELECT work_context FROM e2b_sandboxes) ORDER BY id",
+                params![cutoff],
+                |r| r.get(0),
             )
-            .map_err(q("stale lineages"))?;
-        let rows = st.query_map([cutoff], |r| r.get(0)).map_err(q("stale lineages"))?;
-        rows.collect::<Result<_, _>>().map_err(q("stale lineages"))
+            .map_err(q("stale lineages"))
     }
 
     // ---- exec log ----
@@ -2205,17 +2171,13 @@ impl Db {
     ) -> Result<Vec<ExecRecord>, DbError> {
         const COLUMNS: &str = "SELECT id, sandbox_id, argv, cwd, started_at, duration_ms, exit_code, output_bytes, \
                  CASE WHEN ?4 THEN stdout END, CASE WHEN ?4 THEN stderr END, output_cut FROM exec_records";
-        let mut st = match sandbox_id {
-            Some(_) => self.conn.prepare_cached(&format!(
-                "{COLUMNS} WHERE sandbox_id = ?1 AND pulled = 0 AND id > ?2 AND id <= ?3 ORDER BY id"
-            )),
-            None => {
-                self.conn.prepare_cached(&format!("{COLUMNS} WHERE ?1 IS NULL AND id > ?2 AND id <= ?3 ORDER BY id"))
-            }
-        }
-        .map_err(q("exec records"))?;
-        let rows: Vec<(ExecRecord, String)> = st
-            .query_map(params![sandbox_id, from, upto.unwrap_or(i64::MAX), output], |r| {
+        let sql = match sandbox_id {
+            Some(_) => format!("{COLUMNS} WHERE sandbox_id = ?1 AND pulled = 0 AND id > ?2 AND id <= ?3 ORDER BY id"),
+            None => format!("{COLUMNS} WHERE CAST(?1 AS TEXT) IS NULL AND id > ?2 AND id <= ?3 ORDER BY id"),
+        };
+        let rows: Vec<(ExecRecord, String)> = self
+            .conn
+            .query(&sql, params![sandbox_id, from, upto.unwrap_or(i64::MAX), output], |r| {
                 let stdout: Option<Vec<u8>> = r.get(8)?;
                 let stderr: Option<Vec<u8>> = r.get(9)?;
                 let rec = ExecRecord {
@@ -2236,8 +2198,6 @@ impl Db {
                 };
                 Ok((rec, r.get(2)?))
             })
-            .map_err(q("exec records"))?
-            .collect::<Result<_, _>>()
             .map_err(q("exec records"))?;
         rows.into_iter()
             .map(|(mut rec, argv)| {
@@ -2250,9 +2210,11 @@ impl Db {
     /// The newest exec record id of a sandbox (0 if none).
     pub fn last_exec_record(&self, sandbox_id: &str) -> Result<i64, DbError> {
         self.conn
-            .query_row("SELECT COALESCE(MAX(id), 0) FROM exec_records WHERE sandbox_id = ?1", [sandbox_id], |r| {
-                r.get(0)
-            })
+            .query_row(
+                "SELECT COALESCE(MAX(id), 0) FROM exec_records WHERE sandbox_id = ?1",
+                params![sandbox_id],
+                |r| r.get(0),
+            )
             .map_err(q("last exec record"))
     }
 
@@ -2269,11 +2231,11 @@ impl Db {
     ) -> Result<(), DbError> {
         let spec = serde_json::to_string(spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
         self.conn
-            .prepare_cached(
+            .execute(
                 "INSERT INTO sandboxes (id, image_id, state, spec, shim_pid, shim_start, created_at) \
                  VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6)",
+                params![id.as_str(), image_id, spec, shim_pid, shim_start as i64, now()],
             )
-            .and_then(|mut st| st.execute(params![id.as_str(), image_id, spec, shim_pid, shim_start as i64, now()]))
             .map_err(q("insert sandbox"))?;
         Ok(())
     }
@@ -2288,11 +2250,11 @@ impl Db {
     /// Claim `key` for a request whose fingerprint is `fp` (keys older
     /// than `IDEMPOTENCY_SECS` are forgotten first).
     pub fn claim_idempotency_key(&mut self, key: &str, fp: &str) -> Result<Claim, DbError> {
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(q("begin claim"))?;
-        tx.execute("DELETE FROM idempotency WHERE created_at < ?1", [now() - IDEMPOTENCY_SECS])
+        let tx = self.conn.transaction(true).map_err(q("begin claim"))?;
+        tx.execute("DELETE FROM idempotency WHERE created_at < ?1", params![now() - IDEMPOTENCY_SECS])
             .map_err(q("forget old keys"))?;
         let row: Option<(String, Option<u16>, Option<Vec<u8>>)> = tx
-            .query_row("SELECT fingerprint, status, body FROM idempotency WHERE key = ?1", [key], |r| {
+            .query_row("SELECT fingerprint, status, body FROM idempotency WHERE key = ?1", params![key], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?))
             })
             .optional()
@@ -2322,14 +2284,14 @@ impl Db {
                 .conn
                 .execute("UPDATE idempotency SET status = ?2, body = ?3 WHERE key = ?1", params![key, status, body])
                 .map_err(q("keep response")),
-            None => self.conn.execute("DELETE FROM idempotency WHERE key = ?1", [key]).map_err(q("forget key")),
+            None => self.conn.execute("DELETE FROM idempotency WHERE key = ?1", params![key]).map_err(q("forget key")),
         }
         .map(drop)
     }
 
     /// Forget keys whose request was in flight when a daemon stopped.
     pub fn forget_unsettled_keys(&self) -> Result<usize, DbError> {
-        self.conn.execute("DELETE FROM idempotency WHERE status IS NULL", []).map_err(q("forget unsettled keys"))
+        self.conn.execute("DELETE FROM idempotency WHERE status IS NULL", &[]).map_err(q("forget unsettled keys"))
     }
 
     /// Whether a sandbox id was ever used here: a row, a snapshot taken
@@ -2341,7 +2303,7 @@ impl Db {
                 "SELECT EXISTS (SELECT 1 FROM sandboxes WHERE id = ?1) \
                  OR EXISTS (SELECT 1 FROM snapshots WHERE source_sandbox = ?1) \
                  OR EXISTS (SELECT 1 FROM exec_records WHERE sandbox_id = ?1)",
-                [id],
+                params![id],
                 |r| r.get(0),
             )
             .map_err(q("sandbox id seen"))
@@ -2357,20 +2319,20 @@ impl Db {
     }
 
     pub fn delete_sandbox(&self, id: &SandboxId) -> Result<(), DbError> {
-        self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id.as_str()]).map_err(q("delete sandbox"))?;
+        self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", params![id.as_str()]).map_err(q("delete sandbox"))?;
         Ok(())
     }
 
     pub fn list_sandboxes(&self) -> Result<Vec<SandboxRow>, DbError> {
-        let mut st = self
-            .conn
-            .prepare("SELECT id, image_id, state, spec, shim_pid, shim_start, created_at FROM sandboxes ORDER BY created_at, id")
-            .map_err(q("list sandboxes"))?;
         type Raw = (String, i64, SandboxState, String, Option<i32>, Option<i64>, i64);
-        let rows: Vec<Raw> = st
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)))
-            .map_err(q("list sandboxes"))?
-            .collect::<Result<_, _>>()
+        let rows: Vec<Raw> = self
+            .conn
+            .query(
+                "SELECT id, image_id, state, spec, shim_pid, shim_start, created_at FROM sandboxes \
+                 ORDER BY created_at, id",
+                &[],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
+            )
             .map_err(q("list sandboxes"))?;
         rows.into_iter()
             .filter_map(|(id, image_id, state, spec, shim_pid, shim_start, created_at)| {
@@ -2427,7 +2389,7 @@ mod tests {
         let p = dir.path().join("strata.db");
         {
             // A version-5 database with an image, a snapshot and a pending blob.
-            let conn = Connection::open(&p).unwrap();
+            let conn = rusqlite::Connection::open(&p).unwrap();
             for sql in &MIGRATIONS[..5] {
                 conn.execute_batch(sql).unwrap();
             }
@@ -2453,7 +2415,10 @@ mod tests {
         );
         assert!(db.blob_pending(&snap.id).unwrap());
         assert_eq!(db.image_by_id(1).unwrap().unwrap().layers, vec!["a".repeat(64)]);
-        assert!(db.conn.query_row("PRAGMA foreign_keys", [], |r| r.get::<_, bool>(0)).unwrap(), "foreign keys back on");
+        assert!(
+            db.conn.query_row("PRAGMA foreign_keys", &[], |r| r.get::<_, bool>(0)).unwrap(),
+            "foreign keys back on"
+        );
         // The layer's own constraints.
         let insert = |db: &mut Db, id: &str, diff: Option<&str>| {
             db.conn.execute(
@@ -2466,7 +2431,7 @@ mod tests {
         assert!(insert(&mut db, "x0123456789abcdef", None).is_err(), "unknown id shape");
         assert!(insert(&mut db, "s0123", None).is_err(), "short suspended id");
         insert(&mut db, "s0123456789abcdef", None).unwrap();
-        assert!(db.conn.execute("DELETE FROM layers WHERE id = ?1", ["b".repeat(64)]).is_err(), "in use");
+        assert!(db.conn.execute("DELETE FROM layers WHERE id = ?1", params!["b".repeat(64)]).is_err(), "in use");
     }
 
     #[test]
@@ -2513,11 +2478,11 @@ mod tests {
             .execute(
                 "INSERT INTO work_contexts (id, image_id, start_kind, start_id, state, created_at, used_at) \
                  VALUES ('w2', ?1, 'image', 'x', 'active', 0, 0)",
-                [img]
+                params![img]
             )
             .is_err());
-        db.conn.execute("UPDATE work_contexts SET head_id = '000000000000000a' WHERE id = 'w1'", []).unwrap();
-        assert!(db.conn.execute("DELETE FROM snapshots WHERE id = '000000000000000a'", []).is_err());
+        db.conn.execute("UPDATE work_contexts SET head_id = '000000000000000a' WHERE id = 'w1'", &[]).unwrap();
+        assert!(db.conn.execute("DELETE FROM snapshots WHERE id = '000000000000000a'", &[]).is_err());
         assert_eq!(
             db.begin_delete_snapshot("000000000000000a").unwrap(),
             Err(vec!["head of work context w1".to_string()])
@@ -2534,7 +2499,7 @@ mod tests {
         // A capture in progress has no sequence; a ready one must.
         assert!(snap(&db, "000000000000000f", "checkpoint", "capturing", Some("w1"), Some(9), None).is_err());
         snap(&db, "000000000000000f", "checkpoint", "capturing", Some("w1"), None, None).unwrap();
-        assert!(db.conn.execute("UPDATE snapshots SET state = 'ready' WHERE id = '000000000000000f'", []).is_err());
+        assert!(db.conn.execute("UPDATE snapshots SET state = 'ready' WHERE id = '000000000000000f'", &[]).is_err());
     }
 
     #[test]
@@ -2637,7 +2602,7 @@ mod tests {
             db.insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[]).unwrap();
         let id = SandboxId::random();
         db.insert_running_sandbox(&id, img, &crate::spec::SandboxSpec::default(), 42, 7).unwrap();
-        assert!(db.conn.execute("UPDATE sandboxes SET state = 'bogus' WHERE id = ?1", [id.as_str()]).is_err());
+        assert!(db.conn.execute("UPDATE sandboxes SET state = 'bogus' WHERE id = ?1", params![id.as_str()]).is_err());
         let rows = db.list_sandboxes().unwrap();
         assert_eq!(rows[0].state, SandboxState::Running);
         assert_eq!(rows[0].shim_pid, Some(42));

@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{params, OptionalExtension};
+use rusqlite::params;
 use serde::{Deserialize, Serialize};
 
+use super::sql::{Optional, Row, SqlError};
 use super::{q, Db, DbError};
 
 /// What an E2B create asked for, kept for its resumes.
@@ -52,7 +53,7 @@ pub struct E2bSnapshot {
 
 const COLUMNS: &str = "id, owner, token, template, work_context, spec, sandbox, started_at";
 
-fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(E2bSandbox, String)> {
+fn row(r: &Row<'_>) -> Result<(E2bSandbox, String), SqlError> {
     Ok((
         E2bSandbox {
             id: r.get(0)?,
@@ -88,7 +89,7 @@ impl Db {
     pub fn e2b_sandbox(&self, id: &str) -> Result<Option<E2bSandbox>, DbError> {
         let r = self
             .conn
-            .query_row(&format!("SELECT {COLUMNS} FROM e2b_sandboxes WHERE id = ?1"), [id], row)
+            .query_row(&format!("SELECT {COLUMNS} FROM e2b_sandboxes WHERE id = ?1"), params![id], row)
             .optional()
             .map_err(q("e2b sandbox"))?;
         r.map(decode).transpose()
@@ -98,7 +99,7 @@ impl Db {
     pub fn e2b_sandbox_running(&self, sandbox: &str) -> Result<Option<E2bSandbox>, DbError> {
         let r = self
             .conn
-            .query_row(&format!("SELECT {COLUMNS} FROM e2b_sandboxes WHERE sandbox = ?1"), [sandbox], row)
+            .query_row(&format!("SELECT {COLUMNS} FROM e2b_sandboxes WHERE sandbox = ?1"), params![sandbox], row)
             .optional()
             .map_err(q("e2b sandbox by sandbox"))?;
         r.map(decode).transpose()
@@ -106,12 +107,14 @@ impl Db {
 
     /// An owner's sandboxes, oldest first.
     pub fn e2b_sandboxes(&self, owner: &str) -> Result<Vec<E2bSandbox>, DbError> {
-        let mut st = self
+        let rows: Vec<_> = self
             .conn
-            .prepare(&format!("SELECT {COLUMNS} FROM e2b_sandboxes WHERE owner = ?1 ORDER BY started_at, id"))
+            .query(
+                &format!("SELECT {COLUMNS} FROM e2b_sandboxes WHERE owner = ?1 ORDER BY started_at, id"),
+                params![owner],
+                row,
+            )
             .map_err(q("e2b sandboxes"))?;
-        let rows = st.query_map([owner], row).map_err(q("e2b sandboxes"))?;
-        let rows: Vec<_> = rows.collect::<Result<_, _>>().map_err(q("e2b sandboxes"))?;
         rows.into_iter().map(decode).collect()
     }
 
@@ -127,7 +130,7 @@ impl Db {
     }
 
     pub fn delete_e2b_sandbox(&self, id: &str) -> Result<(), DbError> {
-        self.conn.execute("DELETE FROM e2b_sandboxes WHERE id = ?1", [id]).map_err(q("delete e2b sandbox"))?;
+        self.conn.execute("DELETE FROM e2b_sandboxes WHERE id = ?1", params![id]).map_err(q("delete e2b sandbox"))?;
         Ok(())
     }
 
@@ -142,30 +145,27 @@ impl Db {
     }
 
     pub fn delete_e2b_snapshot(&self, id: &str) -> Result<(), DbError> {
-        self.conn.execute("DELETE FROM e2b_snapshots WHERE id = ?1", [id]).map_err(q("delete e2b snapshot"))?;
+        self.conn.execute("DELETE FROM e2b_snapshots WHERE id = ?1", params![id]).map_err(q("delete e2b snapshot"))?;
         Ok(())
     }
 
     /// An owner's snapshots, oldest first.
     pub fn e2b_snapshots(&self, owner: &str) -> Result<Vec<E2bSnapshot>, DbError> {
-        let mut st = self
-            .conn
-            .prepare(
+        self.conn
+            .query(
                 "SELECT id, owner, sandbox, name, created_at FROM e2b_snapshots WHERE owner = ?1 \
                  ORDER BY created_at, id",
+                params![owner],
+                |r| {
+                    Ok(E2bSnapshot {
+                        id: r.get(0)?,
+                        owner: r.get(1)?,
+                        sandbox: r.get(2)?,
+                        name: r.get(3)?,
+                        created_at: r.get(4)?,
+                    })
+                },
             )
-            .map_err(q("e2b snapshots"))?;
-        let rows = st
-            .query_map([owner], |r| {
-                Ok(E2bSnapshot {
-                    id: r.get(0)?,
-                    owner: r.get(1)?,
-                    sandbox: r.get(2)?,
-                    name: r.get(3)?,
-                    created_at: r.get(4)?,
-                })
-            })
-            .map_err(q("e2b snapshots"))?;
-        rows.collect::<Result<_, _>>().map_err(q("e2b snapshots"))
+            .map_err(q("e2b snapshots"))
     }
 }

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{params, OptionalExtension};
+use rusqlite::params;
 use serde::{Deserialize, Serialize};
 
+use super::sql::{Conn, Optional, Row, SqlError};
 use super::{now, q, Db, DbError};
 use crate::model::KeptOutput;
 
@@ -42,7 +43,7 @@ pub const MAX_LABEL_VALUE: usize = 1024;
 const EVAL_COLUMNS: &str = "id, snapshot_id, name, version, argv, exit_code, timed_out, duration_ms, stdout, stderr, \
                             output_cut, result, result_error, created_at";
 
-fn evaluation_from(r: &rusqlite::Row<'_>) -> rusqlite::Result<(Evaluation, String, Option<String>)> {
+fn evaluation_from(r: &Row<'_>) -> Result<(Evaluation, String, Option<String>), SqlError> {
     Ok((
         Evaluation {
             id: r.get(0)?,
@@ -76,13 +77,13 @@ fn decode((mut e, argv, result): (Evaluation, String, Option<String>)) -> Result
 }
 
 /// Insert an evaluation (its id is the database's); returns the id.
-pub(super) fn insert_evaluation_in(conn: &rusqlite::Connection, e: &Evaluation) -> Result<i64, DbError> {
+pub(super) fn insert_evaluation_in(conn: &Conn, e: &Evaluation) -> Result<i64, DbError> {
     let argv = serde_json::to_string(&e.argv).map_err(|source| DbError::Decode { what: "argv", source })?;
     let result = e.result.as_ref().map(serde_json::Value::to_string);
-    conn.execute(
+    conn.query_row(
         "INSERT INTO evaluations (snapshot_id, name, version, argv, exit_code, timed_out, duration_ms, \
                  stdout, stderr, output_cut, result, result_error, created_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) RETURNING id",
         params![
             e.snapshot,
             e.name,
@@ -98,9 +99,9 @@ pub(super) fn insert_evaluation_in(conn: &rusqlite::Connection, e: &Evaluation) 
             e.result_error,
             if e.created_at == 0 { now() } else { e.created_at },
         ],
+        |r| r.get(0),
     )
-    .map_err(q("insert evaluation"))?;
-    Ok(conn.last_insert_rowid())
+    .map_err(q("insert evaluation"))
 }
 
 impl Db {
@@ -111,12 +112,14 @@ impl Db {
 
     /// A snapshot's evaluations, oldest first.
     pub fn evaluations(&self, snapshot: &str) -> Result<Vec<Evaluation>, DbError> {
-        let mut st = self
+        let rows: Vec<_> = self
             .conn
-            .prepare(&format!("SELECT {EVAL_COLUMNS} FROM evaluations WHERE snapshot_id = ?1 ORDER BY id"))
+            .query(
+                &format!("SELECT {EVAL_COLUMNS} FROM evaluations WHERE snapshot_id = ?1 ORDER BY id"),
+                params![snapshot],
+                evaluation_from,
+            )
             .map_err(q("evaluations"))?;
-        let rows = st.query_map([snapshot], evaluation_from).map_err(q("evaluations"))?;
-        let rows: Vec<_> = rows.collect::<Result<_, _>>().map_err(q("evaluations"))?;
         rows.into_iter().map(decode).collect()
     }
 
@@ -140,7 +143,7 @@ impl Db {
     /// Set (`Some`) or remove (`None`) labels of a snapshot, all in one
     /// transaction. Setting a label to its value is a no-op.
     pub fn set_labels(&mut self, snapshot: &str, labels: &BTreeMap<String, Option<String>>) -> Result<(), DbError> {
-        let tx = self.conn.transaction().map_err(q("begin labels"))?;
+        let tx = self.conn.transaction(false).map_err(q("begin labels"))?;
         for (k, v) in labels {
             match v {
                 Some(v) => tx.execute(
@@ -159,18 +162,17 @@ impl Db {
 
     /// A snapshot's labels.
     pub fn labels(&self, snapshot: &str) -> Result<BTreeMap<String, String>, DbError> {
-        let mut st = self
-            .conn
-            .prepare_cached("SELECT key, value FROM snapshot_labels WHERE snapshot_id = ?1")
-            .map_err(q("labels"))?;
-        let rows = st.query_map([snapshot], |r| Ok((r.get(0)?, r.get(1)?))).map_err(q("labels"))?;
-        rows.collect::<Result<_, _>>().map_err(q("labels"))
+        self.conn
+            .query("SELECT key, value FROM snapshot_labels WHERE snapshot_id = ?1", params![snapshot], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .map_err(q("labels"))
     }
 
     /// Whether gc keeps the snapshot whatever its age.
     pub fn retained(&self, snapshot: &str) -> Result<bool, DbError> {
         self.conn
-            .query_row("SELECT retained FROM snapshots WHERE id = ?1", [snapshot], |r| r.get(0))
+            .query_row("SELECT retained FROM snapshots WHERE id = ?1", params![snapshot], |r| r.get(0))
             .map_err(q("snapshot retained"))
     }
 
@@ -190,7 +192,7 @@ impl Db {
             .execute(
                 "DELETE FROM work_contexts WHERE id = ?1 AND head_id IS NULL \
                  AND NOT EXISTS (SELECT 1 FROM snapshots WHERE work_context = ?1)",
-                [id],
+                params![id],
             )
             .map_err(q("delete throwaway lineage"))?;
         Ok(())
@@ -198,18 +200,17 @@ impl Db {
 
     /// Every (snapshot, parent) link.
     pub fn snapshot_parents(&self) -> Result<Vec<(String, String)>, DbError> {
-        let mut st = self
-            .conn
-            .prepare("SELECT id, parent_id FROM snapshots WHERE parent_id IS NOT NULL")
-            .map_err(q("snapshot parents"))?;
-        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).map_err(q("snapshot parents"))?;
-        rows.collect::<Result<_, _>>().map_err(q("snapshot parents"))
+        self.conn
+            .query("SELECT id, parent_id FROM snapshots WHERE parent_id IS NOT NULL", &[], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .map_err(q("snapshot parents"))
     }
 
     /// A layer's unpacked size (0 for a layer still sealing or unknown).
     pub fn layer_size(&self, id: &str) -> Result<u64, DbError> {
         self.conn
-            .query_row("SELECT size FROM layers WHERE id = ?1", [id], |r| r.get::<_, i64>(0))
+            .query_row("SELECT size FROM layers WHERE id = ?1", params![id], |r| r.get::<_, i64>(0))
             .optional()
             .map(|s| s.unwrap_or(0) as u64)
             .map_err(q("layer size"))
@@ -221,14 +222,12 @@ impl Db {
     /// Layers and blobs are counted once however many rows list them.
     pub fn usage(&self) -> Result<StoreUsage, DbError> {
         let one = |sql: &str| -> Result<i64, DbError> {
-            self.conn.query_row(sql, [], |r| r.get::<_, Option<i64>>(0)).map(|v| v.unwrap_or(0)).map_err(q("usage"))
+            self.conn.query_row(sql, &[], |r| r.get::<_, Option<i64>>(0)).map(|v| v.unwrap_or(0)).map_err(q("usage"))
         };
-        let image_blobs = {
-            let mut st =
-                self.conn.prepare("SELECT DISTINCT blob_digest FROM image_layers").map_err(q("image blobs"))?;
-            let rows = st.query_map([], |r| r.get::<_, String>(0)).map_err(q("image blobs"))?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(q("image blobs"))?
-        };
+        let image_blobs: Vec<String> = self
+            .conn
+            .query("SELECT DISTINCT blob_digest FROM image_layers", &[], |r| r.get(0))
+            .map_err(q("image blobs"))?;
         Ok(StoreUsage {
             images: one("SELECT COUNT(*) FROM images")? as u64,
             image_layer_bytes: one("SELECT SUM(size) FROM layers WHERE id IN (SELECT layer_id FROM image_layers)")?
