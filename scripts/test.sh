@@ -68,6 +68,19 @@ leftovers() {
 		fi
 	done
 
+	# A PostgreSQL server of the suite (tests/support/pg.rs) and its directory.
+	for pid in /proc/[0-9]*; do
+		if tr '\0' ' ' 2>/dev/null <"$pid/cmdline" | grep -q -- "$MARKER-pg-"; then
+			echo "leftover PostgreSQL: ${pid#/proc/} $(tr '\0' ' ' 2>/dev/null <"$pid/cmdline")" >&2
+			found=1
+		fi
+	done
+	for dir in "${TMPDIR:-/tmp}/$MARKER"-pg-* "${TMPDIR:-/tmp}/$MARKER"-catalog-*; do
+		[[ -e $dir ]] || continue
+		echo "leftover directory: $dir" >&2
+		found=1
+	done
+
 	# Any live strata or strata-shim built in this tree was started by a test
 	# (cargo and the test binaries have exited by the time this runs).
 	# Shims run from the daemon's read-only overlay (exe "/strata-shim"):
@@ -138,12 +151,24 @@ else
 fi
 integration=0
 # A hung test must not hold CI for its whole budget (TEST_TIMEOUT seconds).
-RUST_BACKTRACE=${RUST_BACKTRACE:-1} timeout --kill-after=10 "${TEST_TIMEOUT:-1800}" \
-	cargo test -p strata-tests -- --test-threads=1 || integration=$?
-if [[ $integration -eq 124 || $integration -eq 137 ]]; then
-	echo "integration tests timed out after ${TEST_TIMEOUT:-1800} s; reclaiming what they left" >&2
-	leftovers || true
-	reclaim
+run_integration() {
+	RUST_BACKTRACE=${RUST_BACKTRACE:-1} timeout --kill-after=10 "${TEST_TIMEOUT:-1800}" \
+		cargo test -p strata-tests -- --test-threads=1 || integration=$?
+	if [[ $integration -eq 124 || $integration -eq 137 ]]; then
+		echo "integration tests timed out after ${TEST_TIMEOUT:-1800} s; reclaiming what they left" >&2
+		leftovers || true
+		reclaim
+	fi
+}
+run_integration
+
+# The same suite with every daemon's catalog in PostgreSQL (the tests start
+# their own postgresql-15 server, Unix socket only, and stop it).
+step "integration tests on PostgreSQL: STRATA_TEST_DATABASE=postgres cargo test -p strata-tests -- --test-threads=1"
+if [[ $integration -eq 0 ]]; then
+	STRATA_TEST_DATABASE=postgres run_integration
+else
+	echo "skipped: the integration tests failed"
 fi
 
 step "API fuzzing: scripts/fuzz-api.sh (schemathesis over docs/openapi.yaml, fixed seed)"

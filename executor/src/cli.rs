@@ -276,6 +276,11 @@ pub struct DaemonArgs {
     /// On SIGTERM, how long API requests in flight may take to finish.
     #[arg(long, default_value = "30s", value_parser = crate::units::parse_duration)]
     pub shutdown_grace: std::time::Duration,
+    /// The catalog: empty for SQLite at ROOT/strata.db (the default), or a
+    /// PostgreSQL `postgres://` URL (or `host=/run/postgresql dbname=...`)
+    /// shared by a fleet of hosts.
+    #[arg(long, env = "STRATA_DATABASE", value_parser = parse_database)]
+    pub database: Option<String>,
     /// Also serve E2B's API (control and envd) on this TCP address, e.g.
     /// 127.0.0.1:3000 (plain HTTP: keep it on loopback or behind TLS).
     #[arg(long, requires = "e2b_api_keys")]
@@ -287,6 +292,15 @@ pub struct DaemonArgs {
     /// creates with this domain.
     #[arg(long)]
     pub e2b_domain: Option<String>,
+}
+
+fn parse_database(s: &str) -> Result<String, String> {
+    if !(s.starts_with("postgres://") || s.starts_with("postgresql://") || s.contains('=')) {
+        return Err(format!(
+            "{s:?}: expected a postgres:// URL or a key=value connection string (SQLite needs no flag)"
+        ));
+    }
+    s.parse::<postgres::Config>().map(|_| s.to_string()).map_err(|e| format!("{}: {e}", crate::db::redact(s)))
 }
 
 fn parse_keep_output(s: &str) -> Result<usize, String> {
@@ -1091,6 +1105,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         on_timeout: a.on_timeout,
         pools: a.pools.clone(),
         keep_output: a.keep_output,
+        database: a.database.clone(),
     };
     let http = crate::api::ServeConfig {
         header_timeout: a.header_timeout,

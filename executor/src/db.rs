@@ -16,6 +16,7 @@ use crate::oci::{Digest, ImageConfig};
 use crate::spec::SandboxSpec;
 
 mod e2b;
+mod postgres;
 mod results;
 pub mod sql;
 pub use e2b::{E2bSandbox, E2bSnapshot, E2bSpec};
@@ -28,13 +29,13 @@ pub enum DbError {
     Open {
         path: String,
         #[source]
-        source: rusqlite::Error,
+        source: SqlError,
     },
     #[error("migrate database to version {version}")]
     Migrate {
         version: usize,
         #[source]
-        source: rusqlite::Error,
+        source: SqlError,
     },
     #[error("database is at schema version {found}, newer than this strata ({known}); upgrade strata")]
     TooNew { found: usize, known: usize },
@@ -955,7 +956,7 @@ fn delete_layer_if_unused(tx: &Conn, id: &str) -> Result<bool, DbError> {
 fn migrate_sqlite(conn: &mut rusqlite::Connection) -> Result<(), DbError> {
     let current: usize = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
-        .map_err(|source| DbError::Migrate { version: 0, source })?;
+        .map_err(|e| DbError::Migrate { version: 0, source: e.into() })?;
     if current > MIGRATIONS.len() {
         return Err(DbError::TooNew { found: current, known: MIGRATIONS.len() });
     }
@@ -964,13 +965,13 @@ fn migrate_sqlite(conn: &mut rusqlite::Connection) -> Result<(), DbError> {
     // checked before each commit.
     let fk = |conn: &rusqlite::Connection, on: bool, version| {
         conn.pragma_update(None, "foreign_keys", if on { "ON" } else { "OFF" })
-            .map_err(|source| DbError::Migrate { version, source })
+            .map_err(|e| DbError::Migrate { version, source: e.into() })
     };
     fk(conn, false, current)?;
     let result = (|| {
         for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
             let version = i + 1;
-            let err = |source| DbError::Migrate { version, source };
+            let err = |e: rusqlite::Error| DbError::Migrate { version, source: e.into() };
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Exclusive).map_err(err)?;
             tx.execute_batch(sql).map_err(err)?;
             let broken = {
@@ -992,13 +993,28 @@ fn migrate_sqlite(conn: &mut rusqlite::Connection) -> Result<(), DbError> {
     result
 }
 
+/// A connection string without its password (for messages).
+pub fn redact(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        if let Some((userinfo, host)) = rest.rsplit_once('@') {
+            let user = userinfo.split(':').next().unwrap_or("");
+            return format!("{scheme}://{user}@{host}");
+        }
+        return url.to_string();
+    }
+    url.split_whitespace()
+        .map(|kv| if kv.starts_with("password=") { "password=..." } else { kv })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub fn now() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
 }
 
 impl Db {
     pub fn open(path: &Path) -> Result<Db, DbError> {
-        let open_err = |source| DbError::Open { path: path.display().to_string(), source };
+        let open_err = |e: rusqlite::Error| DbError::Open { path: path.display().to_string(), source: e.into() };
         let mut conn = rusqlite::Connection::open(path).map_err(open_err)?;
         conn.pragma_update(None, "journal_mode", "WAL").map_err(open_err)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(open_err)?;
@@ -1009,11 +1025,46 @@ impl Db {
     }
 
     pub fn open_in_memory() -> Result<Db, DbError> {
-        let open_err = |source| DbError::Open { path: ":memory:".into(), source };
+        let open_err = |e: rusqlite::Error| DbError::Open { path: ":memory:".into(), source: e.into() };
         let mut conn = rusqlite::Connection::open_in_memory().map_err(open_err)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(open_err)?;
         migrate_sqlite(&mut conn)?;
         Ok(Db { conn: Conn::sqlite(conn) })
+    }
+
+    /// Open (and migrate) a catalog in PostgreSQL: `url` is a
+    /// `postgres://` URL or a `key=value` connection string.
+    pub fn open_postgres(url: &str) -> Result<Db, DbError> {
+        let conn = Conn::postgres(url).map_err(|source| DbError::Open { path: redact(url), source })?;
+        postgres::migrate(&conn)?;
+        Ok(Db { conn })
+    }
+
+    /// Which engine holds this catalog.
+    pub fn engine(&self) -> sql::Engine {
+        self.conn.engine()
+    }
+
+    /// Every table's columns and every index (`table.column`, `index
+    /// NAME`), sorted: what both engines' schemas must agree on.
+    pub fn schema_outline(&self) -> Result<Vec<String>, DbError> {
+        let sql = match self.engine() {
+            sql::Engine::Sqlite => {
+                "SELECT m.name || '.' || p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
+                 WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' \
+                 UNION ALL SELECT 'index ' || name FROM sqlite_master \
+                 WHERE type = 'index' AND name NOT LIKE 'sqlite_autoindex_%'"
+            }
+            sql::Engine::Postgres => {
+                "SELECT table_name || '.' || column_name FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name != 'strata_schema' \
+                 UNION ALL SELECT 'index ' || indexname FROM pg_indexes \
+                 WHERE schemaname = current_schema() AND indexname NOT LIKE '%_pkey' AND indexname NOT LIKE '%_key'"
+            }
+        };
+        let mut v: Vec<String> = self.conn.query(sql, &[], |r| r.get(0)).map_err(q("schema outline"))?;
+        v.sort();
+        Ok(v)
     }
 
     pub fn schema_version(&self) -> Result<usize, DbError> {
@@ -1021,7 +1072,7 @@ impl Db {
             Some(c) => {
                 c.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(|e| q("schema version")(e.into()))
             }
-            None => Ok(MIGRATIONS.len()),
+            None => postgres::version(&self.conn),
         }
     }
 

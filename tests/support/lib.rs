@@ -5,6 +5,7 @@
 //! was left behind.
 
 pub mod corpus;
+pub mod pg;
 pub mod registry;
 
 use std::os::unix::process::ExitStatusExt;
@@ -51,6 +52,16 @@ pub fn image(name: &str) -> PathBuf {
 }
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// `--database` for a fresh PostgreSQL database when the suite runs on
+/// PostgreSQL (`STRATA_TEST_DATABASE=postgres`); nothing for SQLite.
+fn database_args() -> Vec<String> {
+    if pg::enabled() {
+        vec!["--database".into(), pg::database()]
+    } else {
+        Vec::new()
+    }
+}
 
 /// Prefix of everything the suite creates (cgroups, temp dirs).
 pub const PREFIX: &str = "strata-test";
@@ -102,7 +113,7 @@ impl TestEnv {
             root: root.join("root"),
             cgroup_parent: format!("{PREFIX}-{}-{n}", std::process::id()),
             daemon: None,
-            extra_args: extra.iter().map(|s| s.to_string()).collect(),
+            extra_args: extra.iter().map(|s| s.to_string()).chain(database_args()).collect(),
             daemon_env: vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             own_fs: tmpfs.is_some(),
             _tmp: tmp,

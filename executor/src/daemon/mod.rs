@@ -268,6 +268,8 @@ pub struct DaemonConfig {
     /// How many bytes of each command's output (stdout and stderr
     /// together) its exec record keeps.
     pub keep_output: usize,
+    /// A PostgreSQL catalog (`postgres://...`) instead of `ROOT/strata.db`.
+    pub database: Option<String>,
 }
 
 /// See [`Daemon::sealing`].
@@ -491,7 +493,10 @@ impl Daemon {
             let _ = write!(f, "{}", std::process::id());
         }
         let store = Store::open(&cfg.root)?;
-        let db = Db::open(&store.root().join("strata.db"))?;
+        let db = match &cfg.database {
+            Some(url) => Db::open_postgres(url)?,
+            None => Db::open(&store.root().join("strata.db"))?,
+        };
         let shim = crate::sandbox::ShimExe::install(&shim_exe, &cfg.root.join("shim"))?;
         let rt = Runtime { store, shim: std::sync::Arc::new(shim), cgroup_parent: cfg.cgroup_parent.clone() };
         let max_sandboxes = cfg.max_sandboxes.unwrap_or_else(default_max_sandboxes);

@@ -230,16 +230,16 @@ impl Db {
             .map_err(q("image blobs"))?;
         Ok(StoreUsage {
             images: one("SELECT COUNT(*) FROM images")? as u64,
-            image_layer_bytes: one("SELECT SUM(size) FROM layers WHERE id IN (SELECT layer_id FROM image_layers)")?
+            image_layer_bytes: one("SELECT CAST(SUM(size) AS BIGINT) FROM layers WHERE id IN (SELECT layer_id FROM image_layers)")?
                 as u64,
             image_blobs,
             snapshots: one("SELECT COUNT(*) FROM snapshots")? as u64,
-            snapshot_layer_bytes: one("SELECT SUM(size) FROM layers WHERE id IN (SELECT layer_id FROM snapshots) \
+            snapshot_layer_bytes: one("SELECT CAST(SUM(size) AS BIGINT) FROM layers WHERE id IN (SELECT layer_id FROM snapshots) \
                  AND id NOT IN (SELECT layer_id FROM image_layers)")? as u64,
             snapshot_blob_bytes: one(
-                "SELECT SUM(blob_size) FROM (SELECT blob_digest, MAX(blob_size) AS blob_size FROM snapshots \
+                "SELECT CAST(SUM(blob_size) AS BIGINT) FROM (SELECT blob_digest, MAX(blob_size) AS blob_size FROM snapshots \
                  WHERE blob_digest != '' AND blob_digest NOT IN (SELECT blob_digest FROM image_layers) \
-                 GROUP BY blob_digest)",
+                 GROUP BY blob_digest) AS b",
             )? as u64,
         })
     }
