@@ -163,3 +163,27 @@ fn two_hosts_racing_appends_leave_one_head_and_a_gap_free_lineage() {
         eprintln!("{name}: (wins, fences) per host {results:?}");
     }
 }
+
+/// A catalog whose PostgreSQL session is cut (a server restart, a failover)
+/// answers the call that met the cut with an error and connects again for
+/// the next one.
+#[test]
+fn a_cut_postgres_session_is_opened_again() {
+    strata_tests::require_root();
+    let url = pg::database();
+    let db = Db::open_postgres(&url).unwrap();
+    assert!(db.list_images().unwrap().is_empty());
+    let mut admin = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let cut = admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid != pg_backend_pid()",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(cut, 1, "the catalog's one session");
+    // The call that meets the cut fails (or, if the client noticed first,
+    // already reconnects); the next one works.
+    let _ = db.list_images();
+    assert!(db.list_images().unwrap().is_empty());
+}

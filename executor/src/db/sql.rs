@@ -130,6 +130,7 @@ enum Inner {
 }
 
 struct Pg {
+    url: String,
     client: postgres::Client,
     statements: HashMap<String, postgres::Statement>,
     in_tx: bool,
@@ -146,7 +147,8 @@ impl Conn {
     /// is reached over a Unix socket or a private network.
     pub fn postgres(url: &str) -> Result<Conn, SqlError> {
         let client = postgres::Client::connect(url, postgres::NoTls)?;
-        Ok(Conn(Inner::Postgres(Box::new(RefCell::new(Pg { client, statements: HashMap::new(), in_tx: false })))))
+        let pg = Pg { url: url.to_string(), client, statements: HashMap::new(), in_tx: false };
+        Ok(Conn(Inner::Postgres(Box::new(RefCell::new(pg)))))
     }
 
     pub fn engine(&self) -> Engine {
@@ -176,21 +178,7 @@ impl Conn {
     pub fn execute(&self, sql: &str, params: Params<'_>) -> Result<usize, SqlError> {
         match &self.0 {
             Inner::Sqlite(c) => Ok(c.prepare_cached(sql)?.execute(params)?),
-            Inner::Postgres(pg) => {
-                let mut pg = pg.borrow_mut();
-                if !pg.in_tx && is_write(sql) {
-                    // A write on its own still waits for the writer lock.
-                    let mut tx = pg.client.transaction()?;
-                    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITER_LOCK])?;
-                    let st = tx.prepare(&translate(sql))?;
-                    let n = tx.execute(&st, &pg_params(params)?.iter().map(|p| p as _).collect::<Vec<_>>())?;
-                    tx.commit()?;
-                    return Ok(n as usize);
-                }
-                let st = pg.statement(sql)?;
-                let n = pg.client.execute(&st, &pg_params(params)?.iter().map(|p| p as _).collect::<Vec<_>>())?;
-                Ok(n as usize)
-            }
+            Inner::Postgres(pg) => Ok(pg.borrow_mut().run(sql, params, false)?.1 as usize),
         }
     }
 
@@ -212,7 +200,7 @@ impl Conn {
                 Ok(out.into_iter().collect())
             }
             Inner::Postgres(pg) => {
-                let rows = pg.borrow_mut().query(sql, params)?;
+                let (rows, _) = pg.borrow_mut().run(sql, params, true)?;
                 rows.iter().map(|v| f(&Row(RowInner::Values(v)))).collect()
             }
         }
@@ -235,7 +223,7 @@ impl Conn {
                 }
             }
             Inner::Postgres(pg) => {
-                let rows = pg.borrow_mut().query(sql, params)?;
+                let (rows, _) = pg.borrow_mut().run(sql, params, true)?;
                 match rows.first() {
                     Some(v) => f(&Row(RowInner::Values(v))),
                     None => Err(SqlError::NoRows),
@@ -252,6 +240,7 @@ impl Conn {
             Inner::Sqlite(c) => c.execute_batch(if immediate { "BEGIN IMMEDIATE" } else { "BEGIN" })?,
             Inner::Postgres(pg) => {
                 let mut pg = pg.borrow_mut();
+                pg.reconnect_if_closed()?;
                 pg.client.batch_execute("BEGIN")?;
                 pg.in_tx = true;
                 if let Err(e) = pg.client.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITER_LOCK]) {
@@ -301,6 +290,17 @@ impl Drop for Tx<'_> {
 }
 
 impl Pg {
+    /// After a lost connection (a server restart, a network cut), the next
+    /// call outside a transaction connects again; one inside a transaction
+    /// fails with it (its work is rolled back by the server).
+    fn reconnect_if_closed(&mut self) -> Result<(), SqlError> {
+        if self.client.is_closed() && !self.in_tx {
+            self.client = postgres::Client::connect(&self.url, postgres::NoTls)?;
+            self.statements.clear();
+        }
+        Ok(())
+    }
+
     fn statement(&mut self, sql: &str) -> Result<postgres::Statement, SqlError> {
         if let Some(st) = self.statements.get(sql) {
             return Ok(st.clone());
@@ -310,21 +310,37 @@ impl Pg {
         Ok(st)
     }
 
-    fn query(&mut self, sql: &str, params: Params<'_>) -> Result<Vec<Vec<Value>>, SqlError> {
+    /// Run one statement: its rows (with `rows`) and the number of rows
+    /// it returned or changed. A write outside a transaction takes the
+    /// writer lock in a transaction of its own.
+    fn run(&mut self, sql: &str, params: Params<'_>, rows: bool) -> Result<(Vec<Vec<Value>>, u64), SqlError> {
+        self.reconnect_if_closed()?;
         let st = self.statement(sql)?;
         let params = pg_params(params)?;
         let refs: Vec<&(dyn postgres::types::ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-        let rows = if !self.in_tx && is_write(sql) {
-            // `INSERT ... RETURNING` on its own: under the writer lock too.
-            let mut tx = self.client.transaction()?;
-            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITER_LOCK])?;
-            let rows = tx.query(&st, &refs)?;
-            tx.commit()?;
-            rows
-        } else {
-            self.client.query(&st, &refs)?
-        };
-        rows.iter().map(pg_row).collect()
+        if self.in_tx || !is_write(sql) {
+            return run_on(&mut self.client, &st, &refs, rows);
+        }
+        let mut tx = self.client.transaction()?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITER_LOCK])?;
+        let out = run_on(&mut tx, &st, &refs, rows)?;
+        tx.commit()?;
+        Ok(out)
+    }
+}
+
+fn run_on(
+    client: &mut impl postgres::GenericClient,
+    st: &postgres::Statement,
+    params: &[&(dyn postgres::types::ToSql + Sync)],
+    rows: bool,
+) -> Result<(Vec<Vec<Value>>, u64), SqlError> {
+    if rows {
+        let out: Vec<Vec<Value>> = client.query(st, params)?.iter().map(pg_row).collect::<Result<_, _>>()?;
+        let n = out.len() as u64;
+        Ok((out, n))
+    } else {
+        Ok((Vec::new(), client.execute(st, params)?))
     }
 }
 
