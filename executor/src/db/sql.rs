@@ -134,6 +134,9 @@ struct Pg {
     client: postgres::Client,
     statements: HashMap<String, postgres::Statement>,
     in_tx: bool,
+    /// The session failed (an I/O error, a FATAL from the server): the
+    /// next call outside a transaction connects again.
+    broken: bool,
 }
 
 impl Conn {
@@ -147,7 +150,7 @@ impl Conn {
     /// is reached over a Unix socket or a private network.
     pub fn postgres(url: &str) -> Result<Conn, SqlError> {
         let client = postgres::Client::connect(url, postgres::NoTls)?;
-        let pg = Pg { url: url.to_string(), client, statements: HashMap::new(), in_tx: false };
+        let pg = Pg { url: url.to_string(), client, statements: HashMap::new(), in_tx: false, broken: false };
         Ok(Conn(Inner::Postgres(Box::new(RefCell::new(pg)))))
     }
 
@@ -241,7 +244,8 @@ impl Conn {
             Inner::Postgres(pg) => {
                 let mut pg = pg.borrow_mut();
                 pg.reconnect_if_closed()?;
-                pg.client.batch_execute("BEGIN")?;
+                let begun = pg.client.batch_execute("BEGIN").map_err(SqlError::from);
+                pg.check(begun)?;
                 pg.in_tx = true;
                 if let Err(e) = pg.client.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITER_LOCK]) {
                     pg.in_tx = false;
@@ -294,11 +298,21 @@ impl Pg {
     /// call outside a transaction connects again; one inside a transaction
     /// fails with it (its work is rolled back by the server).
     fn reconnect_if_closed(&mut self) -> Result<(), SqlError> {
-        if self.client.is_closed() && !self.in_tx {
+        if (self.broken || self.client.is_closed()) && !self.in_tx {
             self.client = postgres::Client::connect(&self.url, postgres::NoTls)?;
             self.statements.clear();
+            self.broken = false;
         }
         Ok(())
+    }
+
+    /// Note an error that ended the session (anything but an error the
+    /// server reported and survived).
+    fn check<T>(&mut self, r: Result<T, SqlError>) -> Result<T, SqlError> {
+        if let Err(SqlError::Postgres(e)) = &r {
+            self.broken |= e.as_db_error().is_none_or(|d| matches!(d.severity(), "FATAL" | "PANIC"));
+        }
+        r
     }
 
     fn statement(&mut self, sql: &str) -> Result<postgres::Statement, SqlError> {
@@ -314,6 +328,11 @@ impl Pg {
     /// it returned or changed. A write outside a transaction takes the
     /// writer lock in a transaction of its own.
     fn run(&mut self, sql: &str, params: Params<'_>, rows: bool) -> Result<(Vec<Vec<Value>>, u64), SqlError> {
+        let r = self.run_once(sql, params, rows);
+        self.check(r)
+    }
+
+    fn run_once(&mut self, sql: &str, params: Params<'_>, rows: bool) -> Result<(Vec<Vec<Value>>, u64), SqlError> {
         self.reconnect_if_closed()?;
         let st = self.statement(sql)?;
         let params = pg_params(params)?;
