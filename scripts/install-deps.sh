@@ -64,6 +64,12 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 		log "systemctl disable --now docker-registry.service"
 		systemctl disable --now docker-registry.service || true
 	fi
+	# Likewise the suite starts its own PostgreSQL (tests/support/pg.rs); the
+	# cluster Debian creates on install is not used.
+	if [[ " ${missing[*]} " == *" postgresql-15 "* ]] && [[ -d /run/systemd/system ]]; then
+		log "systemctl disable --now postgresql.service"
+		systemctl disable --now postgresql.service || true
+	fi
 else
 	log "system packages already installed"
 fi
