@@ -50,6 +50,14 @@ fn lineage(db: &mut Db, wc: &str, hosts: usize) -> (i64, Vec<SandboxId>) {
     (image, sandboxes)
 }
 
+/// Append checkpoint `n` (its own layer) by sandbox `sb`; the fence if the
+/// lineage's head moved since `sb` observed it.
+fn append(db: &mut Db, image: i64, sb: &SandboxId, n: u64) -> Result<SnapshotRow, strata::db::Fence> {
+    let l = layer(n);
+    let mut snap = SnapshotRow::new(image, None, &l, sb, serde_json::json!({}));
+    db.append_checkpoint(sb, &mut snap, &l, false, false).unwrap().map(|()| snap)
+}
+
 #[test]
 fn both_engines_open_at_the_same_schema_version() {
     strata_tests::require_root();
@@ -74,11 +82,9 @@ fn an_append_fenced_on_a_moved_head_changes_nothing() {
     for (name, open) in engines {
         let mut db = open();
         let (image, sbs) = lineage(&mut db, "wc", 2);
-        let mut first = SnapshotRow::new(image, None, &layer(1), &sbs[0], serde_json::json!({}));
-        db.append_checkpoint(&sbs[0], &mut first, &layer(1), false, false).unwrap().expect("first append");
+        let first = append(&mut db, image, &sbs[0], 1).expect("first append");
         // The second sandbox observed the empty head: fenced.
-        let mut late = SnapshotRow::new(image, None, &layer(2), &sbs[1], serde_json::json!({}));
-        let fence = db.append_checkpoint(&sbs[1], &mut late, &layer(2), false, false).unwrap();
+        let fence = append(&mut db, image, &sbs[1], 2);
         assert!(fence.is_err(), "{name}: an append on a moved head must be fenced");
         let snaps = db.lineage_snapshots("wc").unwrap();
         assert_eq!(snaps.len(), 1, "{name}: the fenced append left a row");
@@ -117,10 +123,8 @@ fn two_hosts_racing_appends_leave_one_head_and_a_gap_free_lineage() {
                         if n >= 100 {
                             return (won, fenced);
                         }
-                        let l = layer(1 + (host as u64) * 1000 + won + fenced);
-                        let mut snap = SnapshotRow::new(image, None, &l, &sb, serde_json::json!({}));
-                        match db.append_checkpoint(&sb, &mut snap, &l, false, false).unwrap() {
-                            Ok(()) => {
+                        match append(&mut db, image, &sb, 1 + (host as u64) * 1000 + won + fenced) {
+                            Ok(_) => {
                                 won += 1;
                                 total.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                             }

@@ -173,7 +173,11 @@ impl Conn {
     pub fn batch(&self, sql: &str) -> Result<(), SqlError> {
         match &self.0 {
             Inner::Sqlite(c) => Ok(c.execute_batch(sql)?),
-            Inner::Postgres(pg) => Ok(pg.borrow_mut().client.batch_execute(sql)?),
+            Inner::Postgres(pg) => {
+                let mut pg = pg.borrow_mut();
+                let r = pg.client.batch_execute(sql).map_err(SqlError::from);
+                pg.check(r)
+            }
         }
     }
 
@@ -196,11 +200,12 @@ impl Conn {
             Inner::Sqlite(c) => {
                 let mut st = c.prepare_cached(sql)?;
                 let mut rows = st.query(params)?;
-                let mut out = Vec::new();
-                while let Some(r) = rows.next()? {
-                    out.push(f(&Row(RowInner::Sqlite(r)))?);
-                }
-                Ok(out.into_iter().collect())
+                std::iter::from_fn(|| match rows.next() {
+                    Ok(Some(r)) => Some(f(&Row(RowInner::Sqlite(r)))),
+                    Ok(None) => None,
+                    Err(e) => Some(Err(e.into())),
+                })
+                .collect()
             }
             Inner::Postgres(pg) => {
                 let (rows, _) = pg.borrow_mut().run(sql, params, true)?;
@@ -242,26 +247,30 @@ impl Conn {
         match &self.0 {
             Inner::Sqlite(c) => c.execute_batch(if immediate { "BEGIN IMMEDIATE" } else { "BEGIN" })?,
             Inner::Postgres(pg) => {
-                let mut pg = pg.borrow_mut();
-                pg.reconnect_if_closed()?;
-                let begun = pg.client.batch_execute("BEGIN").map_err(SqlError::from);
-                pg.check(begun)?;
-                pg.in_tx = true;
-                if let Err(e) = pg.client.execute("SELECT pg_advisory_xact_lock($1)", &[&WRITER_LOCK]) {
-                    pg.in_tx = false;
-                    let _ = pg.client.batch_execute("ROLLBACK");
-                    return Err(e.into());
+                pg.borrow_mut().reconnect_if_closed()?;
+                self.batch("BEGIN")?;
+                pg.borrow_mut().in_tx = true;
+                if let Err(e) = self.execute("SELECT pg_advisory_xact_lock(?1)", &[&WRITER_LOCK]) {
+                    let _ = self.end("ROLLBACK");
+                    return Err(e);
                 }
             }
         }
         Ok(Tx { conn: self, done: false })
     }
 
+    /// End the open transaction with `COMMIT` or `ROLLBACK`. A `COMMIT`
+    /// that fails (SQLite busy, a lost PostgreSQL session) rolls back, so
+    /// the connection is never left inside a transaction.
     fn end(&self, sql: &str) -> Result<(), SqlError> {
         if let Inner::Postgres(pg) = &self.0 {
             pg.borrow_mut().in_tx = false;
         }
-        self.batch(sql)
+        let r = self.batch(sql);
+        if r.is_err() && sql == "COMMIT" {
+            let _ = self.batch("ROLLBACK");
+        }
+        r
     }
 }
 
