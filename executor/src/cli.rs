@@ -310,8 +310,8 @@ fn parse_keep_output(s: &str) -> Result<usize, String> {
     }
 }
 
-/// The most `--keep-output` may keep per command (SQLite keeps each in
-/// the row).
+/// The most `--keep-output` may keep per command (the catalog keeps each
+/// in the row).
 const MAX_KEEP_OUTPUT: u64 = 64 << 20;
 
 fn positive_duration(s: &str) -> Result<std::time::Duration, String> {

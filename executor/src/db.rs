@@ -1,4 +1,5 @@
-//! The metadata database: SQLite (WAL) at `ROOT/strata.db`.
+//! The metadata database (the catalog): SQLite (WAL) at `ROOT/strata.db`,
+//! or PostgreSQL with `--database` (`db/postgres.rs`, through `db/sql.rs`).
 //!
 //! Owns the schema, its versioned migrations (`PRAGMA user_version`) and every
 //! query. Holds no file-system state: callers write metadata first and touch
