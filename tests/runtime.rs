@@ -1453,15 +1453,15 @@ fn idempotent_calls_are_done_once_and_ids_can_be_chosen() {
 
 #[test]
 fn a_host_tells_its_capacity_and_drains() {
-    let env = TestEnv::start();
+    let mut env = TestEnv::start();
     env.import_busybox();
     let none = None::<&()>;
-    let info = || -> Value { env.client().call("GET", "/v1/info", none).unwrap() };
-    let i0 = info();
+    let info = |env: &TestEnv| -> Value { env.client().call("GET", "/v1/info", none).unwrap() };
+    let i0 = info(&env);
     assert_eq!((i0["state"].as_str(), i0["slots_used"].as_u64()), (Some("ready"), Some(0)), "{i0}");
     let a = create(&env, json!({"image": "busybox", "memory": 64 << 20, "cpus": 0.5}));
     let b = create(&env, json!({"image": "busybox", "memory": 32 << 20, "cpus": 0.25}));
-    let i = info();
+    let i = info(&env);
     let ps = env.cli_ok(&["ps"]);
     assert_eq!(i["slots_used"].as_u64().unwrap() as usize, ps.lines().count() - 1, "{i} vs {ps}");
     assert_eq!(i["memory_allocated"], 96u64 << 20, "{i}");
@@ -1490,8 +1490,25 @@ fn a_host_tells_its_capacity_and_drains() {
     assert_eq!(stdout(&sh(&env, &a, "echo still")), "still\n");
     let snap = env.cli_ok(&["checkpoint", &a]).trim().to_string();
     assert_eq!(status_of(env.client().request("POST", &format!("/v1/snapshots/{snap}/fork"), Some(&json!({})))), 409);
-    assert_eq!(info()["state"], "draining");
+    assert_eq!(info(&env)["state"], "draining");
     env.cli_ok(&["rm", &b]);
+    // The drain is kept in the catalog's host row: a restart keeps it.
+    env.stop_daemon();
+    env.start_daemon();
+    assert_eq!(
+        (info(&env)["state"].as_str(), info(&env)["draining_reason"].as_str()),
+        (Some("draining"), Some("kernel upgrade"))
+    );
+    // The one host of its catalog, under its hostname, listed with the
+    // sandbox the catalog places on it.
+    let hosts: Vec<Value> = env.client().call("GET", "/v1/hosts", none).unwrap();
+    assert_eq!(hosts.len(), 1, "{hosts:?}");
+    assert_eq!(hosts[0]["id"], info(&env)["host_id"]);
+    assert_eq!(hosts[0]["id"].as_str().unwrap(), nix::unistd::gethostname().unwrap().to_str().unwrap());
+    assert_eq!((hosts[0]["state"].as_str(), hosts[0]["reason"].as_str()), (Some("draining"), Some("kernel upgrade")));
+    assert_eq!(hosts[0]["sandboxes"], json!([a]));
+    let table = env.cli_ok(&["hosts"]);
+    assert!(table.lines().nth(1).is_some_and(|l| l.contains("draining") && l.contains("kernel upgrade")), "{table}");
     assert_eq!(env.cli_ok(&["drain", "--off"]).trim(), "ready");
     let c = create(&env, json!({"image": "busybox"}));
     for id in [&a, &c] {

@@ -169,8 +169,17 @@ pub enum Command {
     /// The store's use by images, snapshots and sandboxes, and what gc
     /// would reclaim now.
     Df,
-    /// Stop starting new sandboxes (running ones go on); --off ends it.
+    /// The hosts sharing the catalog: state, slots, last heartbeat,
+    /// sandboxes (--json for everything, capacity included).
+    Hosts {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop starting new sandboxes on this host, or on HOST of the fleet
+    /// (running ones go on); --off ends it.
     Drain {
+        /// A host id from `strata hosts` (default: this daemon's host).
+        host: Option<String>,
         #[arg(long)]
         reason: Option<String>,
         #[arg(long, conflicts_with = "reason")]
@@ -281,6 +290,17 @@ pub struct DaemonArgs {
     /// shared by a fleet of hosts.
     #[arg(long, env = "STRATA_DATABASE", value_parser = parse_database)]
     pub database: Option<String>,
+    /// This host's id in the catalog (default: the hostname); hosts sharing
+    /// a catalog each need their own.
+    #[arg(long)]
+    pub host_id: Option<String>,
+    /// Renew this host's row in the catalog this often.
+    #[arg(long, default_value = "5s", value_parser = positive_duration)]
+    pub heartbeat: std::time::Duration,
+    /// Other hosts mark this one down when its row is not renewed for this
+    /// long (more than --heartbeat).
+    #[arg(long, default_value = "20s", value_parser = positive_duration)]
+    pub host_deadline: std::time::Duration,
     /// Also serve E2B's API (control and envd) on this TCP address, e.g.
     /// 127.0.0.1:3000 (plain HTTP: keep it on loopback or behind TLS).
     #[arg(long, requires = "e2b_api_keys")]
@@ -1049,13 +1069,43 @@ pub fn run(cli: Cli) -> Result<i32> {
             println!("{}", serde_json::to_string_pretty(&info)?);
             Ok(0)
         }
-        Command::Drain { reason, off } => {
-            let info: crate::types::HostInfo = if *off {
-                client(&cli)?.call("DELETE", "/v1/drain", NO_BODY)?
-            } else {
-                client(&cli)?.call("POST", "/v1/drain", Some(&crate::types::DrainRequest { reason: reason.clone() }))?
+        Command::Hosts { json } => {
+            let hosts: Vec<crate::types::HostEntry> = client(&cli)?.call("GET", "/v1/hosts", NO_BODY)?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&hosts)?);
+                return Ok(0);
+            }
+            let now = crate::db::now_ms();
+            println!("{:<24} {:<9} {:>9} {:>10} {:>9}  REASON", "HOST", "STATE", "SLOTS", "SANDBOXES", "HEARTBEAT");
+            for h in hosts {
+                let slots = h.capacity.as_ref().map_or("-".into(), |c| format!("{}/{}", c.slots_used, c.slots_max));
+                let ago = format!("{:.1}s ago", (now - h.heartbeat_at_ms).max(0) as f64 / 1000.0);
+                println!(
+                    "{:<24} {:<9} {:>9} {:>10} {:>9}  {}",
+                    h.id,
+                    h.state,
+                    slots,
+                    h.sandboxes.len(),
+                    ago,
+                    h.reason.unwrap_or_default()
+                );
+            }
+            Ok(0)
+        }
+        Command::Drain { host, reason, off } => {
+            let body = (!*off).then(|| crate::types::DrainRequest { reason: reason.clone() });
+            let method = if *off { "DELETE" } else { "POST" };
+            let state = match host {
+                Some(h) => {
+                    if !crate::daemon::host::valid_host_id(h) {
+                        anyhow::bail!("host id {h:?} must be 1-64 chars of [A-Za-z0-9._-]");
+                    }
+                    let path = format!("/v1/hosts/{h}/drain");
+                    client(&cli)?.call::<crate::types::HostEntry>(method, &path, body.as_ref())?.state
+                }
+                None => client(&cli)?.call::<crate::types::HostInfo>(method, "/v1/drain", body.as_ref())?.state,
             };
-            println!("{}", info.state);
+            println!("{state}");
             Ok(0)
         }
         Command::Timeout { id, timeout, on_timeout } => {
@@ -1106,7 +1156,17 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         pools: a.pools.clone(),
         keep_output: a.keep_output,
         database: a.database.clone(),
+        host_id: a.host_id.clone().unwrap_or_else(crate::daemon::host::hostname),
+        heartbeat: a.heartbeat,
+        host_deadline: a.host_deadline,
     };
+    if a.host_deadline <= a.heartbeat {
+        anyhow::bail!(
+            "--host-deadline ({}s) must be longer than --heartbeat ({}s)",
+            a.host_deadline.as_secs(),
+            a.heartbeat.as_secs()
+        );
+    }
     let http = crate::api::ServeConfig {
         header_timeout: a.header_timeout,
         idle_timeout: a.idle_timeout,

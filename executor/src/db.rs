@@ -17,10 +17,12 @@ use crate::oci::{Digest, ImageConfig};
 use crate::spec::SandboxSpec;
 
 mod e2b;
+mod hosts;
 mod postgres;
 mod results;
 pub mod sql;
 pub use e2b::{E2bSandbox, E2bSnapshot, E2bSpec};
+pub use hosts::{now_ms, Beat, DownHost, HostClaim, HostRow};
 pub use results::{Evaluation, StoreUsage, MAX_LABEL_KEY, MAX_LABEL_VALUE};
 use sql::{Conn, Optional, Row, SqlError};
 
@@ -48,6 +50,11 @@ pub enum DbError {
     },
     #[error("refused to record {0}")]
     Invalid(String),
+    #[error(
+        "host id {id:?} is held by a live daemon (root {root} on machine {machine}, last heartbeat {ago_ms} ms ago): \
+         give this daemon another --host-id, or stop that one"
+    )]
+    HostTaken { id: String, machine: String, root: String, ago_ms: i64 },
     #[error("decode stored {what}")]
     Decode {
         what: &'static str,
@@ -80,6 +87,32 @@ impl crate::error::Classify for DbError {
 fn q(what: &'static str) -> impl FnOnce(SqlError) -> DbError {
     move |source| DbError::Query { what, source }
 }
+
+/// Migration 15, one text for both engines (SQLite takes `BIGINT` as
+/// INTEGER): hosts sharing the catalog (one row per daemon, `hosts.rs`). A
+/// sandbox, an in-flight idempotent request and a snapshot's capture
+/// belong to the host that made them (NULL: made before hosts were
+/// recorded, claimed by the first daemon that registers: a catalog that
+/// old was one host's). `drain` says why new work is refused there,
+/// `down` why the host is down; times are Unix milliseconds.
+pub(super) const MIGRATION_15: &str = r#"
+    CREATE TABLE hosts (
+        id           TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 64),
+        machine      TEXT NOT NULL,
+        root         TEXT NOT NULL,
+        version      TEXT NOT NULL,
+        drain        TEXT,
+        down         TEXT,
+        info         TEXT NOT NULL,
+        started_at   BIGINT NOT NULL,
+        heartbeat_at BIGINT NOT NULL,
+        deadline_at  BIGINT NOT NULL
+    );
+    ALTER TABLE sandboxes ADD COLUMN host TEXT REFERENCES hosts(id);
+    ALTER TABLE snapshots ADD COLUMN host TEXT REFERENCES hosts(id);
+    ALTER TABLE idempotency ADD COLUMN host TEXT REFERENCES hosts(id);
+    CREATE INDEX sandboxes_host ON sandboxes(host);
+    "#;
 
 /// Each entry upgrades the schema by one version; never edit a shipped one.
 const MIGRATIONS: &[&str] = &[
@@ -461,10 +494,14 @@ const MIGRATIONS: &[&str] = &[
     r#"
     CREATE INDEX layers_diff_id ON layers(diff_id);
     "#,
+    // 15: hosts (above).
+    MIGRATION_15,
 ];
 
 pub struct Db {
     conn: Conn,
+    /// The host this connection acts for (`hosts.rs`).
+    host: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -761,7 +798,7 @@ fn ready_baseline_in(
 
 /// Insert a snapshot row as it is (its class, state, lineage and baseline
 /// fields set by the caller; the schema's CHECKs keep them consistent).
-fn insert_snapshot_row(tx: &Conn, snap: &SnapshotRow, info: &str) -> Result<(), DbError> {
+fn insert_snapshot_row(tx: &Conn, snap: &SnapshotRow, info: &str, host: Option<&str>) -> Result<(), DbError> {
     let b = snap.baseline.as_ref();
     let evidence = b
         .map(|b| serde_json::to_string(&b.evidence))
@@ -770,7 +807,8 @@ fn insert_snapshot_row(tx: &Conn, snap: &SnapshotRow, info: &str) -> Result<(), 
     tx.execute(
         "INSERT INTO snapshots (id, image_id, parent_id, layer_id, blob_digest, blob_size, compression, class, state, \
          work_context, sequence, predecessor_id, owner, repo, ref, commit_id, evidence, source_sandbox, info, \
-         created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)",
+         created_at, host) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
+         ?20, ?21)",
         params![
             snap.id,
             snap.image_id,
@@ -791,7 +829,8 @@ fn insert_snapshot_row(tx: &Conn, snap: &SnapshotRow, info: &str) -> Result<(), 
             evidence,
             snap.source_sandbox,
             info,
-            snap.created_at
+            snap.created_at,
+            host
         ],
     )
     .map_err(q("insert snapshot"))?;
@@ -871,9 +910,9 @@ pub enum PullConflict {
     BeingRemoved(SnapshotId),
 }
 
-fn insert_pulled_row(tx: &Conn, snap: &SnapshotRow) -> Result<(), DbError> {
+fn insert_pulled_row(tx: &Conn, snap: &SnapshotRow, host: Option<&str>) -> Result<(), DbError> {
     let info = serde_json::to_string(&snap.info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
-    insert_snapshot_row(tx, snap, &info)
+    insert_snapshot_row(tx, snap, &info, host)
 }
 
 /// How long an idempotency key's response is kept (24 h).
@@ -1022,7 +1061,7 @@ impl Db {
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(open_err)?;
         conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(open_err)?;
         migrate_sqlite(&mut conn)?;
-        Ok(Db { conn: Conn::sqlite(conn) })
+        Ok(Db { conn: Conn::sqlite(conn), host: None })
     }
 
     pub fn open_in_memory() -> Result<Db, DbError> {
@@ -1030,7 +1069,7 @@ impl Db {
         let mut conn = rusqlite::Connection::open_in_memory().map_err(open_err)?;
         conn.pragma_update(None, "foreign_keys", "ON").map_err(open_err)?;
         migrate_sqlite(&mut conn)?;
-        Ok(Db { conn: Conn::sqlite(conn) })
+        Ok(Db { conn: Conn::sqlite(conn), host: None })
     }
 
     /// Open (and migrate) a catalog in PostgreSQL: `url` is a
@@ -1038,7 +1077,7 @@ impl Db {
     pub fn open_postgres(url: &str) -> Result<Db, DbError> {
         let conn = Conn::postgres(url).map_err(|source| DbError::Open { path: redact(url), source })?;
         postgres::migrate(&conn)?;
-        Ok(Db { conn })
+        Ok(Db { conn, host: None })
     }
 
     /// Which engine holds this catalog.
@@ -1290,7 +1329,7 @@ impl Db {
                 .map_err(q("complete capture"))?;
                 delete_layer_if_unused(&tx, &placeholder)?;
             }
-            None => insert_snapshot_row(&tx, snap, &info)?,
+            None => insert_snapshot_row(&tx, snap, &info, self.host.as_deref())?,
         }
         tx.execute(
             "UPDATE work_contexts SET head_id = ?2, head_seq = ?3, used_at = ?4 WHERE id = ?1",
@@ -1341,7 +1380,7 @@ impl Db {
         insert_layer(&tx, &placeholder)?;
         snap.state = SnapshotState::Capturing;
         snap.work_context = Some(wc);
-        insert_snapshot_row(&tx, &snap, info)?;
+        insert_snapshot_row(&tx, &snap, info, self.host.as_deref())?;
         tx.commit().map_err(q("commit begin capture"))?;
         Ok(Ok(snap.id))
     }
@@ -1368,8 +1407,8 @@ impl Db {
             .execute(
                 "UPDATE snapshots SET state = 'failed', retired_at = ?1, parent_id = NULL, \
                  info = json_set(info, '$.capture_error', 'the daemon stopped during the capture') \
-                 WHERE state = 'capturing'",
-                params![now()],
+                 WHERE state = 'capturing' AND (CAST(?2 AS TEXT) IS NULL OR host = ?2)",
+                params![now(), self.host],
             )
             .map_err(q("fail interrupted captures"))
     }
@@ -1504,7 +1543,7 @@ impl Db {
                             .map_err(q("supersede head"))?;
                         }
                         p.row.state = SnapshotState::Ready;
-                        insert_pulled_row(&tx, &p.row)?;
+                        insert_pulled_row(&tx, &p.row, self.host.as_deref())?;
                         tx.execute(
                             "UPDATE work_contexts SET head_id = ?2, head_seq = ?3, used_at = ?4 WHERE id = ?1",
                             params![wc, p.row.id, seq, now()],
@@ -1512,7 +1551,7 @@ impl Db {
                         .map_err(q("advance head"))?;
                     } else {
                         p.row.state = SnapshotState::Superseded;
-                        insert_pulled_row(&tx, &p.row)?;
+                        insert_pulled_row(&tx, &p.row, self.host.as_deref())?;
                     }
                 }
                 (_, _, Some(_)) => {
@@ -1520,7 +1559,7 @@ impl Db {
                     // (`Daemon::admit_pulled_baseline`).
                     p.row.state = SnapshotState::Superseded;
                     p.row.info["ineligible"] = serde_json::json!(PULLED_UNCHECKED);
-                    insert_pulled_row(&tx, &p.row)?;
+                    insert_pulled_row(&tx, &p.row, self.host.as_deref())?;
                 }
                 _ => return Err(DbError::Invalid(format!("pulled snapshot {} has neither lineage nor key", p.row.id))),
             }
@@ -2131,7 +2170,7 @@ impl Db {
         }
         snap.class = SnapshotClass::Baseline;
         snap.state = SnapshotState::Ready;
-        insert_snapshot_row(&tx, snap, &info)?;
+        insert_snapshot_row(&tx, snap, &info, self.host.as_deref())?;
         tx.commit().map_err(q("commit publish"))?;
         Ok(Ok(()))
     }
@@ -2284,9 +2323,9 @@ impl Db {
         let spec = serde_json::to_string(spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
         self.conn
             .execute(
-                "INSERT INTO sandboxes (id, image_id, state, spec, shim_pid, shim_start, created_at) \
-                 VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6)",
-                params![id.as_str(), image_id, spec, shim_pid, shim_start as i64, now()],
+                "INSERT INTO sandboxes (id, image_id, state, spec, shim_pid, shim_start, created_at, host) \
+                 VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6, ?7)",
+                params![id.as_str(), image_id, spec, shim_pid, shim_start as i64, now(), self.host],
             )
             .map_err(q("insert sandbox"))?;
         Ok(())
@@ -2314,8 +2353,8 @@ impl Db {
         let claim = match row {
             None => {
                 tx.execute(
-                    "INSERT INTO idempotency (key, fingerprint, created_at) VALUES (?1, ?2, ?3)",
-                    params![key, fp, now()],
+                    "INSERT INTO idempotency (key, fingerprint, created_at, host) VALUES (?1, ?2, ?3, ?4)",
+                    params![key, fp, now(), self.host],
                 )
                 .map_err(q("claim idempotency key"))?;
                 Claim::Claimed
@@ -2343,7 +2382,12 @@ impl Db {
 
     /// Forget keys whose request was in flight when a daemon stopped.
     pub fn forget_unsettled_keys(&self) -> Result<usize, DbError> {
-        self.conn.execute("DELETE FROM idempotency WHERE status IS NULL", &[]).map_err(q("forget unsettled keys"))
+        self.conn
+            .execute(
+                "DELETE FROM idempotency WHERE status IS NULL AND (CAST(?1 AS TEXT) IS NULL OR host = ?1)",
+                params![self.host],
+            )
+            .map_err(q("forget unsettled keys"))
     }
 
     /// Whether a sandbox id was ever used here: a row, a snapshot taken
@@ -2381,8 +2425,8 @@ impl Db {
             .conn
             .query(
                 "SELECT id, image_id, state, spec, shim_pid, shim_start, created_at FROM sandboxes \
-                 ORDER BY created_at, id",
-                &[],
+                 WHERE CAST(?1 AS TEXT) IS NULL OR host = ?1 ORDER BY created_at, id",
+                params![self.host],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?)),
             )
             .map_err(q("list sandboxes"))?;

@@ -184,7 +184,7 @@ pub struct VersionInfo {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct HostInfo {
     pub version: String,
-    /// The host's name.
+    /// The host's id in the catalog (`--host-id`, default the hostname).
     pub host_id: String,
     /// `ready`, or `draining` (no new sandbox starts; running ones go on).
     pub state: String,
@@ -211,6 +211,32 @@ pub struct HostInfo {
     /// Sandboxes ready now in the ready pools (`--pool`), by image.
     #[serde(default)]
     pub ready: std::collections::BTreeMap<String, usize>,
+}
+
+/// `GET /v1/hosts`: a host sharing the catalog, as its row says.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HostEntry {
+    pub id: String,
+    /// `ready`, `draining` (no new sandbox starts there) or `down` (stopped,
+    /// or past its heartbeat deadline).
+    pub state: String,
+    /// Why it drains, or why it is down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub version: String,
+    /// Its machine (`/etc/machine-id`) and root directory.
+    pub machine: String,
+    pub root: String,
+    /// Unix milliseconds: when it started, its last heartbeat, and when it
+    /// counts as down without another.
+    pub started_at_ms: i64,
+    pub heartbeat_at_ms: i64,
+    pub deadline_at_ms: i64,
+    /// The sandboxes the catalog places there (lost, when it is down).
+    pub sandboxes: Vec<String>,
+    /// Its capacity at the last heartbeat (as `GET /v1/info` there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<HostInfo>,
 }
 
 /// `POST /v1/drain`.

@@ -89,6 +89,14 @@ impl TestEnv {
         TestEnv::start_inner(extra, None, &[])
     }
 
+    /// A daemon of a fleet: host `host` on the shared catalog `database`
+    /// (whatever `STRATA_TEST_DATABASE` says), with `extra` flags.
+    pub fn start_in_fleet(database: &str, host: &str, extra: &[&str]) -> TestEnv {
+        let args: Vec<String> =
+            ["--database", database, "--host-id", host].iter().chain(extra).map(|s| s.to_string()).collect();
+        TestEnv::start_args(args, None, &[])
+    }
+
     /// A daemon with extra environment variables.
     pub fn start_with_env(vars: &[(&str, &str)]) -> TestEnv {
         TestEnv::start_inner(&[], None, vars)
@@ -101,6 +109,11 @@ impl TestEnv {
     }
 
     fn start_inner(extra: &[&str], tmpfs: Option<u64>, vars: &[(&str, &str)]) -> TestEnv {
+        let args = extra.iter().map(|s| s.to_string()).chain(database_args()).collect();
+        TestEnv::start_args(args, tmpfs, vars)
+    }
+
+    fn start_args(extra_args: Vec<String>, tmpfs: Option<u64>, vars: &[(&str, &str)]) -> TestEnv {
         require_root();
         // Shims orphaned by a killed daemon reparent to us instead of the
         // host's init (which may not reap them), and `reap_orphans` reaps them.
@@ -113,7 +126,7 @@ impl TestEnv {
             root: root.join("root"),
             cgroup_parent: format!("{PREFIX}-{}-{n}", std::process::id()),
             daemon: None,
-            extra_args: extra.iter().map(|s| s.to_string()).chain(database_args()).collect(),
+            extra_args,
             daemon_env: vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             own_fs: tmpfs.is_some(),
             _tmp: tmp,

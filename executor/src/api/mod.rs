@@ -157,6 +157,10 @@ pub enum Action {
     DiskUsage,
     /// Start draining (`Some`) or stop (`None`).
     Drain(Option<types::DrainRequest>),
+    ListHosts,
+    GetHost(String),
+    /// Drain a host of the fleet (`Some`) or end its drain (`None`).
+    DrainHost(String, Option<types::DrainRequest>),
     ListImages,
     PullImage(types::RegistryRequest),
     ImportImage(ImportRequest),
@@ -264,6 +268,13 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
         (["drain"], "POST") => A::Drain(Some(body_or_default(req)?)),
         (["drain"], "DELETE") => A::Drain(None),
         (["drain"], _) => return Err(not_allowed("POST, DELETE")),
+        (["hosts"], "GET") => A::ListHosts,
+        (["hosts"], _) => return Err(not_allowed("GET")),
+        (["hosts", h], "GET") => A::GetHost(id(h)),
+        (["hosts", _], _) => return Err(not_allowed("GET")),
+        (["hosts", h, "drain"], "POST") => A::DrainHost(id(h), Some(body_or_default(req)?)),
+        (["hosts", h, "drain"], "DELETE") => A::DrainHost(id(h), None),
+        (["hosts", _, "drain"], _) => return Err(not_allowed("POST, DELETE")),
         (["images"], "GET") => A::ListImages,
         (["images"], _) => return Err(not_allowed("GET")),
         (["images", "pull"], "POST") => A::PullImage(body(req)?),
@@ -450,6 +461,9 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::Info => json(200, &d.host_info()?),
         A::DiskUsage => json(200, &d.disk_usage()?),
         A::Drain(r) => json(200, &d.drain(r)?),
+        A::ListHosts => json(200, &d.hosts()?),
+        A::GetHost(h) => json(200, &d.host(&h)?),
+        A::DrainHost(h, r) => json(200, &d.drain_host(&h, r)?),
         A::ListImages => json(200, &d.list_images()?),
         A::PullImage(r) => {
             let p = r.progress;
@@ -648,6 +662,13 @@ mod tests {
     fn each_route_parses_to_its_operation() {
         assert!(matches!(parsed("GET", "/v1/version", ""), Ok(Action::Version)));
         assert!(matches!(parsed("GET", "/v1/sandboxes/", ""), Ok(Action::ListSandboxes)));
+        assert!(matches!(parsed("GET", "/v1/hosts", ""), Ok(Action::ListHosts)));
+        assert!(matches!(parsed("GET", "/v1/hosts/h1", ""), Ok(Action::GetHost(h)) if h == "h1"));
+        assert!(matches!(
+            parsed("POST", "/v1/hosts/h1/drain", r#"{"reason":"r"}"#),
+            Ok(Action::DrainHost(h, Some(r))) if h == "h1" && r.reason.as_deref() == Some("r")
+        ));
+        assert!(matches!(parsed("DELETE", "/v1/hosts/h1/drain", ""), Ok(Action::DrainHost(_, None))));
         assert!(
             matches!(parsed("POST", "/v1/sandboxes", r#"{"image":"x"}"#), Ok(Action::CreateSandbox(c)) if c.image == "x")
         );
@@ -695,6 +716,9 @@ mod tests {
             ("POST", "/v1/sandboxes/abc/logs", "GET"),
             ("PUT", "/v1/snapshots/abc/diff", "GET"),
             ("GET", "/v1/lineages/w/retire", "POST"),
+            ("POST", "/v1/hosts", "GET"),
+            ("DELETE", "/v1/hosts/h1", "GET"),
+            ("GET", "/v1/hosts/h1/drain", "POST, DELETE"),
         ] {
             let e = parsed(m, p, "").unwrap_err();
             assert_eq!((e.kind, e.allow), (ErrorKind::MethodNotAllowed, Some(allow)), "{m} {p}");

@@ -1,14 +1,88 @@
-//! The host as a scheduler sees it: capacity (`GET /v1/info`) and drain.
-//! A draining host starts no new sandbox (create, resume, fork, a
-//! lineage's resume answer 409 with the reason) while running ones go on
-//! (exec, checkpoint, suspend, rollback, rm).
+//! The host as a scheduler sees it: capacity (`GET /v1/info`), drain, and
+//! its place in the fleet (`GET /v1/hosts`). A draining host starts no new
+//! sandbox (create, resume, fork, a lineage's resume answer 409 with the
+//! reason) while running ones go on (exec, checkpoint, suspend, rollback,
+//! rm).
+//!
+//! Every daemon registers a row in the catalog (`db/hosts.rs`) under its
+//! host id and heartbeats it on its own connection (so a long operation
+//! holding the daemon's connection never makes it late). Each heartbeat
+//! also marks other hosts past their deadline down and logs their
+//! sandboxes as lost, and takes up a drain set from another host.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::daemon::{lock, Daemon};
-use crate::db::DbError;
-use crate::types::{DrainRequest, HostInfo};
+use crate::db::{Db, DbError, HostRow};
+use crate::error::{Classify, ErrorKind};
+use crate::types::{DrainRequest, HostEntry, HostInfo};
+
+/// Why a host operation failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum HostError {
+    /// no host {0:?} in the catalog (`strata hosts` lists them)
+    NotFound(String),
+    /// {0}
+    Db(#[from] DbError),
+}
+
+impl Classify for HostError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            HostError::NotFound(_) => ErrorKind::NotFound,
+            HostError::Db(e) => e.kind(),
+        }
+    }
+}
+
+/// A host id: 1-64 chars of `[A-Za-z0-9._-]`, not starting with `.` or `-`.
+pub fn valid_host_id(id: &str) -> bool {
+    crate::daemon::lineage::valid_work_context(id)
+}
+
+/// This machine's id (`/etc/machine-id`), else its hostname.
+pub fn machine_id() -> String {
+    std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(hostname)
+}
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+fn entry(h: HostRow) -> HostEntry {
+    let (state, reason) = match (h.down, h.drain) {
+        (Some(why), _) => ("down", Some(why)),
+        (None, Some(why)) => ("draining", Some(why)),
+        (None, None) => ("ready", None),
+    };
+    HostEntry {
+        id: h.id,
+        state: state.into(),
+        reason,
+        version: h.version,
+        machine: h.machine,
+        root: h.root,
+        started_at_ms: h.started_at,
+        heartbeat_at_ms: h.heartbeat_at,
+        deadline_at_ms: h.deadline_at,
+        sandboxes: h.sandboxes,
+        capacity: serde_json::from_str(&h.info).ok(),
+    }
+}
 
 impl Daemon {
     pub fn host_info(&self) -> Result<HostInfo, DbError> {
+        let images = lock(&self.db).list_images()?;
+        Ok(self.capacity(images.into_iter().map(|i| i.name.to_string()).collect()))
+    }
+
+    /// What `host_info` says, given the images the catalog lists.
+    fn capacity(&self, images: Vec<String>) -> HostInfo {
         let (live, used, waiting, draining) = {
             let pool = lock(&self.pool);
             let live: Vec<_> = pool.live.values().cloned().collect();
@@ -23,14 +97,13 @@ impl Daemon {
                 ((v.blocks() - v.blocks_free()) * f, v.blocks_available() * f)
             })
             .unwrap_or((0, 0));
-        let images = lock(&self.db).list_images()?.into_iter().map(|i| i.name.to_string()).collect();
         let mut layers: Vec<String> = std::fs::read_dir(self.rt.store.layers_dir())
             .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         layers.sort();
-        Ok(HostInfo {
+        HostInfo {
             version: env!("CARGO_PKG_VERSION").into(),
-            host_id: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
+            host_id: self.cfg.host_id.clone(),
             state: if draining.is_some() { "draining" } else { "ready" }.into(),
             draining_reason: draining,
             slots_used: used,
@@ -45,22 +118,130 @@ impl Daemon {
             images,
             layers,
             ready: self.ready_counts().into_iter().collect(),
-        })
+        }
     }
 
     /// Start draining (`Some`) or stop (`None`); launches waiting for a
-    /// slot are refused too.
+    /// slot are refused too. Kept in the catalog (it outlives a restart).
     pub fn drain(&self, req: Option<DrainRequest>) -> Result<HostInfo, DbError> {
+        let why = req.map(|r| r.reason.unwrap_or_else(|| "drained by request".into()));
+        lock(&self.db).set_host_drain(&self.cfg.host_id, why.as_deref())?;
+        self.apply_drain(why);
+        self.host_info()
+    }
+
+    /// Take up the drain the catalog holds for this host.
+    pub(crate) fn apply_drain(&self, why: Option<String>) {
         {
             let mut pool = lock(&self.pool);
-            pool.draining = req.map(|r| r.reason.unwrap_or_else(|| "drained by request".into()));
+            if pool.draining == why {
+                return;
+            }
+            pool.draining = why;
             match &pool.draining {
                 Some(why) => tracing::info!("draining: {why}"),
                 None => tracing::info!("drain ended: ready"),
             }
         }
         self.slots.notify_all();
-        self.host_info()
+    }
+
+    /// Every host in the catalog.
+    pub fn hosts(&self) -> Result<Vec<HostEntry>, DbError> {
+        Ok(lock(&self.db).list_hosts()?.into_iter().map(entry).collect())
+    }
+
+    pub fn host(&self, id: &str) -> Result<HostEntry, HostError> {
+        lock(&self.db).host(id)?.map(entry).ok_or_else(|| HostError::NotFound(id.into()))
+    }
+
+    /// Drain host `id` (`Some`) or end its drain: this host at once,
+    /// another at its next heartbeat.
+    pub fn drain_host(&self, id: &str, req: Option<DrainRequest>) -> Result<HostEntry, HostError> {
+        if id == self.cfg.host_id {
+            self.drain(req)?;
+            return self.host(id);
+        }
+        let why = req.map(|r| r.reason.unwrap_or_else(|| format!("drained by request through {}", self.cfg.host_id)));
+        lock(&self.db).set_host_drain(id, why.as_deref())?.map(entry).ok_or_else(|| HostError::NotFound(id.into()))
+    }
+
+    /// Heartbeat every `--heartbeat` on a thread of its own (joined at
+    /// shutdown, before the row says the host stopped).
+    pub fn start_heartbeat(self: &Arc<Self>) {
+        let d = self.clone();
+        let spawned = std::thread::Builder::new().name("heartbeat".into()).spawn(move || {
+            let db = match crate::daemon::open_catalog(&d.cfg) {
+                Ok(db) => db.for_host(&d.cfg.host_id),
+                Err(e) => {
+                    tracing::error!("heartbeat connection: {}", crate::error::chain(&e));
+                    return;
+                }
+            };
+            loop {
+                d.beat(&db);
+                if d.sleep_unless_stopping(d.cfg.heartbeat) {
+                    return;
+                }
+            }
+        });
+        match spawned {
+            Ok(h) => *lock(&self.heartbeat) = Some(h),
+            Err(e) => tracing::error!("start heartbeat thread: {e}"),
+        }
+    }
+
+    /// One heartbeat: renew this host's row, take up its drain, and mark
+    /// hosts past their deadline down.
+    fn beat(&self, db: &Db) {
+        let images = match db.list_images() {
+            Ok(i) => i.into_iter().map(|i| i.name.to_string()).collect(),
+            Err(e) => {
+                tracing::warn!("heartbeat: {}", crate::error::chain(&e));
+                Vec::new()
+            }
+        };
+        let info = serde_json::to_string(&self.capacity(images)).unwrap_or_else(|_| "{}".into());
+        match db.heartbeat(&info, self.cfg.host_deadline.as_millis() as i64) {
+            Ok(beat) => {
+                if let Some(why) = beat.was_down {
+                    tracing::warn!(
+                        "this host had been marked down ({why}); it is up again (its sandboxes' checkpoints are \
+                         fenced where their lineages moved on meanwhile)"
+                    );
+                }
+                self.apply_drain(beat.drain);
+            }
+            Err(e) => tracing::error!("heartbeat: {}", crate::error::chain(&e)),
+        }
+        match db.mark_hosts_down() {
+            Ok(down) => {
+                for h in down {
+                    tracing::warn!(
+                        "host {} is down: no heartbeat since {} (unix ms); its sandboxes are lost: [{}]",
+                        h.id,
+                        h.heartbeat_at,
+                        h.sandboxes.join(", ")
+                    );
+                }
+            }
+            Err(e) => tracing::error!("mark hosts down: {}", crate::error::chain(&e)),
+        }
+    }
+
+    /// Sleep `d`, waking early when the daemon stops: whether it stops.
+    fn sleep_unless_stopping(&self, d: Duration) -> bool {
+        let end = std::time::Instant::now() + d;
+        loop {
+            if self.stopping.load(std::sync::atomic::Ordering::Acquire) {
+                return true;
+            }
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
     }
 }
 

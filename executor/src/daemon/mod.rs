@@ -270,6 +270,20 @@ pub struct DaemonConfig {
     pub keep_output: usize,
     /// A PostgreSQL catalog (`postgres://...`) instead of `ROOT/strata.db`.
     pub database: Option<String>,
+    /// This host's id in the catalog (`host.rs`).
+    pub host_id: String,
+    /// How often it heartbeats, and how long its row stays alive without
+    /// one (then other hosts mark it down).
+    pub heartbeat: std::time::Duration,
+    pub host_deadline: std::time::Duration,
+}
+
+/// Open the catalog `cfg` names (a connection of its own each call).
+pub(crate) fn open_catalog(cfg: &DaemonConfig) -> Result<Db, DbError> {
+    match &cfg.database {
+        Some(url) => Db::open_postgres(url),
+        None => Db::open(&cfg.root.join("strata.db")),
+    }
 }
 
 /// See [`Daemon::sealing`].
@@ -285,6 +299,8 @@ pub enum DaemonError {
     AlreadyRunning { root: PathBuf, pid: String },
     #[error("lock root {0}")]
     Lock(PathBuf, #[source] std::io::Error),
+    #[error("host id {0:?} must be 1-64 chars of [A-Za-z0-9._-], not starting with . or - (--host-id)")]
+    HostId(String),
     #[error("cgroup parent {0:?} must start with \"strata\" and be one path component of [A-Za-z0-9._-]")]
     CgroupParent(String),
     #[error("strata-shim not found at {0} (build the workspace, or pass --shim)")]
@@ -427,6 +443,8 @@ pub struct Daemon {
     pub(crate) hydrator: Mutex<Option<std::sync::mpsc::Sender<String>>>,
     /// Set when [`Daemon::shutdown`] begins: the reaper acts no more.
     pub(crate) stopping: std::sync::atomic::AtomicBool,
+    /// The heartbeat thread (`host.rs`), joined at shutdown.
+    pub(crate) heartbeat: Mutex<Option<std::thread::JoinHandle<()>>>,
     _lock: Flock<File>,
 }
 
@@ -493,10 +511,20 @@ impl Daemon {
             let _ = write!(f, "{}", std::process::id());
         }
         let store = Store::open(&cfg.root)?;
-        let db = match &cfg.database {
-            Some(url) => Db::open_postgres(url)?,
-            None => Db::open(&store.root().join("strata.db"))?,
-        };
+        if !host::valid_host_id(&cfg.host_id) {
+            return Err(DaemonError::HostId(cfg.host_id.clone()));
+        }
+        let mut db = open_catalog(&cfg)?;
+        // Registered before anything is adopted: a daemon adopts, forgets
+        // and fails only its own host's rows.
+        let registered = db.register_host(&crate::db::HostClaim {
+            id: &cfg.host_id,
+            machine: &host::machine_id(),
+            root: &store.root().display().to_string(),
+            version: env!("CARGO_PKG_VERSION"),
+            info: "{}",
+            deadline_ms: cfg.host_deadline.as_millis() as i64,
+        })?;
         let shim = crate::sandbox::ShimExe::install(&shim_exe, &cfg.root.join("shim"))?;
         let rt = Runtime { store, shim: std::sync::Arc::new(shim), cgroup_parent: cfg.cgroup_parent.clone() };
         let max_sandboxes = cfg.max_sandboxes.unwrap_or_else(default_max_sandboxes);
@@ -509,7 +537,7 @@ impl Daemon {
             sealing: Mutex::new(Sealing::default()),
             rt,
             db: Mutex::new(db),
-            pool: Mutex::new(Pool::default()),
+            pool: Mutex::new(Pool { draining: registered.drain, ..Pool::default() }),
             slots: std::sync::Condvar::new(),
             max_sandboxes,
             host_cpus,
@@ -518,6 +546,7 @@ impl Daemon {
             hydrated: std::sync::Condvar::new(),
             hydrator: Mutex::new(None),
             stopping: Default::default(),
+            heartbeat: Mutex::new(None),
             _lock: flock,
         };
         d.recover()?;
@@ -1126,6 +1155,13 @@ impl Daemon {
         // not empty and stays (they are re-adopted at the next start).
         if lock(&self.pool).live.is_empty() {
             let _ = crate::cgroups::SandboxCgroup::load(&self.cfg.cgroup_parent).remove(std::time::Duration::ZERO);
+        }
+        // Last: no heartbeat may follow the row's "stopped".
+        if let Some(h) = lock(&self.heartbeat).take() {
+            let _ = h.join();
+        }
+        if let Err(e) = lock(&self.db).host_stopped() {
+            tracing::warn!("record this host's stop: {}", crate::error::chain(&e));
         }
     }
 

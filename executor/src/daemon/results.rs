@@ -271,7 +271,7 @@ impl Daemon {
             image_config_digest: image.config_digest.to_string(),
             parents: chain.iter().rev().skip(1).cloned().collect(),
             source_sandbox: row.source_sandbox.clone(),
-            host: nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default(),
+            host: self.cfg.host_id.clone(),
             pulled_from: row.info["pulled_from"].as_str().map(str::to_string),
             strata_version: env!("CARGO_PKG_VERSION").into(),
         };

@@ -4,7 +4,8 @@
 //!
 //! PostgreSQL's history starts at SQLite's schema version 14: the first
 //! entry creates that schema in one step; every later version adds an
-//! entry here beside its SQLite migration (a unit test keeps the two
+//! entry here beside its SQLite migration, or shares its text when both
+//! engines take it (from 15 on; a unit test keeps the two
 //! lists at the same version). The version is kept in `strata_schema`;
 //! migrating holds the fleet's writer lock, so hosts starting together
 //! migrate once.
@@ -13,9 +14,10 @@ use super::sql::{Conn, Optional};
 use super::{DbError, MIGRATIONS};
 
 /// `(version after, statements)`.
-pub(super) const PG_MIGRATIONS: &[(usize, &str)] = &[(
-    14,
-    r#"
+pub(super) const PG_MIGRATIONS: &[(usize, &str)] = &[
+    (
+        14,
+        r#"
     -- SQLite's json_extract/json_set/json_remove as the catalog's queries use them
     -- (paths of the form '$.key', values as text).
     CREATE FUNCTION json_extract(doc TEXT, path TEXT) RETURNS TEXT LANGUAGE SQL IMMUTABLE AS
@@ -205,7 +207,9 @@ pub(super) const PG_MIGRATIONS: &[(usize, &str)] = &[(
     );
     CREATE INDEX e2b_snapshots_owner ON e2b_snapshots(owner, created_at);
     "#,
-)];
+    ),
+    (15, super::MIGRATION_15),
+];
 
 /// The schema version a PostgreSQL catalog is at (0: empty).
 pub(super) fn version(conn: &Conn) -> Result<usize, DbError> {

@@ -1,0 +1,154 @@
+//! Hosts of a fleet sharing one catalog (the suite's own PostgreSQL,
+//! whatever `STRATA_TEST_DATABASE` says): each registers and heartbeats,
+//! sees the others, adopts only its own sandboxes, can be drained from
+//! another host, and is marked down (its sandboxes reported lost) when its
+//! heartbeats stop.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use strata_tests::{create, pg, sh, stdout, strata_bin, TestEnv};
+
+/// Heartbeat every second; down after three without one.
+const BEAT: [&str; 4] = ["--heartbeat", "1s", "--host-deadline", "3s"];
+
+fn hosts(env: &TestEnv) -> Vec<Value> {
+    env.client().call("GET", "/v1/hosts", None::<&()>).expect("GET /v1/hosts")
+}
+
+fn host(env: &TestEnv, id: &str) -> Value {
+    env.client().call("GET", &format!("/v1/hosts/{id}"), None::<&()>).expect("GET /v1/hosts/ID")
+}
+
+fn sandboxes(env: &TestEnv) -> Vec<String> {
+    let list: Vec<Value> = env.client().call("GET", "/v1/sandboxes", None::<&()>).unwrap();
+    list.iter().map(|s| s["id"].as_str().unwrap().to_string()).collect()
+}
+
+/// Poll `cond` every 100 ms for up to `secs`; the last value it saw.
+fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> Option<Value>, last: impl Fn() -> Value) -> Value {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(secs) {
+        if let Some(v) = cond() {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{what} within {secs} s; last seen: {:#}", last());
+}
+
+#[test]
+fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
+    strata_tests::require_root();
+    let url = pg::database();
+    let mut a = TestEnv::start_in_fleet(&url, "host-a", &BEAT);
+    let mut b = TestEnv::start_in_fleet(&url, "host-b", &BEAT);
+
+    // Both registered, ready, with the capacity of their last heartbeat.
+    let both = eventually(
+        5,
+        "both hosts listed with their capacity",
+        || {
+            let h = hosts(&b);
+            (h.len() == 2 && h.iter().all(|h| h["capacity"].is_object())).then(|| Value::from(h))
+        },
+        || Value::from(hosts(&b)),
+    );
+    let ids: Vec<&str> = both.as_array().unwrap().iter().map(|h| h["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["host-a", "host-b"]);
+    for h in both.as_array().unwrap() {
+        assert_eq!(h["state"], "ready", "{h:#}");
+        assert_eq!(h["capacity"]["host_id"], h["id"], "{h:#}");
+        assert!(h["deadline_at_ms"].as_i64() > h["heartbeat_at_ms"].as_i64(), "{h:#}");
+    }
+    let info: Value = a.client().call("GET", "/v1/info", None::<&()>).unwrap();
+    assert_eq!(info["host_id"], "host-a");
+
+    // A sandbox on A is A's: B does not list it, the catalog places it on A.
+    a.import_busybox();
+    let sb = create(&a, serde_json::json!({"image": "busybox:latest"}));
+    assert_eq!(sandboxes(&a), std::slice::from_ref(&sb));
+    assert!(sandboxes(&b).is_empty());
+    assert_eq!(host(&b, "host-a")["sandboxes"], serde_json::json!([sb]));
+    assert_eq!(host(&b, "host-b")["sandboxes"], serde_json::json!([]));
+
+    // B restarting adopts (or reaps) only its own: A's sandbox lives on.
+    b.stop_daemon();
+    assert_eq!(host(&a, "host-b")["state"], "down");
+    assert_eq!(host(&a, "host-b")["reason"], "stopped");
+    b.start_daemon();
+    assert_eq!(host(&b, "host-b")["state"], "ready");
+    assert_eq!(sandboxes(&a), std::slice::from_ref(&sb));
+    assert_eq!(stdout(&sh(&a, &sb, "echo alive")), "alive\n");
+    assert_eq!(host(&b, "host-a")["sandboxes"], serde_json::json!([sb]));
+
+    // Drained through A, B stops taking work at its next heartbeat; and
+    // takes it again once the drain ends.
+    assert_eq!(a.cli_ok(&["drain", "host-b", "--reason", "kernel upgrade"]).trim(), "draining");
+    eventually(
+        3,
+        "host-b draining",
+        || {
+            let i: Value = b.client().call("GET", "/v1/info", None::<&()>).unwrap();
+            (i["state"] == "draining" && i["draining_reason"] == "kernel upgrade").then_some(i)
+        },
+        || b.client().call("GET", "/v1/info", None::<&()>).unwrap(),
+    );
+    assert_eq!(a.cli_ok(&["drain", "host-b", "--off"]).trim(), "ready");
+    eventually(
+        3,
+        "host-b ready again",
+        || {
+            let i: Value = b.client().call("GET", "/v1/info", None::<&()>).unwrap();
+            (i["state"] == "ready").then_some(i)
+        },
+        || b.client().call("GET", "/v1/info", None::<&()>).unwrap(),
+    );
+    let out = a.cli(&["drain", "host-z"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no host \"host-z\""), "{out:?}");
+
+    // A second daemon cannot take a live host's id.
+    let c = tempfile::Builder::new().prefix("strata-test-").tempdir().unwrap();
+    let out = Command::new(strata_bin())
+        .arg("--socket")
+        .arg(c.path().join("api.sock"))
+        .args(["daemon", "--root"])
+        .arg(c.path().join("root"))
+        .args(["--cgroup-parent", &format!("strata-test-{}-c", std::process::id())])
+        .args(["--database", &url, "--host-id", "host-a"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run a third daemon");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("host id \"host-a\" is held by a live daemon"), "{err}");
+
+    // A killed host is marked down past its deadline; its sandbox is
+    // reported lost by the host that noticed.
+    a.kill_daemon();
+    let down = eventually(
+        6,
+        "host-a marked down",
+        || {
+            let h = host(&b, "host-a");
+            (h["state"] == "down").then_some(h)
+        },
+        || host(&b, "host-a"),
+    );
+    assert!(down["reason"].as_str().unwrap().starts_with("no heartbeat for"), "{down:#}");
+    assert_eq!(down["sandboxes"], serde_json::json!([sb]));
+    let log = b.daemon_log();
+    assert!(log.contains("host host-a is down") && log.contains(&sb), "{log}");
+
+    // Back, it is ready and its sandbox is adopted again.
+    a.start_daemon();
+    assert_eq!(host(&b, "host-a")["state"], "ready");
+    assert_eq!(sandboxes(&a), std::slice::from_ref(&sb));
+    assert_eq!(stdout(&sh(&a, &sb, "echo back")), "back\n");
+
+    a.finish();
+    assert_eq!(host(&b, "host-a")["reason"], "stopped");
+    b.finish();
+}
