@@ -2,13 +2,15 @@
 //! whatever `STRATA_TEST_DATABASE` says): each registers and heartbeats,
 //! sees the others, adopts only its own sandboxes, can be drained from
 //! another host, and is marked down (its sandboxes reported lost) when its
-//! heartbeats stop.
+//! heartbeats stop. With a fleet registry (the suite's loopback
+//! `docker-registry`), a snapshot made on one host resumes or forks on
+//! another, which brings the layers it lacks itself.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use strata_tests::{create, pg, sh, stdout, strata_bin, TestEnv};
+use serde_json::{json, Value};
+use strata_tests::{create, pg, registry, sh, stdout, strata_bin, ClientError, TestEnv};
 
 /// Heartbeat every second; down after three without one.
 const BEAT: [&str; 4] = ["--heartbeat", "1s", "--host-deadline", "3s"];
@@ -72,6 +74,18 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
     assert!(sandboxes(&b).is_empty());
     assert_eq!(host(&b, "host-a")["sandboxes"], serde_json::json!([sb]));
     assert_eq!(host(&b, "host-b")["sandboxes"], serde_json::json!([]));
+
+    // Without a fleet registry a snapshot can only be local: refused
+    // before anything is captured.
+    let r =
+        a.client().request("POST", &format!("/v1/sandboxes/{sb}/checkpoint"), Some(&json!({"type": "distributed"})));
+    match r {
+        Err(ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains("no fleet registry"), "{message}")
+        }
+        other => panic!("a distributed checkpoint without a registry: {other:?}"),
+    }
+    assert_eq!(a.cli_ok(&["snapshot", "ls"]).lines().count(), 1, "a refused checkpoint left a snapshot");
 
     // B restarting adopts (or reaps) only its own: A's sandbox lives on.
     b.stop_daemon();
@@ -151,4 +165,93 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
     a.finish();
     assert_eq!(host(&b, "host-a")["reason"], "stopped");
     b.finish();
+}
+
+fn post(env: &TestEnv, path: &str, body: Value) -> Value {
+    env.client().call("POST", path, Some(&body)).unwrap_or_else(|e| panic!("POST {path}: {e}\n{}", env.daemon_log()))
+}
+
+/// Files in a host's layer store.
+fn layers_on(env: &TestEnv) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(env.root.join("layers"))
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
+    strata_tests::require_root();
+    let url = pg::database();
+    let reg = registry::Registry::start();
+    let fleet = format!("{}/fleet", reg.addr());
+    let extra = ["--registry", &fleet, "--insecure-registry", BEAT[0], BEAT[1], BEAT[2], BEAT[3]];
+    let mut a = TestEnv::start_in_fleet(&url, "host-a", &extra);
+    let b = TestEnv::start_in_fleet(&url, "host-b", &extra);
+    let c = TestEnv::start_in_fleet(&url, "host-c", &extra);
+    // Only A has the image's files; the catalog (its rows) is everyone's.
+    a.import_busybox();
+
+    // A: work context wc-1, write, suspend: distributed (a fleet registry).
+    let sa = create(&a, json!({"image": "busybox", "work_context": "wc-1"}));
+    sh(&a, &sa, "echo from-a > /root/a.txt");
+    let susp = post(&a, &format!("/v1/sandboxes/{sa}/suspend"), json!({}));
+    assert_eq!((susp["type"].as_str(), susp["host"].as_str()), (Some("distributed"), Some("host-a")), "{susp:#}");
+    assert_eq!(susp["registry"].as_str().unwrap(), format!("{fleet}:{}", susp["id"].as_str().unwrap()));
+
+    // B resumes wc-1 and has A's files, brought by itself from the registry.
+    assert!(layers_on(&b).is_empty());
+    let rb = post(&b, "/v1/lineages/wc-1/resume", json!({}));
+    let sb = rb["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&b, &sb, "cat /root/a.txt")), "from-a\n");
+    assert!(b.daemon_log().contains(&format!("of snapshot {} from {fleet}", susp["id"].as_str().unwrap())));
+    assert!(!layers_on(&b).is_empty());
+
+    // B's next checkpoint, distributed: C forks it and sees both hosts' files.
+    sh(&b, &sb, "echo from-b > /root/b.txt");
+    let cp = post(&b, &format!("/v1/sandboxes/{sb}/checkpoint"), json!({"type": "distributed"}));
+    assert_eq!((cp["type"].as_str(), cp["host"].as_str()), (Some("distributed"), Some("host-b")), "{cp:#}");
+    assert_eq!(cp["parent"], susp["id"]);
+    let forks = post(&c, &format!("/v1/snapshots/{}/fork", cp["id"].as_str().unwrap()), json!({}));
+    let fc = forks[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&c, &fc, "cat /root/a.txt /root/b.txt")), "from-a\nfrom-b\n");
+
+    // A local snapshot of a stopped host: resuming it elsewhere fails,
+    // naming it, its missing layers and where it looked; nothing stays. A
+    // snapshot promoted before the stop resumes anywhere.
+    let s2 = create(&a, json!({"image": "busybox"}));
+    sh(&a, &s2, "echo one > /root/t");
+    let local = post(&a, &format!("/v1/sandboxes/{s2}/checkpoint"), json!({}));
+    assert_eq!(local["type"], "local");
+    assert!(local.get("registry").is_none(), "{local:#}");
+    sh(&a, &s2, "echo two > /root/t");
+    let later = post(&a, &format!("/v1/sandboxes/{s2}/checkpoint"), json!({}));
+    let later_id = later["id"].as_str().unwrap().to_string();
+    let published = a.cli_ok(&["snapshot", "promote", &later_id]);
+    assert_eq!(published.trim(), format!("{fleet}:{later_id}"));
+    a.stop_daemon();
+    let local_id = local["id"].as_str().unwrap();
+    let before = layers_on(&b);
+    let r = b.client().request("POST", &format!("/v1/snapshots/{local_id}/resume"), Some(&json!({})));
+    match r {
+        Err(ClientError::Api { status: 409, message, .. }) => {
+            for needle in
+                [local_id, local["layer"].as_str().unwrap(), "host host-a", "down: stopped", "not published", "promote"]
+            {
+                assert!(message.contains(needle), "{needle:?} not in: {message}");
+            }
+        }
+        other => panic!("a local snapshot of a stopped host resumed elsewhere: {other:?}"),
+    }
+    assert_eq!(layers_on(&b), before, "a failed resolution left layers");
+    assert!(std::fs::read_dir(b.root.join("tmp")).map(|d| d.count()).unwrap_or(0) == 0, "tmp not empty");
+    let rl = post(&b, &format!("/v1/snapshots/{later_id}/resume"), json!({}));
+    let sl = rl["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&b, &sl, "cat /root/t")), "two\n");
+
+    a.start_daemon();
+    a.finish();
+    b.finish();
+    c.finish();
 }

@@ -58,6 +58,10 @@ pub enum Command {
         /// not only what changed since its last checkpoint.
         #[arg(long)]
         whole: bool,
+        /// local (default), or distributed: also published to the fleet
+        /// registry (the daemon's --registry) before the answer.
+        #[arg(long = "type", default_value = "local")]
+        kind: crate::model::SnapshotType,
     },
     /// Stop a sandbox, seal its changes by moving them into the layer store,
     /// release it; prints the snapshot id.
@@ -290,6 +294,14 @@ pub struct DaemonArgs {
     /// shared by a fleet of hosts.
     #[arg(long, env = "STRATA_DATABASE", value_parser = parse_database)]
     pub database: Option<String>,
+    /// The fleet registry, HOST[:PORT]/REPOSITORY: distributed snapshots
+    /// are published there (tagged by id), and layers a host lacks are
+    /// brought from there.
+    #[arg(long)]
+    pub registry: Option<String>,
+    /// Speak plain HTTP to the fleet registry (one on loopback).
+    #[arg(long, requires = "registry")]
+    pub insecure_registry: bool,
     /// This host's id in the catalog (default: the hostname); hosts sharing
     /// a catalog each need their own.
     #[arg(long)]
@@ -501,6 +513,9 @@ pub enum SnapshotCmd {
     Inspect { id: String },
     /// Remove a snapshot (refused while a sandbox or a child snapshot uses it).
     Rm { id: String },
+    /// Make a local snapshot distributed: publish it (its sealed blobs,
+    /// not recaptured) to the fleet registry; prints its reference there.
+    Promote { id: String },
     /// Push a snapshot (its image and chain) to an OCI registry as an
     /// ordinary image; blobs the registry has are not sent again.
     Push {
@@ -793,12 +808,12 @@ pub fn run(cli: Cli) -> Result<i32> {
             }
             Ok(if failed > 0 { 1 } else { 0 })
         }
-        Command::Checkpoint { id, compression, whole } => {
+        Command::Checkpoint { id, compression, whole, kind } => {
             let compression = compression_arg(compression.as_deref());
             let snap: SnapshotInfo = client(&cli)?.call(
                 "POST",
                 &format!("/v1/sandboxes/{id}/checkpoint"),
-                Some(&CheckpointRequest { compression, whole: *whole }),
+                Some(&CheckpointRequest { compression, whole: *whole, kind: *kind }),
             )?;
             println!("{}", snap.id);
             Ok(0)
@@ -1007,6 +1022,11 @@ pub fn run(cli: Cli) -> Result<i32> {
             println!("{}", serde_json::to_string_pretty(&s)?);
             Ok(0)
         }
+        Command::Snapshot(SnapshotCmd::Promote { id }) => {
+            let snap: SnapshotInfo = client(&cli)?.call("POST", &format!("/v1/snapshots/{id}/promote"), NO_BODY)?;
+            println!("{}", snap.registry.unwrap_or_default());
+            Ok(0)
+        }
         Command::Snapshot(SnapshotCmd::Push { id, reference, registry }) => {
             let req = registry.request(reference, None)?;
             let r: crate::types::PushResult =
@@ -1159,6 +1179,12 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         host_id: a.host_id.clone().unwrap_or_else(crate::daemon::host::hostname),
         heartbeat: a.heartbeat,
         host_deadline: a.host_deadline,
+        registry: a
+            .registry
+            .as_deref()
+            .map(|r| crate::daemon::fleet::FleetRegistry::parse(r, a.insecure_registry))
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--registry {e}"))?,
     };
     if a.host_deadline <= a.heartbeat {
         anyhow::bail!(

@@ -22,7 +22,7 @@ mod postgres;
 mod results;
 pub mod sql;
 pub use e2b::{E2bSandbox, E2bSnapshot, E2bSpec};
-pub use hosts::{now_ms, Beat, DownHost, HostClaim, HostRow};
+pub use hosts::{now_ms, Beat, DownHost, HostClaim, HostRow, Place};
 pub use results::{Evaluation, StoreUsage, MAX_LABEL_KEY, MAX_LABEL_VALUE};
 use sql::{Conn, Optional, Row, SqlError};
 
@@ -113,6 +113,10 @@ pub(super) const MIGRATION_15: &str = r#"
     ALTER TABLE idempotency ADD COLUMN host TEXT REFERENCES hosts(id);
     CREATE INDEX sandboxes_host ON sandboxes(host);
     "#;
+
+/// Migration 16, one text for both engines: where a distributed snapshot
+/// is published (its reference in the fleet registry; NULL: local).
+pub(super) const MIGRATION_16: &str = "ALTER TABLE snapshots ADD COLUMN published TEXT;";
 
 /// Each entry upgrades the schema by one version; never edit a shipped one.
 const MIGRATIONS: &[&str] = &[
@@ -496,6 +500,8 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // 15: hosts (above).
     MIGRATION_15,
+    // 16: published snapshots (above).
+    MIGRATION_16,
 ];
 
 pub struct Db {
@@ -747,7 +753,7 @@ fn sandbox_lineage_in(conn: &Conn, id: &SandboxId) -> Result<(Option<String>, Op
 /// A digest column: `sha256:<hex>` text, or (`hex_only`) its 64 hex
 /// characters (a layer's diff_id). NULL or empty while there is none yet;
 /// anything else malformed is an error.
-fn digest_column(r: &Row<'_>, col: usize, hex_only: bool) -> Result<Option<Digest>, SqlError> {
+pub(crate) fn digest_column(r: &Row<'_>, col: usize, hex_only: bool) -> Result<Option<Digest>, SqlError> {
     match r.get::<_, Option<String>>(col)? {
         None => Ok(None),
         Some(s) if s.is_empty() => Ok(None),

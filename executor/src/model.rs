@@ -192,6 +192,24 @@ vocabulary! {
     }
 }
 
+vocabulary! {
+    /// Where a snapshot can be restored (`daemon/fleet.rs`).
+    SnapshotType ("snapshot type") {
+        /// On the host that made it (and hosts that brought its layers).
+        Local = "local",
+        /// Also published to the fleet registry: any host can restore it.
+        Distributed = "distributed",
+    }
+}
+
+// Not derived: see BlobCompression.
+#[allow(clippy::derivable_impls)]
+impl Default for SnapshotType {
+    fn default() -> Self {
+        SnapshotType::Local
+    }
+}
+
 // Not derived: see BlobCompression.
 #[allow(clippy::derivable_impls)]
 impl Default for OnTimeout {

@@ -259,6 +259,10 @@ pub struct CheckpointRequest {
     /// since: a snapshot that keeps none of the sandbox's earlier ones.
     #[serde(default)]
     pub whole: bool,
+    /// `local` (default) or `distributed`: also published to the fleet
+    /// registry before the answer.
+    #[serde(rename = "type", default)]
+    pub kind: crate::model::SnapshotType,
 }
 
 /// Per-sandbox settings of a resume or a fork.
@@ -375,6 +379,15 @@ pub struct SnapshotInfo {
     pub retained: bool,
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// `local`, or `distributed` (published to the fleet registry).
+    #[serde(rename = "type", default)]
+    pub kind: crate::model::SnapshotType,
+    /// The host that made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Its reference in the fleet registry, once published.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<String>,
 }
 
 /// A snapshot's bytes in the store.

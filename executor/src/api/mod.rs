@@ -158,6 +158,8 @@ pub enum Action {
     /// Start draining (`Some`) or stop (`None`).
     Drain(Option<types::DrainRequest>),
     ListHosts,
+    /// Publish a snapshot to the fleet registry.
+    Promote(String),
     GetHost(String),
     /// Drain a host of the fleet (`Some`) or end its drain (`None`).
     DrainHost(String, Option<types::DrainRequest>),
@@ -330,6 +332,7 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             "fork" => A::Fork(id(s), body_or_default(req)?),
             "evaluate" => A::Evaluate(id(s), body(req)?),
             "labels" => A::Label(id(s), body(req)?),
+            "promote" => A::Promote(id(s)),
             "retain" => A::Retain(id(s), true),
             "release" => A::Retain(id(s), false),
             "logs" | "diff" | "evaluations" | "result" => return Err(not_allowed("GET")),
@@ -341,7 +344,7 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             "diff" => A::SnapshotDiff(id(s)),
             "evaluations" => A::Evaluations(id(s)),
             "result" => A::SealedResult(id(s)),
-            "push" | "export" | "resume" | "fork" | "evaluate" | "labels" | "retain" | "release" => {
+            "push" | "export" | "resume" | "fork" | "evaluate" | "labels" | "retain" | "release" | "promote" => {
                 return Err(not_allowed("POST"))
             }
             _ => return Err(no_route(req)),
@@ -409,7 +412,8 @@ fn known_op(on: &str, op: &str) -> bool {
         }
         _ => matches!(
             op,
-            "push"
+            "promote"
+                | "push"
                 | "export"
                 | "resume"
                 | "fork"
@@ -476,8 +480,16 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::CreateSandbox(b) => json(201, &d.create_sandbox(b)?),
         A::GetSandbox(id) => json(200, &crate::daemon::sandbox_info(&*d.sandbox(&id)?)),
         A::RemoveSandbox(id) => done(d.remove_sandbox(&id)),
-        A::Checkpoint(id, b) => json(201, &d.checkpoint(&id, b.compression.unwrap_or_default(), b.whole)?),
-        A::Suspend(id) => json(201, &d.suspend(&id)?),
+        A::Checkpoint(id, b) => {
+            d.can_publish(b.kind)?;
+            let snap = d.checkpoint(&id, b.compression.unwrap_or_default(), b.whole)?;
+            json(201, &d.publish_made(snap, b.kind)?)
+        }
+        A::Suspend(id) => {
+            let snap = d.suspend(&id)?;
+            json(201, &d.publish_made(snap, d.suspend_type())?)
+        }
+        A::Promote(id) => json(200, &d.promote(&id)?),
         A::Rollback(id, b) => json(200, &d.rollback(&id, &b.to)?),
         A::SandboxDiff(id) => json(200, &d.sandbox_diff(&id)?),
         A::PublishBaseline(id, b) => json(201, &d.publish_baseline(&id, b)?),

@@ -109,16 +109,16 @@ impl Classify for TransferError {
     }
 }
 
-fn store_err(e: StoreError) -> TransferError {
+pub(crate) fn store_err(e: StoreError) -> TransferError {
     TransferError::Store(e)
 }
 
 /// A host file-system failure: 507 when the store is full, else 500.
-fn host_io(e: std::io::Error) -> TransferError {
+pub(crate) fn host_io(e: std::io::Error) -> TransferError {
     TransferError::Io(e)
 }
 
-fn invalid(msg: impl Into<String>) -> TransferError {
+pub(crate) fn invalid(msg: impl Into<String>) -> TransferError {
     TransferError::Invalid(msg.into())
 }
 
@@ -506,7 +506,7 @@ impl Daemon {
 
     /// Fetch the manifest and config at `reference`: the manifest's digest,
     /// its layers, the config's diff_ids and labels.
-    fn fetch_documents(
+    pub(crate) fn fetch_documents(
         &self,
         client: &Client,
         reference: &Reference,
@@ -957,16 +957,17 @@ struct Tally {
     reused: usize,
 }
 
-struct WireLayer {
-    digest: Digest,
-    size: u64,
-    media_type: String,
-    compression: Compression,
-    diff_id: Digest,
+#[derive(Clone)]
+pub(crate) struct WireLayer {
+    pub(crate) digest: Digest,
+    pub(crate) size: u64,
+    pub(crate) media_type: String,
+    pub(crate) compression: Compression,
+    pub(crate) diff_id: Digest,
 }
 
 /// The documents of a fetched reference.
-struct Documents {
+pub(crate) struct Documents {
     /// The image manifest's digest and bytes.
     digest: Digest,
     manifest: Vec<u8>,
@@ -974,7 +975,7 @@ struct Documents {
     index: Option<(Digest, Vec<u8>, String, u64)>,
     config_digest: Digest,
     config: Vec<u8>,
-    layers: Vec<WireLayer>,
+    pub(crate) layers: Vec<WireLayer>,
     labels: std::collections::HashMap<String, String>,
 }
 
@@ -996,7 +997,7 @@ fn blob_compression(c: Compression) -> Option<BlobCompression> {
     }
 }
 
-fn layer_source(blob: &Path, l: &WireLayer) -> oci::LayerSource {
+pub(crate) fn layer_source(blob: &Path, l: &WireLayer) -> oci::LayerSource {
     oci::LayerSource {
         blob_path: blob.to_path_buf(),
         digest: l.digest.clone(),

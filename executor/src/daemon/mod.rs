@@ -12,6 +12,7 @@
 
 pub mod baseline;
 pub mod distribution;
+pub mod fleet;
 pub mod gc;
 pub mod host;
 pub mod lifetime;
@@ -276,6 +277,8 @@ pub struct DaemonConfig {
     /// one (then other hosts mark it down).
     pub heartbeat: std::time::Duration,
     pub host_deadline: std::time::Duration,
+    /// The fleet registry distributed snapshots are published to.
+    pub registry: Option<fleet::FleetRegistry>,
 }
 
 /// Open the catalog `cfg` names (a connection of its own each call).
@@ -445,6 +448,8 @@ pub struct Daemon {
     pub(crate) stopping: std::sync::atomic::AtomicBool,
     /// The heartbeat thread (`host.rs`), joined at shutdown.
     pub(crate) heartbeat: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Held while layers are brought from the fleet registry (`fleet.rs`).
+    pub(crate) fleet_fetch: Mutex<()>,
     _lock: Flock<File>,
 }
 
@@ -547,6 +552,7 @@ impl Daemon {
             hydrator: Mutex::new(None),
             stopping: Default::default(),
             heartbeat: Mutex::new(None),
+            fleet_fetch: Mutex::new(()),
             _lock: flock,
         };
         d.recover()?;

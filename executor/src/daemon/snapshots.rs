@@ -33,7 +33,7 @@ use crate::daemon::{lock, sandbox_info, Base, Daemon};
 use crate::db::{LayerRow, SnapshotRow};
 use crate::error::{Classify, ErrorKind};
 use crate::ids::{LayerId, SandboxId, SnapshotId};
-use crate::model::{Rung, SnapshotClass, SnapshotState, StartKind};
+use crate::model::{Rung, SnapshotClass, SnapshotState, SnapshotType, StartKind};
 use crate::oci;
 use crate::sandbox::Until;
 use crate::store::{remove_tree, BlobCompression, Lease, Resource, Scope, StoreError};
@@ -348,6 +348,8 @@ pub enum SnapshotLookupError {
     Db(#[from] crate::db::DbError),
     /// {0}
     Hydrate(Box<crate::daemon::distribution::TransferError>),
+    /// {0}
+    Fleet(Box<crate::daemon::fleet::FleetError>),
 }
 
 impl Classify for SnapshotLookupError {
@@ -358,6 +360,7 @@ impl Classify for SnapshotLookupError {
             SnapshotLookupError::NotRestorable(_) => ErrorKind::Conflict,
             SnapshotLookupError::Db(e) => e.kind(),
             SnapshotLookupError::Hydrate(e) => e.kind(),
+            SnapshotLookupError::Fleet(e) => e.kind(),
         }
     }
 }
@@ -869,6 +872,7 @@ impl Daemon {
     ) -> Result<SnapshotInfo, SnapshotLookupError> {
         let image = db.image_by_id(row.image_id)?.ok_or(SnapshotLookupError::NoImageRow)?;
         let chain = db.snapshot_layer_chain(&row.id)?;
+        let place = db.snapshot_place(row.id.as_str())?.unwrap_or_default();
         let digest = |h: &str| format!("sha256:{h}");
         let layers = image
             .layers
@@ -909,6 +913,9 @@ impl Daemon {
             },
             retained: db.retained(&row.id)?,
             labels: db.labels(&row.id)?,
+            kind: if place.published.is_some() { SnapshotType::Distributed } else { SnapshotType::Local },
+            host: place.host,
+            registry: place.published,
         })
     }
 
@@ -952,6 +959,18 @@ impl Daemon {
         drop(db);
         for l in layers.iter().filter(|l| waiting.contains(l)) {
             self.hydrate_layer(l).map_err(|e| SnapshotLookupError::Hydrate(Box::new(e)))?;
+        }
+        // Layers this host lacks come from the fleet registry when the
+        // snapshot was made elsewhere (or a registry could have them); a
+        // snapshot of this host's missing a layer is left to the callers
+        // (the ladder passes that rung).
+        let store = &self.rt.store;
+        if layers.iter().any(|l| !store.layer_dir(l.as_str()).join("fs").is_dir()) {
+            let place = lock(&self.db).snapshot_place(row.id.as_str())?.unwrap_or_default();
+            let made_here = place.host.as_deref().is_none_or(|h| h == self.cfg.host_id);
+            if self.cfg.registry.is_some() || !made_here {
+                self.bring_layers(row.id.as_str(), &layers).map_err(|e| SnapshotLookupError::Fleet(Box::new(e)))?;
+            }
         }
         Ok(Base {
             image,

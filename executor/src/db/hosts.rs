@@ -11,7 +11,16 @@
 use rusqlite::params;
 
 use super::sql::{Optional, Row, SqlError};
-use super::{q, Db, DbError};
+use super::{digest_column, q, Db, DbError};
+use crate::oci::Digest;
+
+/// Where a snapshot is: the host that made it, and its reference in the
+/// fleet registry once published (`daemon/fleet.rs`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Place {
+    pub host: Option<String>,
+    pub published: Option<String>,
+}
 
 /// What a daemon registers as.
 #[derive(Debug, Clone)]
@@ -226,6 +235,42 @@ impl Db {
             h.sandboxes = sandboxes_on(&self.conn, &h.id)?;
         }
         Ok(rows)
+    }
+}
+
+impl Db {
+    /// Where snapshot `id` is (`None`: no such snapshot).
+    pub fn snapshot_place(&self, id: &str) -> Result<Option<Place>, DbError> {
+        self.conn
+            .query_row("SELECT host, published FROM snapshots WHERE id = ?1", params![id], |r| {
+                Ok(Place { host: r.get(0)?, published: r.get(1)? })
+            })
+            .optional()
+            .map_err(q("snapshot place"))
+    }
+
+    pub fn set_published(&self, id: &str, reference: &str) -> Result<(), DbError> {
+        self.conn
+            .execute("UPDATE snapshots SET published = ?2 WHERE id = ?1", params![id, reference])
+            .map_err(q("record publication"))
+            .map(drop)
+    }
+
+    /// What layer `id` is: the blob it was sealed (or pulled) as and its
+    /// tar's diff_id, as the catalog records them (`None`: no sealed blob).
+    pub fn layer_source(&self, id: &str) -> Result<Option<(Digest, Digest)>, DbError> {
+        self.conn
+            .query_row(
+                "SELECT s.blob_digest, l.diff_id FROM snapshots s JOIN layers l ON l.id = s.layer_id \
+                 WHERE s.layer_id = ?1 AND s.blob_digest != '' AND l.diff_id IS NOT NULL \
+                 UNION ALL SELECT il.blob_digest, l.diff_id FROM image_layers il JOIN layers l ON l.id = il.layer_id \
+                 WHERE il.layer_id = ?1 AND l.diff_id IS NOT NULL LIMIT 1",
+                params![id],
+                |r| Ok((digest_column(r, 0, false)?, digest_column(r, 1, true)?)),
+            )
+            .optional()
+            .map(|o| o.and_then(|(b, d)| Some((b?, d?))))
+            .map_err(q("layer source"))
     }
 }
 

@@ -209,6 +209,7 @@ pub(super) const PG_MIGRATIONS: &[(usize, &str)] = &[
     "#,
     ),
     (15, super::MIGRATION_15),
+    (16, super::MIGRATION_16),
 ];
 
 /// The schema version a PostgreSQL catalog is at (0: empty).

@@ -1,0 +1,293 @@
+//! Snapshots across a fleet. A `local` snapshot stays on the host that
+//! made it; a `distributed` one is also published to the fleet registry
+//! (`--registry HOST:PORT/REPOSITORY`), tagged by its id, as `snapshot push`
+//! sends it (its image's layers and its chain, blobs as sealed, never
+//! recaptured). `checkpoint --type distributed` publishes at once, `snapshot
+//! promote` later; with a fleet registry a suspend is distributed (released
+//! work must outlive its host).
+//!
+//! A host asked to launch from a snapshot whose layers it lacks brings them
+//! from the registry ([`Daemon::bring_layers`]): the catalog says which blob
+//! (digest) and which tar (diff_id) each layer is, the published manifest
+//! only how big each blob is. Every blob is fetched and checked against
+//! both, and unpacked, before any layer is committed: all or nothing. A
+//! host never reads another host's files. One fetch runs at a time on a
+//! host; a launch that waited for it finds its layers there.
+
+use crate::daemon::distribution::{self, TransferError};
+use crate::daemon::{lock, Daemon};
+use crate::db::DbError;
+use crate::error::{Classify, ErrorKind};
+use crate::ids::LayerId;
+use crate::model::SnapshotType;
+use crate::registry::{Client, Reference};
+use crate::types::{RegistryRequest, SnapshotInfo};
+
+/// The registry a fleet publishes distributed snapshots to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetRegistry {
+    /// `HOST:PORT`.
+    pub registry: String,
+    pub repository: String,
+    /// Plain HTTP (a registry on loopback).
+    pub insecure: bool,
+}
+
+impl FleetRegistry {
+    /// `HOST[:PORT]/REPOSITORY`, no tag or digest.
+    pub fn parse(s: &str, insecure: bool) -> Result<FleetRegistry, String> {
+        let r = Reference::parse(s).map_err(|e| e.to_string())?;
+        let tagged = s.rsplit('/').next().is_some_and(|last| last.contains([':', '@']));
+        if tagged || r.digest.is_some() || !s.starts_with(&format!("{}/", r.registry)) {
+            return Err(format!("{s:?}: expected HOST[:PORT]/REPOSITORY (no tag, no digest)"));
+        }
+        Ok(FleetRegistry { registry: r.registry, repository: r.repository, insecure })
+    }
+
+    /// Where snapshot `id` is published.
+    pub fn reference(&self, id: &str) -> String {
+        format!("{}/{}:{id}", self.registry, self.repository)
+    }
+}
+
+impl std::fmt::Display for FleetRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.registry, self.repository)
+    }
+}
+
+/// Why a snapshot could not be published or brought to this host.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum FleetError {
+    /// no fleet registry: start the daemon with --registry HOST:PORT/REPOSITORY
+    NoRegistry,
+    /// snapshot {snapshot} was made ({kind}) but not published to {registry}: {why}; `strata snapshot promote {snapshot}` retries
+    Publish { snapshot: String, kind: &'static str, registry: String, why: String },
+    /// snapshot {snapshot} cannot be brought to this host: its layers {layers:?} are not here; tried: {tried}
+    Unavailable { snapshot: String, layers: Vec<String>, tried: String },
+    /// {0}
+    Lookup(#[from] Box<crate::daemon::snapshots::SnapshotLookupError>),
+    /// {0}
+    Db(#[from] DbError),
+}
+
+impl Classify for FleetError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            FleetError::NoRegistry | FleetError::Unavailable { .. } => ErrorKind::Conflict,
+            FleetError::Publish { .. } => ErrorKind::Upstream,
+            FleetError::Lookup(e) => e.kind(),
+            FleetError::Db(e) => e.kind(),
+        }
+    }
+}
+
+/// A layer to bring: its id here, and what the catalog says it is.
+struct Wanted {
+    layer: LayerId,
+    blob: crate::oci::Digest,
+    diff_id: crate::oci::Digest,
+}
+
+impl Daemon {
+    /// Publish snapshot `id` to the fleet registry (its blobs as sealed:
+    /// a suspend's is waited for); nothing is sent twice.
+    pub fn promote(&self, id: &str) -> Result<SnapshotInfo, FleetError> {
+        let fleet = self.cfg.registry.as_ref().ok_or(FleetError::NoRegistry)?;
+        let row = self.snapshot_row(id).map_err(Box::new)?;
+        let reference = fleet.reference(row.id.as_str());
+        if lock(&self.db).snapshot_place(row.id.as_str())?.is_some_and(|p| p.published.as_deref() == Some(&reference)) {
+            return self.get_snapshot(id).map_err(|e| FleetError::Lookup(Box::new(e)));
+        }
+        let req = RegistryRequest {
+            reference: reference.clone(),
+            insecure: fleet.insecure,
+            username: None,
+            password: None,
+            name: None,
+            progress: false,
+        };
+        self.push_snapshot(row.id.as_str(), &req, &mut |_| {}).map_err(|e| FleetError::Publish {
+            snapshot: row.id.to_string(),
+            kind: "local",
+            registry: fleet.to_string(),
+            why: crate::error::chain(&e),
+        })?;
+        lock(&self.db).set_published(row.id.as_str(), &reference)?;
+        tracing::info!("published snapshot {} to {reference}", row.id);
+        self.get_snapshot(id).map_err(|e| FleetError::Lookup(Box::new(e)))
+    }
+
+    /// Refuse a distributed snapshot up front when there is no fleet
+    /// registry (before anything is captured).
+    pub fn can_publish(&self, kind: SnapshotType) -> Result<(), FleetError> {
+        match (kind, &self.cfg.registry) {
+            (SnapshotType::Distributed, None) => Err(FleetError::NoRegistry),
+            _ => Ok(()),
+        }
+    }
+
+    /// A snapshot just made: published too when `kind` is distributed (if
+    /// that fails, the error says it stays local).
+    pub fn publish_made(&self, snap: SnapshotInfo, kind: SnapshotType) -> Result<SnapshotInfo, FleetError> {
+        match kind {
+            SnapshotType::Local => Ok(snap),
+            SnapshotType::Distributed => self.promote(snap.id.as_str()),
+        }
+    }
+
+    /// What a suspend makes: distributed whenever there is a fleet
+    /// registry (released work must outlive its host).
+    pub fn suspend_type(&self) -> SnapshotType {
+        if self.cfg.registry.is_some() {
+            SnapshotType::Distributed
+        } else {
+            SnapshotType::Local
+        }
+    }
+
+    /// Bring the layers of `snapshot`'s chain (`layers`, its image's
+    /// included) that this host lacks from the fleet registry, where the
+    /// snapshot is published. The error names the snapshot, the missing
+    /// layers and the places tried; nothing partial stays.
+    pub(crate) fn bring_layers(&self, snapshot: &str, layers: &[LayerId]) -> Result<(), FleetError> {
+        let store = &self.rt.store;
+        let present = |l: &LayerId| store.layer_dir(l.as_str()).join("fs").is_dir();
+        if layers.iter().all(present) {
+            return Ok(());
+        }
+        let _one = lock(&self.fleet_fetch);
+        let missing: Vec<LayerId> = layers.iter().filter(|l| !present(l)).cloned().collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let place = lock(&self.db).snapshot_place(snapshot)?.unwrap_or_default();
+        let mut tried = Vec::new();
+        if let Some(h) = place.host.as_deref().filter(|h| *h != self.cfg.host_id) {
+            let state = match lock(&self.db).host(h)? {
+                Some(row) if row.down.is_some() => format!("down: {}", row.down.unwrap_or_default()),
+                Some(_) => "up".to_string(),
+                None => "not in the catalog".to_string(),
+            };
+            tried.push(format!("host {h}, which made it ({state}; hosts never read each other's files)"));
+        }
+        let unavailable = |tried: Vec<String>| FleetError::Unavailable {
+            snapshot: snapshot.to_string(),
+            layers: missing.iter().map(ToString::to_string).collect(),
+            tried: tried.join("; "),
+        };
+        let Some(fleet) = &self.cfg.registry else {
+            tried.push("no fleet registry on this host (--registry)".into());
+            return Err(unavailable(tried));
+        };
+        let Some(reference) = place.published else {
+            tried.push(format!(
+                "registry {fleet}: not published there (a local snapshot: `strata snapshot promote {snapshot}` on {})",
+                place.host.as_deref().unwrap_or("its host")
+            ));
+            return Err(unavailable(tried));
+        };
+        let mut wanted = Vec::new();
+        for l in &missing {
+            match lock(&self.db).layer_source(l.as_str())? {
+                Some((blob, diff_id)) => wanted.push(Wanted { layer: l.clone(), blob, diff_id }),
+                None => {
+                    tried.push(format!("the catalog: layer {l} has no sealed blob recorded"));
+                    return Err(unavailable(tried));
+                }
+            }
+        }
+        let started = std::time::Instant::now();
+        match self.fetch_layers_from(fleet, &reference, &wanted) {
+            Ok(bytes) => {
+                tracing::info!(
+                    "brought {} layer(s) of snapshot {snapshot} from {reference} ({bytes} bytes, {:.0} ms)",
+                    wanted.len(),
+                    started.elapsed().as_secs_f64() * 1000.0
+                );
+                Ok(())
+            }
+            Err(e) => {
+                tried.push(format!("registry {reference}: {}", crate::error::chain(&e)));
+                Err(unavailable(tried))
+            }
+        }
+    }
+
+    /// Fetch, check and unpack every wanted layer under `tmp/`, then
+    /// commit them all (and keep their blobs, for this host's own pushes).
+    fn fetch_layers_from(
+        &self,
+        fleet: &FleetRegistry,
+        reference: &str,
+        wanted: &[Wanted],
+    ) -> Result<u64, TransferError> {
+        let reference = Reference::parse(reference)?;
+        let client = Client::new(&reference.registry, fleet.insecure, None);
+        let store = &self.rt.store;
+        let work = store.new_tmp("fleet").map_err(distribution::store_err)?;
+        let result = self.leased(|lease| {
+            let mut fetched = 0;
+            let docs = self.fetch_documents(&client, &reference, &mut fetched)?;
+            let mut ready = Vec::new();
+            for (i, w) in wanted.iter().enumerate() {
+                let Some(wire) = docs.layers.iter().find(|l| l.digest == w.blob) else {
+                    return Err(distribution::invalid(format!(
+                        "its manifest does not list blob {} (layer {})",
+                        w.blob, w.layer
+                    )));
+                };
+                // The catalog's diff_id, not the registry's, is what the
+                // unpack checks the tar against.
+                let wire = distribution::WireLayer { diff_id: w.diff_id.clone(), ..wire.clone() };
+                let blob = work.join(w.blob.hex());
+                if !blob.exists() {
+                    let mut f = std::io::BufWriter::with_capacity(
+                        1 << 20,
+                        std::fs::File::create(&blob).map_err(distribution::host_io)?,
+                    );
+                    client.get_blob(&reference.repository, &wire.digest, wire.size, &mut f, &mut |_| {})?;
+                    std::io::Write::flush(&mut f).map_err(distribution::host_io)?;
+                    fetched += wire.size;
+                }
+                let dir = work.join(format!("layer-{i}"));
+                std::fs::create_dir_all(dir.join("fs")).map_err(distribution::host_io)?;
+                crate::oci::unpack_layer(&distribution::layer_source(&blob, &wire), &dir.join("fs")).map_err(
+                    |source| TransferError::Layer {
+                        digest: wire.digest.clone(),
+                        registry: client.registry().to_string(),
+                        source: Box::new(source),
+                    },
+                )?;
+                ready.push((w, dir, blob));
+            }
+            for (w, dir, blob) in &ready {
+                lease.layer(w.layer.as_str());
+                store.commit_layer(dir, w.layer.as_str(), true, lease).map_err(distribution::store_err)?;
+                if blob.exists() {
+                    store.adopt_blob(blob, w.blob.hex(), true, lease).map_err(distribution::store_err)?;
+                }
+            }
+            Ok(fetched)
+        });
+        let _ = crate::store::remove_tree(&work);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FleetRegistry;
+
+    #[test]
+    fn a_fleet_registry_is_a_host_and_a_repository_only() {
+        let r = FleetRegistry::parse("127.0.0.1:5000/strata/fleet", true).unwrap();
+        assert_eq!((r.registry.as_str(), r.repository.as_str(), r.insecure), ("127.0.0.1:5000", "strata/fleet", true));
+        assert_eq!(r.reference("0123456789abcdef"), "127.0.0.1:5000/strata/fleet:0123456789abcdef");
+        assert_eq!(r.to_string(), "127.0.0.1:5000/strata/fleet");
+        let digest = format!("127.0.0.1:5000/fleet@sha256:{}", "0".repeat(64));
+        for bad in ["127.0.0.1:5000/fleet:v1", digest.as_str(), "fleet", "", "127.0.0.1:5000/"] {
+            assert!(FleetRegistry::parse(bad, false).is_err(), "{bad:?} was taken");
+        }
+    }
+}
