@@ -65,9 +65,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-now() { date +%s.%N; }
-secs() { python3 -c "import sys; print(f'{(float(sys.argv[2]) - float(sys.argv[1])) * 1000:.0f}')" "$1" "$2"; }
-
 # ---- the registry ----
 start_registry "$WORK"
 
@@ -101,14 +98,6 @@ echo "snapshot $SNAP: blob $BLOB_SIZE bytes; OCI layout blobs $LAYOUT_BYTES byte
 layers_b() { du -sb "$WORK/root-b/layers" | cut -f1; }
 LAYERS_B0=$(layers_b)
 
-# skopeo with an empty blob-info cache of its own (see the header).
-mkdir -p /var/lib/containers/cache
-skopeo_fresh() { # CACHE_DIR ARGS...
-	mkdir -p "$1"
-	# shellcheck disable=SC2016 # expanded by the inner sh
-	unshare --mount --propagation private -- sh -c \
-		'mount --bind "$0" /var/lib/containers/cache && exec skopeo "$@"' "$@"
-}
 
 # ---- the runs ----
 declare -a push_s push_k pull_s pull_k hyd_s
@@ -117,23 +106,23 @@ for i in $(seq "$RUNS"); do
 	t0=$(now)
 	A snapshot push "$SNAP" "$REG/bench/strata-$i:1" --insecure -q >/dev/null 2>"$WORK/push.err"
 	t1=$(now)
-	push_s+=("$(secs "$t0" "$t1")")
+	push_s+=("$(ms "$t0" "$t1")")
 	echo "  strata push: $(cat "$WORK/push.err")" >&2
 
 	t0=$(now)
 	skopeo_fresh "$WORK/cache-push-$i" copy --quiet --dest-tls-verify=false \
 		"oci:$WORK/layout:latest" "docker://$REG/bench/skopeo-$i:1"
 	t1=$(now)
-	push_k+=("$(secs "$t0" "$t1")")
+	push_k+=("$(ms "$t0" "$t1")")
 
 	t0=$(now)
 	pulled=$(B snapshot pull "$REG/bench/strata-$i:1" --insecure -q 2>"$WORK/pull.err")
 	t1=$(now)
-	pull_s+=("$(secs "$t0" "$t1")")
+	pull_s+=("$(ms "$t0" "$t1")")
 	[[ $pulled == "$SNAP" ]] || { echo "pulled $pulled, expected $SNAP" >&2; exit 1; }
 	until [[ $(B snapshot inspect "$SNAP" | json '["hydrating"]') == False ]]; do sleep 0.01; done
 	t2=$(now)
-	hyd_s+=("$(secs "$t0" "$t2")")
+	hyd_s+=("$(ms "$t0" "$t2")")
 	echo "  strata pull: $(cat "$WORK/pull.err"); B's layers now $(layers_b) bytes" >&2
 	if ! B snapshot rm "$SNAP" 2>/dev/null; then
 		B lineage retire "$(B snapshot inspect "$SNAP" | json '["work_context"]')" >/dev/null
@@ -145,7 +134,7 @@ for i in $(seq "$RUNS"); do
 	skopeo_fresh "$WORK/cache-pull-$i" copy --quiet --src-tls-verify=false \
 		"docker://$REG/bench/skopeo-$i:1" "oci:$WORK/pulled-$i:1"
 	t1=$(now)
-	pull_k+=("$(secs "$t0" "$t1")")
+	pull_k+=("$(ms "$t0" "$t1")")
 	echo "  skopeo pull: $(du -sb "$WORK/pulled-$i/blobs" | cut -f1) bytes of blobs" >&2
 	rm -rf "$WORK/pulled-$i"
 done
@@ -155,22 +144,16 @@ done
 echo "==> the parts of a pull with shell tools (not in the table)" >&2
 BLOB=$(A snapshot inspect "$SNAP" | json '["blob_digest"]')
 t0=$(now); curl -s -o "$WORK/blob" "http://$REG/v2/bench/strata-1/blobs/$BLOB"; t1=$(now)
-echo "  curl of the snapshot blob: $(secs "$t0" "$t1") ms" >&2
+echo "  curl of the snapshot blob: $(ms "$t0" "$t1") ms" >&2
 t0=$(now); sha256sum "$WORK/blob" >/dev/null; t1=$(now)
-echo "  sha256sum of the blob: $(secs "$t0" "$t1") ms" >&2
+echo "  sha256sum of the blob: $(ms "$t0" "$t1") ms" >&2
 mkdir "$WORK/untar"
 t0=$(now); zstd -dc "$WORK/blob" | tar -xf - -C "$WORK/untar"; t1=$(now)
-echo "  zstd -dc | tar -x of the blob ($(find "$WORK/untar" | wc -l) entries): $(secs "$t0" "$t1") ms" >&2
+echo "  zstd -dc | tar -x of the blob ($(find "$WORK/untar" | wc -l) entries): $(ms "$t0" "$t1") ms" >&2
 t0=$(now); sync; t1=$(now)
-echo "  then sync: $(secs "$t0" "$t1") ms" >&2
+echo "  then sync: $(ms "$t0" "$t1") ms" >&2
 
 # ---- the table ----
-cell() { # MS...: "median (run1, run2, ...)"
-	python3 -c '
-import statistics, sys
-v = [int(x) for x in sys.argv[1:]]
-print("%.0f (%s)" % (statistics.median(v), ", ".join(map(str, v))))' "$@"
-}
 ratio() { # STRATA_MS... -- SKOPEO_MS...
 	python3 -c '
 import statistics, sys

@@ -90,3 +90,48 @@ stop_registry() {
 	kill "$REG_PID" 2>/dev/null || true
 	wait "$REG_PID" 2>/dev/null || true
 }
+
+# start_postgres DIR: a throwaway PostgreSQL (Debian's postgresql-15) in
+# DIR/pg, run as the postgres user, Unix socket only (no TCP), fsync off;
+# sets PG_URL (a database `strata` on it) and PG_DATA. stop_postgres ends it.
+start_postgres() {
+	local dir=$1/pg bin=/usr/lib/postgresql/15/bin
+	[[ -x $bin/initdb ]] || { echo "postgresql-15 missing: run scripts/install-deps.sh" >&2; exit 1; }
+	mkdir -p "$dir"
+	chown postgres: "$dir"
+	PG_DATA=$dir/data
+	runuser -u postgres -- "$bin/initdb" -D "$PG_DATA" -A trust -U postgres >"$dir/initdb.log" 2>&1
+	runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DATA" -l "$dir/server.log" -w \
+		-o "-k $dir -c listen_addresses='' -c fsync=off -c max_connections=200" start >/dev/null
+	runuser -u postgres -- "$bin/createdb" -h "$dir" -U postgres strata
+	# shellcheck disable=SC2034 # read by the sourcing script
+	PG_URL="host=$dir user=postgres dbname=strata"
+}
+
+stop_postgres() {
+	[[ -n ${PG_DATA:-} && -d $PG_DATA ]] || return 0
+	runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$PG_DATA" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+# skopeo_fresh CACHE_DIR ARGS...: skopeo as root keeps a blob-info cache in
+# /var/lib/containers/cache, from which it would mount blobs an earlier run
+# pushed instead of uploading them: each run gets an empty cache dir of its
+# own, bound there in a private mount namespace.
+skopeo_fresh() {
+	mkdir -p "$1" /var/lib/containers/cache
+	# shellcheck disable=SC2016 # expanded by the inner sh
+	unshare --mount --propagation private -- sh -c \
+		'mount --bind "$0" /var/lib/containers/cache && exec skopeo "$@"' "$@"
+}
+
+# cell MS...: "median (run1, run2, ...)" for a Markdown table.
+cell() {
+	python3 -c '
+import statistics, sys
+v = [int(x) for x in sys.argv[1:]]
+print("%.0f (%s)" % (statistics.median(v), ", ".join(map(str, v))))' "$@"
+}
+
+# now: a timestamp for ms; ms T0 T1: milliseconds from T0 to T1.
+now() { date +%s.%N; }
+ms() { python3 -c "import sys; print(f'{(float(sys.argv[2]) - float(sys.argv[1])) * 1000:.0f}')" "$1" "$2"; }

@@ -250,8 +250,126 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
     let sl = rl["id"].as_str().unwrap().to_string();
     assert_eq!(stdout(&sh(&b, &sl, "cat /root/t")), "two\n");
 
+    // A snapshot a sandbox of another host started from cannot be removed
+    // here, even with its lineage retired (this host has no user of it).
+    let wc2 = later["work_context"].as_str().unwrap();
+    post(&c, &format!("/v1/lineages/{wc2}/retire"), json!({}));
+    let r = c.client().request("DELETE", &format!("/v1/snapshots/{later_id}"), None::<&()>);
+    match r {
+        Err(ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains(&format!("sandbox {sl} on host host-b")), "{message}")
+        }
+        other => panic!("a snapshot another host's sandbox uses was removed: {other:?}"),
+    }
+
+    // B killed: marked down, and its lineage resumes on C from its last
+    // durable (distributed) checkpoint.
+    let mut b = b;
+    b.kill_daemon();
+    eventually(
+        6,
+        "host-b marked down",
+        || {
+            let h = host(&c, "host-b");
+            (h["state"] == "down").then_some(h)
+        },
+        || host(&c, "host-b"),
+    );
+    let rc = post(&c, "/v1/lineages/wc-1/resume", json!({}));
+    let sc = rc["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&c, &sc, "cat /root/a.txt /root/b.txt")), "from-a\nfrom-b\n");
+
+    b.start_daemon();
     a.start_daemon();
     a.finish();
     b.finish();
     c.finish();
+}
+
+#[test]
+fn two_hosts_racing_appends_to_one_lineage_leave_one_head_and_no_orphans() {
+    strata_tests::require_root();
+    let url = pg::database();
+    let reg = registry::Registry::start();
+    let fleet = format!("{}/fleet", reg.addr());
+    let extra = ["--registry", &fleet, "--insecure-registry", BEAT[0], BEAT[1], BEAT[2], BEAT[3]];
+    let a = TestEnv::start_in_fleet(&url, "host-a", &extra);
+    let b = TestEnv::start_in_fleet(&url, "host-b", &extra);
+    a.import_busybox();
+    let s = create(&a, json!({"image": "busybox", "work_context": "race"}));
+    sh(&a, &s, "echo start > /root/n");
+    post(&a, &format!("/v1/sandboxes/{s}/suspend"), json!({}));
+
+    // Each round (50: 100 appends raced) both hosts resume the lineage's head, write, and append
+    // at once: one wins, the other is fenced (409) and reclaims its capture.
+    const ROUNDS: usize = 50;
+    let mut winners = Vec::new();
+    for round in 0..ROUNDS {
+        let ids: Vec<String> = [&a, &b]
+            .iter()
+            .enumerate()
+            .map(|(i, env)| {
+                let id = post(env, "/v1/lineages/race/resume", json!({}))["id"].as_str().unwrap().to_string();
+                sh(env, &id, &format!("echo {round}-{i} > /root/n"));
+                id
+            })
+            .collect();
+        let results: Vec<Result<Value, ClientError>> = std::thread::scope(|scope| {
+            let racers: Vec<_> = [&a, &b]
+                .iter()
+                .zip(&ids)
+                .map(|(env, id)| {
+                    let path = format!("/v1/sandboxes/{id}/checkpoint");
+                    let client = env.client();
+                    scope.spawn(move || {
+                        let mut client = client;
+                        client.call::<Value>("POST", &path, Some(&json!({"type": "distributed"})))
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let won: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_ok()).map(|(i, _)| i).collect();
+        assert_eq!(won.len(), 1, "round {round}: {results:?}");
+        for r in &results {
+            if let Err(e) = r {
+                assert!(matches!(e, ClientError::Api { status: 409, .. }), "round {round}: the loser got {e:?}");
+            }
+        }
+        winners.push(results[won[0]].as_ref().unwrap()["id"].as_str().unwrap().to_string());
+        for (env, id) in [&a, &b].iter().zip(&ids) {
+            env.client().request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+        }
+    }
+
+    // One head, the last winner; a gap-free sequence of suspend + winners.
+    let lineage: Value = a.client().call("GET", "/v1/lineages/race", None::<&()>).unwrap();
+    assert_eq!(lineage["head"].as_str(), winners.last().map(String::as_str), "{lineage:#}");
+    let appended: Vec<&Value> =
+        lineage["checkpoints"].as_array().unwrap().iter().filter(|c| c["sequence"].is_i64()).collect();
+    let seqs: Vec<i64> = appended.iter().map(|c| c["sequence"].as_i64().unwrap()).collect();
+    assert_eq!(seqs, (1..=ROUNDS as i64 + 1).collect::<Vec<_>>(), "{lineage:#}");
+    assert_eq!(appended.iter().filter(|c| c["state"] == "ready").count(), 1, "{lineage:#}");
+
+    // No orphan on either host: every layer and blob file is one the
+    // catalog lists.
+    let mut db = postgres::Client::connect(&url, postgres::NoTls).unwrap();
+    let mut listed = |sql: &str| -> std::collections::HashSet<String> {
+        db.query(sql, &[]).unwrap().iter().map(|r| r.get::<_, String>(0)).collect()
+    };
+    let layers = listed("SELECT layer_id FROM snapshots UNION SELECT layer_id FROM image_layers");
+    let blobs = listed(
+        "SELECT substr(blob_digest, 8) FROM snapshots WHERE blob_digest != '' \
+         UNION SELECT substr(blob_digest, 8) FROM image_layers",
+    );
+    for env in [&a, &b] {
+        for (dir, known) in [("layers", &layers), ("blobs/sha256", &blobs)] {
+            for e in std::fs::read_dir(env.root.join(dir)).unwrap() {
+                let name = e.unwrap().file_name().to_string_lossy().into_owned();
+                assert!(known.contains(&name), "{dir}/{name} on {} is listed by no row", env.root.display());
+            }
+        }
+    }
+    a.finish();
+    b.finish();
 }

@@ -1910,6 +1910,25 @@ impl Db {
         if !heads.is_empty() {
             return Ok(Err(heads));
         }
+        // Sandboxes started from it, on any host sharing the catalog (this
+        // host's own are refused before, from its live list).
+        let rows: Vec<(String, Option<String>)> = tx
+            .query(
+                "SELECT id, host FROM sandboxes WHERE json_extract(spec, '$.snapshot') = ?1 ORDER BY id",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(q("snapshot users"))?;
+        let users: Vec<String> = rows
+            .into_iter()
+            .map(|(sb, host): (String, Option<String>)| match host {
+                Some(h) => format!("sandbox {sb} on host {h}"),
+                None => format!("sandbox {sb}"),
+            })
+            .collect();
+        if !users.is_empty() {
+            return Ok(Err(users));
+        }
         // A retired lineage's head may go; the lineage keeps no pointer to it.
         tx.execute("UPDATE work_contexts SET head_id = NULL WHERE head_id = ?1", params![id])
             .map_err(q("clear head"))?;

@@ -82,6 +82,17 @@ impl Classify for FleetError {
     }
 }
 
+/// Where the time of bringing layers went (logged; scripts/bench-fleet.sh
+/// reads it).
+#[derive(Default)]
+struct Spent {
+    bytes: u64,
+    manifest: std::time::Duration,
+    fetch: std::time::Duration,
+    unpack: std::time::Duration,
+    commit: std::time::Duration,
+}
+
 /// A layer to bring: its id here, and what the catalog says it is.
 struct Wanted {
     layer: LayerId,
@@ -152,6 +163,7 @@ impl Daemon {
     /// layers and the places tried; nothing partial stays.
     pub(crate) fn bring_layers(&self, snapshot: &str, layers: &[LayerId]) -> Result<(), FleetError> {
         let store = &self.rt.store;
+        let started = std::time::Instant::now();
         let present = |l: &LayerId| store.layer_dir(l.as_str()).join("fs").is_dir();
         if layers.iter().all(present) {
             return Ok(());
@@ -197,13 +209,20 @@ impl Daemon {
                 }
             }
         }
-        let started = std::time::Instant::now();
+        let catalog = started.elapsed();
         match self.fetch_layers_from(fleet, &reference, &wanted) {
-            Ok(bytes) => {
+            Ok(spent) => {
+                let ms = |d: std::time::Duration| d.as_millis();
                 tracing::info!(
-                    "brought {} layer(s) of snapshot {snapshot} from {reference} ({bytes} bytes, {:.0} ms)",
+                    "brought {} layer(s) of snapshot {snapshot} from {reference} ({} bytes; catalog {} ms, manifest {} \
+                     ms, fetch {} ms, unpack {} ms, commit {} ms)",
                     wanted.len(),
-                    started.elapsed().as_secs_f64() * 1000.0
+                    spent.bytes,
+                    ms(catalog),
+                    ms(spent.manifest),
+                    ms(spent.fetch),
+                    ms(spent.unpack),
+                    ms(spent.commit)
                 );
                 Ok(())
             }
@@ -221,14 +240,20 @@ impl Daemon {
         fleet: &FleetRegistry,
         reference: &str,
         wanted: &[Wanted],
-    ) -> Result<u64, TransferError> {
+    ) -> Result<Spent, TransferError> {
         let reference = Reference::parse(reference)?;
         let client = Client::new(&reference.registry, fleet.insecure, None);
         let store = &self.rt.store;
         let work = store.new_tmp("fleet").map_err(distribution::store_err)?;
         let result = self.leased(|lease| {
-            let mut fetched = 0;
-            let docs = self.fetch_documents(&client, &reference, &mut fetched)?;
+            let mut spent = Spent::default();
+            let mut clock = std::time::Instant::now();
+            let mut lap = |into: &mut std::time::Duration| {
+                *into += clock.elapsed();
+                clock = std::time::Instant::now();
+            };
+            let docs = self.fetch_documents(&client, &reference, &mut spent.bytes)?;
+            lap(&mut spent.manifest);
             let mut ready = Vec::new();
             for (i, w) in wanted.iter().enumerate() {
                 let Some(wire) = docs.layers.iter().find(|l| l.digest == w.blob) else {
@@ -248,8 +273,9 @@ impl Daemon {
                     );
                     client.get_blob(&reference.repository, &wire.digest, wire.size, &mut f, &mut |_| {})?;
                     std::io::Write::flush(&mut f).map_err(distribution::host_io)?;
-                    fetched += wire.size;
+                    spent.bytes += wire.size;
                 }
+                lap(&mut spent.fetch);
                 let dir = work.join(format!("layer-{i}"));
                 std::fs::create_dir_all(dir.join("fs")).map_err(distribution::host_io)?;
                 crate::oci::unpack_layer(&distribution::layer_source(&blob, &wire), &dir.join("fs")).map_err(
@@ -259,6 +285,7 @@ impl Daemon {
                         source: Box::new(source),
                     },
                 )?;
+                lap(&mut spent.unpack);
                 ready.push((w, dir, blob));
             }
             for (w, dir, blob) in &ready {
@@ -268,7 +295,8 @@ impl Daemon {
                     store.adopt_blob(blob, w.blob.hex(), true, lease).map_err(distribution::store_err)?;
                 }
             }
-            Ok(fetched)
+            lap(&mut spent.commit);
+            Ok(spent)
         });
         let _ = crate::store::remove_tree(&work);
         result

@@ -230,6 +230,11 @@ impl Daemon {
         if candidates.is_empty() {
             return Ok(0);
         }
+        // A layer a live sandbox here mounts stays, whatever the rows say
+        // (another host sharing the catalog may have removed them).
+        let mounted: HashSet<String> =
+            lock(&self.pool).live.values().flat_map(|s| s.spec.layers.iter().map(|l| l.to_string())).collect();
+        candidates.retain(|r| !matches!(r, Resource::Layer(id) if mounted.contains(id)));
         let db = lock(&self.db);
         // The few candidates an operation's lease leaves are looked up one
         // by one (a checkpoint's layer and blob: two point queries); the

@@ -448,7 +448,7 @@ pub enum RemoveSnapshotError {
     UsedBy { id: SnapshotId, users: Vec<String> },
     /// snapshot {0} is in use by an operation in flight (resume, fork, rollback, sealing); retry
     InFlight(SnapshotId),
-    /// snapshot {id} has child snapshots {children:?}; remove them first
+    /// snapshot {id} is still needed by {children:?} (child snapshots, the lineage it heads, sandboxes of other hosts); remove them first
     HasChildren { id: SnapshotId, children: Vec<String> },
     /// {0}
     Db(#[from] crate::db::DbError),
