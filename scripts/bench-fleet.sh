@@ -125,7 +125,7 @@ declare -A api
 for engine in sqlite postgres; do
 	sock=$WORK/$engine.sock
 	args=()
-	[[ $engine == postgres ]] && args=(--database "$PG_URL" --host-id "bench-$engine")
+	[[ $engine == postgres ]] && args=(--database "$(pg_database api)")
 	start_daemon "$sock" "$WORK/root-$engine" "strata-bench-fleet-$engine" "$WORK/$engine.log" "${args[@]}"
 	pid=$DAEMON_PID
 	"$STRATA" --socket "$sock" image import images/out/busybox --name busybox >/dev/null

@@ -98,14 +98,25 @@ start_postgres() {
 	local dir=$1/pg bin=/usr/lib/postgresql/15/bin
 	[[ -x $bin/initdb ]] || { echo "postgresql-15 missing: run scripts/install-deps.sh" >&2; exit 1; }
 	mkdir -p "$dir"
+	# The postgres user must reach DIR/pg (traverse only above it).
+	chmod 711 "$1"
 	chown postgres: "$dir"
 	PG_DATA=$dir/data
-	runuser -u postgres -- "$bin/initdb" -D "$PG_DATA" -A trust -U postgres >"$dir/initdb.log" 2>&1
+	runuser -u postgres -- "$bin/initdb" -D "$PG_DATA" -A trust -U postgres >"$dir/initdb.log" 2>&1 ||
+		{ cat "$dir/initdb.log" >&2; echo "initdb failed" >&2; exit 1; }
 	runuser -u postgres -- "$bin/pg_ctl" -D "$PG_DATA" -l "$dir/server.log" -w \
-		-o "-k $dir -c listen_addresses='' -c fsync=off -c max_connections=200" start >/dev/null
-	runuser -u postgres -- "$bin/createdb" -h "$dir" -U postgres strata
+		-o "-k $dir -c listen_addresses='' -c fsync=off -c max_connections=200" start >/dev/null ||
+		{ cat "$dir/server.log" >&2; echo "PostgreSQL did not start" >&2; exit 1; }
+	PG_SOCKET_DIR=$dir
 	# shellcheck disable=SC2034 # read by the sourcing script
-	PG_URL="host=$dir user=postgres dbname=strata"
+	PG_URL=$(pg_database strata)
+}
+
+# pg_database NAME: create database NAME on the server start_postgres
+# started; prints its connection string.
+pg_database() {
+	runuser -u postgres -- /usr/lib/postgresql/15/bin/createdb -h "$PG_SOCKET_DIR" -U postgres "$1"
+	echo "host=$PG_SOCKET_DIR user=postgres dbname=$1"
 }
 
 stop_postgres() {

@@ -217,6 +217,44 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
     let fc = forks[0]["id"].as_str().unwrap().to_string();
     assert_eq!(stdout(&sh(&c, &fc, "cat /root/a.txt /root/b.txt")), "from-a\nfrom-b\n");
 
+    // Its availability: the hosts holding its layers (as their heartbeats
+    // say), besides where it was made and where it is published.
+    let susp_id = susp["id"].as_str().unwrap().to_string();
+    eventually(
+        6,
+        "A's suspend held by hosts a, b and c",
+        || {
+            let v: Value = a.client().call("GET", &format!("/v1/snapshots/{susp_id}"), None::<&()>).unwrap();
+            (v["hosts"] == json!(["host-a", "host-b", "host-c"])).then_some(v)
+        },
+        || a.client().call("GET", &format!("/v1/snapshots/{susp_id}"), None::<&()>).unwrap(),
+    );
+
+    // Published in the background: answered at once, `publishing` until
+    // done, then any host restores it. async needs a distributed snapshot.
+    let r = b.client().request(
+        "POST",
+        &format!("/v1/sandboxes/{sb}/checkpoint"),
+        Some(&json!({"type": "local", "async": true})),
+    );
+    assert!(matches!(r, Err(ClientError::Api { status: 400, .. })), "{r:?}");
+    sh(&b, &sb, "echo later > /root/c.txt");
+    let bg = post(&b, &format!("/v1/sandboxes/{sb}/checkpoint"), json!({"type": "distributed", "async": true}));
+    let bg_id = bg["id"].as_str().unwrap().to_string();
+    assert!(bg["publishing"] == true || bg["registry"].is_string(), "{bg:#}");
+    eventually(
+        10,
+        "the async publication done",
+        || {
+            let v: Value = b.client().call("GET", &format!("/v1/snapshots/{bg_id}"), None::<&()>).unwrap();
+            (v["publishing"] == false && v["type"] == "distributed").then_some(v)
+        },
+        || b.client().call("GET", &format!("/v1/snapshots/{bg_id}"), None::<&()>).unwrap(),
+    );
+    let forks = post(&c, &format!("/v1/snapshots/{bg_id}/fork"), json!({}));
+    let fbg = forks[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&c, &fbg, "cat /root/c.txt")), "later\n");
+
     // A local snapshot of a stopped host: resuming it elsewhere fails,
     // naming it, its missing layers and where it looked; nothing stays. A
     // snapshot promoted before the stop resumes anywhere.
@@ -372,4 +410,26 @@ fn two_hosts_racing_appends_to_one_lineage_leave_one_head_and_no_orphans() {
     }
     a.finish();
     b.finish();
+}
+
+/// The same story on one host with no fleet (SQLite unless the suite runs
+/// on PostgreSQL): suspend, resume the work context, checkpoint, fork.
+#[test]
+fn the_same_story_on_one_host_needs_no_fleet() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let s = create(&env, json!({"image": "busybox", "work_context": "wc-1"}));
+    sh(&env, &s, "echo from-a > /root/a.txt");
+    let susp = post(&env, &format!("/v1/sandboxes/{s}/suspend"), json!({}));
+    assert_eq!(susp["type"], "local", "{susp:#}");
+    let r = post(&env, "/v1/lineages/wc-1/resume", json!({}));
+    let id = r["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&env, &id, "cat /root/a.txt")), "from-a\n");
+    sh(&env, &id, "echo from-b > /root/b.txt");
+    let cp = post(&env, &format!("/v1/sandboxes/{id}/checkpoint"), json!({}));
+    let forks = post(&env, &format!("/v1/snapshots/{}/fork", cp["id"].as_str().unwrap()), json!({}));
+    let f = forks[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&env, &f, "cat /root/a.txt /root/b.txt")), "from-a\nfrom-b\n");
+    assert!(!env.daemon_log().contains("brought"), "a single host fetched layers");
+    env.finish();
 }

@@ -62,6 +62,10 @@ pub enum Command {
         /// registry (the daemon's --registry) before the answer.
         #[arg(long = "type", default_value = "local")]
         kind: crate::model::SnapshotType,
+        /// With --type distributed: answer once it is made and publish it
+        /// in the background (`snapshot inspect` shows `publishing`).
+        #[arg(long = "async")]
+        background: bool,
     },
     /// Stop a sandbox, seal its changes by moving them into the layer store,
     /// release it; prints the snapshot id.
@@ -808,12 +812,12 @@ pub fn run(cli: Cli) -> Result<i32> {
             }
             Ok(if failed > 0 { 1 } else { 0 })
         }
-        Command::Checkpoint { id, compression, whole, kind } => {
+        Command::Checkpoint { id, compression, whole, kind, background } => {
             let compression = compression_arg(compression.as_deref());
             let snap: SnapshotInfo = client(&cli)?.call(
                 "POST",
                 &format!("/v1/sandboxes/{id}/checkpoint"),
-                Some(&CheckpointRequest { compression, whole: *whole, kind: *kind }),
+                Some(&CheckpointRequest { compression, whole: *whole, kind: *kind, background: *background }),
             )?;
             println!("{}", snap.id);
             Ok(0)

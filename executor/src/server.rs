@@ -88,6 +88,7 @@ pub fn run(
     daemon.start_ready_pools();
     daemon.start_gc(gc_interval, cfg.retention, cfg.stale_after);
     daemon.start_heartbeat();
+    daemon.start_publisher();
     if let Some((l, e2b_cfg)) = e2b {
         let (d, stopped) = (daemon.clone(), stopped.clone());
         std::thread::Builder::new()

@@ -263,6 +263,10 @@ pub struct CheckpointRequest {
     /// registry before the answer.
     #[serde(rename = "type", default)]
     pub kind: crate::model::SnapshotType,
+    /// With `distributed`: answer once the snapshot is made, and publish
+    /// it in the background (`publishing` until done).
+    #[serde(rename = "async", default)]
+    pub background: bool,
 }
 
 /// Per-sandbox settings of a resume or a fork.
@@ -388,6 +392,16 @@ pub struct SnapshotInfo {
     /// Its reference in the fleet registry, once published.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registry: Option<String>,
+    /// An `async` publication is under way (this host's daemon), or why
+    /// the last one failed (it stays local; `promote` retries).
+    #[serde(default)]
+    pub publishing: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publish_error: Option<String>,
+    /// Hosts up whose last heartbeat listed every layer of its chain
+    /// (they restore it without fetching).
+    #[serde(default)]
+    pub hosts: Vec<String>,
 }
 
 /// A snapshot's bytes in the store.

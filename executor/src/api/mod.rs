@@ -481,13 +481,13 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::GetSandbox(id) => json(200, &crate::daemon::sandbox_info(&*d.sandbox(&id)?)),
         A::RemoveSandbox(id) => done(d.remove_sandbox(&id)),
         A::Checkpoint(id, b) => {
-            d.can_publish(b.kind)?;
+            d.can_publish(b.kind, b.background)?;
             let snap = d.checkpoint(&id, b.compression.unwrap_or_default(), b.whole)?;
-            json(201, &d.publish_made(snap, b.kind)?)
+            json(201, &d.publish_made(snap, b.kind, b.background)?)
         }
         A::Suspend(id) => {
             let snap = d.suspend(&id)?;
-            json(201, &d.publish_made(snap, d.suspend_type())?)
+            json(201, &d.publish_made(snap, d.suspend_type(), false)?)
         }
         A::Promote(id) => json(200, &d.promote(&id)?),
         A::Rollback(id, b) => json(200, &d.rollback(&id, &b.to)?),

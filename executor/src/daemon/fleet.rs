@@ -23,6 +23,9 @@ use crate::model::SnapshotType;
 use crate::registry::{Client, Reference};
 use crate::types::{RegistryRequest, SnapshotInfo};
 
+/// Each up host and the layers its last heartbeat listed.
+pub(crate) type HostLayers = Vec<(String, std::collections::HashSet<String>)>;
+
 /// The registry a fleet publishes distributed snapshots to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FleetRegistry {
@@ -61,6 +64,8 @@ impl std::fmt::Display for FleetRegistry {
 pub enum FleetError {
     /// no fleet registry: start the daemon with --registry HOST:PORT/REPOSITORY
     NoRegistry,
+    /// async applies to distributed snapshots only
+    AsyncLocal,
     /// snapshot {snapshot} was made ({kind}) but not published to {registry}: {why}; `strata snapshot promote {snapshot}` retries
     Publish { snapshot: String, kind: &'static str, registry: String, why: String },
     /// snapshot {snapshot} cannot be brought to this host: its layers {layers:?} are not here; tried: {tried}
@@ -75,6 +80,7 @@ impl Classify for FleetError {
     fn kind(&self) -> ErrorKind {
         match self {
             FleetError::NoRegistry | FleetError::Unavailable { .. } => ErrorKind::Conflict,
+            FleetError::AsyncLocal => ErrorKind::InvalidArgument,
             FleetError::Publish { .. } => ErrorKind::Upstream,
             FleetError::Lookup(e) => e.kind(),
             FleetError::Db(e) => e.kind(),
@@ -106,6 +112,13 @@ impl Daemon {
     pub fn promote(&self, id: &str) -> Result<SnapshotInfo, FleetError> {
         let fleet = self.cfg.registry.as_ref().ok_or(FleetError::NoRegistry)?;
         let row = self.snapshot_row(id).map_err(Box::new)?;
+        // A failed background publication is forgotten once retried.
+        {
+            let mut publishing = lock(&self.publishing);
+            if matches!(publishing.get(row.id.as_str()), Some(Some(_))) {
+                publishing.remove(row.id.as_str());
+            }
+        }
         let reference = fleet.reference(row.id.as_str());
         if lock(&self.db).snapshot_place(row.id.as_str())?.is_some_and(|p| p.published.as_deref() == Some(&reference)) {
             return self.get_snapshot(id).map_err(|e| FleetError::Lookup(Box::new(e)));
@@ -129,22 +142,89 @@ impl Daemon {
         self.get_snapshot(id).map_err(|e| FleetError::Lookup(Box::new(e)))
     }
 
-    /// Refuse a distributed snapshot up front when there is no fleet
-    /// registry (before anything is captured).
-    pub fn can_publish(&self, kind: SnapshotType) -> Result<(), FleetError> {
+    /// Refuse what cannot be published up front, before anything is
+    /// captured: a distributed snapshot with no fleet registry, an async
+    /// local one.
+    pub fn can_publish(&self, kind: SnapshotType, background: bool) -> Result<(), FleetError> {
         match (kind, &self.cfg.registry) {
+            (SnapshotType::Local, _) if background => Err(FleetError::AsyncLocal),
             (SnapshotType::Distributed, None) => Err(FleetError::NoRegistry),
             _ => Ok(()),
         }
     }
 
-    /// A snapshot just made: published too when `kind` is distributed (if
-    /// that fails, the error says it stays local).
-    pub fn publish_made(&self, snap: SnapshotInfo, kind: SnapshotType) -> Result<SnapshotInfo, FleetError> {
-        match kind {
-            SnapshotType::Local => Ok(snap),
-            SnapshotType::Distributed => self.promote(snap.id.as_str()),
+    /// A snapshot just made: published too when `kind` is distributed, now
+    /// (if that fails, the error says it stays local) or, `background`, by
+    /// the publisher thread.
+    pub fn publish_made(
+        &self,
+        snap: SnapshotInfo,
+        kind: SnapshotType,
+        background: bool,
+    ) -> Result<SnapshotInfo, FleetError> {
+        match (kind, background) {
+            (SnapshotType::Local, _) => Ok(snap),
+            (SnapshotType::Distributed, false) => self.promote(snap.id.as_str()),
+            (SnapshotType::Distributed, true) => {
+                lock(&self.publishing).insert(snap.id.to_string(), None);
+                match lock(&self.publisher).as_ref() {
+                    Some(tx) if tx.send(snap.id.to_string()).is_ok() => {}
+                    _ => {
+                        lock(&self.publishing).remove(snap.id.as_str());
+                        return self.promote(snap.id.as_str());
+                    }
+                }
+                self.get_snapshot(snap.id.as_str()).map_err(|e| FleetError::Lookup(Box::new(e)))
+            }
         }
+    }
+
+    /// The thread that publishes `async` snapshots, one at a time. A
+    /// publication a stop cuts short is not retried: the snapshot stays
+    /// local (`promote` publishes it).
+    pub fn start_publisher(self: &std::sync::Arc<Self>) {
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let d = self.clone();
+        let spawned = std::thread::Builder::new().name("publisher".into()).spawn(move || {
+            for id in rx {
+                let outcome = d.promote(&id).err().map(|e| crate::error::chain(&e));
+                if let Some(why) = &outcome {
+                    tracing::warn!("publish snapshot {id}: {why}");
+                }
+                let mut publishing = lock(&d.publishing);
+                match outcome {
+                    None => publishing.remove(&id),
+                    Some(why) => publishing.insert(id, Some(why)),
+                };
+            }
+        });
+        match spawned {
+            Ok(_) => *lock(&self.publisher) = Some(tx),
+            Err(e) => tracing::error!("start the publisher: {e}"),
+        }
+    }
+
+    /// The hosts up whose last heartbeat listed every one of `layers`.
+    pub(crate) fn hosts_holding(&self, db: &crate::db::Db, layers: &[String]) -> Vec<String> {
+        let mut cache = lock(&self.host_layers);
+        let fresh = cache.as_ref().is_some_and(|(at, _)| at.elapsed() < std::time::Duration::from_secs(1));
+        if !fresh {
+            let hosts = db
+                .list_hosts()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|h| h.down.is_none())
+                .map(|h| {
+                    let held = serde_json::from_str::<crate::types::HostInfo>(&h.info)
+                        .map(|i| i.layers.into_iter().collect())
+                        .unwrap_or_default();
+                    (h.id, held)
+                })
+                .collect();
+            *cache = Some((std::time::Instant::now(), hosts));
+        }
+        let Some((_, hosts)) = cache.as_ref() else { return Vec::new() };
+        hosts.iter().filter(|(_, held)| layers.iter().all(|l| held.contains(l))).map(|(h, _)| h.clone()).collect()
     }
 
     /// What a suspend makes: distributed whenever there is a fleet

@@ -450,6 +450,12 @@ pub struct Daemon {
     pub(crate) heartbeat: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Held while layers are brought from the fleet registry (`fleet.rs`).
     pub(crate) fleet_fetch: Mutex<()>,
+    /// Background publications (`fleet.rs`): in flight (`None`) or failed.
+    pub(crate) publishing: Mutex<HashMap<String, Option<String>>>,
+    pub(crate) publisher: Mutex<Option<std::sync::mpsc::Sender<String>>>,
+    /// Each up host's layers as of its last heartbeat, read at most once
+    /// a second (a snapshot's `hosts`).
+    pub(crate) host_layers: Mutex<Option<(std::time::Instant, fleet::HostLayers)>>,
     _lock: Flock<File>,
 }
 
@@ -553,6 +559,9 @@ impl Daemon {
             stopping: Default::default(),
             heartbeat: Mutex::new(None),
             fleet_fetch: Mutex::new(()),
+            publishing: Mutex::new(HashMap::new()),
+            publisher: Mutex::new(None),
+            host_layers: Mutex::new(None),
             _lock: flock,
         };
         d.recover()?;

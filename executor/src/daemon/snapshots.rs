@@ -873,6 +873,10 @@ impl Daemon {
         let image = db.image_by_id(row.image_id)?.ok_or(SnapshotLookupError::NoImageRow)?;
         let chain = db.snapshot_layer_chain(&row.id)?;
         let place = db.snapshot_place(row.id.as_str())?.unwrap_or_default();
+        let chain_layers: Vec<String> =
+            image.layers.iter().map(ToString::to_string).chain(chain.iter().map(|s| s.layer.to_string())).collect();
+        let hosts = self.hosts_holding(db, &chain_layers);
+        let publish_state = lock(&self.publishing).get(row.id.as_str()).cloned();
         let digest = |h: &str| format!("sha256:{h}");
         let layers = image
             .layers
@@ -916,6 +920,9 @@ impl Daemon {
             kind: if place.published.is_some() { SnapshotType::Distributed } else { SnapshotType::Local },
             host: place.host,
             registry: place.published,
+            publishing: matches!(publish_state, Some(None)),
+            publish_error: publish_state.flatten(),
+            hosts,
         })
     }
 
