@@ -123,16 +123,18 @@ stop_daemon "$SOCK_A" "$PID_A"
 PID_A=
 declare -A api
 for engine in sqlite postgres; do
-	sock=$WORK/$engine.sock
+	# In SOCK_B/PID_B: stopped by cleanup if anything below fails.
+	SOCK_B=$WORK/$engine.sock
 	args=()
 	[[ $engine == postgres ]] && args=(--database "$(pg_database api)")
-	start_daemon "$sock" "$WORK/root-$engine" "strata-bench-fleet-$engine" "$WORK/$engine.log" "${args[@]}"
-	pid=$DAEMON_PID
-	"$STRATA" --socket "$sock" image import images/out/busybox --name busybox >/dev/null
-	out=$("$BIN/strata-bench" "$sock" busybox "$BENCH_RUNS" /bin/busybox)
+	start_daemon "$SOCK_B" "$WORK/root-$engine" "strata-bench-fleet-$engine" "$WORK/$engine.log" "${args[@]}"
+	PID_B=$DAEMON_PID
+	B image import images/out/busybox --name busybox >/dev/null
+	out=$("$BIN/strata-bench" "$SOCK_B" busybox "$BENCH_RUNS" /bin/busybox)
 	while read -r line; do echo "  $engine: $line" >&2; done <<<"$out"
 	api[$engine]=$(echo "$out" | awk '$1 == "api_create_exec_rm" {print $2 " / " $3}')
-	stop_daemon "$sock" "$pid"
+	stop_daemon "$SOCK_B" "$PID_B"
+	SOCK_B=
 done
 
 printf '\nResume on a new host B of a snapshot made on host A (%s runs; medians, ms):\n\n' "$RUNS"
