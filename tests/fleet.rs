@@ -433,3 +433,38 @@ fn the_same_story_on_one_host_needs_no_fleet() {
     assert!(!env.daemon_log().contains("brought"), "a single host fetched layers");
     env.finish();
 }
+
+/// Two hosts pull one snapshot by hand (`snapshot pull`, no fleet
+/// registry): each waits on its own unpack of it, never on the other's.
+#[test]
+fn a_snapshot_pulled_by_two_hosts_is_unpacked_on_each() {
+    strata_tests::require_root();
+    let url = pg::database();
+    let reg = registry::Registry::start();
+    let a = TestEnv::start_in_fleet(&url, "host-a", &BEAT);
+    let mut b = TestEnv::start_in_fleet(&url, "host-b", &BEAT);
+    let c = TestEnv::start_in_fleet(&url, "host-c", &BEAT);
+    // B's first unpack of a pulled layer waits 3 s: C pulls and resumes
+    // meanwhile, and must not take B's wait for its own.
+    b.stop_daemon();
+    b.daemon_env.push(("STRATA_FAILPOINTS".into(), "hydrate:unpack=sleep-once:3000".into()));
+    b.start_daemon();
+    a.import_busybox();
+    let s = create(&a, json!({"image": "busybox"}));
+    sh(&a, &s, "echo pulled > /root/p");
+    let cp = post(&a, &format!("/v1/sandboxes/{s}/checkpoint"), json!({}));
+    let id = cp["id"].as_str().unwrap();
+    let reference = format!("{}/moved:v1", reg.addr());
+    a.cli_ok(&["snapshot", "push", id, &reference, "--insecure"]);
+    b.cli_ok(&["snapshot", "pull", &reference, "--insecure"]);
+    c.cli_ok(&["snapshot", "pull", &reference, "--insecure"]);
+    for env in [&c, &b] {
+        let r = post(env, &format!("/v1/snapshots/{id}/resume"), json!({}));
+        let sb = r["id"].as_str().unwrap().to_string();
+        assert_eq!(stdout(&sh(env, &sb, "cat /root/p")), "pulled\n", "on {}", env.root.display());
+    }
+    assert!(b.daemon_log().contains("failpoint hydrate:unpack reached"), "{}", b.daemon_log());
+    a.finish();
+    b.finish();
+    c.finish();
+}

@@ -118,6 +118,25 @@ pub(super) const MIGRATION_15: &str = r#"
 /// is published (its reference in the fleet registry; NULL: local).
 pub(super) const MIGRATION_16: &str = "ALTER TABLE snapshots ADD COLUMN published TEXT;";
 
+/// Migration 17, one text for both engines: a pulled layer waiting to be
+/// unpacked waits on one host (its blob is in that host's store): the
+/// table is keyed by host too ('' for rows older than hosts, claimed by
+/// the first daemon that registers).
+pub(super) const MIGRATION_17: &str = r#"
+    CREATE TABLE layer_hydration_new (
+        host        TEXT NOT NULL DEFAULT '',
+        layer_id    TEXT NOT NULL REFERENCES layers(id) ON DELETE CASCADE,
+        blob_digest TEXT NOT NULL,
+        compression TEXT NOT NULL CHECK (compression IN ('gzip', 'zstd')),
+        error       TEXT,
+        PRIMARY KEY (host, layer_id)
+    );
+    INSERT INTO layer_hydration_new (layer_id, blob_digest, compression, error)
+        SELECT layer_id, blob_digest, compression, error FROM layer_hydration;
+    DROP TABLE layer_hydration;
+    ALTER TABLE layer_hydration_new RENAME TO layer_hydration;
+"#;
+
 /// Each entry upgrades the schema by one version; never edit a shipped one.
 const MIGRATIONS: &[&str] = &[
     // 1: images, layers, sandboxes.
@@ -502,6 +521,8 @@ const MIGRATIONS: &[&str] = &[
     MIGRATION_15,
     // 16: published snapshots (above).
     MIGRATION_16,
+    // 17: layers waiting to be unpacked, per host (above).
+    MIGRATION_17,
 ];
 
 pub struct Db {
@@ -1585,8 +1606,9 @@ impl Db {
                 .map_err(q("unhydrated layer"))?;
             if used.is_some() {
                 tx.execute(
-                    "INSERT INTO layer_hydration (layer_id, blob_digest, compression) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-                    params![u.layer_id, u.blob_digest, u.compression],
+                    "INSERT INTO layer_hydration (host, layer_id, blob_digest, compression) VALUES (?4, ?1, ?2, ?3) \
+                     ON CONFLICT DO NOTHING",
+                    params![u.layer_id, u.blob_digest, u.compression, self.host.as_deref().unwrap_or("")],
                 )
                 .map_err(q("mark layer unhydrated"))?;
             }
@@ -1600,8 +1622,8 @@ impl Db {
     pub fn unhydrated(&self, layer_id: &str) -> Result<Option<Unhydrated>, DbError> {
         self.conn
             .query_row(
-                "SELECT layer_id, blob_digest, compression, error FROM layer_hydration WHERE layer_id = ?1",
-                params![layer_id],
+                "SELECT layer_id, blob_digest, compression, error FROM layer_hydration WHERE layer_id = ?1 AND host = ?2",
+                params![layer_id, self.hydration_host()],
                 |r| {
                     Ok(Unhydrated {
                         layer_id: r.get(0)?,
@@ -1619,16 +1641,17 @@ impl Db {
     /// unpack failed).
     pub fn unhydrated_layers_with(&self, errors: bool) -> Result<Vec<LayerId>, DbError> {
         let sql = if errors {
-            "SELECT layer_id FROM layer_hydration"
+            "SELECT layer_id FROM layer_hydration WHERE host = ?1"
         } else {
-            "SELECT layer_id FROM layer_hydration WHERE error IS NULL"
+            "SELECT layer_id FROM layer_hydration WHERE host = ?1 AND error IS NULL"
         };
-        self.conn.query(sql, &[], |r| r.get(0)).map_err(q("unhydrated layers"))
+        self.conn.query(sql, params![self.hydration_host()], |r| r.get(0)).map_err(q("unhydrated layers"))
     }
 
     /// A layer's tree is in place: record its size and entries. False if
     /// the layer is gone (its snapshot was removed meanwhile).
     pub fn hydrated(&mut self, layer_id: &str, size: u64, entries: u64) -> Result<bool, DbError> {
+        let host = self.hydration_host().to_string();
         let tx = self.conn.transaction(false).map_err(q("begin hydrated"))?;
         let n = tx
             .execute(
@@ -1636,7 +1659,7 @@ impl Db {
                 params![layer_id, size as i64, entries as i64],
             )
             .map_err(q("hydrated layer"))?;
-        tx.execute("DELETE FROM layer_hydration WHERE layer_id = ?1", params![layer_id])
+        tx.execute("DELETE FROM layer_hydration WHERE layer_id = ?1 AND host = ?2", params![layer_id, host])
             .map_err(q("hydrated layer"))?;
         tx.commit().map_err(q("commit hydrated"))?;
         Ok(n == 1)
@@ -1644,7 +1667,10 @@ impl Db {
 
     pub fn hydration_failed(&self, layer_id: &str, error: &str) -> Result<(), DbError> {
         self.conn
-            .execute("UPDATE layer_hydration SET error = ?2 WHERE layer_id = ?1", params![layer_id, error])
+            .execute(
+                "UPDATE layer_hydration SET error = ?2 WHERE layer_id = ?1 AND host = ?3",
+                params![layer_id, error, self.hydration_host()],
+            )
             .map_err(q("hydration failed"))?;
         Ok(())
     }
@@ -1741,9 +1767,10 @@ impl Db {
                 "SELECT s.id FROM snapshots s JOIN layers l ON l.id = s.layer_id \
                  WHERE substr(l.id, 1, 1) = 's' AND l.diff_id IS NOT NULL AND EXISTS ( \
                    SELECT 1 FROM layers o WHERE o.diff_id = l.diff_id AND o.id != l.id \
-                   AND o.id NOT IN (SELECT layer_id FROM layer_hydration)) \
+                   AND o.id NOT IN (SELECT layer_id FROM layer_hydration WHERE host = ?1)) \
+                 AND (CAST(?2 AS TEXT) IS NULL OR s.host = ?2) \
                  ORDER BY s.created_at, s.id",
-                &[],
+                params![self.hydration_host(), self.host],
                 |r| r.get(0),
             )
             .map_err(q("duplicate layers"))
@@ -1757,6 +1784,7 @@ impl Db {
     /// `present` says whether a layer's directory is there (a removal
     /// deletes it before its row).
     pub fn share_layer(&mut self, id: &str, present: impl Fn(&str) -> bool) -> Result<Option<String>, DbError> {
+        let host = self.hydration_host().to_string();
         let tx = self.conn.transaction(true).map_err(q("begin share"))?;
         let own: Option<(String, String)> = tx
             .query_row(
@@ -1771,9 +1799,9 @@ impl Db {
         let candidates: Vec<String> = {
             tx.query(
                 "SELECT id FROM layers WHERE diff_id = ?1 AND id != ?2 \
-                     AND id NOT IN (SELECT layer_id FROM layer_hydration) \
+                     AND id NOT IN (SELECT layer_id FROM layer_hydration WHERE host = ?3) \
                      ORDER BY id = diff_id DESC, created_at, id",
-                params![&diff_id, &own],
+                params![&diff_id, &own, &host],
                 |r| r.get(0),
             )
             .map_err(q("layers by content"))?

@@ -1102,6 +1102,7 @@ impl Daemon {
             return Ok(());
         }
         let size = blob.metadata()?.len();
+        crate::failpoint::hit("hydrate:unpack");
         let work = store.new_tmp("hydrate").map_err(store_err)?;
         let result = self.leased(|lease| {
             let dir = work.join("layer");

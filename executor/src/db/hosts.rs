@@ -102,6 +102,12 @@ impl Db {
         self.host.as_deref()
     }
 
+    /// The key of this host's rows in `layer_hydration` ('' before one
+    /// registers).
+    pub(crate) fn hydration_host(&self) -> &str {
+        self.host.as_deref().unwrap_or("")
+    }
+
     /// Act for host `id` (a second connection of a registered daemon).
     pub fn for_host(mut self, id: &str) -> Db {
         self.host = Some(id.to_string());
@@ -142,6 +148,8 @@ impl Db {
             tx.execute(&format!("UPDATE {table} SET host = ?1 WHERE host IS NULL"), params![claim.id])
                 .map_err(q("claim rows older than hosts"))?;
         }
+        tx.execute("UPDATE layer_hydration SET host = ?1 WHERE host = ''", params![claim.id])
+            .map_err(q("claim rows older than hosts"))?;
         let row = tx
             .query_row(&format!("SELECT {COLUMNS} FROM hosts WHERE id = ?1"), params![claim.id], host_row)
             .map_err(q("host row"))?;
