@@ -183,6 +183,32 @@ fn exec_semantics() {
     let v = exec(&env, &id, json!({"argv": ["no-such-command"]}));
     assert_eq!(v["exit_code"], 127, "{v}");
     assert!(stdout(&json!({"stdout": v["stderr"]})).contains("not found"), "{v}");
+    // The child reports every failure before exec itself (it shares the
+    // shim's memory until then): by path, not executable, bad cwd.
+    let v = exec(&env, &id, json!({"argv": ["/no/such"]}));
+    assert_eq!(
+        (v["exit_code"].as_i64(), v["stderr"].as_str()),
+        (Some(127), Some("strata: exec /no/such: No such file or directory\n"))
+    );
+    sh(&env, &id, "printf 'echo hi' > /tmp/plain; chmod 644 /tmp/plain");
+    let v = exec(&env, &id, json!({"argv": ["/tmp/plain"]}));
+    assert_eq!(
+        (v["exit_code"].as_i64(), v["stderr"].as_str()),
+        (Some(126), Some("strata: exec /tmp/plain: Permission denied\n"))
+    );
+    let v = exec(&env, &id, json!({"argv": ["true"], "cwd": "/no/dir"}));
+    assert_eq!(
+        (v["exit_code"].as_i64(), v["stderr"].as_str()),
+        (Some(126), Some("strata: chdir /no/dir: No such file or directory\n"))
+    );
+    // A long argv and env arrive whole.
+    let long = "x".repeat(60_000);
+    let v = exec(
+        &env,
+        &id,
+        json!({"argv": ["sh", "-c", "echo ${#1} ${#LONG}", "sh", long], "env": [format!("LONG={long}")]}),
+    );
+    assert_eq!(stdout(&v), "60000 60000\n");
     let v = sh(&env, &id, "kill -9 $$");
     assert_eq!((v["exit_code"].as_i64(), v["signal"].as_i64()), (Some(137), Some(9)));
 

@@ -1,7 +1,9 @@
 //! The daemon's end of one shim connection.
 //!
 //! One reader thread per connection delivers each [`ShimEvent`] to the exec
-//! that is waiting for it (by exec id, over an mpsc channel). Sending needs no
+//! that is waiting for it (by exec id, over an mpsc channel). A buffered
+//! exec skips it: its end comes on a status pipe the request thread polls
+//! with the output ([`ShimClient::exec_with_status`]). Sending needs no
 //! lock: on a `SOCK_SEQPACKET` socket each `sendmsg` is one whole message.
 
 use std::collections::HashMap;
@@ -51,6 +53,8 @@ pub struct ShimClient {
     sock: Arc<OwnedFd>,
     pending: Pending,
     alive: Arc<AtomicBool>,
+    /// The shim takes a status fd with an exec ([`ExecSpec::status_fd`]).
+    status_fd: bool,
 }
 
 fn event_id(ev: &ShimEvent) -> u64 {
@@ -98,8 +102,14 @@ pub fn setup(sock: &OwnedFd, spec: &SetupSpec, fds: &[RawFd], timeout: Duration)
 }
 
 impl ShimClient {
-    /// Start dispatching events from an established connection.
+    /// Start dispatching events from a connection to a shim this daemon
+    /// set up (its own build: every feature).
     pub fn start(sock: OwnedFd) -> ShimClient {
+        ShimClient::dispatch(sock, proto::FEATURES)
+    }
+
+    fn dispatch(sock: OwnedFd, features: &[impl AsRef<str>]) -> ShimClient {
+        let status_fd = features.iter().any(|f| f.as_ref() == proto::FEATURE_STATUS_FD);
         let sock = Arc::new(sock);
         let pending: Pending = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
@@ -109,28 +119,46 @@ impl ShimClient {
             .spawn(move || reader(s, p, a))
             .map_err(|e| tracing::error!("spawn shim reader thread: {e}"))
             .ok();
-        ShimClient { sock, pending, alive }
+        ShimClient { sock, pending, alive, status_fd }
     }
 
     /// Re-attach to a live shim after a daemon restart; returns the exec ids it
     /// still runs. A frozen shim (its sandbox is paused, and the shim lives in
     /// the sandbox's cgroup) cannot answer until it is thawed: with
-    /// `frozen`, the connection is queued and the `Hello` answered later.
+    /// `frozen`, the connection is queued and the `Hello` answered later
+    /// (its features unknown meanwhile: none are used).
     pub fn reconnect(path: &Path, timeout: Duration, frozen: bool) -> Result<(ShimClient, Vec<u64>), ShimError> {
         let sock = connect_path(path)?;
         proto::send(&sock, &ShimRequest::Hello, &[])?;
         if frozen {
-            return Ok((ShimClient::start(sock), Vec::new()));
+            return Ok((ShimClient::dispatch(sock, &[] as &[&str]), Vec::new()));
         }
-        let running = match recv_timeout(&sock, timeout)?.event {
-            ShimEvent::Hello { running } => running,
+        let (running, features) = match recv_timeout(&sock, timeout)?.event {
+            ShimEvent::Hello { running, features } => (running, features),
             other => return Err(ShimError::Unexpected(Box::new(other))),
         };
-        Ok((ShimClient::start(sock), running))
+        Ok((ShimClient::dispatch(sock, &features), running))
     }
 
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
+    }
+
+    /// Whether [`ShimClient::exec_with_status`] can be used.
+    pub fn takes_status_fd(&self) -> bool {
+        self.status_fd
+    }
+
+    /// Ask the shim to start a command whose end it writes to `status`
+    /// (the write end of a pipe, sent after the three stdio fds): no event
+    /// about it comes on the connection.
+    pub fn exec_with_status(&self, mut spec: ExecSpec, stdio: [RawFd; 3], status: RawFd) -> Result<(), ShimError> {
+        if !self.is_alive() {
+            return Err(ShimError::Gone);
+        }
+        spec.status_fd = true;
+        proto::send(&*self.sock, &ShimRequest::Exec(spec), &[stdio[0], stdio[1], stdio[2], status])?;
+        Ok(())
     }
 
     /// Ask the shim to start a command. Events about it arrive on the returned

@@ -91,7 +91,24 @@ pub struct ExecSpec {
     pub rows: u16,
     #[serde(default)]
     pub cols: u16,
+    /// Without `tty`: a fourth fd travels after the three stdio fds, the
+    /// write end of a status pipe. The shim sends nothing about this
+    /// command on the connection: it writes the one event that ends it
+    /// ([`ShimEvent::Exited`] or [`ShimEvent::StartFailed`]) to that fd,
+    /// JSON, and closes it. The daemon then polls one fd for output and
+    /// exit alike (no hop through its connection's reader thread).
+    /// Only sent to a shim whose `Hello`/`Ready` said it understands it.
+    #[serde(default)]
+    pub status_fd: bool,
 }
+
+/// What this shim build understands beyond the first protocol; reported
+/// in [`ShimEvent::Hello`] so a daemon newer than a running shim (kept
+/// across a daemon upgrade) asks it only what it can do.
+pub const FEATURES: &[&str] = &[FEATURE_STATUS_FD];
+
+/// [`ExecSpec::status_fd`].
+pub const FEATURE_STATUS_FD: &str = "status-fd";
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub enum ShimRequest {
@@ -148,6 +165,9 @@ pub enum ShimEvent {
     },
     Hello {
         running: Vec<u64>,
+        /// [`FEATURES`] of the shim that answers (none before there were any).
+        #[serde(default)]
+        features: Vec<String>,
     },
 }
 
@@ -182,12 +202,22 @@ pub fn send<T: Serialize>(sock: impl AsFd, msg: &T, fds: &[RawFd]) -> Result<(),
     }
 }
 
+thread_local! {
+    /// Each receiving thread's message buffer, made once: a fresh
+    /// [`MAX_MESSAGE`] buffer per message is an mmap, page faults and an
+    /// munmap on every exec's path. Pages no message reached stay unbacked.
+    static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_MESSAGE]);
+}
+
 /// Receive one message and the fds that came with it (close-on-exec).
 pub fn recv<T: DeserializeOwned>(sock: impl AsFd) -> Result<(T, Vec<OwnedFd>), ProtoError> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+    RECV_BUF.with_borrow_mut(|buf| recv_into(sock, buf))
+}
+
+fn recv_into<T: DeserializeOwned>(sock: impl AsFd, buf: &mut [u8]) -> Result<(T, Vec<OwnedFd>), ProtoError> {
     let mut cmsg_space = nix::cmsg_space!([RawFd; 8]);
     let (len, fds) = loop {
-        let mut iov = [IoSliceMut::new(&mut buf)];
+        let mut iov = [IoSliceMut::new(buf)];
         match recvmsg::<()>(sock.as_fd().as_raw_fd(), &mut iov, Some(&mut cmsg_space), MsgFlags::MSG_CMSG_CLOEXEC) {
             Ok(msg) => {
                 let mut fds = Vec::new();

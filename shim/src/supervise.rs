@@ -7,7 +7,7 @@
 //! the newest one.
 
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
@@ -15,7 +15,7 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::{ForkResult, Pid};
+use nix::unistd::Pid;
 use strata_shim::proto::{self, ExecSpec, ExitStatus, ProtoError, ShimEvent, ShimRequest};
 use strata_shim::sys;
 
@@ -26,6 +26,10 @@ pub enum SuperviseError {
     #[error("poll")]
     Poll(#[source] Errno),
 }
+
+/// Size of [`Supervisor::stack`]: the child makes a few system calls and
+/// execs. Pages it never touches are never backed.
+const CHILD_STACK: usize = 256 * 1024;
 
 pub fn accept(listener: &OwnedFd) -> Result<OwnedFd, Errno> {
     loop {
@@ -44,9 +48,13 @@ struct Conn {
 struct Running {
     id: u64,
     conn: u64,
+    /// [`ExecSpec::status_fd`]: where its exit goes instead of `conn`.
+    status: Option<OwnedFd>,
 }
 
 struct Supervisor {
+    /// The stack each command's child runs on until it execs.
+    stack: Vec<u8>,
     conns: Vec<Conn>,
     next_token: u64,
     running: HashMap<i32, Running>,
@@ -61,7 +69,12 @@ pub fn run(listener: OwnedFd, first: OwnedFd) -> Result<(), SuperviseError> {
     // A daemon that vanished mid-write must not kill PID 1.
     sys::set_sigpipe(false).map_err(SuperviseError::Signals)?;
 
-    let mut sup = Supervisor { conns: vec![Conn { token: 0, fd: first }], next_token: 1, running: HashMap::new() };
+    let mut sup = Supervisor {
+        stack: vec![0; CHILD_STACK],
+        conns: vec![Conn { token: 0, fd: first }],
+        next_token: 1,
+        running: HashMap::new(),
+    };
     loop {
         let mut fds =
             vec![PollFd::new(sfd.as_fd(), PollFlags::POLLIN), PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
@@ -139,7 +152,8 @@ impl Supervisor {
             }
             ShimRequest::Hello => {
                 let running = self.running.values().map(|r| r.id).collect();
-                self.send(token, &ShimEvent::Hello { running }, &[]);
+                let features = proto::FEATURES.iter().map(|f| f.to_string()).collect();
+                self.send(token, &ShimEvent::Hello { running, features }, &[]);
             }
             ShimRequest::Setup(_) => {
                 self.send(token, &ShimEvent::StartFailed { id: 0, message: "already set up".into() }, &[]);
@@ -147,15 +161,22 @@ impl Supervisor {
         }
     }
 
-    fn exec(&mut self, token: u64, spec: ExecSpec, fds: Vec<OwnedFd>) {
+    fn exec(&mut self, token: u64, spec: ExecSpec, mut fds: Vec<OwnedFd>) {
         let id = spec.id;
-        match start(&spec, fds) {
+        let status = if spec.status_fd && !spec.tty && fds.len() == 4 { fds.pop() } else { None };
+        match start(&spec, fds, &mut self.stack) {
             Ok((pid, master)) => {
-                self.running.insert(pid, Running { id, conn: token });
-                let raw: Vec<RawFd> = master.iter().map(|m| m.as_raw_fd()).collect();
-                self.send(token, &ShimEvent::Started { id, pid }, &raw);
+                let quiet = status.is_some();
+                self.running.insert(pid, Running { id, conn: token, status });
+                if !quiet {
+                    let raw: Vec<RawFd> = master.iter().map(|m| m.as_raw_fd()).collect();
+                    self.send(token, &ShimEvent::Started { id, pid }, &raw);
+                }
             }
-            Err(message) => self.send(token, &ShimEvent::StartFailed { id, message }, &[]),
+            Err(message) => match status {
+                Some(fd) => write_status(fd, ShimEvent::StartFailed { id, message }),
+                None => self.send(token, &ShimEvent::StartFailed { id, message }, &[]),
+            },
         }
     }
 
@@ -169,77 +190,138 @@ impl Supervisor {
                 Ok(_) => continue,
             };
             if let Some(r) = self.running.remove(&pid.as_raw()) {
-                self.send(r.conn, &ShimEvent::Exited { id: r.id, status }, &[]);
+                let ev = ShimEvent::Exited { id: r.id, status };
+                match r.status {
+                    Some(fd) => write_status(fd, ev),
+                    None => self.send(r.conn, &ev, &[]),
+                }
             }
         }
     }
 }
 
-/// Fork and exec one command. Returns its pid and, with a tty, the pty master.
-fn start(spec: &ExecSpec, fds: Vec<OwnedFd>) -> Result<(i32, Option<OwnedFd>), String> {
+/// Write the event that ends a command to its status fd, and close it. One
+/// write below PIPE_BUF to the empty pipe never blocks PID 1 and is
+/// atomic (a longer error message is cut); a reader that is gone (EPIPE:
+/// SIGPIPE is ignored here) was not waiting for it.
+fn write_status(fd: OwnedFd, mut ev: ShimEvent) {
+    if let ShimEvent::StartFailed { message, .. } = &mut ev {
+        if message.len() > 1024 {
+            let mut cut = 1024;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+    }
+    if let Ok(buf) = serde_json::to_vec(&ev) {
+        let _ = nix::unistd::write(&fd, &buf);
+    }
+}
+
+/// Start one command (see [`sys::spawn_vfork`]). Returns its pid and,
+/// with a tty, the pty master. Everything the child needs is prepared
+/// here, before the clone: argv and env, the cwd, and every path its
+/// `execve` may try (the exec's own PATH searched, as execvpe would).
+fn start(spec: &ExecSpec, fds: Vec<OwnedFd>, stack: &mut [u8]) -> Result<(i32, Option<OwnedFd>), String> {
     if spec.argv.is_empty() {
         return Err("empty argv".into());
     }
-    let cstrings = |v: &[String]| -> Result<Vec<CString>, String> {
-        v.iter().map(|s| CString::new(s.as_str()).map_err(|_| format!("{s:?} contains a NUL byte"))).collect()
+    let cstring = |s: &str| CString::new(s).map_err(|_| format!("{s:?} contains a NUL byte"));
+    let cstrings = |v: &[String]| -> Result<Vec<CString>, String> { v.iter().map(|s| cstring(s)).collect() };
+    let args = sys::ExecArgs::new(cstrings(&spec.argv)?, cstrings(&spec.env)?);
+    let cwd = cstring(&spec.cwd)?;
+    let name = spec.argv[0].as_str();
+    let candidates: Vec<CString> = if name.contains('/') {
+        vec![cstring(name)?]
+    } else {
+        let path = spec
+            .env
+            .iter()
+            .find_map(|e| e.strip_prefix("PATH="))
+            .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+        path.split(':').filter(|d| !d.is_empty()).filter_map(|d| CString::new(format!("{d}/{name}")).ok()).collect()
     };
-    let argv = cstrings(&spec.argv)?;
-    let env = cstrings(&spec.env)?;
-    let (master, slave_path) = if spec.tty {
+    let (master, slave) = if spec.tty {
         if !fds.is_empty() {
             return Err("a tty exec takes no fds".into());
         }
         let (m, p) = sys::open_pty().map_err(|e| format!("allocate pty: {e}"))?;
-        // Before the fork, so the command's first TIOCGWINSZ sees it.
+        // Before the clone, so the command's first TIOCGWINSZ sees it.
         if spec.rows > 0 && spec.cols > 0 {
             sys::set_window_size(m.as_fd(), spec.rows, spec.cols).map_err(|e| format!("set window size: {e}"))?;
         }
-        (Some(m), Some(p))
+        (Some(m), Some(cstring(&p)?))
     } else {
         if fds.len() != 3 {
             return Err(format!("expected 3 stdio fds, got {}", fds.len()));
         }
         (None, None)
     };
-    match sys::fork_single_threaded().map_err(|e| format!("fork: {e}"))? {
-        ForkResult::Parent { child } => Ok((child.as_raw(), master)),
-        ForkResult::Child => {
-            drop(master);
-            let code = child(spec, &argv, &env, &fds, slave_path.as_deref());
-            sys::exit_now(code)
-        }
-    }
+    let stdio: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let plan = Plan {
+        args: &args,
+        cwd: &cwd,
+        name: name.as_bytes(),
+        candidates: &candidates,
+        search: !name.contains('/'),
+        uid: spec.uid,
+        gid: spec.gid,
+    };
+    let pid =
+        sys::spawn_vfork(stack, &mut || child(&plan, &stdio, slave.as_deref())).map_err(|e| format!("clone: {e}"))?;
+    Ok((pid, master))
 }
 
-/// The forked child: becomes its own session and process-group leader, wires
+/// What [`child`] runs, prepared by [`start`].
+struct Plan<'a> {
+    args: &'a sys::ExecArgs,
+    cwd: &'a CStr,
+    /// argv[0], for messages.
+    name: &'a [u8],
+    /// The paths to execve, in order.
+    candidates: &'a [CString],
+    /// `candidates` come from a PATH search (argv[0] has no slash).
+    search: bool,
+    uid: u32,
+    gid: u32,
+}
+
+/// Write `strata: PARTS...: ERROR` to stderr without allocating (the
+/// child shares the shim's heap) and return `code`.
+fn fail(parts: &[&[u8]], e: Errno, code: i32) -> i32 {
+    let stderr = std::io::stderr();
+    for p in [b"strata: ".as_slice()].iter().chain(parts).chain(&[b": ".as_slice(), e.desc().as_bytes(), b"\n"]) {
+        let _ = nix::unistd::write(&stderr, p);
+    }
+    code
+}
+
+/// The child: becomes its own session and process-group leader, wires
 /// stdio, drops to the requested user and execs. Returns only on failure,
-/// with the exit code the shell would use (126 cannot run, 127 not found).
-fn child(spec: &ExecSpec, argv: &[CString], env: &[CString], fds: &[OwnedFd], slave: Option<&str>) -> i32 {
-    let fail = |what: &str, e: Errno, code: i32| -> i32 {
-        let msg = format!("strata: {what}: {}\n", e.desc());
-        let _ = nix::unistd::write(std::io::stderr(), msg.as_bytes());
-        code
-    };
+/// with the exit code the shell would use (126 cannot run, 127 not
+/// found). It shares the shim's memory: system calls only, no allocation.
+fn child(plan: &Plan<'_>, stdio: &[RawFd], slave: Option<&CStr>) -> i32 {
     if let Err(e) = nix::unistd::setsid() {
-        return fail("setsid", e, 126);
+        return fail(&[b"setsid"], e, 126);
     }
     if let Some(path) = slave {
         let fd = match nix::fcntl::open(path, nix::fcntl::OFlag::O_RDWR, nix::sys::stat::Mode::empty()) {
             Ok(fd) => fd,
-            Err(e) => return fail("open pty slave", e, 126),
+            Err(e) => return fail(&[b"open pty slave"], e, 126),
         };
         if let Err(e) = sys::set_controlling_tty(fd) {
-            return fail("set controlling tty", e, 126);
+            return fail(&[b"set controlling tty"], e, 126);
         }
         for target in 0..3 {
             if let Err(e) = nix::unistd::dup2(fd, target) {
-                return fail("dup2 tty", e, 126);
+                return fail(&[b"dup2 tty"], e, 126);
             }
         }
     } else {
-        for (target, fd) in fds.iter().enumerate() {
-            if let Err(e) = nix::unistd::dup2(fd.as_raw_fd(), target as RawFd) {
-                return fail("dup2 stdio", e, 126);
+        for (target, fd) in stdio.iter().enumerate() {
+            if let Err(e) = nix::unistd::dup2(*fd, target as RawFd) {
+                return fail(&[b"dup2 stdio"], e, 126);
             }
         }
     }
@@ -249,51 +331,33 @@ fn child(spec: &ExecSpec, argv: &[CString], env: &[CString], fds: &[OwnedFd], sl
     let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
     let _ = sys::set_sigpipe(true);
 
-    if let Err(e) = nix::unistd::chdir(spec.cwd.as_str()) {
-        return fail(&format!("chdir {}", spec.cwd), e, 126);
+    if let Err(e) = nix::unistd::chdir(plan.cwd) {
+        return fail(&[b"chdir ", plan.cwd.to_bytes()], e, 126);
     }
-    let gid = nix::unistd::Gid::from_raw(spec.gid);
-    let uid = nix::unistd::Uid::from_raw(spec.uid);
+    let gid = nix::unistd::Gid::from_raw(plan.gid);
+    let uid = nix::unistd::Uid::from_raw(plan.uid);
     if let Err(e) = nix::unistd::setgroups(&[gid]) {
-        return fail("setgroups", e, 126);
+        return fail(&[b"setgroups"], e, 126);
     }
     if let Err(e) = nix::unistd::setgid(gid) {
-        return fail("setgid", e, 126);
+        return fail(&[b"setgid"], e, 126);
     }
     if let Err(e) = nix::unistd::setuid(uid) {
-        return fail("setuid", e, 126);
+        return fail(&[b"setuid"], e, 126);
     }
-    exec_path(argv, env, fail)
-}
-
-/// execve `argv[0]`, searching the exec's own PATH (not the shim's) when it
-/// has no slash, as execvpe would.
-fn exec_path(argv: &[CString], env: &[CString], fail: impl Fn(&str, Errno, i32) -> i32) -> i32 {
-    let prog = argv[0].to_bytes();
-    let name = String::from_utf8_lossy(prog).into_owned();
-    if prog.contains(&b'/') {
-        let e = nix::unistd::execve(&argv[0], argv, env).unwrap_err();
-        return fail(&format!("exec {name}"), e, if e == Errno::ENOENT { 127 } else { 126 });
-    }
-    let path = env
-        .iter()
-        .find_map(|e| e.to_bytes().strip_prefix(b"PATH="))
-        .map(|p| String::from_utf8_lossy(p).into_owned())
-        .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
     let mut last = Errno::ENOENT;
-    for dir in path.split(':').filter(|d| !d.is_empty()) {
-        let Ok(full) = CString::new(format!("{dir}/{name}")) else { continue };
-        let e = nix::unistd::execve(&full, argv, env).unwrap_err();
-        match e {
-            Errno::ENOENT | Errno::ENOTDIR => {}
-            Errno::EACCES => last = e,
-            other => return fail(&format!("exec {name}"), other, 126),
+    for path in plan.candidates {
+        match plan.args.execve(path) {
+            Errno::ENOENT | Errno::ENOTDIR if plan.search => {}
+            Errno::EACCES if plan.search => last = Errno::EACCES,
+            e => return fail(&[b"exec ", plan.name], e, if e == Errno::ENOENT { 127 } else { 126 }),
         }
     }
     if last == Errno::EACCES {
-        return fail(&format!("exec {name}"), last, 126);
+        return fail(&[b"exec ", plan.name], last, 126);
     }
-    let msg = format!("strata: exec {name}: executable file not found in $PATH\n");
-    let _ = nix::unistd::write(std::io::stderr(), msg.as_bytes());
+    let _ = nix::unistd::write(std::io::stderr(), b"strata: exec ");
+    let _ = nix::unistd::write(std::io::stderr(), plan.name);
+    let _ = nix::unistd::write(std::io::stderr(), b": executable file not found in $PATH\n");
     127
 }

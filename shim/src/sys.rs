@@ -664,12 +664,53 @@ pub fn inherited_listener() -> Result<OwnedFd, Errno> {
     Ok(fd)
 }
 
-/// `fork(2)`. Only for the shim, which is single-threaded, so the child may
-/// do anything (allocate, format errors) before it execs.
-pub fn fork_single_threaded() -> Result<nix::unistd::ForkResult, Errno> {
-    // SAFETY: the caller is single-threaded (the shim never spawns threads),
-    // so the child inherits no locks held by other threads.
-    unsafe { nix::unistd::fork() }
+/// Start `child` as a new process the way `posix_spawn` does: `clone`
+/// with `CLONE_VM | CLONE_VFORK` on `stack`. The child shares the caller's
+/// memory until it execs or exits, and the caller sleeps meanwhile: no
+/// page tables are copied and no copy-on-write faults follow, which is
+/// most of what a `fork` of the shim cost on an exec's path. `child` must
+/// not allocate or free (it would do so in the caller's heap), must not
+/// return except with an exit code, and must fit in `stack`.
+pub fn spawn_vfork(stack: &mut [u8], child: &mut dyn FnMut() -> i32) -> Result<i32, Errno> {
+    use nix::sched::CloneFlags;
+    let cb = Box::new(|| child() as isize);
+    // SAFETY: the shim is single-threaded, so no other thread can hold a
+    // lock the child needs or touch memory it shares meanwhile; the caller
+    // sleeps until the child execs or exits (CLONE_VFORK), so `stack`,
+    // `child` and what it borrows outlive every use. The callers' children
+    // only make system calls on data prepared before the clone and leave
+    // by execve or _exit (nix's trampoline returns `child`'s value, which
+    // becomes the exit code).
+    let pid =
+        unsafe { nix::sched::clone(cb, stack, CloneFlags::CLONE_VM | CloneFlags::CLONE_VFORK, Some(libc::SIGCHLD)) }?;
+    Ok(pid.as_raw())
+}
+
+/// `argv` and `envp` for `execve`, built before a [`spawn_vfork`] child
+/// runs (`nix::unistd::execve` builds these arrays on each call, in the
+/// heap the child must not touch).
+pub struct ExecArgs {
+    _strings: Vec<CString>,
+    argv: Vec<*const libc::c_char>,
+    envp: Vec<*const libc::c_char>,
+}
+
+impl ExecArgs {
+    pub fn new(argv: Vec<CString>, env: Vec<CString>) -> ExecArgs {
+        let ptrs = |v: &[CString]| v.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+        let (argv_p, envp) = (ptrs(&argv), ptrs(&env));
+        // The pointers point into each CString's own heap buffer, which
+        // does not move when the CStrings move into `_strings`.
+        ExecArgs { _strings: argv.into_iter().chain(env).collect(), argv: argv_p, envp }
+    }
+
+    /// `execve(path)` with these arguments; returns only on failure.
+    pub fn execve(&self, path: &CStr) -> Errno {
+        // SAFETY: `argv` and `envp` are NULL-terminated arrays of pointers
+        // to NUL-terminated strings owned by `self`, alive for the call.
+        unsafe { libc::execve(path.as_ptr(), self.argv.as_ptr(), self.envp.as_ptr()) };
+        Errno::last()
+    }
 }
 
 /// `accept4(SOCK_CLOEXEC)` returning an owned fd.

@@ -69,6 +69,15 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
         .map_err(|e| SandboxError::Io { step: "create pipe", source: e.into() })
 }
 
+/// Three fresh pipes: the command's ends (stdin's read end, stdout's and
+/// stderr's write ends) and ours.
+fn stdio_pipes() -> Result<([OwnedFd; 3], [OwnedFd; 3]), SandboxError> {
+    let (in_r, in_w) = pipe()?;
+    let (out_r, out_w) = pipe()?;
+    let (err_r, err_w) = pipe()?;
+    Ok(([in_r, out_w, err_w], [in_w, out_r, err_r]))
+}
+
 /// Our ends of a started command's stdio, and its event channel.
 struct Piped {
     rx: Receiver<Delivery>,
@@ -101,6 +110,14 @@ pub struct SpawnedOutput {
 struct Finished {
     status: ExitStatus,
     timed_out: bool,
+}
+
+/// Where the pump learns that a command ended.
+enum Events {
+    /// Events the connection's reader thread routes to this exec.
+    Channel(Receiver<Delivery>),
+    /// The read end of the exec's status pipe ([`ExecSpec::status_fd`]).
+    Status(std::fs::File),
 }
 
 impl Sandbox {
@@ -145,6 +162,7 @@ impl Sandbox {
             tty: req.tty,
             rows: req.size.0,
             cols: req.size.1,
+            status_fd: false,
         };
         // Refused here, with the limit, rather than by sendmsg (EMSGSIZE, a 500).
         let n = serde_json::to_vec(&spec).map_or(usize::MAX, |b| b.len());
@@ -160,14 +178,25 @@ impl Sandbox {
     /// Ask the shim to start `spec` with three fresh pipes as its stdio; we
     /// keep the other ends.
     fn start_piped(&self, spec: ExecSpec) -> Result<Piped, SandboxError> {
-        let (in_r, stdin) = pipe()?;
-        let (stdout, out_w) = pipe()?;
-        let (stderr, err_w) = pipe()?;
-        let rx = self
-            .shim
-            .exec(spec, &[in_r.as_raw_fd(), out_w.as_raw_fd(), err_w.as_raw_fd()])
-            .map_err(SandboxError::Exec)?;
+        let (theirs, [stdin, stdout, stderr]) = stdio_pipes()?;
+        let rx = self.shim.exec(spec, &theirs.each_ref().map(|f| f.as_raw_fd())).map_err(SandboxError::Exec)?;
         Ok(Piped { rx, stdin, stdout, stderr })
+    }
+
+    /// [`Sandbox::start_piped`] for a buffered exec: its end comes on a
+    /// status pipe when the shim takes one. Returns the events and our
+    /// ends of stdin, stdout and stderr.
+    fn start_buffered(&self, spec: ExecSpec) -> Result<(Events, [OwnedFd; 3]), SandboxError> {
+        if !self.shim.takes_status_fd() {
+            let Piped { rx, stdin, stdout, stderr } = self.start_piped(spec)?;
+            return Ok((Events::Channel(rx), [stdin, stdout, stderr]));
+        }
+        let (theirs, ours) = stdio_pipes()?;
+        let (status, status_w) = pipe()?;
+        self.shim
+            .exec_with_status(spec, theirs.each_ref().map(|f| f.as_raw_fd()), status_w.as_raw_fd())
+            .map_err(SandboxError::Exec)?;
+        Ok((Events::Status(std::fs::File::from(status)), ours))
     }
 
     /// Wait for the shim to confirm the fork; returns the command's pid in
@@ -194,7 +223,7 @@ impl Sandbox {
         let id = spec.id;
         let start = Instant::now();
         let started_at = std::time::SystemTime::now();
-        let Piped { rx, stdin: in_w, stdout: out_r, stderr: err_r } = self.start_piped(spec)?;
+        let (events, [in_w, out_r, err_r]) = self.start_buffered(spec)?;
         // No wait for `Started`: the pump sees output, exit or StartFailed.
         if !stdin.is_empty() {
             let mut w = std::fs::File::from(in_w);
@@ -208,7 +237,7 @@ impl Sandbox {
         let mut kept = crate::model::KeptOutput::default();
         let fin = self.pump(
             id,
-            &rx,
+            events,
             vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)],
             req.timeout,
             &mut |kind, data| {
@@ -286,7 +315,7 @@ impl Sandbox {
         timeout: Option<Duration>,
         sink: &mut dyn FnMut(FrameKind, &[u8]) -> bool,
     ) -> Result<(ExitStatus, bool), SandboxError> {
-        let fin = self.pump(output.id, &output.rx, output.outputs, timeout, sink)?;
+        let fin = self.pump(output.id, Events::Channel(output.rx), output.outputs, timeout, sink)?;
         Ok((fin.status, fin.timed_out))
     }
 
@@ -343,7 +372,7 @@ impl Sandbox {
         });
         let mut output_bytes = 0u64;
         let mut kept = crate::model::KeptOutput::default();
-        let fin = self.pump(id, &rx, outputs, req.timeout, &mut |kind, data| {
+        let fin = self.pump(id, Events::Channel(rx), outputs, req.timeout, &mut |kind, data| {
             output_bytes += data.len() as u64;
             kept.keep(req.keep_output, kind == FrameKind::Stdout, data);
             stream::write_frame(&mut writer, kind, data).is_ok()
@@ -371,13 +400,19 @@ impl Sandbox {
     fn pump(
         &self,
         id: u64,
-        rx: &Receiver<Delivery>,
+        events: Events,
         outputs: Vec<(OwnedFd, FrameKind)>,
         timeout: Option<Duration>,
         sink: &mut dyn FnMut(FrameKind, &[u8]) -> bool,
     ) -> Result<Finished, SandboxError> {
         let mut open: Vec<(std::fs::File, FrameKind)> =
             outputs.into_iter().map(|(fd, k)| (std::fs::File::from(fd), k)).collect();
+        // A status pipe is polled with the outputs until its one event came.
+        let (rx, mut status_pipe) = match events {
+            Events::Channel(rx) => (Some(rx), None),
+            Events::Status(f) => (None, Some(f)),
+        };
+        let mut status_bytes = Vec::new();
         let mut deadline = timeout.map(|t| Instant::now() + t);
         let mut timed_out = false;
         let mut status: Option<ExitStatus> = None;
@@ -385,15 +420,15 @@ impl Sandbox {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             // Collect exit events without blocking.
-            match rx.try_recv() {
-                Ok(Delivery { event: ShimEvent::Exited { status: s, .. }, .. }) => status = Some(s),
-                Ok(Delivery { event: ShimEvent::StartFailed { message, .. }, .. }) => {
+            match rx.as_ref().map(|rx| rx.try_recv()) {
+                Some(Ok(Delivery { event: ShimEvent::Exited { status: s, .. }, .. })) => status = Some(s),
+                Some(Ok(Delivery { event: ShimEvent::StartFailed { message, .. }, .. })) => {
                     return Err(SandboxError::BadExec(message))
                 }
-                Ok(_) => {}
-                Err(TryRecvError::Empty) => {}
-                Err(TryRecvError::Disconnected) if status.is_none() => return Err(SandboxError::Dead(self.id.clone())),
-                Err(TryRecvError::Disconnected) => {}
+                Some(Err(TryRecvError::Disconnected)) if status.is_none() => {
+                    return Err(SandboxError::Dead(self.id.clone()))
+                }
+                _ => {}
             }
             if let Some(d) = deadline {
                 if Instant::now() >= d {
@@ -402,10 +437,11 @@ impl Sandbox {
                     let _ = self.shim.signal(id, libc::SIGKILL, true);
                 }
             }
-            if open.is_empty() {
+            if open.is_empty() && status_pipe.is_none() {
                 if let Some(s) = status {
                     return Ok(Finished { status: s, timed_out });
                 }
+                let Some(rx) = rx.as_ref() else { return Err(SandboxError::Dead(self.id.clone())) };
                 let wait =
                     deadline.map(|d| d.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(3600));
                 match rx.recv_timeout(wait) {
@@ -425,8 +461,12 @@ impl Sandbox {
                 left.clamp(1, 100) as u16
             };
             let ready: Vec<bool> = {
-                let mut pfds: Vec<PollFd> =
-                    open.iter().map(|(f, _)| PollFd::new(f.as_fd(), PollFlags::POLLIN)).collect();
+                let mut pfds: Vec<PollFd> = open
+                    .iter()
+                    .map(|(f, _)| f)
+                    .chain(status_pipe.as_ref())
+                    .map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN))
+                    .collect();
                 match poll(&mut pfds, PollTimeout::from(wait_ms)) {
                     Ok(0) => {
                         if let Some(s) = status {
@@ -442,8 +482,26 @@ impl Sandbox {
                 }
                 pfds.iter().map(|p| p.revents().is_some_and(|r| !r.is_empty())).collect()
             };
+            if ready.get(open.len()) == Some(&true) {
+                if let Some(f) = status_pipe.as_mut() {
+                    match f.read(&mut buf) {
+                        Ok(n) if n > 0 => status_bytes.extend_from_slice(&buf[..n]),
+                        // EOF: the shim wrote its one event (or died).
+                        _ => {
+                            status_pipe = None;
+                            match serde_json::from_slice::<ShimEvent>(&status_bytes) {
+                                Ok(ShimEvent::Exited { status: s, .. }) => status = Some(s),
+                                Ok(ShimEvent::StartFailed { message, .. }) => {
+                                    return Err(SandboxError::BadExec(message))
+                                }
+                                _ => return Err(SandboxError::Dead(self.id.clone())),
+                            }
+                        }
+                    }
+                }
+            }
             let mut closed = Vec::new();
-            for (i, is_ready) in ready.into_iter().enumerate() {
+            for (i, is_ready) in ready.into_iter().take(open.len()).enumerate() {
                 if !is_ready {
                     continue;
                 }

@@ -1,7 +1,7 @@
 //! The shim binary every sandbox runs, out of the sandbox's reach (issue
 //! 17, the class of runc's CVE-2019-5736).
 //!
-//! Between the exec child's fork and its `execve`, and in the shim itself,
+//! Between the exec child's clone and its `execve`, and in the shim itself,
 //! `/proc/self/exe` is the shim's file. A sandbox whose command resolves to
 //! `/proc/self/exe` (a symlink to it, or a `#!/proc/self/exe` script) gets
 //! that file executed inside, where its dynamic loader reads the sandbox's
