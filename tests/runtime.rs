@@ -179,7 +179,8 @@ fn exec_semantics() {
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox", "env": ["FROM_CREATE=1"]}));
 
-    assert_eq!(sh(&env, &id, "exit 3")["exit_code"], 3);
+    let v = sh(&env, &id, "exit 3");
+    assert_eq!(v["exit_code"], 3, "{v}");
     let v = exec(&env, &id, json!({"argv": ["no-such-command"]}));
     assert_eq!(v["exit_code"], 127, "{v}");
     assert!(stdout(&json!({"stdout": v["stderr"]})).contains("not found"), "{v}");

@@ -1170,3 +1170,41 @@ fn a_checkpoint_stops_when_its_sandbox_is_removed() {
     assert_eq!(tmp_entries_settle(&env, &[], 10), Vec::<String>::new());
     env.finish();
 }
+
+/// Code in a sandbox may stop any process of it, also a command's child
+/// between its clone and its execve, while the shim (PID 1) sleeps until
+/// that child execs (CLONE_VFORK). The child's own deadline kills it: PID
+/// 1 wakes, that exec ends (SIGKILL), and timeouts and execs work again.
+#[test]
+fn a_command_stopped_before_it_execs_cannot_hold_the_shim() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let path = format!("/v1/sandboxes/{id}/exec");
+    // Stop everything it may, without end, until its timeout.
+    let stopper = {
+        let (mut c, path) = (env.client(), path.clone());
+        let body = json!({"argv": ["sh", "-c", "while :; do kill -STOP -1; done"], "timeout": 12});
+        std::thread::spawn(move || c.call::<Value>("POST", &path, Some(&body)).unwrap())
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // 5000 directories that do not exist on the PATH: 5000 failed execve
+    // calls before `true`, a window the stopper does not miss.
+    let dirs: Vec<String> = (0..5000).map(|i| format!("/n{i}")).collect();
+    let body = json!({"argv": ["true"], "env": [format!("PATH={}:/bin", dirs.join(":"))], "timeout": 30});
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut c = env.client();
+    let t = Instant::now();
+    std::thread::spawn(move || tx.send(c.call::<Value>("POST", &path, Some(&body))));
+    let v = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the exec never ended: PID 1 sleeps behind its stopped child")
+        .unwrap();
+    let took = t.elapsed();
+    assert_eq!(v["signal"].as_i64(), Some(9), "{v}");
+    assert!(took >= Duration::from_secs(4) && took < Duration::from_secs(10), "{took:?}");
+    let s = stopper.join().unwrap();
+    assert!(s["timed_out"].as_bool().unwrap(), "{s}");
+    assert_eq!(stdout(&sh(&env, &id, "echo alive")), "alive\n");
+    env.finish();
+}

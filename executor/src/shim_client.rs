@@ -60,7 +60,9 @@ pub struct ShimClient {
 fn event_id(ev: &ShimEvent) -> u64 {
     match ev {
         ShimEvent::Started { id, .. } | ShimEvent::StartFailed { id, .. } | ShimEvent::Exited { id, .. } => *id,
-        ShimEvent::Ready | ShimEvent::SetupFailed { .. } | ShimEvent::Hello { .. } => CONTROL_ID,
+        ShimEvent::Ready | ShimEvent::ReadyWith { .. } | ShimEvent::SetupFailed { .. } | ShimEvent::Hello { .. } => {
+            CONTROL_ID
+        }
     }
 }
 
@@ -89,26 +91,23 @@ fn recv_timeout(sock: &OwnedFd, timeout: Duration) -> Result<Delivery, ShimError
     Ok(Delivery { event, fds })
 }
 
-/// Send the setup spec and wait for the shim to report the sandbox ready.
 /// Hand the shim its spec, with `fds` (the root mount of a sandbox in a user
-/// namespace), and wait for it to be set up.
-pub fn setup(sock: &OwnedFd, spec: &SetupSpec, fds: &[RawFd], timeout: Duration) -> Result<(), ShimError> {
+/// namespace), and wait for it to be set up. Returns the shim's features
+/// (for [`ShimClient::start`]).
+pub fn setup(sock: &OwnedFd, spec: &SetupSpec, fds: &[RawFd], timeout: Duration) -> Result<Vec<String>, ShimError> {
     proto::send(sock, &ShimRequest::Setup(spec.clone()), fds)?;
     match recv_timeout(sock, timeout)?.event {
-        ShimEvent::Ready => Ok(()),
+        ShimEvent::Ready => Ok(Vec::new()),
+        ShimEvent::ReadyWith { features } => Ok(features),
         ShimEvent::SetupFailed { chain } => Err(ShimError::SetupFailed(chain)),
         other => Err(ShimError::Unexpected(Box::new(other))),
     }
 }
 
 impl ShimClient {
-    /// Start dispatching events from a connection to a shim this daemon
-    /// set up (its own build: every feature).
-    pub fn start(sock: OwnedFd) -> ShimClient {
-        ShimClient::dispatch(sock, proto::FEATURES)
-    }
-
-    fn dispatch(sock: OwnedFd, features: &[impl AsRef<str>]) -> ShimClient {
+    /// Start dispatching events from an established connection to a shim
+    /// that can do `features` (what [`setup`] returned, or its `Hello`).
+    pub fn start(sock: OwnedFd, features: &[impl AsRef<str>]) -> ShimClient {
         let status_fd = features.iter().any(|f| f.as_ref() == proto::FEATURE_STATUS_FD);
         let sock = Arc::new(sock);
         let pending: Pending = Arc::default();
@@ -131,13 +130,13 @@ impl ShimClient {
         let sock = connect_path(path)?;
         proto::send(&sock, &ShimRequest::Hello, &[])?;
         if frozen {
-            return Ok((ShimClient::dispatch(sock, &[] as &[&str]), Vec::new()));
+            return Ok((ShimClient::start(sock, &[] as &[&str]), Vec::new()));
         }
         let (running, features) = match recv_timeout(&sock, timeout)?.event {
             ShimEvent::Hello { running, features } => (running, features),
             other => return Err(ShimError::Unexpected(Box::new(other))),
         };
-        Ok((ShimClient::dispatch(sock, &features), running))
+        Ok((ShimClient::start(sock, &features), running))
     }
 
     pub fn is_alive(&self) -> bool {

@@ -92,7 +92,8 @@ fn main() -> ExitCode {
         let _ = proto::send(&conn, &ShimEvent::SetupFailed { chain }, &[]);
         return ShimExit::Setup.into();
     }
-    if let Err(e) = proto::send(&conn, &ShimEvent::Ready, &[]) {
+    let features = proto::FEATURES.iter().map(|f| f.to_string()).collect();
+    if let Err(e) = proto::send(&conn, &ShimEvent::ReadyWith { features }, &[]) {
         eprintln!("strata-shim: report ready: {e}");
     }
     match supervise::run(listener, conn) {

@@ -97,14 +97,16 @@ pub struct ExecSpec {
     /// ([`ShimEvent::Exited`] or [`ShimEvent::StartFailed`]) to that fd,
     /// JSON, and closes it. The daemon then polls one fd for output and
     /// exit alike (no hop through its connection's reader thread).
-    /// Only sent to a shim whose `Hello`/`Ready` said it understands it.
+    /// Only sent to a shim that listed [`FEATURE_STATUS_FD`] (in
+    /// [`ShimEvent::ReadyWith`] or [`ShimEvent::Hello`]).
     #[serde(default)]
     pub status_fd: bool,
 }
 
 /// What this shim build understands beyond the first protocol; reported
-/// in [`ShimEvent::Hello`] so a daemon newer than a running shim (kept
-/// across a daemon upgrade) asks it only what it can do.
+/// in [`ShimEvent::ReadyWith`] and [`ShimEvent::Hello`], so a daemon newer
+/// than its shim (an older `--shim` file, or a shim kept running across a
+/// daemon upgrade) asks it only what it can do.
 pub const FEATURES: &[&str] = &[FEATURE_STATUS_FD];
 
 /// [`ExecSpec::status_fd`].
@@ -142,13 +144,18 @@ impl ExitStatus {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub enum ShimEvent {
-    /// Setup finished; the sandbox is ready for commands.
+    /// Setup finished; the sandbox is ready for commands (a shim from
+    /// before [`FEATURES`]).
     Ready,
+    /// Setup finished, and the shim can do these [`FEATURES`].
+    ReadyWith {
+        features: Vec<String>,
+    },
     /// Setup failed; the error chain, outermost first. The shim exits next.
     SetupFailed {
         chain: Vec<String>,
     },
-    /// The command was forked (`pid` in the sandbox's PID namespace). With a
+    /// The command was started (`pid` in the sandbox's PID namespace). With a
     /// tty, the pty master travels with this message.
     Started {
         id: u64,

@@ -31,6 +31,10 @@ pub enum SuperviseError {
 /// execs. Pages it never touches are never backed.
 const CHILD_STACK: usize = 256 * 1024;
 
+/// A command's child not exec'd this long after its clone is killed; the
+/// shim waits for it until then ([`sys::spawn_shared`]).
+const EXEC_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub fn accept(listener: &OwnedFd) -> Result<OwnedFd, Errno> {
     loop {
         match sys::accept(listener.as_fd()) {
@@ -219,7 +223,7 @@ fn write_status(fd: OwnedFd, mut ev: ShimEvent) {
     }
 }
 
-/// Start one command (see [`sys::spawn_vfork`]). Returns its pid and,
+/// Start one command (see [`sys::spawn_shared`]). Returns its pid and,
 /// with a tty, the pty master. Everything the child needs is prepared
 /// here, before the clone: argv and env, the cwd, and every path its
 /// `execve` may try (the exec's own PATH searched, as execvpe would).
@@ -268,9 +272,14 @@ fn start(spec: &ExecSpec, fds: Vec<OwnedFd>, stack: &mut [u8]) -> Result<(i32, O
         uid: spec.uid,
         gid: spec.gid,
     };
-    let pid =
-        sys::spawn_vfork(stack, &mut || child(&plan, &stdio, slave.as_deref())).map_err(|e| format!("clone: {e}"))?;
-    Ok((pid, master))
+    let pid = sys::spawn_shared(stack, &mut || child(&plan, &stdio, slave.as_deref()), EXEC_DEADLINE)
+        .map_err(|e| format!("clone: {e}"));
+    // The child shared this memory and may have changed its dumpability
+    // (see `child`); whatever happened, PID 1 stays closed to ptrace.
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("strata-shim: PR_SET_DUMPABLE: {e}");
+    }
+    Ok((pid?, master))
 }
 
 /// What [`child`] runs, prepared by [`start`].
@@ -325,7 +334,7 @@ fn child(plan: &Plan<'_>, stdio: &[RawFd], slave: Option<&CStr>) -> i32 {
             }
         }
     }
-    sys::close_from(3);
+    sys::cloexec_from(3);
     // Undo what PID 1 changed for itself: the blocked SIGCHLD and the ignored
     // SIGPIPE would otherwise be inherited across exec.
     let _ = nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None);
@@ -334,17 +343,13 @@ fn child(plan: &Plan<'_>, stdio: &[RawFd], slave: Option<&CStr>) -> i32 {
     if let Err(e) = nix::unistd::chdir(plan.cwd) {
         return fail(&[b"chdir ", plan.cwd.to_bytes()], e, 126);
     }
-    let gid = nix::unistd::Gid::from_raw(plan.gid);
-    let uid = nix::unistd::Uid::from_raw(plan.uid);
-    if let Err(e) = nix::unistd::setgroups(&[gid]) {
-        return fail(&[b"setgroups"], e, 126);
+    if let Err((call, e)) = sys::set_ids(plan.uid, plan.gid) {
+        return fail(&[call], e, 126);
     }
-    if let Err(e) = nix::unistd::setgid(gid) {
-        return fail(&[b"setgid"], e, 126);
-    }
-    if let Err(e) = nix::unistd::setuid(uid) {
-        return fail(&[b"setuid"], e, 126);
-    }
+    // A change of uid or gid resets dumpability, which belongs to the
+    // memory: the shim's until the execve. Non-dumpable again (the shim
+    // says so too once the clone returns).
+    let _ = nix::sys::prctl::set_dumpable(false);
     let mut last = Errno::ENOENT;
     for path in plan.candidates {
         match plan.args.execve(path) {

@@ -9,6 +9,7 @@
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 
@@ -647,11 +648,22 @@ pub fn set_window_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> Result<(), E
     Ok(())
 }
 
-/// Close every fd >= `first` (used in a freshly forked child before exec).
-pub fn close_from(first: u32) {
-    // SAFETY: close_range takes integers only; closing fds in a child that
-    // holds no Rust objects referring to them.
-    unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, 0) };
+/// Mark every fd >= `first` close-on-exec, in a new child before exec:
+/// they close at its execve (or its exit), not before. A
+/// [`spawn_shared`] child's gate must stay open until then.
+pub fn cloexec_from(first: u32) {
+    // SAFETY: close_range takes integers only and closes nothing here.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    if r != 0 {
+        // Linux before 5.11: one fd at a time, up to the open-files limit.
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: the kernel writes `lim`, alive for the call.
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+        for fd in first as u64..lim.rlim_cur.min(1 << 20) {
+            // SAFETY: integers only; a number that is no open fd is EBADF.
+            unsafe { libc::fcntl(fd as libc::c_int, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+    }
 }
 
 /// Take ownership of the listening socket the daemon left at fd 3.
@@ -664,29 +676,83 @@ pub fn inherited_listener() -> Result<OwnedFd, Errno> {
     Ok(fd)
 }
 
-/// Start `child` as a new process the way `posix_spawn` does: `clone`
-/// with `CLONE_VM | CLONE_VFORK` on `stack`. The child shares the caller's
-/// memory until it execs or exits, and the caller sleeps meanwhile: no
-/// page tables are copied and no copy-on-write faults follow, which is
-/// most of what a `fork` of the shim cost on an exec's path. `child` must
-/// not allocate or free (it would do so in the caller's heap), must not
-/// return except with an exit code, and must fit in `stack`.
-pub fn spawn_vfork(stack: &mut [u8], child: &mut dyn FnMut() -> i32) -> Result<i32, Errno> {
-    use nix::sched::CloneFlags;
-    let cb = Box::new(|| child() as isize);
-    // SAFETY: the shim is single-threaded, so no other thread can hold a
-    // lock the child needs or touch memory it shares meanwhile; the caller
-    // sleeps until the child execs or exits (CLONE_VFORK), so `stack`,
-    // `child` and what it borrows outlive every use. The callers' children
-    // only make system calls on data prepared before the clone and leave
-    // by execve or _exit (nix's trampoline returns `child`'s value, which
-    // becomes the exit code).
+/// Start `child` as a new process that shares the caller's memory until
+/// it execs, as `posix_spawn` does (no page tables copied, no
+/// copy-on-write faults in the caller afterwards: most of what a `fork`
+/// of the shim cost on an exec's path), and wait until it has exec'd or
+/// exited, at most `deadline`: past it, the child is killed. `vfork`
+/// semantics would wait without end, and anything in the sandbox allowed
+/// to signal the child can stop it before it execs (SIGSTOP cannot be
+/// blocked, and it lands at the child's first return to user mode).
+///
+/// The wait is on a close-on-exec pipe only the child holds open: it
+/// reads EOF once the child's execve has replaced its memory or its exit
+/// has released it, so after this returns the child touches nothing of
+/// ours. `child` must not allocate or free (it would do so in the
+/// caller's heap), must fit in `stack`, and returns only an exit code.
+/// Returns the child's pid (the caller reaps it as usual).
+pub fn spawn_shared(stack: &mut [u8], child: &mut dyn FnMut() -> i32, deadline: Duration) -> Result<i32, Errno> {
+    extern "C" fn trampoline(data: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: `data` is the `&mut dyn FnMut` below, alive until the
+        // caller has seen this child exec or exit.
+        let f = unsafe { &mut *(data as *mut &mut dyn FnMut() -> i32) };
+        f()
+    }
+    let (gate, gate_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let mut f: &mut dyn FnMut() -> i32 = child;
+    // The top of the stack, 16-byte aligned (it grows down).
+    let top = (stack.as_mut_ptr_range().end as usize & !15) as *mut libc::c_void;
+    // SAFETY: `top` is the aligned end of `stack`, which (like `f`) is
+    // borrowed until we return, after the child stopped using our memory
+    // (see above). The shim is single-threaded: no lock is held by another
+    // thread. Meanwhile this thread only makes system calls.
     let pid =
-        unsafe { nix::sched::clone(cb, stack, CloneFlags::CLONE_VM | CloneFlags::CLONE_VFORK, Some(libc::SIGCHLD)) }?;
-    Ok(pid.as_raw())
+        unsafe { libc::clone(trampoline, top, libc::CLONE_VM | libc::SIGCHLD, &mut f as *mut _ as *mut libc::c_void) };
+    let pid = Errno::result(pid)?;
+    drop(gate_w);
+    let until = Instant::now() + deadline;
+    let mut killed = false;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        let ms = if killed { -1 } else { left.as_millis().min(i32::MAX as u128) as i32 };
+        let mut fds = [libc::pollfd { fd: gate.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        // SAFETY: one valid pollfd for the call. A raw call, and errno not
+        // read: the child, sharing our thread's TLS, may be writing it.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
+        if n > 0 {
+            return Ok(pid);
+        }
+        if n == 0 && !killed {
+            // SAFETY: `pid` is our unreaped child: the number is its own.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            killed = true;
+        }
+    }
 }
 
-/// `argv` and `envp` for `execve`, built before a [`spawn_vfork`] child
+/// `setgroups([gid])`, `setgid`, `setuid` as raw system calls, for a
+/// [`spawn_shared`] child: they change the calling thread only, where
+/// glibc's wrappers would, in a process it believes multi-threaded, signal
+/// every thread and take locks in the memory the child shares. Names the
+/// call that failed.
+pub fn set_ids(uid: u32, gid: u32) -> Result<(), (&'static [u8], Errno)> {
+    let groups = [gid as libc::gid_t];
+    // SAFETY: integer arguments, and a pointer to `groups`, alive for the call.
+    if unsafe { libc::syscall(libc::SYS_setgroups, 1usize, groups.as_ptr()) } != 0 {
+        return Err((b"setgroups", Errno::last()));
+    }
+    // SAFETY: integer arguments only.
+    if unsafe { libc::syscall(libc::SYS_setgid, gid as libc::gid_t) } != 0 {
+        return Err((b"setgid", Errno::last()));
+    }
+    // SAFETY: integer arguments only.
+    if unsafe { libc::syscall(libc::SYS_setuid, uid as libc::uid_t) } != 0 {
+        return Err((b"setuid", Errno::last()));
+    }
+    Ok(())
+}
+
+/// `argv` and `envp` for `execve`, built before a [`spawn_shared`] child
 /// runs (`nix::unistd::execve` builds these arrays on each call, in the
 /// heap the child must not touch).
 pub struct ExecArgs {
@@ -726,13 +792,6 @@ pub fn set_sigpipe(default: bool) -> Result<(), Errno> {
     let h = if default { SigHandler::SigDfl } else { SigHandler::SigIgn };
     // SAFETY: SIG_DFL and SIG_IGN install no Rust handler code.
     unsafe { signal(Signal::SIGPIPE, h) }.map(|_| ())
-}
-
-/// `_exit(2)` for a forked child that failed before exec: no atexit handlers,
-/// no flushing of buffers that belong to the parent.
-pub fn exit_now(code: i32) -> ! {
-    // SAFETY: _exit is always safe to call; it does not return.
-    unsafe { libc::_exit(code) }
 }
 
 /// Allocate a pseudo-terminal in the current `/dev/pts`; returns the master

@@ -250,7 +250,7 @@ pub fn start(
         userns: root_tree.is_some(),
     };
     let fds: Vec<i32> = root_tree.iter().map(|t| t.as_raw_fd()).collect();
-    shim_client::setup(conn, &setup, &fds, SETUP_TIMEOUT)
+    let features = shim_client::setup(conn, &setup, &fds, SETUP_TIMEOUT)
         .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;
     t.mark("shim_setup");
     t.log(&id);
@@ -266,7 +266,7 @@ pub fn start(
         defaults,
         created_at: crate::db::now(),
         shim_pid: pid,
-        shim: ShimClient::start(conn),
+        shim: ShimClient::start(conn, &features),
         pidfd,
         cgroup,
         state: std::sync::Mutex::new(super::RunState::Running),

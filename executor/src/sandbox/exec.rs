@@ -199,7 +199,7 @@ impl Sandbox {
         Ok((Events::Status(std::fs::File::from(status)), ours))
     }
 
-    /// Wait for the shim to confirm the fork; returns the command's pid in
+    /// Wait for the shim to confirm the start; returns the command's pid in
     /// the sandbox and the pty master if any.
     fn wait_started(&self, rx: &Receiver<Delivery>) -> Result<(i32, Option<OwnedFd>), SandboxError> {
         loop {
@@ -484,19 +484,27 @@ impl Sandbox {
             };
             if ready.get(open.len()) == Some(&true) {
                 if let Some(f) = status_pipe.as_mut() {
-                    match f.read(&mut buf) {
-                        Ok(n) if n > 0 => status_bytes.extend_from_slice(&buf[..n]),
-                        // EOF: the shim wrote its one event (or died).
-                        _ => {
-                            status_pipe = None;
-                            match serde_json::from_slice::<ShimEvent>(&status_bytes) {
-                                Ok(ShimEvent::Exited { status: s, .. }) => status = Some(s),
-                                Ok(ShimEvent::StartFailed { message, .. }) => {
-                                    return Err(SandboxError::BadExec(message))
-                                }
-                                _ => return Err(SandboxError::Dead(self.id.clone())),
-                            }
+                    // The shim writes one event in one write; it counts once
+                    // whole (a copy of the write end held by a process
+                    // forked meanwhile must not delay it until that closes).
+                    let end = match f.read(&mut buf) {
+                        Ok(0) => true,
+                        Ok(n) => {
+                            status_bytes.extend_from_slice(&buf[..n]);
+                            false
                         }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => false,
+                        Err(_) => true,
+                    };
+                    match serde_json::from_slice::<ShimEvent>(&status_bytes) {
+                        Ok(ShimEvent::Exited { status: s, .. }) => {
+                            status = Some(s);
+                            status_pipe = None;
+                        }
+                        Ok(ShimEvent::StartFailed { message, .. }) => return Err(SandboxError::BadExec(message)),
+                        // EOF with no whole event: the shim died.
+                        _ if end => return Err(SandboxError::Dead(self.id.clone())),
+                        _ => {}
                     }
                 }
             }
