@@ -1202,6 +1202,7 @@ fn a_command_stopped_before_it_execs_cannot_hold_the_shim() {
         .unwrap();
     let took = t.elapsed();
     assert_eq!(v["signal"].as_i64(), Some(9), "{v}");
+    assert!(v["stderr"].as_str().unwrap().contains("stopped before it could start"), "{v}");
     assert!(took >= Duration::from_secs(4) && took < Duration::from_secs(10), "{took:?}");
     let s = stopper.join().unwrap();
     assert!(s["timed_out"].as_bool().unwrap(), "{s}");

@@ -107,8 +107,8 @@ pub fn setup(sock: &OwnedFd, spec: &SetupSpec, fds: &[RawFd], timeout: Duration)
 impl ShimClient {
     /// Start dispatching events from an established connection to a shim
     /// that can do `features` (what [`setup`] returned, or its `Hello`).
-    pub fn start(sock: OwnedFd, features: &[impl AsRef<str>]) -> ShimClient {
-        let status_fd = features.iter().any(|f| f.as_ref() == proto::FEATURE_STATUS_FD);
+    pub fn start(sock: OwnedFd, features: &[String]) -> ShimClient {
+        let status_fd = features.iter().any(|f| f == proto::FEATURE_STATUS_FD);
         let sock = Arc::new(sock);
         let pending: Pending = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
@@ -130,7 +130,7 @@ impl ShimClient {
         let sock = connect_path(path)?;
         proto::send(&sock, &ShimRequest::Hello, &[])?;
         if frozen {
-            return Ok((ShimClient::start(sock, &[] as &[&str]), Vec::new()));
+            return Ok((ShimClient::start(sock, &[]), Vec::new()));
         }
         let (running, features) = match recv_timeout(&sock, timeout)?.event {
             ShimEvent::Hello { running, features } => (running, features),

@@ -92,8 +92,7 @@ fn main() -> ExitCode {
         let _ = proto::send(&conn, &ShimEvent::SetupFailed { chain }, &[]);
         return ShimExit::Setup.into();
     }
-    let features = proto::FEATURES.iter().map(|f| f.to_string()).collect();
-    if let Err(e) = proto::send(&conn, &ShimEvent::ReadyWith { features }, &[]) {
+    if let Err(e) = proto::send(&conn, &ShimEvent::ReadyWith { features: proto::features() }, &[]) {
         eprintln!("strata-shim: report ready: {e}");
     }
     match supervise::run(listener, conn) {

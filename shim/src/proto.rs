@@ -112,6 +112,11 @@ pub const FEATURES: &[&str] = &[FEATURE_STATUS_FD];
 /// [`ExecSpec::status_fd`].
 pub const FEATURE_STATUS_FD: &str = "status-fd";
 
+/// [`FEATURES`] as a message carries them.
+pub fn features() -> Vec<String> {
+    FEATURES.iter().map(|f| f.to_string()).collect()
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub enum ShimRequest {
     Setup(SetupSpec),

@@ -156,8 +156,7 @@ impl Supervisor {
             }
             ShimRequest::Hello => {
                 let running = self.running.values().map(|r| r.id).collect();
-                let features = proto::FEATURES.iter().map(|f| f.to_string()).collect();
-                self.send(token, &ShimEvent::Hello { running, features }, &[]);
+                self.send(token, &ShimEvent::Hello { running, features: proto::features() }, &[]);
             }
             ShimRequest::Setup(_) => {
                 self.send(token, &ShimEvent::StartFailed { id: 0, message: "already set up".into() }, &[]);
@@ -272,14 +271,25 @@ fn start(spec: &ExecSpec, fds: Vec<OwnedFd>, stack: &mut [u8]) -> Result<(i32, O
         uid: spec.uid,
         gid: spec.gid,
     };
-    let pid = sys::spawn_shared(stack, &mut || child(&plan, &stdio, slave.as_deref()), EXEC_DEADLINE)
+    let spawned = sys::spawn_shared(stack, &mut || child(&plan, &stdio, slave.as_deref()), EXEC_DEADLINE)
         .map_err(|e| format!("clone: {e}"));
     // The child shared this memory and may have changed its dumpability
     // (see `child`); whatever happened, PID 1 stays closed to ptrace.
     if let Err(e) = nix::sys::prctl::set_dumpable(false) {
         eprintln!("strata-shim: PR_SET_DUMPABLE: {e}");
     }
-    Ok((pid?, master))
+    let (pid, killed) = spawned?;
+    if killed {
+        // Say why on the command's stderr (its exit alone says SIGKILL).
+        let msg = format!(
+            "strata: {name} was stopped before it could start and killed after {} s\n",
+            EXEC_DEADLINE.as_secs()
+        );
+        if let Some(stderr) = fds.get(2) {
+            let _ = nix::unistd::write(stderr, msg.as_bytes());
+        }
+    }
+    Ok((pid, master))
 }
 
 /// What [`child`] runs, prepared by [`start`].

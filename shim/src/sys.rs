@@ -690,8 +690,13 @@ pub fn inherited_listener() -> Result<OwnedFd, Errno> {
 /// has released it, so after this returns the child touches nothing of
 /// ours. `child` must not allocate or free (it would do so in the
 /// caller's heap), must fit in `stack`, and returns only an exit code.
-/// Returns the child's pid (the caller reaps it as usual).
-pub fn spawn_shared(stack: &mut [u8], child: &mut dyn FnMut() -> i32, deadline: Duration) -> Result<i32, Errno> {
+/// Returns the child's pid (the caller reaps it as usual) and whether the
+/// deadline killed it.
+pub fn spawn_shared(
+    stack: &mut [u8],
+    child: &mut dyn FnMut() -> i32,
+    deadline: Duration,
+) -> Result<(i32, bool), Errno> {
     extern "C" fn trampoline(data: *mut libc::c_void) -> libc::c_int {
         // SAFETY: `data` is the `&mut dyn FnMut` below, alive until the
         // caller has seen this child exec or exit.
@@ -720,7 +725,7 @@ pub fn spawn_shared(stack: &mut [u8], child: &mut dyn FnMut() -> i32, deadline: 
         // read: the child, sharing our thread's TLS, may be writing it.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) };
         if n > 0 {
-            return Ok(pid);
+            return Ok((pid, killed));
         }
         if n == 0 && !killed {
             // SAFETY: `pid` is our unreaped child: the number is its own.
