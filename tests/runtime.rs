@@ -1584,6 +1584,52 @@ fn waiting_creates_get_slots_in_order_of_arrival() {
 }
 
 #[test]
+fn a_removal_answers_once_killed_and_its_teardown_keeps_the_slot() {
+    // Every teardown is held back 1.5 s, so what happens before it shows.
+    let env = TestEnv::start_with_flags_and_env(
+        &["--max-sandboxes", "1"],
+        &[("STRATA_FAILPOINTS", "teardown:start=sleep-once:1500")],
+    );
+    env.import_busybox();
+    let none = None::<&()>;
+    let a = create(&env, json!({"image": "busybox"}));
+    let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{a}"), none).unwrap();
+    let shim = info["shim_pid"].as_i64().unwrap() as i32;
+    sh(&env, &a, "sleep 1000 >/dev/null 2>&1 &");
+    // The host pid of the sandbox's `sleep`: the one in its cgroup but the shim.
+    let procs = cgroup_file(&env, &a, "cgroup.procs");
+    let others: Vec<i32> = procs.lines().filter_map(|l| l.parse().ok()).filter(|p| *p != shim).collect();
+    assert_eq!(others.len(), 1, "{procs}");
+    let child = others[0];
+    let asked = Instant::now();
+    env.client().request("DELETE", &format!("/v1/sandboxes/{a}"), none).unwrap();
+    assert!(asked.elapsed() < Duration::from_millis(1000), "the removal waited for its teardown");
+    // Gone from the API at once; killed, with every process of it, before
+    // its teardown starts.
+    assert_eq!(status_of(env.client().request("GET", &format!("/v1/sandboxes/{a}"), none)), 404);
+    assert!(!env.cli_ok(&["ps"]).contains(&a));
+    let start = Instant::now();
+    while alive(shim) || alive(child) {
+        assert!(start.elapsed() < Duration::from_millis(1000), "removed sandbox still running");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Its teardown still holds the slot and its files.
+    let info: Value = env.client().call("GET", "/v1/info", none).unwrap();
+    assert_eq!(info["slots_used"], 1, "{info}");
+    assert!(env.root.join("sandboxes").join(&a).exists());
+    // A create finding that slot taken waits for it instead of a 429.
+    let b = create(&env, json!({"image": "busybox"}));
+    assert!(asked.elapsed() >= Duration::from_millis(1400), "created before the teardown ended");
+    assert!(!env.root.join("sandboxes").join(&a).exists());
+    assert!(env.cgroup_dirs().iter().all(|d| !d.join(&a).exists()));
+    // `strata rm` (`?wait=true`) returns with everything gone.
+    env.cli_ok(&["rm", &b]);
+    assert!(!env.root.join("sandboxes").join(&b).exists());
+    assert!(env.cgroup_dirs().iter().all(|d| !d.join(&b).exists()));
+    env.finish();
+}
+
+#[test]
 fn ready_pools_serve_the_creates_that_fit_and_refill() {
     let env = TestEnv::start_with(&["--pool", "busybox=2", "--warm-pool", "0"]);
     env.import_busybox();

@@ -204,10 +204,15 @@ pub enum Command {
     },
     /// Thaw a paused sandbox.
     Unpause { id: String },
-    /// Remove sandboxes: kill every process, delete upper, work and cgroup.
+    /// Remove sandboxes: kill every process, delete upper, work and cgroup;
+    /// returns once all of that is done.
     Rm {
         #[arg(required = true)]
         ids: Vec<String>,
+        /// Return once each sandbox's processes are killed; its cgroup,
+        /// mounts and files go moments later.
+        #[arg(long)]
+        no_wait: bool,
     },
 }
 
@@ -798,11 +803,11 @@ pub fn run(cli: Cli) -> Result<i32> {
             println!("{}", serde_json::to_string_pretty(&info)?);
             Ok(0)
         }
-        Command::Rm { ids } => {
+        Command::Rm { ids, no_wait } => {
             let mut c = client(&cli)?;
             let mut failed = 0;
             for id in ids {
-                match c.request("DELETE", &format!("/v1/sandboxes/{id}"), NO_BODY) {
+                match c.request("DELETE", &format!("/v1/sandboxes/{id}?wait={}", !no_wait), NO_BODY) {
                     Ok(_) => println!("{id}"),
                     Err(e) => {
                         eprintln!("strata: rm {id}: {e}");

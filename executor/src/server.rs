@@ -82,6 +82,7 @@ pub fn run(
         let _ = stop.send(true);
     });
     daemon.start_warm_pool();
+    daemon.start_teardown();
     daemon.start_blob_writer();
     daemon.start_hydrator();
     daemon.start_reaper();

@@ -190,7 +190,8 @@ pub struct HostInfo {
     pub state: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draining_reason: Option<String>,
-    /// Live sandboxes (and launches in flight) against `--max-sandboxes`.
+    /// Live sandboxes, launches in flight and removals still tearing
+    /// down, against `--max-sandboxes`.
     pub slots_used: usize,
     pub slots_max: usize,
     /// Launches queued for a slot (`wait`).

@@ -102,6 +102,11 @@ impl TestEnv {
         TestEnv::start_inner(&[], None, vars)
     }
 
+    /// Both: daemon flags `extra` and environment `vars`.
+    pub fn start_with_flags_and_env(extra: &[&str], vars: &[(&str, &str)]) -> TestEnv {
+        TestEnv::start_inner(extra, None, vars)
+    }
+
     /// A daemon whose whole root (layers, blobs, tmp, uppers, database) is a
     /// tmpfs of `size` bytes, to run out of space on purpose.
     pub fn start_on_tmpfs(size: u64) -> TestEnv {

@@ -171,7 +171,8 @@ pub enum Action {
     ListSandboxes,
     CreateSandbox(CreateRequest),
     GetSandbox(String),
-    RemoveSandbox(String),
+    /// The id; whether to answer only once its teardown is done (`?wait`).
+    RemoveSandbox(String, bool),
     Checkpoint(String, types::CheckpointRequest),
     Suspend(String),
     Rollback(String, types::RollbackRequest),
@@ -295,7 +296,7 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
         (["sandboxes"], "POST") => A::CreateSandbox(body(req)?),
         (["sandboxes"], _) => return Err(not_allowed("GET, POST")),
         (["sandboxes", s], "GET") => A::GetSandbox(id(s)),
-        (["sandboxes", s], "DELETE") => A::RemoveSandbox(id(s)),
+        (["sandboxes", s], "DELETE") => A::RemoveSandbox(id(s), flag(req, "wait")?),
         (["sandboxes", _], _) => return Err(not_allowed("GET, DELETE")),
         (["sandboxes", s, op], "POST") => match *op {
             "checkpoint" => A::Checkpoint(id(s), body_or_default(req)?),
@@ -479,7 +480,8 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::ListSandboxes => json(200, &d.list_sandboxes()),
         A::CreateSandbox(b) => json(201, &d.create_sandbox(b)?),
         A::GetSandbox(id) => json(200, &crate::daemon::sandbox_info(&*d.sandbox(&id)?)),
-        A::RemoveSandbox(id) => done(d.remove_sandbox(&id)),
+        A::RemoveSandbox(id, false) => done(d.remove_sandbox(&id)),
+        A::RemoveSandbox(id, true) => done(d.remove_sandbox_now(&id)),
         A::Checkpoint(id, b) => {
             d.can_publish(b.kind, b.background)?;
             let snap = d.checkpoint(&id, b.compression.unwrap_or_default(), b.whole)?;
@@ -684,7 +686,11 @@ mod tests {
         assert!(
             matches!(parsed("POST", "/v1/sandboxes", r#"{"image":"x"}"#), Ok(Action::CreateSandbox(c)) if c.image == "x")
         );
-        assert!(matches!(parsed("DELETE", "/v1/sandboxes/abc", ""), Ok(Action::RemoveSandbox(id)) if id == "abc"));
+        assert!(
+            matches!(parsed("DELETE", "/v1/sandboxes/abc", ""), Ok(Action::RemoveSandbox(id, false)) if id == "abc")
+        );
+        assert!(matches!(parsed("DELETE", "/v1/sandboxes/abc?wait=true", ""), Ok(Action::RemoveSandbox(_, true))));
+        assert!(parsed("DELETE", "/v1/sandboxes/abc?wait=soon", "").is_err());
         assert!(matches!(parsed("GET", "/v1/images/a%2Fb:1", ""), Ok(Action::GetImage(n)) if n == "a/b:1"));
         assert!(matches!(parsed("GET", "/v1/snapshots/s1/logs", ""), Ok(Action::Logs(id, false)) if id == "s1"));
         assert!(matches!(parsed("GET", "/v1/sandboxes/s1/logs?output=true", ""), Ok(Action::Logs(_, true))));

@@ -121,7 +121,7 @@ impl Daemon {
             let mut db = lock(&self.db);
             let pinned: Vec<String> = {
                 let pool = lock(&self.pool);
-                let mounted = pool.live.values().any(|s| s.spec.layers.contains(&layer));
+                let mounted = pool.mounting().any(|s| s.spec.layers.contains(&layer));
                 if mounted || pool.doomed.contains(id.as_str()) {
                     return Ok(false);
                 }
@@ -231,9 +231,17 @@ impl Daemon {
             return Ok(0);
         }
         // A layer a live sandbox here mounts stays, whatever the rows say
-        // (another host sharing the catalog may have removed them).
-        let mounted: HashSet<String> =
-            lock(&self.pool).live.values().flat_map(|s| s.spec.layers.iter().map(|l| l.to_string())).collect();
+        // (another host sharing the catalog may have removed them). One a
+        // removed sandbox mounts until its teardown ends is waited for.
+        let layers: HashSet<&str> = candidates
+            .iter()
+            .filter_map(|r| if let Resource::Layer(id) = r { Some(id.as_str()) } else { None })
+            .collect();
+        let mounted: HashSet<String> = self
+            .after_removals(|s| s.spec.layers.iter().any(|l| layers.contains(l.as_str())))
+            .mounting()
+            .flat_map(|s| s.spec.layers.iter().map(|l| l.to_string()))
+            .collect();
         candidates.retain(|r| !matches!(r, Resource::Layer(id) if mounted.contains(id)));
         let db = lock(&self.db);
         // The few candidates an operation's lease leaves are looked up one

@@ -86,7 +86,7 @@ impl Daemon {
         let (live, used, waiting, draining) = {
             let pool = lock(&self.pool);
             let live: Vec<_> = pool.live.values().cloned().collect();
-            (live, pool.live.len() + pool.reserved, pool.queue.len(), pool.draining.clone())
+            (live, pool.used(), pool.queue.len(), pool.draining.clone())
         };
         let memory_allocated = live.iter().filter_map(|s| s.spec.limits.memory).sum();
         let cpus_allocated = live.iter().filter_map(|s| s.spec.limits.cpus).sum();

@@ -21,6 +21,7 @@ pub mod ready;
 pub mod requests;
 pub mod results;
 pub mod snapshots;
+pub mod teardown;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -361,7 +362,11 @@ pub struct LaunchSpec {
 #[derive(Default)]
 pub(crate) struct Pool {
     pub(crate) live: HashMap<SandboxId, Arc<Sandbox>>,
+    /// Slots held by launches in flight.
     pub(crate) reserved: usize,
+    /// Sandboxes removed from the API whose teardown is still running
+    /// (see `teardown`): each keeps its slot, and the layers it mounts.
+    pub(crate) removing: HashMap<SandboxId, Arc<Sandbox>>,
     /// Snapshots that resumes, forks and rollbacks in flight start from (a
     /// count each): removal is refused for them, as for live users.
     pub(crate) pinned: HashMap<String, usize>,
@@ -376,6 +381,19 @@ pub(crate) struct Pool {
     pub(crate) next_ticket: u64,
     /// Why new work is refused (`strata drain`), while the host drains.
     pub(crate) draining: Option<String>,
+}
+
+impl Pool {
+    /// Slots taken: live sandboxes, launches in flight, removals under way.
+    pub(crate) fn used(&self) -> usize {
+        self.live.len() + self.reserved + self.removing.len()
+    }
+
+    /// Every sandbox of this host whose mounts may still exist: the live
+    /// ones and those being torn down.
+    pub(crate) fn mounting(&self) -> impl Iterator<Item = &Arc<Sandbox>> {
+        self.live.values().chain(self.removing.values())
+    }
 }
 
 /// A pin on a snapshot for as long as a launch from it is in flight (see
@@ -424,6 +442,7 @@ pub struct Daemon {
     pub cfg: DaemonConfig,
     warm: WarmPool,
     pub(crate) ready: ready::ReadyPools,
+    teardown: teardown::Teardowns,
     /// Snapshot ids whose blob the background writer must produce.
     blobs: Mutex<Option<std::sync::mpsc::Sender<String>>>,
     /// The sandbox cgroup whose capture cgroup the seal under way made
@@ -544,6 +563,7 @@ impl Daemon {
             cfg,
             warm: WarmPool::default(),
             ready: Default::default(),
+            teardown: Default::default(),
             blobs: Mutex::new(None),
             sealing: Mutex::new(Sealing::default()),
             rt,
@@ -867,7 +887,12 @@ impl Daemon {
         {
             let mut pool = self.reserve_slot(launch.wait)?;
             if let Some(id) = &id {
-                if pool.live.contains_key(id) || !pool.claimed.insert(id.clone()) {
+                if pool.removing.contains_key(id) {
+                    // Its files and cgroup go in moments; they are named by id.
+                    drop(pool);
+                    pool = self.after_removals(|s| s.id == *id);
+                }
+                if pool.live.contains_key(id) || pool.removing.contains_key(id) || !pool.claimed.insert(id.clone()) {
                     pool.reserved -= 1;
                     drop(pool);
                     self.slots.notify_all();
@@ -919,14 +944,18 @@ impl Daemon {
         if let Some(why) = &pool.draining {
             return Err(LaunchError::Draining(why.clone()));
         }
-        let full = |p: &Pool| p.live.len() + p.reserved >= self.max_sandboxes;
+        let full = |p: &Pool| p.used() >= self.max_sandboxes;
         // Nobody waits and there is room: take it.
         if pool.queue.is_empty() && !full(&pool) {
             pool.reserved += 1;
             return Ok(pool);
         }
-        let Some(wait) = wait.filter(|w| !w.is_zero()) else {
-            return Err(LaunchError::Full { live: pool.live.len() + pool.reserved, max: self.max_sandboxes });
+        let wait = match wait.filter(|w| !w.is_zero()) {
+            Some(w) => w,
+            // A slot a removal still holds comes free in moments (its
+            // teardown): wait for it rather than refuse.
+            None if !pool.removing.is_empty() => teardown::SLOT_WAIT,
+            None => return Err(LaunchError::Full { live: pool.used(), max: self.max_sandboxes }),
         };
         let ticket = pool.next_ticket;
         pool.next_ticket += 1;
@@ -949,7 +978,7 @@ impl Daemon {
             let left = until.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 pool.queue.retain(|t| *t != ticket);
-                let live = pool.live.len() + pool.reserved;
+                let live = pool.used();
                 drop(pool);
                 self.slots.notify_all();
                 return Err(LaunchError::Full { live, max: self.max_sandboxes });
@@ -1142,6 +1171,7 @@ impl Daemon {
     /// running; the next daemon re-adopts them.
     pub fn shutdown(&self) {
         self.stopping.store(true, std::sync::atomic::Ordering::Release);
+        self.stop_teardown();
         self.drop_ready(None);
         {
             // End the seal under way (its worker is killed; the snapshot
@@ -1270,20 +1300,45 @@ impl Daemon {
         Ok(())
     }
 
+    /// Remove a sandbox and return once all of it is gone: processes,
+    /// cgroups, mounts, files and row. A failure leaves it live, for a
+    /// later removal to try again (every step can be repeated).
+    pub fn remove_sandbox_now(&self, id: &str) -> Result<(), SandboxOpError> {
+        let sb = self.sandbox(id)?;
+        if !sb.begin_stop() {
+            return Err(SandboxOpError::BeingRemoved(sb.id.clone()));
+        }
+        let removed = lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Stopped).map_err(SandboxOpError::from);
+        let removed = removed.and_then(|()| sb.destroy(&self.rt.store).map_err(SandboxOpError::from));
+        if let Err(e) = removed {
+            sb.end_stop();
+            return Err(e);
+        }
+        lock(&self.db).delete_sandbox(&sb.id)?;
+        lock(&self.pool).live.remove(&sb.id);
+        self.slots.notify_all();
+        Ok(())
+    }
+
+    /// Remove a sandbox: return once it can run nothing more (its PID 1
+    /// is sent SIGKILL) and its row is gone; its processes, cgroups and
+    /// files go on the teardown thread (see [`teardown`]).
     pub fn remove_sandbox(&self, id: &str) -> Result<(), SandboxOpError> {
         let sb = self.sandbox(id)?;
         if !sb.begin_stop() {
             return Err(SandboxOpError::BeingRemoved(sb.id.clone()));
         }
-        lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Stopped)?;
-        if let Err(e) = sb.destroy(&self.rt.store) {
-            // Let a later DELETE retry (every step of destroy is idempotent).
+        if let Err(e) = lock(&self.db).delete_sandbox(&sb.id) {
             sb.end_stop();
             return Err(e.into());
         }
-        lock(&self.db).delete_sandbox(&sb.id)?;
-        lock(&self.pool).live.remove(&sb.id);
-        self.slots.notify_all();
+        sb.kill();
+        {
+            let mut pool = lock(&self.pool);
+            pool.live.remove(&sb.id);
+            pool.removing.insert(sb.id.clone(), sb.clone());
+        }
+        self.tear_down(sb);
         Ok(())
     }
 }

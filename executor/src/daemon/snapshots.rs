@@ -1032,7 +1032,7 @@ impl Daemon {
         let base = self.snapshot_base(&row)?;
         {
             let pool = lock(&self.pool);
-            let free = self.max_sandboxes().saturating_sub(pool.live.len() + pool.reserved);
+            let free = self.max_sandboxes().saturating_sub(pool.used());
             if (count as usize) > free {
                 return Err(ResumeError::NoRoom { count, free, max: self.max_sandboxes() });
             }

@@ -83,11 +83,18 @@ impl Sandbox {
         self.stop_processes(&mut super::Phases::start("stop"))
     }
 
-    fn stop_processes(&self, t: &mut super::Phases) -> Result<(), SandboxError> {
-        // Frozen tasks act on SIGKILL only once thawed (v1 freezer): queue
-        // the kill first so nothing runs in between, then thaw.
+    /// Queue SIGKILL for PID 1: from here nothing in the sandbox runs
+    /// again (the kernel kills every process of its PID namespace with
+    /// PID 1), though the kernel may take a moment to end them all. Frozen
+    /// tasks act on SIGKILL only once thawed (v1 freezer): the kill is
+    /// queued first so nothing runs in between, then the cgroup thaws.
+    pub fn kill(&self) {
         let _ = sys::pidfd_send_signal(self.pidfd.as_fd(), libc::SIGKILL);
         let _ = self.cgroup.thaw();
+    }
+
+    fn stop_processes(&self, t: &mut super::Phases) -> Result<(), SandboxError> {
+        self.kill();
         kill_and_reap(self.shim_pid, self.pidfd.as_fd())?;
         t.mark("kill");
         self.cgroup.remove(Duration::from_secs(KILL_TIMEOUT_SECS)).map_err(SandboxError::Cgroup)?;

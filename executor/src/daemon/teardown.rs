@@ -1,0 +1,114 @@
+//! Removing a sandbox answers once it can run nothing more; the rest of
+//! its teardown runs here, on one thread, off the request path.
+//!
+//! [`Daemon::remove_sandbox`] deletes the row, queues SIGKILL for PID 1
+//! (it cannot be caught or blocked, and the kernel ends every process of
+//! the PID namespace with it), moves the sandbox from `live` to `removing`
+//! and answers. This thread then waits for the kernel's teardown of its
+//! namespaces (the overlay goes with the mount namespace), removes its
+//! cgroups and moves its files to `tmp/`. Until then the sandbox keeps its
+//! slot (a create that finds only such slots taken waits for one rather
+//! than answer 429) and its layers (the collector skips them).
+//!
+//! A stop waits for every teardown queued. A daemon killed meanwhile
+//! leaves a sandbox directory without a row: the next start sweeps it
+//! (processes, cgroups, files), as it does a create cut short.
+
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::daemon::{lock, Daemon, Pool};
+use crate::sandbox::Sandbox;
+
+/// How long a create that finds every free slot held by a removal waits
+/// for one: a teardown ends within the kill's own timeout.
+pub(crate) const SLOT_WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+pub(crate) struct Teardowns {
+    queue: Mutex<Option<mpsc::Sender<Arc<Sandbox>>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Daemon {
+    /// Start the teardown thread. Without it, a removal tears its sandbox
+    /// down before it answers.
+    pub fn start_teardown(self: &Arc<Self>) {
+        let (tx, rx) = mpsc::channel::<Arc<Sandbox>>();
+        let d = self.clone();
+        let spawned = std::thread::Builder::new().name("teardown".into()).spawn(move || {
+            for sb in rx {
+                d.finish_teardown(&sb);
+            }
+        });
+        match spawned {
+            Ok(h) => {
+                *lock(&self.teardown.queue) = Some(tx);
+                *lock(&self.teardown.thread) = Some(h);
+            }
+            Err(e) => tracing::error!("start the teardown thread: {e}; removals tear down before they answer"),
+        }
+    }
+
+    /// Tear down a sandbox already in `removing`: on the teardown thread,
+    /// or here and now when there is none (not started, or stopped).
+    pub(crate) fn tear_down(&self, sb: Arc<Sandbox>) {
+        let queue = lock(&self.teardown.queue);
+        let sb = match queue.as_ref() {
+            Some(tx) => match tx.send(sb) {
+                Ok(()) => return,
+                Err(mpsc::SendError(sb)) => sb,
+            },
+            None => sb,
+        };
+        drop(queue);
+        self.finish_teardown(&sb);
+    }
+
+    fn finish_teardown(&self, sb: &Sandbox) {
+        crate::failpoint::hit("teardown:start");
+        let mut result = sb.destroy(&self.rt.store);
+        if let Err(e) = &result {
+            // Every step of destroy can be repeated: once more, after a
+            // pause, for a process slow to leave its cgroup.
+            tracing::warn!("tear down sandbox {}: {}; trying again", sb.id, crate::error::chain(e));
+            std::thread::sleep(Duration::from_secs(1));
+            result = sb.destroy(&self.rt.store);
+        }
+        if let Err(e) = result {
+            tracing::error!(
+                "tear down sandbox {}: {}; the next daemon start sweeps what is left",
+                sb.id,
+                crate::error::chain(&e)
+            );
+        }
+        lock(&self.pool).removing.remove(&sb.id);
+        self.slots.notify_all();
+    }
+
+    /// The pool, once no sandbox being torn down matches `which` (or
+    /// [`SLOT_WAIT`] has passed): what it holds (an id, a slot, layers)
+    /// is free in moments.
+    pub(crate) fn after_removals(&self, which: impl Fn(&Sandbox) -> bool) -> MutexGuard<'_, Pool> {
+        let until = Instant::now() + SLOT_WAIT;
+        let mut pool = lock(&self.pool);
+        while pool.removing.values().any(|s| which(s)) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            pool = self.slots.wait_timeout(pool, left).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0);
+        }
+        pool
+    }
+
+    /// Finish every teardown queued, and tear down any later removal
+    /// before it answers (at shutdown).
+    pub(crate) fn stop_teardown(&self) {
+        drop(lock(&self.teardown.queue).take());
+        if let Some(h) = lock(&self.teardown.thread).take() {
+            let _ = h.join();
+        }
+    }
+}
