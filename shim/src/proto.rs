@@ -214,16 +214,27 @@ pub fn send<T: Serialize>(sock: impl AsFd, msg: &T, fds: &[RawFd]) -> Result<(),
     }
 }
 
-thread_local! {
-    /// Each receiving thread's message buffer, made once: a fresh
-    /// [`MAX_MESSAGE`] buffer per message is an mmap, page faults and an
-    /// munmap on every exec's path. Pages no message reached stay unbacked.
-    static RECV_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_MESSAGE]);
-}
-
 /// Receive one message and the fds that came with it (close-on-exec).
+///
+/// The message's length is read first (`MSG_PEEK | MSG_TRUNC` gives a
+/// datagram's whole length without taking it), so the buffer is as large
+/// as the message, not [`MAX_MESSAGE`]: zeroing 256 KiB per message, or
+/// per receiving thread (one per sandbox in the daemon), cost more than
+/// the extra system call.
 pub fn recv<T: DeserializeOwned>(sock: impl AsFd) -> Result<(T, Vec<OwnedFd>), ProtoError> {
-    RECV_BUF.with_borrow_mut(|buf| recv_into(sock, buf))
+    let len = loop {
+        match nix::sys::socket::recv(sock.as_fd().as_raw_fd(), &mut [], MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC) {
+            Ok(n) => break n,
+            Err(nix::Error::EINTR) => continue,
+            Err(e) => return Err(ProtoError::Recv(e)),
+        }
+    };
+    if len == 0 {
+        return Err(ProtoError::Closed);
+    }
+    // A larger message than that is taken whole and reported truncated.
+    let mut buf = vec![0u8; len.min(MAX_MESSAGE)];
+    recv_into(sock, &mut buf)
 }
 
 fn recv_into<T: DeserializeOwned>(sock: impl AsFd, buf: &mut [u8]) -> Result<(T, Vec<OwnedFd>), ProtoError> {
@@ -282,6 +293,26 @@ mod tests {
         assert_eq!(s, "hi");
         drop(a);
         assert!(matches!(recv::<ShimEvent>(&b), Err(ProtoError::Closed)));
+    }
+
+    #[test]
+    fn messages_up_to_the_largest_arrive_and_a_larger_one_is_refused_alone() {
+        let (a, b) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
+        // The socket must hold a message past MAX_MESSAGE.
+        nix::sys::socket::setsockopt(&a, nix::sys::socket::sockopt::SndBuf, &(4 * MAX_MESSAGE)).unwrap();
+        let raw = |n: usize| {
+            // A JSON string of exactly n bytes.
+            let msg = format!("\"{}\"", "x".repeat(n - 2));
+            nix::sys::socket::send(a.as_raw_fd(), msg.as_bytes(), MsgFlags::empty()).unwrap();
+        };
+        raw(MAX_MESSAGE);
+        raw(MAX_MESSAGE + 1);
+        raw(3);
+        let (got, _): (String, _) = recv(&b).unwrap();
+        assert_eq!(got.len(), MAX_MESSAGE - 2);
+        assert!(matches!(recv::<String>(&b), Err(ProtoError::Truncated)));
+        let (got, _): (String, _) = recv(&b).unwrap();
+        assert_eq!(got, "x");
     }
 
     #[test]
