@@ -35,8 +35,9 @@ struct CloneArgs {
 }
 
 /// What the child of [`spawn_in_namespaces`] runs. Everything is prepared
-/// before the fork: between `clone3` and `execve` the child of a
-/// multi-threaded parent may only make async-signal-safe calls.
+/// before the clone: between it and `execve` the child of a multi-threaded
+/// parent may only make async-signal-safe calls (and, sharing the parent's
+/// memory, must not allocate).
 pub struct SpawnPlan<'a> {
     /// The shim to run, an `O_PATH` descriptor of a file no sandbox can
     /// change (executed with `execveat(AT_EMPTY_PATH)`: no path is walked).
@@ -62,7 +63,9 @@ pub struct Spawned {
     pub pidfd: OwnedFd,
 }
 
-/// `clone3` with fork semantics into fresh namespaces, then `execve`.
+/// A child in fresh namespaces that `execve`s the shim: sharing our memory
+/// until then ([`spawn_shared_in_namespaces`]), or, with a user namespace
+/// (the child waits for its maps), `clone3` with fork semantics.
 /// The child calls `setsid` so it is nobody's job-control victim and outlives
 /// the daemon.
 pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spawned, Errno> {
@@ -84,6 +87,9 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
     envp.push(std::ptr::null());
 
     let mut pidfd: RawFd = -1;
+    if plan.userns_gate.is_none() {
+        return spawn_shared_in_namespaces(namespaces, [&exe, &listener, &log, &devnull], &argv, &envp);
+    }
     let args = CloneArgs {
         flags: namespaces | libc::CLONE_PIDFD as u64,
         pidfd: &mut pidfd as *mut RawFd as u64,
@@ -151,6 +157,58 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
     // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     Ok(Spawned { pid: ret as i32, pidfd })
+}
+
+/// How long a shim's child may take to exec before it is killed.
+const SHIM_EXEC_DEADLINE: Duration = Duration::from_secs(5);
+
+/// [`spawn_in_namespaces`] without a user namespace: the child shares the
+/// daemon's memory until it execs ([`clone_shared`]). A `fork` of the
+/// daemon would copy its page tables and write-protect every page of its
+/// heap, so every thread of the daemon took a page fault on each page it
+/// next wrote (hundreds per sandbox start). With a user namespace the child
+/// waits for the parent to write its maps before it execs, so that spawn
+/// forks.
+/// `fds`: the shim's executable, its listener, its log and /dev/null.
+fn spawn_shared_in_namespaces(
+    namespaces: u64,
+    fds: [&OwnedFd; 4],
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> Result<Spawned, Errno> {
+    let flags = libc::c_int::try_from(namespaces).map_err(|_| Errno::EINVAL)? | libc::CLONE_PIDFD;
+    let mut stack = vec![0u8; 64 * 1024];
+    let mut pidfd: RawFd = -1;
+    let [exe, listener, log, devnull] = fds.map(|f| f.as_raw_fd());
+    let mut child = || -> i32 {
+        // SAFETY: system calls on integers and on the C strings and
+        // pointer arrays prepared before the clone (`argv`, `envp`, alive
+        // until the child has exec'd); nothing allocates or takes a lock.
+        unsafe {
+            // As in the forking path: dies with the daemon thread until set up.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+            libc::setsid();
+            if libc::dup2(devnull, 0) < 0
+                || libc::dup2(log, 1) < 0
+                || libc::dup2(log, 2) < 0
+                || libc::dup2(listener, crate::proto::LISTEN_FD) < 0
+            {
+                return 125;
+            }
+            libc::syscall(libc::SYS_execveat, exe, c"".as_ptr(), argv.as_ptr(), envp.as_ptr(), libc::AT_EMPTY_PATH);
+            let msg = b"strata-shim: execveat of the shim failed\n";
+            libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
+            127
+        }
+    };
+    let (pid, killed) = clone_shared(&mut stack, &mut child, flags, Some(&mut pidfd), SHIM_EXEC_DEADLINE)?;
+    // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    if killed {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        return Err(Errno::ETIMEDOUT);
+    }
+    Ok(Spawned { pid, pidfd })
 }
 
 /// A pidfd for an existing process (for shims adopted after a restart).
@@ -697,6 +755,18 @@ pub fn spawn_shared(
     child: &mut dyn FnMut() -> i32,
     deadline: Duration,
 ) -> Result<(i32, bool), Errno> {
+    clone_shared(stack, child, 0, None, deadline)
+}
+
+/// [`spawn_shared`] with more `clone` flags (namespaces, `CLONE_PIDFD`,
+/// whose descriptor is stored in `pidfd`).
+fn clone_shared(
+    stack: &mut [u8],
+    child: &mut dyn FnMut() -> i32,
+    flags: libc::c_int,
+    pidfd: Option<&mut RawFd>,
+    deadline: Duration,
+) -> Result<(i32, bool), Errno> {
     extern "C" fn trampoline(data: *mut libc::c_void) -> libc::c_int {
         // SAFETY: `data` is the `&mut dyn FnMut` below, alive until the
         // caller has seen this child exec or exit.
@@ -707,12 +777,22 @@ pub fn spawn_shared(
     let mut f: &mut dyn FnMut() -> i32 = child;
     // The top of the stack, 16-byte aligned (it grows down).
     let top = (stack.as_mut_ptr_range().end as usize & !15) as *mut libc::c_void;
+    let pidfd_ptr = pidfd.map_or(std::ptr::null_mut(), |p| p as *mut RawFd);
     // SAFETY: `top` is the aligned end of `stack`, which (like `f`) is
     // borrowed until we return, after the child stopped using our memory
-    // (see above). The shim is single-threaded: no lock is held by another
-    // thread. Meanwhile this thread only makes system calls.
-    let pid =
-        unsafe { libc::clone(trampoline, top, libc::CLONE_VM | libc::SIGCHLD, &mut f as *mut _ as *mut libc::c_void) };
+    // (see above); `pidfd_ptr` (CLONE_PIDFD's `parent_tid`) is null or a
+    // live `RawFd`. The child takes no lock and allocates nothing, so other
+    // threads of the caller (the daemon's) holding locks cannot block it;
+    // this thread only makes system calls meanwhile.
+    let pid = unsafe {
+        libc::clone(
+            trampoline,
+            top,
+            libc::CLONE_VM | flags | libc::SIGCHLD,
+            &mut f as *mut _ as *mut libc::c_void,
+            pidfd_ptr,
+        )
+    };
     let pid = Errno::result(pid)?;
     drop(gate_w);
     let until = Instant::now() + deadline;
