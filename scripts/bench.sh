@@ -29,6 +29,7 @@ if ! command -v cargo >/dev/null; then PATH="$HOME/.cargo/bin:$PATH"; fi
 
 echo "==> building (release) and images" >&2
 cargo build --release --workspace >&2
+scripts/build-shim.sh release
 images/build-all.sh images/out >&2
 BIN=$REPO_ROOT/target/release
 STRATA=$BIN/strata

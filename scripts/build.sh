@@ -23,8 +23,9 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 command -v cargo >/dev/null 2>&1 || die "cargo not found; run scripts/install-deps.sh first"
 
-printf '\n==> cargo build --workspace --release\n'
+printf '\n==> cargo build --workspace --release; scripts/build-shim.sh release\n'
 cargo build --workspace --release
+scripts/build-shim.sh release
 
 printf '\n==> images/build-all.sh %s\n' "$REPO_ROOT/images/out"
 images/build-all.sh "$REPO_ROOT/images/out"

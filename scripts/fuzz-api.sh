@@ -32,6 +32,7 @@ if ! command -v socat >/dev/null || [[ ! -x $VENV/bin/st ]]; then
 fi
 
 cargo build --workspace >&2
+scripts/build-shim.sh debug
 images/build-all.sh images/out >&2
 STRATA=$REPO_ROOT/target/debug/strata
 # shellcheck source=scripts/lib.sh

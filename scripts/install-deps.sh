@@ -88,7 +88,8 @@ else
 	export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 	cargo --version
 fi
-# scripts/test.sh needs rustfmt and clippy.
+# scripts/test.sh needs rustfmt and clippy; scripts/build-shim.sh the musl
+# target (a static strata-shim; without it the shim is built for glibc).
 if command -v rustup >/dev/null 2>&1; then
 	have=$(rustup component list --installed 2>/dev/null || true)
 	for component in rustfmt clippy; do
@@ -97,6 +98,11 @@ if command -v rustup >/dev/null 2>&1; then
 			rustup component add "$component"
 		fi
 	done
+	musl=$(uname -m)-unknown-linux-musl
+	if ! rustup target list --installed 2>/dev/null | grep -qx "$musl"; then
+		log "rustup target add $musl"
+		rustup target add "$musl" || log "warning: no $musl target; strata-shim will be a glibc build"
+	fi
 fi
 
 # API fuzzing (scripts/fuzz-api.sh, run by scripts/test.sh): schemathesis

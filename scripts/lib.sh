@@ -45,6 +45,7 @@ need_tools() {
 build_release() {
 	echo "==> building (release) and images" >&2
 	cargo build --release --workspace >&2
+	scripts/build-shim.sh release
 	images/build-all.sh images/out >&2
 }
 

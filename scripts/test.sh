@@ -124,8 +124,9 @@ if ! leftovers; then
 fi
 echo "clean"
 
-step "cargo build --workspace"
+step "cargo build --workspace; scripts/build-shim.sh"
 cargo build --workspace
+scripts/build-shim.sh debug
 
 step "images/build-all.sh images/out"
 images/build-all.sh "$REPO_ROOT/images/out"
@@ -133,12 +134,12 @@ images/build-all.sh "$REPO_ROOT/images/out"
 step "cargo fmt --all -- --check"
 cargo fmt --all -- --check
 
-step "cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets -- -D warnings
+step "cargo clippy --workspace --all-targets --features strata-shim/binary -- -D warnings"
+cargo clippy --workspace --all-targets --features strata-shim/binary -- -D warnings
 
 step "unit tests: cargo test --workspace --exclude strata-tests"
 # As root, the unit tests marked `needs root` run too (never silently skipped).
-cargo test --workspace --exclude strata-tests -- --include-ignored
+cargo test --workspace --exclude strata-tests --features strata-shim/binary -- --include-ignored
 
 step "integration tests (root): cargo test -p strata-tests -- --test-threads=1"
 export STRATA_TEST_IMAGES="$REPO_ROOT/images/out"

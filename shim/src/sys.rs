@@ -595,13 +595,13 @@ pub fn loopback_up() -> Result<(), Errno> {
         *dst = *src as libc::c_char;
     }
     // SAFETY: SIOCGIFFLAGS reads into the ifreq we own.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } < 0 {
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) } < 0 {
         return Err(Errno::last());
     }
     // SAFETY: the union member ifru_flags is the one SIOCGIFFLAGS filled.
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: SIOCSIFFLAGS reads the ifreq we own.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } < 0 {
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) } < 0 {
         return Err(Errno::last());
     }
     Ok(())
@@ -1023,8 +1023,15 @@ pub fn no_writers(fd: BorrowedFd<'_>) -> Result<(), Errno> {
 /// is the calling thread). Lowering it below the current value needs
 /// CAP_SYS_NICE.
 pub fn set_thread_nice(nice: i32) -> Result<(), Errno> {
+    set_nice(0, nice)
+}
+
+/// The nice value of thread `tid` (a single-threaded process's pid; 0 is
+/// the calling thread).
+pub fn set_nice(tid: i32, nice: i32) -> Result<(), Errno> {
+    let tid = libc::id_t::try_from(tid).map_err(|_| Errno::EINVAL)?;
     // SAFETY: setpriority takes integers only.
-    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
     Errno::result(r).map(drop)
 }
 
@@ -1170,7 +1177,7 @@ pub fn attach_loop(backing: BorrowedFd<'_>) -> Result<(PathBuf, OwnedFd), Errno>
     // (EBUSY): ask again.
     for _ in 0..32 {
         // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a number.
-        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
         let n = Errno::result(n)?;
         let path = PathBuf::from(format!("/dev/loop{n}"));
         let dev = nix::fcntl::open(
@@ -1202,7 +1209,7 @@ pub fn attach_loop(backing: BorrowedFd<'_>) -> Result<(PathBuf, OwnedFd), Errno>
         };
         // SAFETY: `cfg` is a valid `struct loop_config` that outlives the call;
         // the kernel only reads it.
-        let r = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE, &cfg as *const LoopConfig) };
+        let r = unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_CONFIGURE as _, &cfg as *const LoopConfig) };
         match Errno::result(r) {
             Ok(_) => return Ok((path, dev)),
             Err(Errno::EBUSY) => continue,

@@ -250,6 +250,13 @@ pub fn start(
         userns: root_tree.is_some(),
     };
     let fds: Vec<i32> = root_tree.iter().map(|t| t.as_raw_fd()).collect();
+    // A warm shim has the refill thread's nice 19. Woken by its setup at
+    // that weight, it would wait behind every busy thread of a loaded host:
+    // back to normal before it is woken (it also does so itself, a step
+    // later, for an older daemon).
+    if let Some((pid, _)) = &parts.shim {
+        let _ = sys::set_nice(*pid, 0);
+    }
     let features = shim_client::setup(conn, &setup, &fds, SETUP_TIMEOUT)
         .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;
     t.mark("shim_setup");

@@ -23,6 +23,10 @@
 //! changes, which a memfd's seals do not cover. runc 1.2 made the same
 //! choice (`libcontainer/dmz`, an overlayfs-backed copy).
 //!
+//! The shim scripts/build-shim.sh builds is static (musl): it has no
+//! dynamic loader to read a preload file at all. The overlay is what
+//! protects the file either way (a glibc build works too).
+//!
 //! Owns: the copy and the mount. Does not own spawning (`create.rs`).
 
 #![forbid(unsafe_code)]
@@ -37,7 +41,7 @@ use strata_shim::sys;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShimExeError {
-    #[error("read strata-shim {0}")]
+    #[error("read strata-shim {0} (scripts/build-shim.sh builds it; --shim names another)")]
     Read(PathBuf, #[source] std::io::Error),
     #[error("copy strata-shim to {0}")]
     Copy(PathBuf, #[source] std::io::Error),
