@@ -32,16 +32,17 @@ MUSL=$(uname -m)-unknown-linux-musl
 
 have_musl() {
 	command -v rustup >/dev/null 2>&1 || return 1
-	rustup target list --installed 2>/dev/null | grep -qx "$MUSL" && return 0
+	local installed
+	installed=$(rustup target list --installed 2>/dev/null || true)
+	grep -qx "$MUSL" <<<"$installed" && return 0
 	echo "==> rustup target add $MUSL" >&2
 	rustup target add "$MUSL" >&2
 }
 
-if have_musl; then
-	cargo build -p strata-shim --features binary --target "$MUSL" "${flags[@]}" >&2
+if have_musl && cargo build -p strata-shim --features binary --target "$MUSL" "${flags[@]}" >&2; then
 	install -m 0755 "$TARGET_DIR/$MUSL/$PROFILE/strata-shim" "$TARGET_DIR/$PROFILE/strata-shim"
 	echo "==> $TARGET_DIR/$PROFILE/strata-shim (static, $MUSL)" >&2
 else
-	echo "warning: no $MUSL target (rustup target add $MUSL): building a glibc strata-shim, slower to start" >&2
+	echo "warning: no static $MUSL build (rustup target add $MUSL): building a glibc strata-shim, slower to start" >&2
 	cargo build -p strata-shim --features binary "${flags[@]}" >&2
 fi

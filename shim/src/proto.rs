@@ -298,21 +298,23 @@ mod tests {
     #[test]
     fn messages_up_to_the_largest_arrive_and_a_larger_one_is_refused_alone() {
         let (a, b) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC).unwrap();
-        // The socket must hold a message past MAX_MESSAGE.
+        // The socket must take a message past MAX_MESSAGE (the kernel caps
+        // this at twice net.core.wmem_max); the sender blocks until the
+        // receiver below has taken the earlier ones.
         nix::sys::socket::setsockopt(&a, nix::sys::socket::sockopt::SndBuf, &(4 * MAX_MESSAGE)).unwrap();
-        let raw = |n: usize| {
-            // A JSON string of exactly n bytes.
-            let msg = format!("\"{}\"", "x".repeat(n - 2));
-            nix::sys::socket::send(a.as_raw_fd(), msg.as_bytes(), MsgFlags::empty()).unwrap();
-        };
-        raw(MAX_MESSAGE);
-        raw(MAX_MESSAGE + 1);
-        raw(3);
+        let sender = std::thread::spawn(move || {
+            for n in [MAX_MESSAGE, MAX_MESSAGE + 1, 3] {
+                // A JSON string of exactly n bytes.
+                let msg = format!("\"{}\"", "x".repeat(n - 2));
+                nix::sys::socket::send(a.as_raw_fd(), msg.as_bytes(), MsgFlags::empty()).unwrap();
+            }
+        });
         let (got, _): (String, _) = recv(&b).unwrap();
         assert_eq!(got.len(), MAX_MESSAGE - 2);
         assert!(matches!(recv::<String>(&b), Err(ProtoError::Truncated)));
         let (got, _): (String, _) = recv(&b).unwrap();
         assert_eq!(got, "x");
+        sender.join().unwrap();
     }
 
     #[test]

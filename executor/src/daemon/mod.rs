@@ -953,8 +953,11 @@ impl Daemon {
         let wait = match wait.filter(|w| !w.is_zero()) {
             Some(w) => w,
             // A slot a removal still holds comes free in moments (its
-            // teardown): wait for it rather than refuse.
-            None if !pool.removing.is_empty() => teardown::SLOT_WAIT,
+            // teardown): wait for it rather than refuse, when nobody waits
+            // ahead and the removals are what fills the host.
+            None if pool.queue.is_empty() && pool.live.len() + pool.reserved < self.max_sandboxes => {
+                teardown::SLOT_WAIT
+            }
             None => return Err(LaunchError::Full { live: pool.used(), max: self.max_sandboxes }),
         };
         let ticket = pool.next_ticket;
@@ -1065,9 +1068,9 @@ impl Daemon {
         let mut pool = lock(&self.pool);
         // Ranges, not start ids: sandboxes adopted after a restart with
         // another --userns-base may sit across the new slots.
+        // A removed sandbox's processes hold their ids until its teardown.
         let used: Vec<(u64, u64)> = pool
-            .live
-            .values()
+            .mounting()
             .filter_map(|s| s.spec.userns)
             .map(|m| (u64::from(m.host_id), u64::from(m.host_id) + u64::from(m.size)))
             .collect();

@@ -1032,7 +1032,9 @@ impl Daemon {
         let base = self.snapshot_base(&row)?;
         {
             let pool = lock(&self.pool);
-            let free = self.max_sandboxes().saturating_sub(pool.used());
+            // Slots removals still hold are not counted: they come free in
+            // moments, and each launch below waits for its own.
+            let free = self.max_sandboxes().saturating_sub(pool.live.len() + pool.reserved);
             if (count as usize) > free {
                 return Err(ResumeError::NoRoom { count, free, max: self.max_sandboxes() });
             }
@@ -1525,13 +1527,11 @@ impl Daemon {
             return Err(RemoveSnapshotError::InFlight(row.id));
         }
         {
-            let mut pool = lock(&self.pool);
-            let users: Vec<String> = pool
-                .live
-                .values()
-                .filter(|s| s.spec.snapshot.as_deref() == Some(row.id.as_str()))
-                .map(|s| s.id.to_string())
-                .collect();
+            // A sandbox being torn down still mounts the snapshot's layers:
+            // wait for it (a removal stuck past that counts as a user).
+            let started_from = |s: &crate::sandbox::Sandbox| s.spec.snapshot.as_deref() == Some(row.id.as_str());
+            let mut pool = self.after_removals(started_from);
+            let users: Vec<String> = pool.mounting().filter(|s| started_from(s)).map(|s| s.id.to_string()).collect();
             if !users.is_empty() {
                 return Err(RemoveSnapshotError::UsedBy { id: row.id, users });
             }

@@ -10,6 +10,8 @@
 //! slot (a create that finds only such slots taken waits for one rather
 //! than answer 429) and its layers (the collector skips them).
 //!
+//! One that fails (a process that will not die) is tried again, with
+//! backoff, on a thread of its own, keeping its slot and layers meanwhile.
 //! A stop waits for every teardown queued. A daemon killed meanwhile
 //! leaves a sandbox directory without a row: the next start sweeps it
 //! (processes, cgroups, files), as it does a create cut short.
@@ -39,7 +41,9 @@ impl Daemon {
         let d = self.clone();
         let spawned = std::thread::Builder::new().name("teardown".into()).spawn(move || {
             for sb in rx {
-                d.finish_teardown(&sb);
+                if d.try_teardown(&sb).is_err() {
+                    d.retry_teardown(sb);
+                }
             }
         });
         match spawned {
@@ -63,28 +67,46 @@ impl Daemon {
             None => sb,
         };
         drop(queue);
-        self.finish_teardown(&sb);
+        if self.try_teardown(&sb).is_err() {
+            // Stopping (or no thread): the next start sweeps what is left.
+            lock(&self.pool).removing.remove(&sb.id);
+            self.slots.notify_all();
+        }
     }
 
-    fn finish_teardown(&self, sb: &Sandbox) {
+    /// One attempt; done, the sandbox leaves `removing` (its slot and
+    /// layers are free). Every step of `destroy` can be repeated.
+    fn try_teardown(&self, sb: &Sandbox) -> Result<(), ()> {
         crate::failpoint::hit("teardown:start");
-        let mut result = sb.destroy(&self.rt.store);
-        if let Err(e) = &result {
-            // Every step of destroy can be repeated: once more, after a
-            // pause, for a process slow to leave its cgroup.
-            tracing::warn!("tear down sandbox {}: {}; trying again", sb.id, crate::error::chain(e));
-            std::thread::sleep(Duration::from_secs(1));
-            result = sb.destroy(&self.rt.store);
-        }
-        if let Err(e) = result {
-            tracing::error!(
-                "tear down sandbox {}: {}; the next daemon start sweeps what is left",
-                sb.id,
-                crate::error::chain(&e)
-            );
+        if let Err(e) = sb.destroy(&self.rt.store) {
+            tracing::warn!("tear down sandbox {}: {}", sb.id, crate::error::chain(&e));
+            return Err(());
         }
         lock(&self.pool).removing.remove(&sb.id);
         self.slots.notify_all();
+        Ok(())
+    }
+
+    /// A teardown that failed (a process that will not die, a cgroup that
+    /// will not go) is tried again on a thread of its own, with backoff,
+    /// so the others go on; the sandbox keeps its slot and layers until
+    /// it is done, since they are still in use. A stop leaves it to the
+    /// next start's sweep.
+    fn retry_teardown(self: &Arc<Self>, sb: Arc<Sandbox>) {
+        let d = self.clone();
+        let spawned = std::thread::Builder::new().name("teardown-retry".into()).spawn(move || {
+            let mut pause = Duration::from_secs(1);
+            loop {
+                std::thread::sleep(pause);
+                if d.stopping.load(std::sync::atomic::Ordering::Acquire) || d.try_teardown(&sb).is_ok() {
+                    return;
+                }
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::error!("retry the teardown of a sandbox: {e}; the next daemon start sweeps it");
+        }
     }
 
     /// The pool, once no sandbox being torn down matches `which` (or
