@@ -3397,8 +3397,11 @@ fn capture_work_is_charged_to_the_sandbox_not_the_daemon() {
     assert!(worker > 0.5, "the workers used {worker:.2} s: {snap}");
     assert!(charged >= worker * 0.9, "the capture cgroup was charged {charged:.2} s of the workers' {worker:.2} s");
     // What the daemon still does is the frozen copy into the tar and
-    // feeding the compressor (here 0.8-1.6 s against the workers' 1.7-2.3).
-    assert!(used < worker * 0.8, "the daemon used {used:.2} s of CPU, the workers {worker:.2} s");
+    // feeding the compressor: 0.8-1.6 s against the workers' 1.7-2.3 with
+    // the upper in the page cache, up to 2.5 s against 2.2 when this VM's
+    // reclaim (DAMON) had emptied it and the copy read it from disk. Were
+    // the daemon compressing too, it would use well over twice that.
+    assert!(used < worker * 1.5, "the daemon used {used:.2} s of CPU, the workers {worker:.2} s");
     assert!(quota == "150000" || quota == "150000 100000", "capture cgroup quota {quota:?}");
     // The snapshot is whole.
     let resumed = env.cli_ok(&["resume", snap["id"].as_str().unwrap()]).trim().to_string();
