@@ -887,11 +887,10 @@ impl Daemon {
         {
             let mut pool = self.reserve_slot(launch.wait)?;
             if let Some(id) = &id {
-                if pool.removing.contains_key(id) {
-                    // Its files and cgroup go in moments; they are named by id.
-                    drop(pool);
-                    pool = self.after_removals(|s| s.id == *id);
-                }
+                // A removal of that id still tearing down ends in moments
+                // (its files and cgroup are named by id): wait for it.
+                drop(pool);
+                pool = self.after_removals(|s| s.id == *id);
                 if pool.live.contains_key(id) || pool.removing.contains_key(id) || !pool.claimed.insert(id.clone()) {
                     pool.reserved -= 1;
                     drop(pool);
