@@ -8,17 +8,20 @@
 //! calls fail with EPERM; `clone3` fails with ENOSYS, because its flags are
 //! behind a pointer a filter cannot read, so libc falls back to `clone`,
 //! whose flags it can. The filter checks the architecture first (a call
-//! made through another ABI kills the process). On x86_64 a third filter
-//! refuses the x32 ABI (ENOSYS): x32 calls carry the x86_64 audit
-//! architecture with bit 30 set in the number, so a deny list by number
-//! would miss them on kernels built with x32. `--seccomp unconfined` on a
-//! sandbox leaves all of it out.
+//! made through another ABI kills the process). On x86_64 it also refuses
+//! the x32 ABI (ENOSYS): x32 calls carry the x86_64 audit architecture with
+//! bit 30 set in the number, so a deny list by number would miss them on
+//! kernels built with x32. `--seccomp unconfined` on a sandbox leaves all
+//! of it out.
+//!
+//! All of it is one classic BPF program, written out here rather than
+//! compiled by seccompiler: seccompiler gives a filter one action for every
+//! rule, so EPERM, ENOSYS and the x32 check took three filters, and each
+//! filter costs its own attachment (a JIT compilation and the kernel's
+//! per-syscall action cache) at every sandbox start and its own run at
+//! every call the cache cannot answer. seccompiler still installs it.
 
-use std::collections::BTreeMap;
-
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
-};
+use seccompiler::sock_filter;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
@@ -28,10 +31,12 @@ pub enum SeccompError {
     Install(String),
 }
 
+/// The audit architecture of this build's native ABI (linux/audit.h:
+/// EM_* | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE).
 #[cfg(target_arch = "x86_64")]
-const ARCH: TargetArch = TargetArch::x86_64;
+const AUDIT_ARCH: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 #[cfg(target_arch = "aarch64")]
-const ARCH: TargetArch = TargetArch::aarch64;
+const AUDIT_ARCH: u32 = 183 | 0x8000_0000 | 0x4000_0000;
 
 /// Always denied (EPERM).
 const DENIED: &[libc::c_long] = &[
@@ -83,112 +88,172 @@ const DENIED: &[libc::c_long] = &[
     libc::SYS_uselib,
 ];
 
-/// The filters, in install order: the deny list (EPERM, with `unshare` and
-/// `clone` denied only when they ask for a user namespace), then `clone3`
-/// (ENOSYS).
-fn filters() -> Result<Vec<BpfProgram>, SeccompError> {
-    let b = |e: seccompiler::BackendError| SeccompError::Build(e.to_string());
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|&n| (n, vec![])).collect();
-    let newuser = libc::CLONE_NEWUSER as u64;
-    let flags_ask_newuser =
-        || SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(newuser), newuser).map_err(b);
-    rules.insert(libc::SYS_unshare, vec![SeccompRule::new(vec![flags_ask_newuser()?]).map_err(b)?]);
-    rules.insert(libc::SYS_clone, vec![SeccompRule::new(vec![flags_ask_newuser()?]).map_err(b)?]);
-    let deny =
-        SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::EPERM as u32), ARCH).map_err(b)?;
-    let clone3 = SeccompFilter::new(
-        [(libc::SYS_clone3, vec![])].into_iter().collect(),
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::ENOSYS as u32),
-        ARCH,
-    )
-    .map_err(b)?;
-    let compile = |f: SeccompFilter| -> Result<BpfProgram, SeccompError> {
-        f.try_into().map_err(|e: seccompiler::BackendError| SeccompError::Build(e.to_string()))
-    };
-    let mut progs = vec![compile(deny)?, compile(clone3)?];
-    if cfg!(target_arch = "x86_64") {
-        progs.push(no_x32());
-    }
-    Ok(progs)
-}
+/// Denied (EPERM) only when their flags (the first argument) ask for a
+/// user namespace.
+const DENIED_WITH_NEWUSER: &[libc::c_long] = &[libc::SYS_unshare, libc::SYS_clone];
 
 /// Bit 30 of a syscall number on x86_64 selects the x32 ABI.
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
-const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
 
-/// `seccomp_data` offsets: the syscall number, then the audit architecture.
+/// `struct seccomp_data`: the number, the audit architecture, the
+/// instruction pointer, then six 64-bit arguments (the low half first on
+/// these little-endian architectures).
 const OFFSET_NR: u32 = 0;
 const OFFSET_ARCH: u32 = 4;
+const OFFSET_ARG0_LOW: u32 = 16;
 
-/// Every x32 call (x86_64 audit architecture, number >= bit 30): ENOSYS,
-/// as on a kernel without x32. Anything else: allowed (the other filters
-/// decide).
-fn no_x32() -> BpfProgram {
-    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
-    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
-    const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
-    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
-    let i = |code, jt, jf, k| seccompiler::sock_filter { code, jt, jf, k };
-    vec![
-        i(LD_W_ABS, 0, 0, OFFSET_ARCH),
-        i(JEQ_K, 0, 3, AUDIT_ARCH_X86_64),
-        i(LD_W_ABS, 0, 0, OFFSET_NR),
-        i(JGE_K, 0, 1, X32_SYSCALL_BIT),
-        i(RET_K, 0, 0, SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
-        i(RET_K, 0, 0, SECCOMP_RET_ALLOW),
-    ]
+// Classic BPF opcodes (linux/bpf_common.h); libc has them as u32.
+const LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
+const JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
+const JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
+const JSET_K: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
+const RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
+
+const ALLOW: u32 = libc::SECCOMP_RET_ALLOW;
+const KILL_PROCESS: u32 = libc::SECCOMP_RET_KILL_PROCESS;
+const EPERM: u32 = libc::SECCOMP_RET_ERRNO | libc::EPERM as u32;
+const ENOSYS: u32 = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+
+/// Where a conditional jump goes: the next instruction or one of the
+/// shared blocks at the program's end.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum To {
+    Next,
+    Kill,
+    CheckNewUser,
+    Allow,
+    Eperm,
+    Enosys,
 }
 
-/// Install the filters on the calling (only) thread; it is inherited by
+/// One instruction before its jumps are resolved to offsets.
+type Insn = (u16, u32, To, To);
+
+fn stmt(code: u16, k: u32) -> Insn {
+    (code, k, To::Next, To::Next)
+}
+
+/// The program: architecture, then x32 and `clone3` (ENOSYS), then the deny
+/// list, then `clone`/`unshare` by their flags; every match jumps to one
+/// shared block at the end.
+pub fn program() -> Result<Vec<sock_filter>, SeccompError> {
+    let mut insns =
+        vec![stmt(LD_W_ABS, OFFSET_ARCH), (JEQ_K, AUDIT_ARCH, To::Next, To::Kill), stmt(LD_W_ABS, OFFSET_NR)];
+    if cfg!(target_arch = "x86_64") {
+        insns.push((JGE_K, X32_SYSCALL_BIT, To::Enosys, To::Next));
+    }
+    insns.push((JEQ_K, libc::SYS_clone3 as u32, To::Enosys, To::Next));
+    insns.extend(DENIED.iter().map(|&nr| (JEQ_K, nr as u32, To::Eperm, To::Next)));
+    insns.extend(DENIED_WITH_NEWUSER.iter().map(|&nr| (JEQ_K, nr as u32, To::CheckNewUser, To::Next)));
+    insns.push(stmt(RET_K, ALLOW));
+    let blocks = [
+        (To::Kill, vec![stmt(RET_K, KILL_PROCESS)]),
+        (
+            To::CheckNewUser,
+            vec![stmt(LD_W_ABS, OFFSET_ARG0_LOW), (JSET_K, libc::CLONE_NEWUSER as u32, To::Eperm, To::Allow)],
+        ),
+        (To::Allow, vec![stmt(RET_K, ALLOW)]),
+        (To::Eperm, vec![stmt(RET_K, EPERM)]),
+        (To::Enosys, vec![stmt(RET_K, ENOSYS)]),
+    ];
+    let mut starts = Vec::new();
+    for (label, block) in blocks {
+        starts.push((label, insns.len()));
+        insns.extend(block);
+    }
+    let at = |to: To| starts.iter().find(|(label, _)| *label == to).map(|(_, pc)| *pc);
+    insns
+        .iter()
+        .enumerate()
+        .map(|(pc, &(code, k, t, f))| {
+            // Offsets count from the next instruction and only go forward.
+            let offset = |to: To| match to {
+                To::Next => Ok(0),
+                _ => at(to)
+                    .and_then(|target| target.checked_sub(pc + 1))
+                    .and_then(|offset| u8::try_from(offset).ok())
+                    .ok_or_else(|| SeccompError::Build(format!("no jump from {pc} to {to:?}"))),
+            };
+            Ok(sock_filter { code, jt: offset(t)?, jf: offset(f)?, k })
+        })
+        .collect()
+}
+
+/// Install the filter on the calling (only) thread; it is inherited by
 /// every process it starts. Needs `no_new_privs` (set just before).
 pub fn install() -> Result<(), SeccompError> {
-    for prog in filters()? {
-        seccompiler::apply_filter(&prog).map_err(|e| SeccompError::Install(e.to_string()))?;
-    }
-    Ok(())
+    seccompiler::apply_filter(&program()?).map_err(|e| SeccompError::Install(e.to_string()))
 }
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_filters_compile() {
-        let f = super::filters().unwrap();
-        assert_eq!(f.len(), if cfg!(target_arch = "x86_64") { 3 } else { 2 });
-        assert!(f.iter().all(|p| !p.is_empty() && p.len() < 4096));
+    use super::*;
+
+    /// A call as the filter sees it.
+    struct Call {
+        nr: u32,
+        arch: u32,
+        arg0: u64,
     }
 
-    /// Run a classic BPF program of the few kinds `no_x32` uses.
-    fn run(prog: &[seccompiler::sock_filter], nr: u32, arch: u32) -> u32 {
+    /// Run the classic BPF the program uses, as the kernel would.
+    fn run(prog: &[sock_filter], call: &Call) -> u32 {
         let (mut pc, mut acc) = (0usize, 0u32);
         loop {
             let ins = &prog[pc];
+            pc += 1;
+            let jump = |hit: bool| usize::from(if hit { ins.jt } else { ins.jf });
             match ins.code {
-                0x20 => acc = if ins.k == super::OFFSET_NR { nr } else { arch },
-                0x15 | 0x35 => {
-                    let hit = if ins.code == 0x15 { acc == ins.k } else { acc >= ins.k };
-                    pc += usize::from(if hit { ins.jt } else { ins.jf });
+                LD_W_ABS => {
+                    acc = match ins.k {
+                        OFFSET_NR => call.nr,
+                        OFFSET_ARCH => call.arch,
+                        OFFSET_ARG0_LOW => call.arg0 as u32,
+                        k => panic!("load from offset {k}"),
+                    }
                 }
-                0x06 => return ins.k,
+                JEQ_K => pc += jump(acc == ins.k),
+                JGE_K => pc += jump(acc >= ins.k),
+                JSET_K => pc += jump(acc & ins.k != 0),
+                RET_K => return ins.k,
                 c => panic!("unexpected opcode {c:#x}"),
             }
-            pc += 1;
         }
     }
 
+    fn native(nr: libc::c_long, arg0: u64) -> Call {
+        Call { nr: nr as u32, arch: AUDIT_ARCH, arg0 }
+    }
+
     #[test]
-    fn x32_calls_are_refused_and_others_left_to_the_other_filters() {
-        let p = super::no_x32();
-        let x86_64 = super::AUDIT_ARCH_X86_64;
-        let enosys = super::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
-        // x32 getpid, x32 mount (the numbers a deny list by number misses).
-        assert_eq!(run(&p, super::X32_SYSCALL_BIT | 39, x86_64), enosys);
-        assert_eq!(run(&p, super::X32_SYSCALL_BIT | 165, x86_64), enosys);
-        // Plain x86_64 calls and other architectures pass this filter.
-        assert_eq!(run(&p, 39, x86_64), super::SECCOMP_RET_ALLOW);
-        assert_eq!(run(&p, 165, x86_64), super::SECCOMP_RET_ALLOW);
-        assert_eq!(run(&p, super::X32_SYSCALL_BIT | 39, 0x4000_0003), super::SECCOMP_RET_ALLOW);
+    fn one_program_decides_every_call() {
+        let p = program().unwrap();
+        assert!(p.len() < 4096, "{}", p.len());
+        for &nr in DENIED {
+            assert_eq!(run(&p, &native(nr, 0)), EPERM, "{nr}");
+        }
+        let newuser = libc::CLONE_NEWUSER as u64;
+        for &nr in DENIED_WITH_NEWUSER {
+            assert_eq!(run(&p, &native(nr, newuser | libc::CLONE_NEWNS as u64)), EPERM, "{nr}");
+            assert_eq!(run(&p, &native(nr, libc::CLONE_NEWNS as u64)), ALLOW, "{nr}");
+            // Only the flag decides, not the upper half.
+            assert_eq!(run(&p, &native(nr, 1 << 40)), ALLOW, "{nr}");
+        }
+        assert_eq!(run(&p, &native(libc::SYS_clone3, 0)), ENOSYS);
+        for nr in [libc::SYS_getpid, libc::SYS_read, libc::SYS_execve, libc::SYS_openat] {
+            assert_eq!(run(&p, &native(nr, 0)), ALLOW, "{nr}");
+        }
+        // Another ABI (here i386's audit architecture): killed.
+        assert_eq!(run(&p, &Call { nr: 39, arch: 3 | 0x4000_0000, arg0: 0 }), KILL_PROCESS);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn x32_calls_are_refused() {
+        let p = program().unwrap();
+        // x32 getpid and mount: numbers a deny list by number misses.
+        for nr in [39, 165] {
+            assert_eq!(run(&p, &native(i64::from(X32_SYSCALL_BIT | nr), 0)), ENOSYS, "{nr}");
+        }
     }
 }
