@@ -61,6 +61,9 @@ fn main() -> ExitCode {
             return ShimExit::NoListener.into();
         }
     };
+    // The network namespace is ours from the start: `lo` goes up now, so a
+    // warm shim (started ahead of any create) has it done before it is used.
+    let loopback = strata_shim::sys::loopback_up();
     let conn = match supervise::accept(&listener) {
         Ok(c) => c,
         Err(e) => {
@@ -86,7 +89,7 @@ fn main() -> ExitCode {
     if let Err(e) = strata_shim::sys::clear_parent_death_signal() {
         eprintln!("strata-shim: clear parent death signal: {e}");
     }
-    if let Err(e) = setup::run(&spec, rootfs) {
+    if let Err(e) = setup::run(&spec, rootfs, loopback) {
         let chain = chain(&e);
         eprintln!("strata-shim: setup failed: {}", chain.join(": "));
         let _ = proto::send(&conn, &ShimEvent::SetupFailed { chain }, &[]);

@@ -81,7 +81,10 @@ const READONLY_PATHS: [&str; 5] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/
 const DEVICES: [(&str, u64, u64); 6] =
     [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
 
-pub fn run(spec: &SetupSpec, rootfs: Option<OwnedFd>) -> Result<(), SetupError> {
+/// `loopback` is how bringing `lo` up went: the shim does it when it
+/// starts, before the daemon connects, so that a warm shim has it done off
+/// the request path (it needs nothing from the spec).
+pub fn run(spec: &SetupSpec, rootfs: Option<OwnedFd>, loopback: Result<(), Errno>) -> Result<(), SetupError> {
     // 1. Nothing we mount may propagate back to the host.
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
         .map_err(SetupError::PrivateRoot)?;
@@ -215,9 +218,9 @@ pub fn run(spec: &SetupSpec, rootfs: Option<OwnedFd>) -> Result<(), SetupError> 
     //     are the sandbox's own /proc and /sys, no image path is involved).
     mask_kernel_paths()?;
 
-    // 7. Identity and network: own hostname, loopback only.
+    // 7. Identity and network: own hostname, loopback only (up already).
     nix::unistd::sethostname(&spec.hostname).map_err(|e| SetupError::Hostname(spec.hostname.clone(), e))?;
-    sys::loopback_up().map_err(SetupError::Loopback)?;
+    loopback.map_err(SetupError::Loopback)?;
 
     // 8. Privileges: Docker's default capability set, no_new_privs. The shim
     //    keeps only what it needs to spawn commands as other users.
