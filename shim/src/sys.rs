@@ -86,10 +86,11 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
     let mut envp: Vec<*const libc::c_char> = plan.envp.iter().map(|a| a.as_ptr()).collect();
     envp.push(std::ptr::null());
 
+    let fds = [&exe, &listener, &log, &devnull].map(|f| f.as_raw_fd());
+    let Some(gate) = plan.userns_gate.as_ref().map(|g| g.as_raw_fd()) else {
+        return spawn_shared_in_namespaces(namespaces, fds, &argv, &envp);
+    };
     let mut pidfd: RawFd = -1;
-    if plan.userns_gate.is_none() {
-        return spawn_shared_in_namespaces(namespaces, [&exe, &listener, &log, &devnull], &argv, &envp);
-    }
     let args = CloneArgs {
         flags: namespaces | libc::CLONE_PIDFD as u64,
         pidfd: &mut pidfd as *mut RawFd as u64,
@@ -104,59 +105,71 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
         return Err(Errno::last());
     }
     if ret == 0 {
-        // Child. SAFETY: only async-signal-safe calls (setsid, dup2, execveat,
-        // _exit) on fds and C strings that were prepared before clone3.
-        unsafe {
-            // Until it has its spec, a shim dies with the daemon thread that
-            // made it (a warm shim must not outlive a killed daemon; it is in
-            // no sandbox cgroup a restart could find). The shim clears this
-            // once set up: a live sandbox survives its daemon.
-            // (getppid() cannot close the race with a parent that died
-            // before this line: in a new PID namespace it returns 0.)
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-            libc::setsid();
-            if let Some(gate) = &plan.userns_gate {
-                let mut byte = 0u8;
-                if libc::read(gate.as_raw_fd(), &mut byte as *mut u8 as *mut libc::c_void, 1) != 1 {
-                    libc::_exit(124);
-                }
-                // Raw syscalls: glibc's wrappers would try to signal the
-                // parent's other threads, which this child does not have.
-                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
-                    || libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
-                    || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0
-                {
-                    libc::_exit(124);
-                }
-                // Changing ids cleared the parent-death signal: set it again.
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-            }
-            if libc::dup2(devnull.as_raw_fd(), 0) < 0
-                || libc::dup2(log.as_raw_fd(), 1) < 0
-                || libc::dup2(log.as_raw_fd(), 2) < 0
-                || libc::dup2(listener.as_raw_fd(), crate::proto::LISTEN_FD) < 0
-            {
-                libc::_exit(125);
-            }
-            // The descriptor is close-on-exec: the shim never holds it
-            // (fine for an ELF file; only scripts need their fd open).
-            libc::syscall(
-                libc::SYS_execveat,
-                exe.as_raw_fd(),
-                c"".as_ptr(),
-                argv.as_ptr(),
-                envp.as_ptr(),
-                libc::AT_EMPTY_PATH,
-            );
-            // Say why in the shim's log (fd 2) before giving up.
-            let msg = b"strata-shim: execveat of the shim failed\n";
-            libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
-            libc::_exit(127);
-        }
+        // SAFETY: the child of a fork: `shim_child`'s contract holds (the
+        // fds and C strings were prepared before clone3).
+        unsafe { libc::_exit(shim_child(fds, Some(gate), &argv, &envp)) };
     }
     // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     Ok(Spawned { pid: ret as i32, pidfd })
+}
+
+/// The child's side of a shim spawn, on either path: detach, wait for its
+/// user namespace maps if `gate` is given, put `fds` (the shim's
+/// executable, its listener, its log and /dev/null) in place and `execveat`
+/// the shim. Returns only on failure, with the exit code to end with.
+///
+/// # Safety
+/// For a child of `clone`: makes only async-signal-safe system calls,
+/// allocates nothing and takes no lock, on descriptors and C string arrays
+/// (null-terminated) prepared before the clone.
+unsafe fn shim_child(
+    [exe, listener, log, devnull]: [RawFd; 4],
+    gate: Option<RawFd>,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> i32 {
+    // SAFETY: the caller upholds the contract above for every call here.
+    unsafe {
+        // Until it has its spec, a shim dies with the daemon thread that made
+        // it (a warm shim must not outlive a killed daemon; it is in no sandbox
+        // cgroup a restart could find). The shim clears this once set up: a
+        // live sandbox survives its daemon. (getppid() cannot close the race
+        // with a parent that died before this line: in a new PID namespace it
+        // returns 0.)
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        libc::setsid();
+        if let Some(gate) = gate {
+            let mut byte = 0u8;
+            if libc::read(gate, &mut byte as *mut u8 as *mut libc::c_void, 1) != 1 {
+                return 124;
+            }
+            // Raw syscalls: glibc's wrappers would try to signal the parent's
+            // other threads, which this child does not have.
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
+                || libc::syscall(libc::SYS_setresgid, 0, 0, 0) < 0
+                || libc::syscall(libc::SYS_setresuid, 0, 0, 0) < 0
+            {
+                return 124;
+            }
+            // Changing ids cleared the parent-death signal: set it again.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        }
+        if libc::dup2(devnull, 0) < 0
+            || libc::dup2(log, 1) < 0
+            || libc::dup2(log, 2) < 0
+            || libc::dup2(listener, crate::proto::LISTEN_FD) < 0
+        {
+            return 125;
+        }
+        // The descriptor is close-on-exec: the shim never holds it (fine for an
+        // ELF file; only scripts need their fd open).
+        libc::syscall(libc::SYS_execveat, exe, c"".as_ptr(), argv.as_ptr(), envp.as_ptr(), libc::AT_EMPTY_PATH);
+        // Say why in the shim's log (fd 2) before giving up.
+        let msg = b"strata-shim: execveat of the shim failed\n";
+        libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
+        127
+    }
 }
 
 /// How long a shim's child may take to exec before it is killed.
@@ -172,35 +185,16 @@ const SHIM_EXEC_DEADLINE: Duration = Duration::from_secs(5);
 /// `fds`: the shim's executable, its listener, its log and /dev/null.
 fn spawn_shared_in_namespaces(
     namespaces: u64,
-    fds: [&OwnedFd; 4],
+    fds: [RawFd; 4],
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
 ) -> Result<Spawned, Errno> {
     let flags = libc::c_int::try_from(namespaces).map_err(|_| Errno::EINVAL)? | libc::CLONE_PIDFD;
     let mut stack = vec![0u8; 64 * 1024];
     let mut pidfd: RawFd = -1;
-    let [exe, listener, log, devnull] = fds.map(|f| f.as_raw_fd());
-    let mut child = || -> i32 {
-        // SAFETY: system calls on integers and on the C strings and
-        // pointer arrays prepared before the clone (`argv`, `envp`, alive
-        // until the child has exec'd); nothing allocates or takes a lock.
-        unsafe {
-            // As in the forking path: dies with the daemon thread until set up.
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
-            libc::setsid();
-            if libc::dup2(devnull, 0) < 0
-                || libc::dup2(log, 1) < 0
-                || libc::dup2(log, 2) < 0
-                || libc::dup2(listener, crate::proto::LISTEN_FD) < 0
-            {
-                return 125;
-            }
-            libc::syscall(libc::SYS_execveat, exe, c"".as_ptr(), argv.as_ptr(), envp.as_ptr(), libc::AT_EMPTY_PATH);
-            let msg = b"strata-shim: execveat of the shim failed\n";
-            libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
-            127
-        }
-    };
+    // SAFETY: `shim_child`'s contract holds: the fds, `argv` and `envp`
+    // were prepared before the clone and outlive the child's exec.
+    let mut child = || -> i32 { unsafe { shim_child(fds, None, argv, envp) } };
     let (pid, killed) = clone_shared(&mut stack, &mut child, flags, Some(&mut pidfd), SHIM_EXEC_DEADLINE)?;
     // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
@@ -783,7 +777,15 @@ fn clone_shared(
     // (see above); `pidfd_ptr` (CLONE_PIDFD's `parent_tid`) is null or a
     // live `RawFd`. The child takes no lock and allocates nothing, so other
     // threads of the caller (the daemon's) holding locks cannot block it;
-    // this thread only makes system calls meanwhile.
+    // this thread only makes system calls meanwhile. Signals are not
+    // blocked around the clone (posix_spawn blocks them, to keep handlers
+    // from running in the child): neither the daemon nor the shim has a
+    // handler (the daemon waits for SIGTERM and SIGINT on a thread, with
+    // them blocked), and std's SIGSEGV handler has no alternate stack in a
+    // CLONE_VM child (the kernel clears it), so a signal before the exec
+    // takes its default action. `stack` has no guard page: the children
+    // (`shim_child`, the exec path's) are short, non-recursive code that
+    // uses a small part of it.
     let pid = unsafe {
         libc::clone(
             trampoline,
