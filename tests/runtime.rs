@@ -1629,6 +1629,54 @@ fn a_removal_answers_once_killed_and_its_teardown_keeps_the_slot() {
     env.finish();
 }
 
+/// A teardown that fails keeps the slot and files of its sandbox, does not
+/// hold up the removals queued after it, and is tried again until done.
+#[test]
+fn a_failed_teardown_keeps_its_slot_and_is_retried() {
+    let env = TestEnv::start_with_flags_and_env(
+        &["--max-sandboxes", "2"],
+        &[("STRATA_FAILPOINTS", "teardown:destroy=fail-once")],
+    );
+    env.import_busybox();
+    let none = None::<&()>;
+    let slots_used = || -> u64 {
+        let info: Value = env.client().call("GET", "/v1/info", none).unwrap();
+        info["slots_used"].as_u64().unwrap()
+    };
+    let gone = |id: &str| {
+        !env.root.join("sandboxes").join(id).exists() && env.cgroup_dirs().iter().all(|d| !d.join(id).exists())
+    };
+    let a = create(&env, json!({"image": "busybox"}));
+    let b = create(&env, json!({"image": "busybox"}));
+    let asked = Instant::now();
+    env.client().request("DELETE", &format!("/v1/sandboxes/{a}"), none).unwrap();
+    let start = Instant::now();
+    while !env.daemon_log().contains("failpoint teardown:destroy failing") {
+        assert!(start.elapsed() < Duration::from_secs(5), "the teardown never ran");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Failed: its slot and files stay (the first retry is a second away).
+    assert_eq!(slots_used(), 2);
+    assert!(!gone(&a));
+    // The next removal is not queued behind it.
+    env.client().request("DELETE", &format!("/v1/sandboxes/{b}"), none).unwrap();
+    let start = Instant::now();
+    while !gone(&b) {
+        assert!(start.elapsed() < Duration::from_secs(5), "the second teardown waited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(asked.elapsed() < Duration::from_millis(900), "b was torn down after a's retry: {:?}", asked.elapsed());
+    assert_eq!(slots_used(), 1, "a's slot was given back before its teardown");
+    assert!(!gone(&a));
+    // The retry finishes it.
+    let start = Instant::now();
+    while !gone(&a) || slots_used() != 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "the failed teardown was never retried");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    env.finish();
+}
+
 #[test]
 fn ready_pools_serve_the_creates_that_fit_and_refill() {
     let env = TestEnv::start_with(&["--pool", "busybox=2", "--warm-pool", "0"]);

@@ -5,7 +5,7 @@
 //! milliseconds and go on; `name=stop-after:N` passes N times and stops at
 //! the next arrival (a crash in a second checkpoint, say); `name=fail`
 //! makes [`fails`] answer true there (the step fails as it would on its
-//! own). Unset, a point costs one load
+//! own), `name=fail-once` only at the first arrival (a retry then works). Unset, a point costs one load
 //! of an initialised static.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,6 +18,8 @@ enum Action {
     StopAfter(AtomicU64),
     SleepOnce(Duration, AtomicBool),
     Fail,
+    /// Fails the first time (the flag says it has).
+    FailOnce(AtomicBool),
 }
 
 static POINTS: OnceLock<Vec<(String, Action)>> = OnceLock::new();
@@ -28,7 +30,14 @@ fn armed() -> &'static [(String, Action)] {
 
 /// Whether the step at `name` is to fail (armed as `name=fail`).
 pub fn fails(name: &str) -> bool {
-    let fail = armed().iter().any(|(point, action)| point == name && matches!(action, Action::Fail));
+    let fail = armed().iter().any(|(point, action)| {
+        point == name
+            && match action {
+                Action::Fail => true,
+                Action::FailOnce(done) => !done.swap(true, Ordering::AcqRel),
+                _ => false,
+            }
+    });
     if fail {
         tracing::warn!("failpoint {name} failing");
     }
@@ -54,7 +63,7 @@ pub fn hit(name: &str) {
                     std::thread::sleep(*d);
                 }
             }
-            Action::Fail => {}
+            Action::Fail | Action::FailOnce(_) => {}
         }
     }
 }
@@ -76,6 +85,8 @@ fn parse(v: &str) -> Vec<(String, Action)> {
                 (name.to_string(), Action::SleepOnce(Duration::from_millis(ms), AtomicBool::new(false)))
             } else if let Some((name, n)) = s.split_once("=stop-after:") {
                 (name.to_string(), Action::StopAfter(AtomicU64::new(n.parse().unwrap_or(0))))
+            } else if let Some(name) = s.strip_suffix("=fail-once") {
+                (name.to_string(), Action::FailOnce(AtomicBool::new(false)))
             } else if let Some(name) = s.strip_suffix("=fail") {
                 (name.to_string(), Action::Fail)
             } else {
@@ -91,9 +102,10 @@ mod tests {
 
     #[test]
     fn parses_a_list() {
-        let p = parse(" a, b=sleep-once:250,,c,d=stop-after:1,e=fail ");
+        let p = parse(" a, b=sleep-once:250,,c,d=stop-after:1,e=fail,f=fail-once ");
         let names: Vec<&str> = p.iter().map(|(n, _)| n.as_str()).collect();
-        assert_eq!(names, ["a", "b", "c", "d", "e"]);
+        assert_eq!(names, ["a", "b", "c", "d", "e", "f"]);
+        assert!(matches!(&p[5].1, Action::FailOnce(done) if !done.load(Ordering::Relaxed)));
         assert!(matches!(&p[3].1, Action::StopAfter(n) if n.load(Ordering::Relaxed) == 1));
         assert!(matches!(p[4].1, Action::Fail));
         assert!(matches!(p[1].1, Action::SleepOnce(d, _) if d == Duration::from_millis(250)));

@@ -318,6 +318,9 @@ impl Store {
     /// Remove a sandbox's directories off the caller's path: check for
     /// mounts, rename the directory into `tmp/` (atomic; `tmp/` is swept at
     /// start, so a crash cannot leak it) and delete it on a background thread.
+    /// The teardown thread, already off the request path, uses it too: a
+    /// thread per tree keeps a large upper's deletion from delaying the
+    /// next queued teardown and the slot it frees.
     pub fn discard_sandbox(&self, id: &SandboxId) -> Result<(), StoreError> {
         let d = self.sandbox_dirs(id);
         crate::disk::release(&d.dir)?;

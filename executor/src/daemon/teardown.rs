@@ -78,6 +78,9 @@ impl Daemon {
     /// layers are free). Every step of `destroy` can be repeated.
     fn try_teardown(&self, sb: &Sandbox) -> Result<(), ()> {
         crate::failpoint::hit("teardown:start");
+        if crate::failpoint::fails("teardown:destroy") {
+            return Err(());
+        }
         if let Err(e) = sb.destroy(&self.rt.store) {
             tracing::warn!("tear down sandbox {}: {}", sb.id, crate::error::chain(&e));
             return Err(());
