@@ -1491,6 +1491,7 @@ fn a_host_tells_its_capacity_and_drains() {
     let i = info(&env);
     let ps = env.cli_ok(&["ps"]);
     assert_eq!(i["slots_used"].as_u64().unwrap() as usize, ps.lines().count() - 1, "{i} vs {ps}");
+    assert_eq!(i["slots_removing"], 0, "{i}");
     assert_eq!(i["memory_allocated"], 96u64 << 20, "{i}");
     assert!((i["cpus_allocated"].as_f64().unwrap() - 0.75).abs() < 1e-9, "{i}");
     assert!(i["memory_total"].as_u64().unwrap() > 0 && i["cpus_total"].as_u64().unwrap() > 0, "{i}");
@@ -1615,7 +1616,7 @@ fn a_removal_answers_once_killed_and_its_teardown_keeps_the_slot() {
     }
     // Its teardown still holds the slot and its files.
     let info: Value = env.client().call("GET", "/v1/info", none).unwrap();
-    assert_eq!(info["slots_used"], 1, "{info}");
+    assert_eq!((info["slots_used"].as_u64(), info["slots_removing"].as_u64()), (Some(1), Some(1)), "{info}");
     assert!(env.root.join("sandboxes").join(&a).exists());
     // A create finding that slot taken waits for it instead of a 429.
     let b = create(&env, json!({"image": "busybox"}));
@@ -1655,8 +1656,11 @@ fn a_failed_teardown_keeps_its_slot_and_is_retried() {
         assert!(start.elapsed() < Duration::from_secs(5), "the teardown never ran");
         std::thread::sleep(Duration::from_millis(10));
     }
-    // Failed: its slot and files stay (the first retry is a second away).
+    // Failed: its slot and files stay (the first retry is a second away),
+    // and the host says a removal holds one.
     assert_eq!(slots_used(), 2);
+    let info: Value = env.client().call("GET", "/v1/info", none).unwrap();
+    assert_eq!(info["slots_removing"], 1, "{info}");
     assert!(!gone(&a));
     // The next removal is not queued behind it.
     env.client().request("DELETE", &format!("/v1/sandboxes/{b}"), none).unwrap();

@@ -193,6 +193,11 @@ pub struct HostInfo {
     /// Live sandboxes, launches in flight and removals still tearing
     /// down, against `--max-sandboxes`.
     pub slots_used: usize,
+    /// Of those, removed sandboxes whose teardown has not finished. One
+    /// that stays is failing its teardown, which is retried (the daemon's
+    /// log says why).
+    #[serde(default)]
+    pub slots_removing: usize,
     pub slots_max: usize,
     /// Launches queued for a slot (`wait`).
     pub slots_waiting: usize,

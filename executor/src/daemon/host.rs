@@ -83,10 +83,10 @@ impl Daemon {
 
     /// What `host_info` says, given the images the catalog lists.
     fn capacity(&self, images: Vec<String>) -> HostInfo {
-        let (live, used, waiting, draining) = {
+        let (live, used, removing, waiting, draining) = {
             let pool = lock(&self.pool);
             let live: Vec<_> = pool.live.values().cloned().collect();
-            (live, pool.used(), pool.queue.len(), pool.draining.clone())
+            (live, pool.used(), pool.removing.len(), pool.queue.len(), pool.draining.clone())
         };
         let memory_allocated = live.iter().filter_map(|s| s.spec.limits.memory).sum();
         let cpus_allocated = live.iter().filter_map(|s| s.spec.limits.cpus).sum();
@@ -107,6 +107,7 @@ impl Daemon {
             state: if draining.is_some() { "draining" } else { "ready" }.into(),
             draining_reason: draining,
             slots_used: used,
+            slots_removing: removing,
             slots_max: self.max_sandboxes,
             slots_waiting: waiting,
             memory_allocated,
