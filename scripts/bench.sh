@@ -11,7 +11,9 @@
 #     with --userns and with --disk 1g;
 #   - `runc run`, `crun run` and `bwrap --unshare-all` of /bin/true;
 #   - exec of `true` in an already running sandbox, and fork+exec+wait of
-#     busybox `true` on the host (the floor).
+#     busybox `true` on the host (the floor);
+#   - the machine's CPU per start, Strata's API cycle and bwrap's
+#     (scripts/cpu-per-run.py).
 # crun 1.8 refuses this host's hybrid cgroup layout (hugetlb on v2), so it runs
 # in a private mount namespace with a tmpfs over /sys/fs/cgroup/unified.
 # runc and crun get cgroups under /strata-bench/, removed at the end.
@@ -124,6 +126,13 @@ hf cli_userns "sh -c 'id=\$($BIN/strata create --image busybox --userns) && $BIN
 hf cli_disk "sh -c 'id=\$($BIN/strata create --image busybox --disk 1g) && $BIN/strata exec \$id -- true && $BIN/strata rm \$id >/dev/null' 2>>$WORK/cli.err"
 hf runc_run -N --prepare "runc delete -f strata-bench-runc" "runc run -b $WORK/runc strata-bench-runc"
 hf bwrap_unshare_all -N "bwrap --unshare-all --ro-bind $ROOTFS / --proc /proc --dev /dev /bin/true"
+# What a start costs the whole machine in CPU (daemon, shims, kernel
+# threads), without the client's own: back to back on a small host, this
+# bounds the wall time.
+echo "==> CPU per start: strata API and bwrap ($((RUNS * 4)) runs each)" >&2
+echo "cpu_api_create_exec_rm $(python3 scripts/cpu-per-run.py api "$SOCK" $((RUNS * 4))) 0 0" >>"$RESULTS"
+echo "cpu_bwrap_unshare_all $(python3 scripts/cpu-per-run.py spawn $((RUNS * 4)) \
+	bwrap --unshare-all --ro-bind "$ROOTFS" / --proc /proc --dev /dev /bin/true) 0 0" >>"$RESULTS"
 # crun in a private mount namespace where cgroup2 at .../unified is hidden.
 export -f hf
 export RUNS WORK RESULTS
@@ -172,6 +181,14 @@ for k, label in [("open_create_exec_rm", "no ready pool (warm shims: 2)"), ("poo
 if "pool_hits" in rows:
     print()
     print(f"Creates served from the ready pool: {int(rows['pool_hits'][0])}")
+if "cpu_api_create_exec_rm" in rows:
+    print()
+    print("CPU per start, the whole machine's (/proc/stat: every process and kernel thread), the client's own excluded:")
+    print()
+    print("| CPU per start | ms |")
+    print("|---|---:|")
+    print(f"| Strata API: create -> exec true -> rm (warm shims: 2) | {rows['cpu_api_create_exec_rm'][0]:.2f} |")
+    print(f"| bwrap --unshare-all /bin/true | {rows['cpu_bwrap_unshare_all'][0]:.2f} |")
 print()
 print(f"Ratios: API create->exec->rm / bwrap = {r('api_create_exec_rm', 'bwrap_unshare_all'):.2f} (target <= 1); "
       f"warm exec / host floor = {r('api_warm_exec', 'host_fork_exec'):.2f} (target <= 1.5); "
