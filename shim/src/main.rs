@@ -64,6 +64,9 @@ fn main() -> ExitCode {
     // The network namespace is ours from the start: `lo` goes up now, so a
     // warm shim (started ahead of any create) has it done before it is used.
     let loopback = strata_shim::sys::loopback_up();
+    // Given the sandbox's root mount point (not with a user namespace), its
+    // /proc, /dev and /sys are made now too (see setup::stage).
+    let staged = std::env::args_os().nth(2).map(|at| setup::stage(std::path::Path::new(&at)));
     let conn = match supervise::accept(&listener) {
         Ok(c) => c,
         Err(e) => {
@@ -89,7 +92,7 @@ fn main() -> ExitCode {
     if let Err(e) = strata_shim::sys::clear_parent_death_signal() {
         eprintln!("strata-shim: clear parent death signal: {e}");
     }
-    if let Err(e) = setup::run(&spec, rootfs, loopback) {
+    if let Err(e) = setup::run(&spec, rootfs, loopback, staged) {
         let chain = chain(&e);
         eprintln!("strata-shim: setup failed: {}", chain.join(": "));
         let _ = proto::send(&conn, &ShimEvent::SetupFailed { chain }, &[]);

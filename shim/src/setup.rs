@@ -81,13 +81,57 @@ const READONLY_PATHS: [&str; 5] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/
 const DEVICES: [(&str, u64, u64); 6] =
     [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
 
-/// `loopback` is how bringing `lo` up went: the shim does it when it
-/// starts, before the daemon connects, so that a warm shim has it done off
-/// the request path (it needs nothing from the spec).
-pub fn run(spec: &SetupSpec, rootfs: Option<OwnedFd>, loopback: Result<(), Errno>) -> Result<(), SetupError> {
-    // 1. Nothing we mount may propagate back to the host.
+/// /proc, /dev and /sys of a sandbox, masks included, made by [`stage`]
+/// before its root exists; [`run`] moves them into the root.
+pub struct Staged {
+    proc: OwnedFd,
+    dev: OwnedFd,
+    sys: OwnedFd,
+}
+
+/// Nothing we mount may propagate back to the host.
+fn make_private() -> Result<(), SetupError> {
     mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-        .map_err(SetupError::PrivateRoot)?;
+        .map_err(SetupError::PrivateRoot)
+}
+
+/// Make steps 3-5 and 6c of [`run`] (the parts that need nothing from the
+/// spec) ahead of it, on a tmpfs mounted at `at`, the sandbox's root mount
+/// point, in our private mount namespace: a warm shim does this before any
+/// create asks for it, off the request path. The overlay, mounted over this
+/// tmpfs later, hides it; the old root's detach after pivot_root takes it
+/// away. Not with a user namespace: the store's directories, `at`
+/// included, are closed to us there.
+pub fn stage(at: &Path) -> Result<Staged, SetupError> {
+    make_private()?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(Some("tmpfs"), at, Some("tmpfs"), flags, Some("mode=700,size=16k")).map_err(|source| SetupError::Mount {
+        what: "staging tmpfs",
+        target: at.into(),
+        source,
+    })?;
+    kernel_filesystems(at, false)?;
+    mask_kernel_paths(at)?;
+    let open = |rel: &str| {
+        let dir = at.join(rel);
+        std::fs::File::open(&dir).map(OwnedFd::from).map_err(|e| SetupError::MountPoint(dir, e))
+    };
+    Ok(Staged { proc: open("proc")?, dev: open("dev")?, sys: open("sys")? })
+}
+
+/// Build the sandbox. `loopback` is how bringing `lo` up went, and `staged`
+/// how [`stage`] went, if it ran: the shim does both when it starts, before
+/// the daemon connects, so that a warm shim has them done off the request
+/// path (they need nothing from the spec).
+pub fn run(
+    spec: &SetupSpec,
+    rootfs: Option<OwnedFd>,
+    loopback: Result<(), Errno>,
+    staged: Option<Result<Staged, SetupError>>,
+) -> Result<(), SetupError> {
+    let staged = staged.transpose()?;
+    // 1. Nothing we mount may propagate back to the host.
+    make_private()?;
 
     // 2. The root filesystem: image layers (read-only) + private upper. In
     //    a user namespace the daemon made it (over idmapped layers, which
@@ -118,50 +162,21 @@ pub fn run(spec: &SetupSpec, rootfs: Option<OwnedFd>, loopback: Result<(), Errno
         }
     };
 
-    // 3. /proc of the new PID namespace (we are its PID 1).
-    let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    mount_fs(root, "proc", "proc", nosuid_nodev_noexec, None)?;
-
-    // 4. A minimal /dev on tmpfs: a few character devices, devpts, shm.
-    mount_fs(root, "dev", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=65536k"))?;
-    let dev = root.join("dev");
-    let old_umask = nix::sys::stat::umask(Mode::empty());
-    for (name, major, minor) in DEVICES {
-        let p = dev.join(name);
-        if spec.userns {
-            // mknod needs CAP_MKNOD in the host's namespace: bind the
-            // host's node instead (as rootless runtimes do).
-            std::fs::File::create(&p).map_err(|e| SetupError::MountPoint(p.clone(), e))?;
-            let host = Path::new("/dev").join(name);
-            mount(Some(&host), &p, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-                .map_err(|e| SetupError::DeviceNode(p.clone(), e))?;
-        } else {
-            mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), nix::sys::stat::makedev(major, minor))
-                .map_err(|e| SetupError::DeviceNode(p.clone(), e))?;
+    // 3-5. /proc, a minimal /dev, read-only /sys: staged, with their masks
+    //      (see `stage`), or made here.
+    match &staged {
+        Some(k) => {
+            for (rel, fd) in [("proc", &k.proc), ("dev", &k.dev), ("sys", &k.sys)] {
+                let target = mount_point(root, rel)?;
+                sys::attach_tree(fd.as_fd(), &target).map_err(|source| SetupError::Mount {
+                    what: "staged file system",
+                    target,
+                    source,
+                })?;
+            }
         }
+        None => kernel_filesystems(root, spec.userns)?,
     }
-    nix::sys::stat::umask(old_umask);
-    mount_fs(
-        root,
-        "dev/pts",
-        "devpts",
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=0620"),
-    )?;
-    mount_fs(root, "dev/shm", "tmpfs", nosuid_nodev_noexec, Some("mode=1777,size=65536k"))?;
-    for (link, target) in [
-        ("ptmx", "pts/ptmx"),
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ] {
-        let p = dev.join(link);
-        symlink(target, &p).map_err(|e| SetupError::Symlink(p.clone(), e))?;
-    }
-
-    // 5. /sys, read-only (allowed because we own a fresh network namespace).
-    mount_fs(root, "sys", "sysfs", nosuid_nodev_noexec | MsFlags::MS_RDONLY, None)?;
 
     // 5b. Host directories for cache mounts, cloned while the host's view
     //     is still ours; attached after pivot_root (step 6b).
@@ -214,9 +229,12 @@ pub fn run(spec: &SetupSpec, rootfs: Option<OwnedFd>, loopback: Result<(), Errno
         }
     }
 
-    // 6c. Masked and read-only kernel interfaces (after pivot_root: these
-    //     are the sandbox's own /proc and /sys, no image path is involved).
-    mask_kernel_paths()?;
+    // 6c. Masked and read-only kernel interfaces (staged with them, or now,
+    //     after pivot_root: these are the sandbox's own /proc and /sys, no
+    //     image path is involved).
+    if staged.is_none() {
+        mask_kernel_paths(Path::new("/"))?;
+    }
 
     // 7. Identity and network: own hostname, loopback only (up already).
     nix::unistd::sethostname(&spec.hostname).map_err(|e| SetupError::Hostname(spec.hostname.clone(), e))?;
@@ -234,33 +252,104 @@ pub fn run(spec: &SetupSpec, rootfs: Option<OwnedFd>, loopback: Result<(), Errno
     Ok(())
 }
 
-/// Cover [`MASKED_PATHS`] and make [`READONLY_PATHS`] read-only; a path
-/// this kernel does not have is skipped.
-fn mask_kernel_paths() -> Result<(), SetupError> {
+/// Steps 3-5 of [`run`] at `base`: /proc of our PID namespace, a minimal
+/// /dev (device nodes made, or with `userns` bound from the host's), a
+/// read-only /sys.
+fn kernel_filesystems(base: &Path, userns: bool) -> Result<(), SetupError> {
+    // 3. /proc of the new PID namespace (we are its PID 1).
+    let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount_fs(base, "proc", "proc", nosuid_nodev_noexec, None)?;
+
+    // 4. A minimal /dev on tmpfs: a few character devices, devpts, shm.
+    mount_fs(base, "dev", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=65536k"))?;
+    let dev = base.join("dev");
+    let old_umask = nix::sys::stat::umask(Mode::empty());
+    for (name, major, minor) in DEVICES {
+        let p = dev.join(name);
+        if userns {
+            // mknod needs CAP_MKNOD in the host's namespace: bind the
+            // host's node instead (as rootless runtimes do).
+            std::fs::File::create(&p).map_err(|e| SetupError::MountPoint(p.clone(), e))?;
+            let host = Path::new("/dev").join(name);
+            mount(Some(&host), &p, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                .map_err(|e| SetupError::DeviceNode(p.clone(), e))?;
+        } else {
+            mknod(&p, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), nix::sys::stat::makedev(major, minor))
+                .map_err(|e| SetupError::DeviceNode(p.clone(), e))?;
+        }
+    }
+    nix::sys::stat::umask(old_umask);
+    mount_fs(
+        base,
+        "dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )?;
+    mount_fs(base, "dev/shm", "tmpfs", nosuid_nodev_noexec, Some("mode=1777,size=65536k"))?;
+    for (link, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let p = dev.join(link);
+        symlink(target, &p).map_err(|e| SetupError::Symlink(p.clone(), e))?;
+    }
+
+    // 5. /sys, read-only (allowed because we own a fresh network namespace).
+    mount_fs(base, "sys", "sysfs", nosuid_nodev_noexec | MsFlags::MS_RDONLY, None)?;
+    Ok(())
+}
+
+/// Cover [`MASKED_PATHS`] and make [`READONLY_PATHS`] read-only, below
+/// `base` (the paths are the sandbox's, `base` where its /proc, /dev and
+/// /sys are now); a path this kernel does not have is skipped.
+fn mask_kernel_paths(base: &Path) -> Result<(), SetupError> {
     let err = |p: &'static str| move |e| SetupError::Extra(p.to_string(), e);
+    let at = |p: &str| base.join(p.trim_start_matches('/'));
+    let null = at("/dev/null");
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     for p in MASKED_PATHS {
-        let Ok(meta) = std::fs::symlink_metadata(p) else { continue };
+        let path = at(p);
+        let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
         if meta.is_dir() {
             let flags = nosuid_nodev_noexec | MsFlags::MS_RDONLY;
-            mount(Some("tmpfs"), p, Some("tmpfs"), flags, Some("size=0,mode=0555")).map_err(err(p))?;
+            mount(Some("tmpfs"), &path, Some("tmpfs"), flags, Some("size=0,mode=0555")).map_err(err(p))?;
         } else {
-            mount(Some("/dev/null"), p, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(err(p))?;
+            mount(Some(&null), &path, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(err(p))?;
         }
     }
     for p in READONLY_PATHS {
-        if std::fs::symlink_metadata(p).is_err() {
+        let path = at(p);
+        if std::fs::symlink_metadata(&path).is_err() {
             continue;
         }
-        mount(Some(p), p, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>).map_err(err(p))?;
+        mount(Some(&path), &path, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>).map_err(err(p))?;
         let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev_noexec;
-        mount(None::<&str>, p, None::<&str>, ro, None::<&str>).map_err(err(p))?;
+        mount(None::<&str>, &path, None::<&str>, ro, None::<&str>).map_err(err(p))?;
     }
     Ok(())
 }
 
-/// Mount a pseudo filesystem at `root/rel`, creating the mount point if the
-/// image lacks it.
+/// The directory `root/rel`, created if the image lacks it, to mount on.
+fn mount_point(root: &Path, rel: &str) -> Result<PathBuf, SetupError> {
+    let target = root.join(rel);
+    std::fs::create_dir_all(&target).map_err(|e| SetupError::MountPoint(target.clone(), e))?;
+    // An image may ship /proc or /sys as a symlink; mounting through it would
+    // land outside the sandbox root (runc CVE-2019-19921 class). Refuse.
+    match std::fs::symlink_metadata(&target) {
+        Ok(m) if m.is_dir() => Ok(target),
+        Ok(_) => {
+            let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a directory (symlink?)");
+            Err(SetupError::MountPoint(target, e))
+        }
+        Err(e) => Err(SetupError::MountPoint(target, e)),
+    }
+}
+
+/// Mount a pseudo filesystem at `root/rel` ([`mount_point`]).
 fn mount_fs(
     root: &Path,
     rel: &str,
@@ -268,18 +357,7 @@ fn mount_fs(
     flags: MsFlags,
     data: Option<&str>,
 ) -> Result<(), SetupError> {
-    let target = root.join(rel);
-    std::fs::create_dir_all(&target).map_err(|e| SetupError::MountPoint(target.clone(), e))?;
-    // An image may ship /proc or /sys as a symlink; mounting through it would
-    // land outside the sandbox root (runc CVE-2019-19921 class). Refuse.
-    match std::fs::symlink_metadata(&target) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            let e = std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a directory (symlink?)");
-            return Err(SetupError::MountPoint(target, e));
-        }
-        Err(e) => return Err(SetupError::MountPoint(target, e)),
-    }
+    let target = mount_point(root, rel)?;
     mount(Some(fstype), &target, Some(fstype), flags, data).map_err(|source| SetupError::Mount {
         what: fstype,
         target,

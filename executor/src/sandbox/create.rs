@@ -11,7 +11,7 @@
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -124,6 +124,18 @@ impl Drop for Prepared {
     }
 }
 
+/// `strata-shim ID [ROOT]`: with the sandbox's root mount point the shim
+/// builds its /proc, /dev and /sys there before it is handed its spec
+/// (`setup::stage` in the shim; not with a user namespace, where that path
+/// is closed to it).
+fn shim_argv(id: &SandboxId, stage_at: Option<&Path>) -> Vec<CString> {
+    let mut argv = vec![CString::new("strata-shim").unwrap_or_default(), CString::new(id.as_str()).unwrap_or_default()];
+    if let Some(at) = stage_at.and_then(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok()) {
+        argv.push(at);
+    }
+    argv
+}
+
 /// Steps 1-4 (and the connection of step 5): everything that does not
 /// depend on the image or the limits.
 /// With a disk cap the sandbox's disk is made and mounted first; with a
@@ -156,7 +168,7 @@ pub fn prepare(
     let log = std::fs::OpenOptions::new().create(true).append(true).open(&dirs.log).map_err(io("open shim log"))?;
     let devnull = std::fs::File::open("/dev/null").map_err(io("open /dev/null"))?;
     let mut plan = sys::SpawnPlan {
-        argv: vec![CString::new("strata-shim").unwrap_or_default(), CString::new(id.as_str()).unwrap_or_default()],
+        argv: shim_argv(id, userns.is_none().then_some(dirs.rootfs.as_path())),
         envp: vec![CString::new("PATH=/usr/sbin:/usr/bin:/sbin:/bin").unwrap_or_default()],
         exe: rt.shim.fd(),
         listener,
