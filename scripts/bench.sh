@@ -130,9 +130,11 @@ hf bwrap_unshare_all -N "bwrap --unshare-all --ro-bind $ROOTFS / --proc /proc --
 # threads), without the client's own: back to back on a small host, this
 # bounds the wall time.
 echo "==> CPU per start: strata API and bwrap ($((RUNS * 4)) runs each)" >&2
-echo "cpu_api_create_exec_rm $(python3 scripts/cpu-per-run.py api "$SOCK" $((RUNS * 4))) 0 0" >>"$RESULTS"
-echo "cpu_bwrap_unshare_all $(python3 scripts/cpu-per-run.py spawn $((RUNS * 4)) \
-	bwrap --unshare-all --ro-bind "$ROOTFS" / --proc /proc --dev /dev /bin/true) 0 0" >>"$RESULTS"
+cpu_strata=$(python3 scripts/cpu-per-run.py api "$SOCK" $((RUNS * 4)))
+cpu_bwrap=$(python3 scripts/cpu-per-run.py spawn $((RUNS * 4)) \
+	bwrap --unshare-all --ro-bind "$ROOTFS" / --proc /proc --dev /dev /bin/true)
+echo "cpu_api_create_exec_rm $cpu_strata 0 0" >>"$RESULTS"
+echo "cpu_bwrap_unshare_all $cpu_bwrap 0 0" >>"$RESULTS"
 # crun in a private mount namespace where cgroup2 at .../unified is hidden.
 export -f hf
 export RUNS WORK RESULTS
