@@ -1634,50 +1634,41 @@ fn a_removal_answers_once_killed_and_its_teardown_keeps_the_slot() {
 /// hold up the removals queued after it, and is tried again until done.
 #[test]
 fn a_failed_teardown_keeps_its_slot_and_is_retried() {
+    // The first teardown fails; its retry comes no sooner than 4 s later
+    // (a 1 s backoff, then 3 s held at a failpoint).
     let env = TestEnv::start_with_flags_and_env(
         &["--max-sandboxes", "2"],
-        &[("STRATA_FAILPOINTS", "teardown:destroy=fail-once")],
+        &[("STRATA_FAILPOINTS", "teardown:destroy=fail-once,teardown:retry=sleep-once:3000")],
     );
     env.import_busybox();
     let none = None::<&()>;
-    let slots_used = || -> u64 {
-        let info: Value = env.client().call("GET", "/v1/info", none).unwrap();
-        info["slots_used"].as_u64().unwrap()
-    };
+    let info = || -> Value { env.client().call("GET", "/v1/info", none).unwrap() };
     let gone = |id: &str| {
         !env.root.join("sandboxes").join(id).exists() && env.cgroup_dirs().iter().all(|d| !d.join(id).exists())
     };
+    let until = |what: &str, secs: u64, done: &dyn Fn() -> bool| {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(secs), "{what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
     let a = create(&env, json!({"image": "busybox"}));
     let b = create(&env, json!({"image": "busybox"}));
-    let asked = Instant::now();
     env.client().request("DELETE", &format!("/v1/sandboxes/{a}"), none).unwrap();
-    let start = Instant::now();
-    while !env.daemon_log().contains("failpoint teardown:destroy failing") {
-        assert!(start.elapsed() < Duration::from_secs(5), "the teardown never ran");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    // Failed: its slot and files stay (the first retry is a second away),
-    // and the host says a removal holds one.
-    assert_eq!(slots_used(), 2);
-    let info: Value = env.client().call("GET", "/v1/info", none).unwrap();
-    assert_eq!(info["slots_removing"], 1, "{info}");
+    until("the teardown never ran", 5, &|| env.daemon_log().contains("failpoint teardown:destroy failing"));
+    // Failed: its slot and files stay, and the host says a removal holds one.
+    let i = info();
+    assert_eq!((i["slots_used"].as_u64(), i["slots_removing"].as_u64()), (Some(2), Some(1)), "{i}");
     assert!(!gone(&a));
-    // The next removal is not queued behind it.
+    // The next removal is not queued behind the retry: it is done while
+    // the failed one is still there.
     env.client().request("DELETE", &format!("/v1/sandboxes/{b}"), none).unwrap();
-    let start = Instant::now();
-    while !gone(&b) {
-        assert!(start.elapsed() < Duration::from_secs(5), "the second teardown waited");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(asked.elapsed() < Duration::from_millis(900), "b was torn down after a's retry: {:?}", asked.elapsed());
-    assert_eq!(slots_used(), 1, "a's slot was given back before its teardown");
-    assert!(!gone(&a));
+    until("the second teardown waited", 3, &|| gone(&b) && info()["slots_used"] == 1);
+    assert!(!gone(&a), "a's retry came before b's teardown");
     // The retry finishes it.
-    let start = Instant::now();
-    while !gone(&a) || slots_used() != 0 {
-        assert!(start.elapsed() < Duration::from_secs(10), "the failed teardown was never retried");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until("the failed teardown was never retried", 15, &|| gone(&a) && info()["slots_used"] == 0);
+    assert!(env.daemon_log().contains("failpoint teardown:retry reached"));
     env.finish();
 }
 

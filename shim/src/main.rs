@@ -66,7 +66,16 @@ fn main() -> ExitCode {
     let loopback = strata_shim::sys::loopback_up();
     // Given the sandbox's root mount point (not with a user namespace), its
     // /proc, /dev and /sys are made now too (see setup::stage).
-    let staged = std::env::args_os().nth(2).map(|at| setup::stage(std::path::Path::new(&at)));
+    // One that fails exits here: a warm shim that cannot be set up must not
+    // be handed to a create (the daemon sees it dead and discards it).
+    let staged = match std::env::args_os().nth(2).map(|at| setup::stage(std::path::Path::new(&at))) {
+        Some(Err(e)) => {
+            eprintln!("strata-shim: stage /proc, /dev and /sys: {}", chain(&e).join(": "));
+            return ShimExit::Setup.into();
+        }
+        Some(Ok(staged)) => Some(staged),
+        None => None,
+    };
     let conn = match supervise::accept(&listener) {
         Ok(c) => c,
         Err(e) => {

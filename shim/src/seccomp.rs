@@ -185,19 +185,28 @@ pub fn install() -> Result<(), SeccompError> {
     seccompiler::apply_filter(&program()?).map_err(|e| SeccompError::Install(e.to_string()))
 }
 
+#[cfg(all(target_arch = "aarch64", target_endian = "big"))]
+compile_error!("the seccomp filter reads arguments at little-endian offsets and names AArch64's little-endian ABI");
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A call as the filter sees it.
-    struct Call {
-        nr: u32,
-        arch: u32,
-        arg0: u64,
+    /// A call as the kernel hands it to a filter: `struct seccomp_data`,
+    /// 64 bytes, little-endian (nr, arch, instruction pointer, six args).
+    fn data(nr: u32, arch: u32, args: [u64; 6]) -> [u8; 64] {
+        let mut d = [0u8; 64];
+        d[0..4].copy_from_slice(&nr.to_le_bytes());
+        d[4..8].copy_from_slice(&arch.to_le_bytes());
+        for (i, a) in args.iter().enumerate() {
+            d[16 + 8 * i..24 + 8 * i].copy_from_slice(&a.to_le_bytes());
+        }
+        d
     }
 
-    /// Run the classic BPF the program uses, as the kernel would.
-    fn run(prog: &[sock_filter], call: &Call) -> u32 {
+    /// Run the classic BPF the program uses, as the kernel would: loads
+    /// read the bytes at their offset.
+    fn run(prog: &[sock_filter], data: &[u8; 64]) -> u32 {
         let (mut pc, mut acc) = (0usize, 0u32);
         loop {
             let ins = &prog[pc];
@@ -205,12 +214,9 @@ mod tests {
             let jump = |hit: bool| usize::from(if hit { ins.jt } else { ins.jf });
             match ins.code {
                 LD_W_ABS => {
-                    acc = match ins.k {
-                        OFFSET_NR => call.nr,
-                        OFFSET_ARCH => call.arch,
-                        OFFSET_ARG0_LOW => call.arg0 as u32,
-                        k => panic!("load from offset {k}"),
-                    }
+                    let k = ins.k as usize;
+                    assert!(k.is_multiple_of(4) && k + 4 <= data.len(), "load from offset {k}");
+                    acc = u32::from_le_bytes(data[k..k + 4].try_into().unwrap());
                 }
                 JEQ_K => pc += jump(acc == ins.k),
                 JGE_K => pc += jump(acc >= ins.k),
@@ -221,8 +227,16 @@ mod tests {
         }
     }
 
-    fn native(nr: libc::c_long, arg0: u64) -> Call {
-        Call { nr: nr as u32, arch: AUDIT_ARCH, arg0 }
+    fn native(nr: libc::c_long, arg0: u64) -> [u8; 64] {
+        data(nr as u32, AUDIT_ARCH, [arg0, 0, 0, 0, 0, 0])
+    }
+
+    #[test]
+    fn the_audit_architecture_is_the_native_abis() {
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(AUDIT_ARCH, 0xC000_003E);
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(AUDIT_ARCH, 0xC000_00B7);
     }
 
     #[test]
@@ -236,15 +250,16 @@ mod tests {
         for &nr in DENIED_WITH_NEWUSER {
             assert_eq!(run(&p, &native(nr, newuser | libc::CLONE_NEWNS as u64)), EPERM, "{nr}");
             assert_eq!(run(&p, &native(nr, libc::CLONE_NEWNS as u64)), ALLOW, "{nr}");
-            // Only the flag decides, not the upper half.
-            assert_eq!(run(&p, &native(nr, 1 << 40)), ALLOW, "{nr}");
+            // The flags are the low half of the first argument only.
+            assert_eq!(run(&p, &native(nr, newuser << 32)), ALLOW, "{nr}");
+            assert_eq!(run(&p, &data(nr as u32, AUDIT_ARCH, [0, newuser, 0, 0, 0, 0])), ALLOW, "{nr}");
         }
         assert_eq!(run(&p, &native(libc::SYS_clone3, 0)), ENOSYS);
         for nr in [libc::SYS_getpid, libc::SYS_read, libc::SYS_execve, libc::SYS_openat] {
             assert_eq!(run(&p, &native(nr, 0)), ALLOW, "{nr}");
         }
         // Another ABI (here i386's audit architecture): killed.
-        assert_eq!(run(&p, &Call { nr: 39, arch: 3 | 0x4000_0000, arg0: 0 }), KILL_PROCESS);
+        assert_eq!(run(&p, &data(39, 3 | 0x4000_0000, [0; 6])), KILL_PROCESS);
     }
 
     #[cfg(target_arch = "x86_64")]

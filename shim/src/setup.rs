@@ -120,16 +120,15 @@ pub fn stage(at: &Path) -> Result<Staged, SetupError> {
 }
 
 /// Build the sandbox. `loopback` is how bringing `lo` up went, and `staged`
-/// how [`stage`] went, if it ran: the shim does both when it starts, before
+/// what [`stage`] made, if it ran: the shim does both when it starts, before
 /// the daemon connects, so that a warm shim has them done off the request
 /// path (they need nothing from the spec).
 pub fn run(
     spec: &SetupSpec,
     rootfs: Option<OwnedFd>,
     loopback: Result<(), Errno>,
-    staged: Option<Result<Staged, SetupError>>,
+    staged: Option<Staged>,
 ) -> Result<(), SetupError> {
-    let staged = staged.transpose()?;
     // 1. Nothing we mount may propagate back to the host.
     make_private()?;
 

@@ -781,9 +781,12 @@ fn clone_shared(
     // blocked around the clone (posix_spawn blocks them, to keep handlers
     // from running in the child): neither the daemon nor the shim has a
     // handler (the daemon waits for SIGTERM and SIGINT on a thread, with
-    // them blocked), and std's SIGSEGV handler has no alternate stack in a
-    // CLONE_VM child (the kernel clears it), so a signal before the exec
-    // takes its default action. `stack` has no guard page: the children
+    // them blocked), so a signal before the exec takes its default action.
+    // The one handler, std's for SIGSEGV/SIGBUS, would run on the child's
+    // stack (the kernel clears the alternate stack in a CLONE_VM child),
+    // find the fault outside the guard page it knows (the parent thread's),
+    // restore the default action and return: the fault repeats and the
+    // child dies of it. `stack` has no guard page: the children
     // (`shim_child`, the exec path's) are short, non-recursive code that
     // uses a small part of it.
     let pid = unsafe {

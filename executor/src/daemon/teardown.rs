@@ -101,6 +101,7 @@ impl Daemon {
             let mut pause = Duration::from_secs(1);
             loop {
                 std::thread::sleep(pause);
+                crate::failpoint::hit("teardown:retry");
                 if d.stopping.load(std::sync::atomic::Ordering::Acquire) || d.try_teardown(&sb).is_ok() {
                     return;
                 }
