@@ -701,8 +701,9 @@ fn connections_past_the_limit_get_429_until_idle_ones_close() {
     // Fill every connection slot with connections that never send anything.
     // The daemon counts a closed connection until its task has seen the
     // close, so the start-up probe may still hold a slot for a moment and
-    // one of these be refused (answered 429 at once): open replacements
-    // until 64 are held.
+    // one of these be refused: a refused connection that sends nothing is
+    // answered 429 after 0.5 s (serve::REFUSE_READ), so wait longer than
+    // that and open replacements until 64 are held.
     // On a loaded host a refusal can come after the check below: a request
     // then finds the slot it left, and the connections are topped up again.
     let mut idle: Vec<UnixStream> = Vec::new();
@@ -710,14 +711,17 @@ fn connections_past_the_limit_get_429_until_idle_ones_close() {
     loop {
         while idle.len() < 64 {
             idle.extend((idle.len()..64).map(|_| UnixStream::connect(&env.socket).unwrap()));
-            std::thread::sleep(Duration::from_millis(300));
+            std::thread::sleep(Duration::from_millis(800));
             idle.retain_mut(|s| !refused_at_once(s));
-            assert!(start.elapsed() < Duration::from_secs(10), "the daemon does not hold 64 idle connections");
+            assert!(start.elapsed() < Duration::from_secs(15), "the daemon does not hold 64 idle connections");
         }
-        // One more is answered 429 at once (not left hanging) and closed.
+        // One more is answered 429 once it has sent its request (a client
+        // reading an answer before it has asked drops it) and closed.
+        let t = Instant::now();
         match env.client().request("GET", "/v1/version", None::<&()>) {
             Err(strata::client::ClientError::Api { status: 429, message, .. }) => {
                 assert!(message.contains("64"), "{message}");
+                assert!(t.elapsed() < Duration::from_millis(400), "the 429 took {:?}", t.elapsed());
                 break;
             }
             Ok(_) if idle.iter_mut().any(refused_at_once) => idle.retain_mut(|s| !refused_at_once(s)),
@@ -743,7 +747,7 @@ fn threads(pid: u32) -> usize {
     status.lines().find_map(|l| l.strip_prefix("Threads:")).unwrap().trim().parse().unwrap()
 }
 
-/// Whether the daemon answered `s` before it sent anything (a refusal),
+/// Whether the daemon has answered `s`, which sent nothing (a refusal),
 /// without waiting.
 fn refused_at_once(s: &mut UnixStream) -> bool {
     s.set_nonblocking(true).unwrap();

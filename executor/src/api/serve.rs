@@ -22,7 +22,6 @@
 //! SIGTERM: the listener stops accepting, idle connections close, requests
 //! in flight get up to `shutdown_grace` to finish.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::pin::Pin;
@@ -38,7 +37,7 @@ use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE
 use hyper::service::service_fn;
 use hyper::{Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -116,7 +115,7 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let open = Arc::new(AtomicUsize::new(0));
-    let mut refused = VecDeque::new();
+    let refusing = Arc::new(AtomicUsize::new(0));
     loop {
         let accepted = tokio::select! {
             _ = stop.changed() => break,
@@ -124,7 +123,7 @@ async fn accept_loop(
         };
         match accepted {
             Ok((s, _)) if open.load(Ordering::Acquire) >= cfg.max_connections => {
-                refuse(s, cfg.max_connections, &mut refused);
+                refuse(s, cfg.max_connections, &refusing);
             }
             Ok((s, _)) => {
                 let counted = Counted::new(&open);
@@ -168,32 +167,59 @@ impl Drop for Counted {
     }
 }
 
-/// Answer a connection past the limit with 429 without reading it (a slow
-/// client must not hold the accept loop): the request lands in the
-/// socket's buffer, the client reads the 429 and then EOF. The socket
-/// stays open (shut for writing) among the last few refused, so the
-/// client's write of its request does not fail either. The one response
-/// written by hand: hyper would have to read the request first.
-fn refuse(s: UnixStream, max: usize, refused: &mut VecDeque<StdUnixStream>) {
-    let e = ApiError::new(
-        ErrorKind::LimitReached,
-        format!("the daemon serves at most {max} connections at once; retry later"),
-    );
-    let body = e.body();
-    let mut msg = format!(
-        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    msg.extend_from_slice(&body);
-    let _ = s.try_write(&msg);
-    if let Ok(s) = s.into_std() {
-        let _ = s.shutdown(std::net::Shutdown::Write);
-        refused.push_back(s);
-        if refused.len() > 64 {
-            refused.pop_front();
-        }
+/// How long a refused connection may take to send its request head.
+const REFUSE_READ: Duration = Duration::from_millis(500);
+
+/// Refused connections waiting for their request head at once; past it a
+/// new one is closed unanswered.
+const MAX_REFUSING: usize = 64;
+
+/// Answer a connection past the limit with 429. The answer follows the
+/// request's head (read for up to [`REFUSE_READ`], at most [`MAX_HEAD`]
+/// bytes, then whatever else has arrived): an HTTP/1.1 client that reads a
+/// response before it has sent its request drops it as unexpected (hyper:
+/// `UnexpectedMessage`), so answering at accept left a client racing its
+/// own connection for the 429. A client that sends nothing gets the 429
+/// after `REFUSE_READ`. The waits are tasks on their own small budget
+/// (`refusing`), never the accept loop's; past it a connection is closed
+/// unanswered. The one response written by hand: a hyper connection
+/// would read the body too.
+fn refuse(mut s: UnixStream, max: usize, refusing: &Arc<AtomicUsize>) {
+    if refusing.load(Ordering::Acquire) >= MAX_REFUSING {
+        return;
     }
+    let counted = Counted::new(refusing);
+    tokio::spawn(async move {
+        let _counted = counted;
+        let mut head = Vec::with_capacity(1024);
+        let _ = tokio::time::timeout(REFUSE_READ, async {
+            let mut buf = [0u8; 4096];
+            while head.len() < MAX_HEAD && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+        })
+        .await;
+        // The body, if it came with the head, is read too: closing over
+        // unread data must not cut the client's write short.
+        let mut buf = [0u8; 4096];
+        while matches!(s.try_read(&mut buf), Ok(n) if n > 0) {}
+        let e = ApiError::new(
+            ErrorKind::LimitReached,
+            format!("the daemon serves at most {max} connections at once; retry later"),
+        );
+        let body = e.body();
+        let mut msg = format!(
+            "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        msg.extend_from_slice(&body);
+        let _ = s.write_all(&msg).await;
+        let _ = s.shutdown().await;
+    });
 }
 
 /// What a connection's watchdog reads: whether a request is in flight, and
