@@ -13,7 +13,7 @@
 #   - exec of `true` in an already running sandbox, and fork+exec+wait of
 #     busybox `true` on the host (the floor);
 #   - the machine's CPU per start, Strata's API cycle and bwrap's
-#     (scripts/cpu-per-run.py).
+#     (strata-bench --cpu, --cpu-spawn).
 # crun 1.8 refuses this host's hybrid cgroup layout (hugetlb on v2), so it runs
 # in a private mount namespace with a tmpfs over /sys/fs/cgroup/unified.
 # runc and crun get cgroups under /strata-bench/, removed at the end.
@@ -130,8 +130,8 @@ hf bwrap_unshare_all -N "bwrap --unshare-all --ro-bind $ROOTFS / --proc /proc --
 # threads), without the client's own: back to back on a small host, this
 # bounds the wall time.
 echo "==> CPU per start: strata API and bwrap ($((RUNS * 4)) runs each)" >&2
-cpu_strata=$(python3 scripts/cpu-per-run.py api "$SOCK" $((RUNS * 4)))
-cpu_bwrap=$(python3 scripts/cpu-per-run.py spawn $((RUNS * 4)) \
+cpu_strata=$("$BIN/strata-bench" --cpu "$SOCK" busybox $((RUNS * 4)))
+cpu_bwrap=$("$BIN/strata-bench" --cpu-spawn $((RUNS * 4)) \
 	bwrap --unshare-all --ro-bind "$ROOTFS" / --proc /proc --dev /dev /bin/true)
 echo "cpu_api_create_exec_rm $cpu_strata 0 0" >>"$RESULTS"
 echo "cpu_bwrap_unshare_all $cpu_bwrap 0 0" >>"$RESULTS"

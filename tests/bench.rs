@@ -4,11 +4,19 @@
 //!
 //! usage: strata-bench SOCKET IMAGE RUNS BUSYBOX_PATH [PREFIX]
 //!        strata-bench --open-loop SOCKET IMAGE RATE COUNT PREFIX
+//!        strata-bench --cpu SOCKET IMAGE COUNT
+//!        strata-bench --cpu-spawn COUNT ARGV...
 //! Prints one line per measurement: `name median_ms p90_ms min_ms` (names
 //! after PREFIX); the open loop, `PREFIXopen_create_exec_rm p50 p90 p99`:
 //! COUNT create -> exec `true` -> rm, started RATE a second whatever the
 //! answers (each on its own connection and thread), timed from when each
-//! was due to start.
+//! was due to start. `--cpu` and `--cpu-spawn` print the CPU time one
+//! create -> exec `true` -> rm (one connection), or one run of ARGV
+//! (spawned and waited for), costs the whole machine, in ms: busy time
+//! from /proc/stat (every process and kernel thread: the daemon, the
+//! shims, kworkers cleaning up namespaces) minus this process's own. Back
+//! to back on a small host a start's wall time is bounded by this, not by
+//! its latency on an idle machine.
 
 use std::time::Instant;
 
@@ -21,9 +29,8 @@ fn stats(name: &str, mut v: Vec<f64>) {
     println!("{name} {:.3} {:.3} {:.3}", pct(0.5), pct(0.9), v[0]);
 }
 
-/// One create -> exec `true` -> rm on its own connection.
-fn cycle(socket: &str, image: &str) {
-    let mut c = Client::connect(socket.as_ref()).expect("connect");
+/// One create -> exec `true` -> rm.
+fn cycle(c: &mut Client, image: &str) {
     let v: Value = c.call("POST", "/v1/sandboxes", Some(&json!({"image": image, "wait": 60}))).unwrap();
     let id = v["id"].as_str().unwrap().to_string();
     let r: Value = c.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&json!({"argv": ["true"]}))).unwrap();
@@ -37,7 +44,7 @@ fn open_loop(args: &[String]) {
     let rate: f64 = args[4].parse().expect("RATE");
     let count: usize = args[5].parse().expect("COUNT");
     for _ in 0..3 {
-        cycle(&socket, &image);
+        cycle(&mut Client::connect(socket.as_ref()).expect("connect"), &image);
     }
     let t0 = Instant::now();
     let threads: Vec<_> = (0..count)
@@ -48,7 +55,7 @@ fn open_loop(args: &[String]) {
             }
             let (socket, image) = (socket.clone(), image.clone());
             std::thread::spawn(move || {
-                cycle(&socket, &image);
+                cycle(&mut Client::connect(socket.as_ref()).expect("connect"), &image);
                 (t0.elapsed() - due).as_secs_f64() * 1000.0
             })
         })
@@ -57,6 +64,31 @@ fn open_loop(args: &[String]) {
     v.sort_by(|a, b| a.total_cmp(b));
     let pct = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
     println!("{prefix}open_create_exec_rm {:.3} {:.3} {:.3}", pct(0.5), pct(0.9), pct(0.99));
+}
+
+/// The machine's busy CPU seconds (/proc/stat: user, nice, system, irq
+/// and softirq over all CPUs) minus this process's own.
+fn machine_cpu_but_ours() -> f64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    use procfs::{CurrentSI, KernelStats};
+    let t = KernelStats::current().expect("read /proc/stat").total;
+    let busy = t.user + t.nice + t.system + t.irq.unwrap_or(0) + t.softirq.unwrap_or(0);
+    let own = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
+    let secs = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+    busy as f64 / procfs::ticks_per_second() as f64 - secs(own.user_time()) - secs(own.system_time())
+}
+
+/// `--cpu` and `--cpu-spawn`: `run` COUNT times after a warm-up; prints the
+/// machine's CPU per run in ms.
+fn cpu_per_run(count: usize, mut run: impl FnMut()) {
+    for _ in 0..count.min(10) {
+        run();
+    }
+    let before = machine_cpu_but_ours();
+    for _ in 0..count {
+        run();
+    }
+    println!("{:.3}", (machine_cpu_but_ours() - before) / count as f64 * 1000.0);
 }
 
 fn ms(t: Instant) -> f64 {
@@ -68,9 +100,21 @@ fn main() {
     if args.len() == 7 && args[1] == "--open-loop" {
         return open_loop(&args);
     }
+    if args.len() == 5 && args[1] == "--cpu" {
+        let mut c = Client::connect(args[2].as_ref()).expect("connect");
+        return cpu_per_run(args[4].parse().expect("COUNT"), || cycle(&mut c, &args[3]));
+    }
+    if args.len() > 3 && args[1] == "--cpu-spawn" {
+        return cpu_per_run(args[2].parse().expect("COUNT"), || {
+            let st = std::process::Command::new(&args[3]).args(&args[4..]).status().expect("spawn");
+            assert!(st.success(), "{}: {st}", args[3]);
+        });
+    }
     if !(5..=6).contains(&args.len()) {
         eprintln!("usage: strata-bench SOCKET IMAGE RUNS BUSYBOX_PATH [PREFIX]");
         eprintln!("       strata-bench --open-loop SOCKET IMAGE RATE COUNT PREFIX");
+        eprintln!("       strata-bench --cpu SOCKET IMAGE COUNT");
+        eprintln!("       strata-bench --cpu-spawn COUNT ARGV...");
         std::process::exit(2);
     }
     let (socket, image, busybox) = (&args[1], &args[2], &args[4]);

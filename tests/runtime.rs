@@ -396,6 +396,42 @@ fn a_warm_shim_that_died_is_never_handed_out() {
     env.finish();
 }
 
+/// A shim that exits before it answers (here a stand-in that says why on
+/// stderr, as the real one does when it cannot stage /proc, /dev and /sys)
+/// fails the create with that reason, and leaves no sandbox, slot or
+/// directory behind.
+#[test]
+fn a_shim_that_exits_before_setup_fails_the_create_with_its_reason() {
+    let work = tempfile::Builder::new().prefix("strata-test-shim-").tempdir().unwrap();
+    let src = work.path().join("dies.c");
+    std::fs::write(
+        &src,
+        "#include <stdio.h>\nint main(void) { fputs(\"strata-shim: stage /proc: the reason it gave\\n\", stderr); return 4; }\n",
+    )
+    .unwrap();
+    let shim = work.path().join("strata-shim");
+    let st = std::process::Command::new("gcc").arg("-o").arg(&shim).arg(&src).status().unwrap();
+    assert!(st.success(), "gcc failed to build the stand-in shim");
+    for warm in ["0", "2"] {
+        let env = TestEnv::start_with(&["--shim", shim.to_str().unwrap(), "--warm-pool", warm]);
+        env.import_busybox();
+        match env.client().request("POST", "/v1/sandboxes", Some(&json!({"image": "busybox"}))) {
+            Err(ClientError::Api { status: 500, message, .. }) => {
+                assert!(
+                    message.contains("the shim's log ends: strata-shim: stage /proc: the reason it gave"),
+                    "{message}"
+                )
+            }
+            other => panic!("expected a 500 naming the shim's reason (warm pool {warm}), got {other:?}"),
+        }
+        let list: Vec<Value> = env.client().call("GET", "/v1/sandboxes", None::<&()>).unwrap();
+        assert!(list.is_empty(), "{list:?}");
+        let info: Value = env.client().call("GET", "/v1/info", None::<&()>).unwrap();
+        assert_eq!(info["slots_used"], 0, "{info}");
+        env.finish();
+    }
+}
+
 #[test]
 fn an_attached_exec_ends_when_its_shim_dies_or_the_sandbox_is_removed() {
     let env = TestEnv::start();
@@ -1646,17 +1682,12 @@ fn a_failed_teardown_keeps_its_slot_and_is_retried() {
     let gone = |id: &str| {
         !env.root.join("sandboxes").join(id).exists() && env.cgroup_dirs().iter().all(|d| !d.join(id).exists())
     };
-    let until = |what: &str, secs: u64, done: &dyn Fn() -> bool| {
-        let start = Instant::now();
-        while !done() {
-            assert!(start.elapsed() < Duration::from_secs(secs), "{what}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    };
     let a = create(&env, json!({"image": "busybox"}));
     let b = create(&env, json!({"image": "busybox"}));
     env.client().request("DELETE", &format!("/v1/sandboxes/{a}"), none).unwrap();
-    until("the teardown never ran", 5, &|| env.daemon_log().contains("failpoint teardown:destroy failing"));
+    wait_until("the teardown never ran", Duration::from_secs(5), || {
+        env.daemon_log().contains("failpoint teardown:destroy failing")
+    });
     // Failed: its slot and files stay, and the host says a removal holds one.
     let i = info();
     assert_eq!((i["slots_used"].as_u64(), i["slots_removing"].as_u64()), (Some(2), Some(1)), "{i}");
@@ -1664,10 +1695,12 @@ fn a_failed_teardown_keeps_its_slot_and_is_retried() {
     // The next removal is not queued behind the retry: it is done while
     // the failed one is still there.
     env.client().request("DELETE", &format!("/v1/sandboxes/{b}"), none).unwrap();
-    until("the second teardown waited", 3, &|| gone(&b) && info()["slots_used"] == 1);
+    wait_until("the second teardown waited", Duration::from_secs(3), || gone(&b) && info()["slots_used"] == 1);
     assert!(!gone(&a), "a's retry came before b's teardown");
     // The retry finishes it.
-    until("the failed teardown was never retried", 15, &|| gone(&a) && info()["slots_used"] == 0);
+    wait_until("the failed teardown was never retried", Duration::from_secs(15), || {
+        gone(&a) && info()["slots_used"] == 0
+    });
     assert!(env.daemon_log().contains("failpoint teardown:retry reached"));
     env.finish();
 }
@@ -2176,15 +2209,10 @@ fn a_daemon_killed_mid_checkpoint_leaves_no_partial_snapshot() {
         }
     });
     let state = state.expect("freezer state file");
-    let start = Instant::now();
-    loop {
+    wait_until("sandbox never froze", Duration::from_secs(20), || {
         let s = std::fs::read_to_string(&state).unwrap_or_default();
-        if s.contains("FROZEN") || s.contains("frozen 1") {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(20), "sandbox never froze");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+        s.contains("FROZEN") || s.contains("frozen 1")
+    });
     env.kill_daemon();
     assert!(t.join().unwrap().is_err(), "checkpoint finished before the kill; make the delta bigger");
 
@@ -2266,11 +2294,7 @@ fn a_checkpoint_on_a_full_disk_fails_cleanly_and_the_sandbox_runs_on() {
         assert!(only_failed_captures(&snaps), "{room}: {snaps:?}");
         assert_eq!(count("layers"), layers_before, "{room}: layer left");
         assert_eq!(snapshot_blobs(&env), blobs_before, "{room}: blob left");
-        let start = Instant::now();
-        while count("tmp") != 0 {
-            assert!(start.elapsed() < Duration::from_secs(10), "{room}: tmp/ not emptied");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_until(&format!("{room}: tmp/ not emptied"), Duration::from_secs(10), || count("tmp") == 0);
         // The sandbox runs on, its data intact.
         let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
         assert_eq!(info["state"], "running", "{room}");

@@ -332,8 +332,10 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             r => r.map_err(io("move to tmp", &d.dir))?,
         }
+        // Checked for mounts above (mounts below a renamed directory move
+        // with it), so the thread deletes without reading mountinfo again.
         std::thread::spawn(move || {
-            if let Err(e) = remove_tree(&doomed) {
+            if let Err(e) = crate::tree::remove_all(&doomed) {
                 tracing::warn!("remove {}: {e}", doomed.display());
             }
         });

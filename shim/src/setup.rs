@@ -54,6 +54,8 @@ pub enum SetupError {
     Extra(String, #[source] Errno),
     #[error(transparent)]
     Seccomp(#[from] crate::seccomp::SeccompError),
+    #[error("/proc, /dev and /sys were staged at {staged}, but the root is to be mounted at {rootfs}")]
+    StagedElsewhere { staged: PathBuf, rootfs: PathBuf },
 }
 
 /// Kernel interfaces a sandbox must not read (host memory, keys, timers
@@ -84,6 +86,8 @@ const DEVICES: [(&str, u64, u64); 6] =
 /// /proc, /dev and /sys of a sandbox, masks included, made by [`stage`]
 /// before its root exists; [`run`] moves them into the root.
 pub struct Staged {
+    /// The root mount point they were made on (the shim's third argument).
+    at: PathBuf,
     proc: OwnedFd,
     dev: OwnedFd,
     sys: OwnedFd,
@@ -116,7 +120,7 @@ pub fn stage(at: &Path) -> Result<Staged, SetupError> {
         let dir = at.join(rel);
         std::fs::File::open(&dir).map(OwnedFd::from).map_err(|e| SetupError::MountPoint(dir, e))
     };
-    Ok(Staged { proc: open("proc")?, dev: open("dev")?, sys: open("sys")? })
+    Ok(Staged { at: at.into(), proc: open("proc")?, dev: open("dev")?, sys: open("sys")? })
 }
 
 /// Build the sandbox. `loopback` is how bringing `lo` up went, and `staged`
@@ -129,8 +133,11 @@ pub fn run(
     loopback: Result<(), Errno>,
     staged: Option<Staged>,
 ) -> Result<(), SetupError> {
-    // 1. Nothing we mount may propagate back to the host.
-    make_private()?;
+    // 1. Nothing we mount may propagate back to the host (`stage` did this
+    //    already, in this same mount namespace).
+    if staged.is_none() {
+        make_private()?;
+    }
 
     // 2. The root filesystem: image layers (read-only) + private upper. In
     //    a user namespace the daemon made it (over idmapped layers, which
@@ -141,6 +148,12 @@ pub fn run(
     //    device binds) and work relative to it as our cwd until pivot_root.
     let root: &Path = match (spec.userns, rootfs) {
         (false, _) => {
+            // The daemon names the root mount point twice (the shim's third
+            // argument, for `stage`, and the spec): a mismatch is a daemon
+            // bug, refused rather than built around.
+            if let Some(k) = staged.as_ref().filter(|k| k.at != spec.rootfs) {
+                return Err(SetupError::StagedElsewhere { staged: k.at.clone(), rootfs: spec.rootfs.clone() });
+            }
             sys::mount_overlay(&sys::OverlayMount {
                 layers_dir: &spec.layers_dir,
                 lowers: &spec.lowers,

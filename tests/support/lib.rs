@@ -385,6 +385,15 @@ impl Drop for TestEnv {
     }
 }
 
+/// Poll `done` until it holds; fail with `what` once `limit` has passed.
+pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "{what} (after {limit:?})");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Loop devices whose backing file is under `root` (`--disk` images).
 pub fn loop_devices_under(root: &Path) -> Vec<String> {
     let Ok(dir) = std::fs::read_dir("/sys/block") else { return vec![] };

@@ -168,7 +168,7 @@ impl Drop for Counted {
 }
 
 /// How long a refused connection may take to send its request head.
-const REFUSE_READ: Duration = Duration::from_millis(500);
+const REFUSE_READ: Duration = Duration::from_secs(1);
 
 /// Refused connections waiting for their request head at once; past it a
 /// new one is closed unanswered.

@@ -23,7 +23,7 @@ use super::{destroy, process_start_time, ExecDefaults, Sandbox, SandboxError};
 use crate::cgroups::SandboxCgroup;
 use crate::db::SandboxRow;
 use crate::ids::SandboxId;
-use crate::shim_client::{self, ShimClient};
+use crate::shim_client::{self, ShimClient, ShimError};
 use crate::spec::SandboxSpec;
 use crate::store::{Store, StoreError};
 
@@ -124,6 +124,29 @@ impl Drop for Prepared {
     }
 }
 
+/// A failed setup. When the shim reported its failure, its chain is the
+/// error; otherwise (it exited before answering, or did not answer) the
+/// last line it wrote to its log says why.
+fn setup_error(log: &Path, source: ShimError) -> SandboxError {
+    let said = match source {
+        ShimError::SetupFailed(_) => String::new(),
+        _ => log_tail(log),
+    };
+    SandboxError::Setup { said, source }
+}
+
+/// The last non-empty line of a shim's log (its last 4 KiB read).
+fn log_tail(log: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut buf = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(log) {
+        let _ = f.seek(SeekFrom::End(-4096)).or_else(|_| f.rewind().map(|()| 0));
+        let _ = f.take(4096).read_to_end(&mut buf);
+    }
+    let text = String::from_utf8_lossy(&buf);
+    text.lines().rev().map(str::trim).find(|l| !l.is_empty()).unwrap_or_default().to_string()
+}
+
 /// `strata-shim ID [ROOT]`: with the sandbox's root mount point the shim
 /// builds its /proc, /dev and /sys there before it is handed its spec
 /// (`setup::stage` in the shim; not with a user namespace, where that path
@@ -204,10 +227,7 @@ pub fn prepare(
         t.mark("userns");
     }
 
-    parts.conn = Some(
-        shim_client::connect_path(&dirs.socket)
-            .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?,
-    );
+    parts.conn = Some(shim_client::connect_path(&dirs.socket).map_err(|source| setup_error(&dirs.log, source))?);
     t.mark("connect");
     t.log(id);
     Ok(prep)
@@ -269,8 +289,8 @@ pub fn start(
     if let Some((pid, _)) = &parts.shim {
         let _ = sys::set_nice(*pid, 0);
     }
-    let features = shim_client::setup(conn, &setup, &fds, SETUP_TIMEOUT)
-        .map_err(|source| SandboxError::Setup { log: dirs.log.clone(), source })?;
+    let features =
+        shim_client::setup(conn, &setup, &fds, SETUP_TIMEOUT).map_err(|source| setup_error(&dirs.log, source))?;
     t.mark("shim_setup");
     t.log(&id);
 

@@ -54,9 +54,12 @@ pub enum SandboxError {
         #[source]
         source: nix::Error,
     },
-    #[error("set up the sandbox (shim log: {log})")]
+    /// `said`: the last line of the shim's log when the shim failed
+    /// without reporting why (it died, or did not answer); the log itself
+    /// goes with the sandbox's directories.
+    #[error("set up the sandbox{}", if said.is_empty() { String::new() } else { format!(" (the shim's log ends: {said})") })]
     Setup {
-        log: PathBuf,
+        said: String,
         #[source]
         source: ShimError,
     },
