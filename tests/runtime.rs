@@ -1645,11 +1645,7 @@ fn a_removal_answers_once_killed_and_its_teardown_keeps_the_slot() {
     // its teardown starts.
     assert_eq!(status_of(env.client().request("GET", &format!("/v1/sandboxes/{a}"), none)), 404);
     assert!(!env.cli_ok(&["ps"]).contains(&a));
-    let start = Instant::now();
-    while alive(shim) || alive(child) {
-        assert!(start.elapsed() < Duration::from_millis(1000), "removed sandbox still running");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("removed sandbox still running", Duration::from_millis(1000), || !alive(shim) && !alive(child));
     // Its teardown still holds the slot and its files.
     let info: Value = env.client().call("GET", "/v1/info", none).unwrap();
     assert_eq!((info["slots_used"].as_u64(), info["slots_removing"].as_u64()), (Some(1), Some(1)), "{info}");
@@ -1714,13 +1710,7 @@ fn ready_pools_serve_the_creates_that_fit_and_refill() {
         let i: Value = env.client().call("GET", "/v1/info", none).unwrap();
         i["ready"]["busybox:latest"].as_u64().unwrap_or(0)
     };
-    let wait_ready = |n: u64| {
-        let start = Instant::now();
-        while ready() < n {
-            assert!(start.elapsed() < Duration::from_secs(30), "the pool never held {n}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
+    let wait_ready = |n: u64| wait_until(&format!("the pool never held {n}"), Duration::from_secs(30), || ready() >= n);
     wait_ready(2);
     let pooled = |id: &str| env.daemon_log().contains(&format!("sandbox {id}: from the ready pool"));
     // A create that fits takes a ready sandbox, with its own limits and env.
@@ -1969,11 +1959,9 @@ fn baselines_are_validated_published_by_compare_and_swap_and_start_new_work() {
             Client::connect(&socket).unwrap().request("POST", &format!("/v1/sandboxes/{p}/baseline"), Some(&body))
         })
     };
-    let start = Instant::now();
-    while !env.daemon_log().contains("failpoint baseline:validated reached") {
-        assert!(start.elapsed() < Duration::from_secs(30), "the older publisher never validated");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until("the older publisher never validated", Duration::from_secs(30), || {
+        env.daemon_log().contains("failpoint baseline:validated reached")
+    });
     let newer: Value = publish(&env, &q).map(|b| serde_json::from_slice(&b).unwrap()).unwrap();
     match older.join().unwrap() {
         Err(ClientError::Api { status: 409, message, .. }) => {

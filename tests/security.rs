@@ -716,7 +716,15 @@ fn connections_past_the_limit_get_429_until_idle_ones_close() {
             Err(strata::client::ClientError::Api { status: 429, message, .. }) => {
                 assert!(message.contains("64"), "{message}");
                 assert!(t.elapsed() < Duration::from_millis(750), "the 429 took {:?}", t.elapsed());
-                break;
+                // A body larger than the socket's buffer is read too (not
+                // cut by the close): its sender gets the 429 as well.
+                let big = json!({"image": "busybox", "hostname": "x".repeat(900 << 10)});
+                match env.client().request("POST", "/v1/sandboxes", Some(&big)) {
+                    Err(strata::client::ClientError::Api { status: 429, .. }) => break,
+                    // A late refusal left a slot free: served, not refused.
+                    _ if idle.iter_mut().any(refused_at_once) => idle.retain_mut(|s| !refused_at_once(s)),
+                    other => panic!("expected 429 for a large body, got {other:?}"),
+                }
             }
             Ok(_) if idle.iter_mut().any(refused_at_once) => idle.retain_mut(|s| !refused_at_once(s)),
             other => panic!("expected 429, got {other:?}"),

@@ -176,7 +176,8 @@ const MAX_REFUSING: usize = 64;
 
 /// Answer a connection past the limit with 429. The answer follows the
 /// request's head (read for up to [`REFUSE_READ`], at most [`MAX_HEAD`]
-/// bytes, then whatever else has arrived): an HTTP/1.1 client that reads a
+/// bytes; a body is read and dropped after the answer, for the rest of
+/// that time): an HTTP/1.1 client that reads a
 /// response before it has sent its request drops it as unexpected (hyper:
 /// `UnexpectedMessage`), so answering at accept left a client racing its
 /// own connection for the 429. A client that sends nothing gets the 429
@@ -191,21 +192,25 @@ fn refuse(mut s: UnixStream, max: usize, refusing: &Arc<AtomicUsize>) {
     let counted = Counted::new(refusing);
     tokio::spawn(async move {
         let _counted = counted;
-        let mut head = Vec::with_capacity(1024);
-        let _ = tokio::time::timeout(REFUSE_READ, async {
-            let mut buf = [0u8; 4096];
-            while head.len() < MAX_HEAD && !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match s.read(&mut buf).await {
+        let deadline = tokio::time::Instant::now() + REFUSE_READ;
+        let mut buf = vec![0u8; 16 << 10];
+        let (mut read, mut head_done) = (0usize, false);
+        let _ = tokio::time::timeout_at(deadline, async {
+            let mut tail = [0u8; 3];
+            while read < MAX_HEAD && !head_done {
+                let n = match s.read(&mut buf).await {
                     Ok(0) | Err(_) => return,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
+                    Ok(n) => n,
+                };
+                // The head ends at the first blank line, which may straddle reads.
+                let seen: Vec<u8> = tail[..read.min(3)].iter().chain(&buf[..n]).copied().collect();
+                head_done = seen.windows(4).any(|w| w == b"\r\n\r\n");
+                let keep = seen.len().min(3);
+                tail[..keep].copy_from_slice(&seen[seen.len() - keep..]);
+                read += n;
             }
         })
         .await;
-        // The body, if it came with the head, is read too: closing over
-        // unread data must not cut the client's write short.
-        let mut buf = [0u8; 4096];
-        while matches!(s.try_read(&mut buf), Ok(n) if n > 0) {}
         let e = ApiError::new(
             ErrorKind::LimitReached,
             format!("the daemon serves at most {max} connections at once; retry later"),
@@ -219,6 +224,18 @@ fn refuse(mut s: UnixStream, max: usize, refusing: &Arc<AtomicUsize>) {
         msg.extend_from_slice(&body);
         let _ = s.write_all(&msg).await;
         let _ = s.shutdown().await;
+        // What the client still sends (a body, up to MAX_BODY) is read and
+        // dropped for the rest of the window, so that its write is not cut
+        // by our close before it has read the 429.
+        let _ = tokio::time::timeout_at(deadline, async {
+            while read < MAX_HEAD + MAX_BODY {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => read += n,
+                }
+            }
+        })
+        .await;
     });
 }
 
