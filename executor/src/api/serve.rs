@@ -194,23 +194,23 @@ fn refuse(mut s: UnixStream, max: usize, refusing: &Arc<AtomicUsize>) {
         let _counted = counted;
         let deadline = tokio::time::Instant::now() + REFUSE_READ;
         let mut buf = vec![0u8; 16 << 10];
-        let (mut read, mut head_done) = (0usize, false);
+        let mut head: Vec<u8> = Vec::new();
         let _ = tokio::time::timeout_at(deadline, async {
-            let mut tail = [0u8; 3];
-            while read < MAX_HEAD && !head_done {
+            while head.len() < MAX_HEAD {
                 let n = match s.read(&mut buf).await {
                     Ok(0) | Err(_) => return,
                     Ok(n) => n,
                 };
                 // The head ends at the first blank line, which may straddle reads.
-                let seen: Vec<u8> = tail[..read.min(3)].iter().chain(&buf[..n]).copied().collect();
-                head_done = seen.windows(4).any(|w| w == b"\r\n\r\n");
-                let keep = seen.len().min(3);
-                tail[..keep].copy_from_slice(&seen[seen.len() - keep..]);
-                read += n;
+                let from = head.len().saturating_sub(3);
+                head.extend_from_slice(&buf[..n]);
+                if head[from..].windows(4).any(|w| w == b"\r\n\r\n") {
+                    return;
+                }
             }
         })
         .await;
+        let mut read = head.len();
         let e = ApiError::new(
             ErrorKind::LimitReached,
             format!("the daemon serves at most {max} connections at once; retry later"),
