@@ -79,6 +79,17 @@ fn sandbox_is_isolated_and_writes_stay_in_its_upper() {
     let v = sh(&env, &id, "cat /etc/passwd");
     assert!(!stdout(&v).contains("systemd"), "host /etc/passwd leaked in");
 
+    // The root is an overlay that never syncs its upper (`volatile`): the
+    // daemon syncs what it keeps of it. A sync inside still succeeds.
+    let line = stdout(&sh(&env, &id, "sync && awk '$5 == \"/\"' /proc/self/mountinfo"));
+    let (_, fs) = line.split_once(" - ").unwrap_or_else(|| panic!("no root mount: {line}"));
+    let fields: Vec<&str> = fs.split_whitespace().collect();
+    assert_eq!(fields.first(), Some(&"overlay"), "{line}");
+    let opts: Vec<&str> = fields.get(2).map_or(vec![], |o| o.split(',').collect());
+    // (Newer kernels show it as `fsync=volatile`.)
+    let volatile = opts.iter().any(|o| ["volatile", "fsync=volatile"].contains(o));
+    assert!(volatile && opts.iter().any(|o| o.starts_with("upperdir=")), "{line}");
+
     // Writes land in this sandbox's upper only.
     let other = create(&env, json!({"image": "busybox"}));
     sh(&env, &id, "echo secret > /tmp/written && rm /bin/true");

@@ -353,6 +353,19 @@ pub fn pidfd_send_signal(pidfd: BorrowedFd<'_>, signal: i32) -> Result<(), Errno
 pub const OVERLAY_FLAGS: [(&str, &str); 4] =
     [("index", "off"), ("metacopy", "off"), ("redirect_dir", "off"), ("xino", "off")];
 
+/// `volatile` (Linux >= 5.10): the overlay skips every sync of its upper:
+/// fsync and syncfs inside the sandbox, and, when the sandbox ends and the
+/// overlay is unmounted, the syncfs of the upper's whole file system
+/// (with a journal, a commit per sandbox). Nothing is lost that was kept:
+/// a running sandbox's upper does not outlive a host crash (a restart
+/// reaps a sandbox whose shim is gone), and what the daemon keeps of an
+/// upper it makes durable itself before a row names it (a checkpoint's
+/// layer and blob, a suspended upper). Its marker, `work/work/incompat/
+/// volatile`, would refuse a second mount of the same upper and work dir;
+/// none is made (a sandbox that starts again gets new ones). Kernels
+/// without it (5.9) mount without it.
+pub const OVERLAY_VOLATILE: &str = "volatile";
+
 /// An overlay mount to make: lowers topmost first, relative to `layers_dir`.
 pub struct OverlayMount<'a> {
     pub layers_dir: &'a Path,
@@ -415,6 +428,7 @@ fn fs_context_log(fd: &OwnedFd) -> String {
 }
 
 const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_FLAG: libc::c_uint = 0;
 const FSCONFIG_SET_STRING: libc::c_uint = 1;
 const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
 const FSMOUNT_CLOEXEC: libc::c_uint = 1;
@@ -438,16 +452,25 @@ impl OverlayContext {
     }
 
     fn set(&self, key: &str, value: &CStr) -> Result<(), MountError> {
+        self.config(FSCONFIG_SET_STRING, key, Some(value))
+    }
+
+    /// Set a flag parameter (one without a value, e.g. `volatile`).
+    fn flag(&self, key: &str) -> Result<(), MountError> {
+        self.config(FSCONFIG_SET_FLAG, key, None)
+    }
+
+    fn config(&self, cmd: libc::c_uint, key: &str, value: Option<&CStr>) -> Result<(), MountError> {
         let k = CString::new(key).map_err(|_| MountError::BadPath(key.into()))?;
-        // SAFETY: both strings are NUL-terminated and outlive the call.
-        let r = unsafe {
-            libc::syscall(libc::SYS_fsconfig, self.0.as_raw_fd(), FSCONFIG_SET_STRING, k.as_ptr(), value.as_ptr(), 0)
-        };
+        let v = value.map_or(std::ptr::null(), CStr::as_ptr);
+        // SAFETY: the key is NUL-terminated, the value NUL-terminated or
+        // null (a flag), and both outlive the call.
+        let r = unsafe { libc::syscall(libc::SYS_fsconfig, self.0.as_raw_fd(), cmd, k.as_ptr(), v, 0) };
         if r < 0 {
             let source = Errno::last();
             return Err(MountError::FsConfig {
                 key: key.into(),
-                value: value.to_string_lossy().into_owned(),
+                value: value.map(|v| v.to_string_lossy().into_owned()).unwrap_or_default(),
                 detail: fs_context_log(&self.0),
                 source,
             });
@@ -512,6 +535,8 @@ pub fn mount_overlay(m: &OverlayMount<'_>) -> Result<(), MountError> {
     for (k, v) in OVERLAY_FLAGS {
         ctx.set(k, &CString::new(v).map_err(|_| MountError::BadPath(v.into()))?)?;
     }
+    // Overlay's own parameters (this path) came in 6.5, after volatile.
+    ctx.flag(OVERLAY_VOLATILE)?;
     // nodev: a device node in the image or the upper is never usable.
     let mfd = ctx.mount(MOUNT_ATTR_NODEV)?;
     attach_tree(mfd.as_fd(), m.target).map_err(|e| MountError::Move(m.target.into(), e))
@@ -546,6 +571,9 @@ pub fn readonly_overlay(lowers: &[&Path]) -> Result<OwnedFd, MountError> {
     ctx.mount(MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
 }
 
+/// What `mount(2)` takes as its data: one page.
+const LEGACY_OPTIONS_MAX: usize = 4096;
+
 /// The legacy `mount(2)` option string, with lowers relative to the layers
 /// directory (the caller's cwd at mount time) to stay under one page.
 pub fn legacy_overlay_options(m: &OverlayMount<'_>) -> Result<String, MountError> {
@@ -561,8 +589,7 @@ pub fn legacy_overlay_options(m: &OverlayMount<'_>) -> Result<String, MountError
     for (k, v) in OVERLAY_FLAGS {
         opts.push_str(&format!(",{k}={v}"));
     }
-    let page = 4096;
-    if opts.len() >= page {
+    if opts.len() >= LEGACY_OPTIONS_MAX {
         return Err(MountError::OptionsTooLong { len: opts.len(), lowers: lowers.len() });
     }
     Ok(opts)
@@ -571,10 +598,18 @@ pub fn legacy_overlay_options(m: &OverlayMount<'_>) -> Result<String, MountError
 fn mount_overlay_legacy(m: &OverlayMount<'_>) -> Result<(), MountError> {
     use nix::mount::{mount, MsFlags};
     let opts = legacy_overlay_options(m)?;
+    let volatile = format!("{opts},{OVERLAY_VOLATILE}");
     let old = std::env::current_dir()
         .map_err(|e| MountError::Legacy(m.target.into(), Errno::from_raw(e.raw_os_error().unwrap_or(0))))?;
     nix::unistd::chdir(m.layers_dir).map_err(|e| MountError::Legacy(m.layers_dir.into(), e))?;
-    let r = mount(Some("overlay"), m.target, Some("overlay"), MsFlags::MS_NODEV, Some(opts.as_str()));
+    let overlay = |o: &str| mount(Some("overlay"), m.target, Some("overlay"), MsFlags::MS_NODEV, Some(o));
+    // A kernel before 5.10 refuses `volatile` (EINVAL): mount without it.
+    // Past one page with it, the string without it is still tried.
+    let r = if volatile.len() < LEGACY_OPTIONS_MAX {
+        overlay(&volatile).or_else(|e| if e == Errno::EINVAL { overlay(&opts) } else { Err(e) })
+    } else {
+        overlay(&opts)
+    };
     let _ = nix::unistd::chdir(&old);
     r.map_err(|e| MountError::Legacy(m.target.into(), e))
 }

@@ -1244,8 +1244,10 @@ impl Daemon {
                 }
             };
             crate::failpoint::hit("suspend:moved");
-            // Durability comes with the blob (the seal syncs the layer).
-            let new_layer = match store.commit_layer(&layer_src, &layer.id, compacted.is_some(), lease) {
+            // Durable before the row names it: the sandbox's overlay was
+            // volatile (`strata_shim::sys::OVERLAY_VOLATILE`), so nothing
+            // synced the upper when it was unmounted.
+            let new_layer = match store.commit_layer(&layer_src, &layer.id, true, lease) {
                 Ok(n) => n,
                 Err(e) => {
                     give_back();
