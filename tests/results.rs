@@ -3,6 +3,8 @@
 //! cut marked), a rollback's log, patches, the result document, and logs
 //! and evaluations carried by push and pull.
 
+use std::time::Duration;
+
 use serde_json::{json, Value};
 use strata_tests::*;
 
@@ -541,5 +543,61 @@ fn a_log_pulled_back_by_the_host_that_made_it_is_not_its_live_sandboxs_own() {
     // The pulled snapshot has its log; the sandbox that ran it keeps its own once.
     assert_eq!(argvs(&get(&env, &format!("/v1/snapshots/{s1}/logs"))), ["\"echo one\""]);
     assert_eq!(argvs(&get(&env, &format!("/v1/sandboxes/{id}/logs"))), ["\"echo one\"", "\"echo two\""]);
+    env.finish();
+}
+
+#[test]
+fn exec_records_written_behind_the_answer_are_whole_wherever_they_are_read() {
+    // The exec log's writer stops at its failpoint before it writes
+    // anything: each record below reaches the catalog only because what
+    // reads it (a log, a checkpoint, a rollback, a suspend) settles the
+    // queue first, or because the daemon's stop does.
+    let mut env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", "exec-log:write")]);
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "echo one");
+    // Woken by that record, the writer stops before it writes it.
+    wait_until("the exec log's writer at its failpoint", Duration::from_secs(10), || {
+        env.daemon_log().contains("failpoint exec-log:write reached")
+    });
+    assert_eq!(argvs(&get(&env, &format!("/v1/sandboxes/{id}/logs"))), ["\"echo one\""]);
+    sh(&env, &id, "echo two");
+    let s1 = env.cli_ok(&["checkpoint", &id]).trim().to_string();
+    assert_eq!(argvs(&get(&env, &format!("/v1/snapshots/{s1}/logs"))), ["\"echo one\"", "\"echo two\""]);
+    sh(&env, &id, "echo discarded");
+    env.cli_ok(&["rollback", &id, "--to", &s1]);
+    sh(&env, &id, "echo three");
+    assert!(env.stop_daemon().success());
+    let db = strata::db::Db::open(&env.root.join("strata.db")).unwrap();
+    let written: Vec<String> =
+        db.exec_records(Some(&id), 0, None, false).unwrap().into_iter().map(|r| r.argv.join(" ")).collect();
+    assert_eq!(written, ["sh -c echo one", "sh -c echo two", "sh -c echo discarded", "sh -c echo three"]);
+    drop(db);
+    env.start_daemon();
+    assert_eq!(
+        argvs(&get(&env, &format!("/v1/sandboxes/{id}/logs"))),
+        ["\"echo one\"", "\"echo two\"", "\"echo three\""]
+    );
+    sh(&env, &id, "echo four");
+    let s2 = env.cli_ok(&["suspend", &id]).trim().to_string();
+    assert_eq!(argvs(&get(&env, &format!("/v1/snapshots/{s2}/logs"))).last().unwrap(), "\"echo four\"");
+    env.finish();
+}
+
+#[test]
+fn exec_records_reach_the_catalog_with_no_one_reading_them() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let db = strata::db::Db::open(&env.root.join("strata.db")).unwrap();
+    // The writer asleep (nothing ran yet), then lingering after a write.
+    for n in 1..=3 {
+        sh(&env, &id, &format!("echo {n}"));
+        wait_until("the exec record written by the writer", Duration::from_secs(5), || {
+            db.exec_records(Some(&id), 0, None, false).unwrap().len() == n
+        });
+        std::thread::sleep(Duration::from_millis(if n == 1 { 1 } else { 50 }));
+    }
+    drop(db);
     env.finish();
 }

@@ -2303,6 +2303,26 @@ impl Db {
         insert_exec_record_in(&self.conn, r, false).map(|_| ())
     }
 
+    /// Insert exec records in order: one transaction for them all, or, if
+    /// that fails, each on its own, so one that cannot be written does not
+    /// take the others with it. The error is the last record's that failed.
+    pub fn insert_exec_records(&self, records: &[ExecRecord]) -> Result<(), DbError> {
+        if let [one] = records {
+            return self.insert_exec_record(one);
+        }
+        let batch = (|| {
+            let tx = self.conn.transaction(true).map_err(q("begin exec records"))?;
+            for r in records {
+                insert_exec_record_in(&tx, r, false)?;
+            }
+            tx.commit().map_err(q("commit exec records"))
+        })();
+        if batch.is_ok() {
+            return batch;
+        }
+        records.iter().map(|r| self.insert_exec_record(r)).filter(Result::is_err).last().unwrap_or(Ok(()))
+    }
+
     /// Exec records with `from < id <= upto` (`upto` `None`: all after
     /// `from`) of one sandbox (or, `None`, of any: a pulled snapshot's),
     /// oldest first; with their output if `output`.

@@ -84,6 +84,7 @@ pub fn run(
     daemon.start_warm_pool();
     daemon.start_teardown();
     daemon.start_blob_writer();
+    daemon.start_exec_log();
     daemon.start_hydrator();
     daemon.start_reaper();
     daemon.start_ready_pools();

@@ -12,6 +12,7 @@
 
 pub mod baseline;
 pub mod distribution;
+mod execlog;
 pub mod fleet;
 pub mod gc;
 pub mod host;
@@ -443,6 +444,7 @@ pub struct Daemon {
     warm: WarmPool,
     pub(crate) ready: ready::ReadyPools,
     teardown: teardown::Teardowns,
+    exec_log: execlog::ExecLog,
     /// Snapshot ids whose blob the background writer must produce.
     blobs: Mutex<Option<std::sync::mpsc::Sender<String>>>,
     /// The sandbox cgroup whose capture cgroup the seal under way made
@@ -564,6 +566,7 @@ impl Daemon {
             warm: WarmPool::default(),
             ready: Default::default(),
             teardown: Default::default(),
+            exec_log: Default::default(),
             blobs: Mutex::new(None),
             sealing: Mutex::new(Sealing::default()),
             rt,
@@ -1005,7 +1008,7 @@ impl Daemon {
         // A rollback keeps its sandbox's exec records but starts its log
         // over at the snapshot it went back to.
         let log_from = match &fixed_id {
-            Some(id) => lock(&self.db).last_exec_record(id.as_str())?,
+            Some(id) => self.last_exec_record(id.as_str())?,
             None => 0,
         };
         let warm = if cold { None } else { self.take_warm() };
@@ -1173,6 +1176,7 @@ impl Daemon {
     /// running; the next daemon re-adopts them.
     pub fn shutdown(&self) {
         self.stopping.store(true, std::sync::atomic::Ordering::Release);
+        self.stop_exec_log();
         self.stop_teardown();
         self.drop_ready(None);
         {

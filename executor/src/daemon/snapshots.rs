@@ -770,9 +770,9 @@ impl Daemon {
         }
 
         let looked_up = (|| {
-            let db = lock(&self.db);
-            let image = db.image_by_name(&sb.spec.image.parse()?)?.ok_or(CaptureError::NoImageRow)?;
-            Ok::<_, CaptureError>((image, db.last_exec_record(sb.id.as_str())?))
+            let log_upto = self.last_exec_record(sb.id.as_str())?;
+            let image = lock(&self.db).image_by_name(&sb.spec.image.parse()?)?.ok_or(CaptureError::NoImageRow)?;
+            Ok::<_, CaptureError>((image, log_upto))
         })();
         let (image, log_upto) = looked_up?;
         let stats = &sealed.stats;
@@ -1104,16 +1104,8 @@ impl Daemon {
             output: Some(s.kept.clone()),
         };
         // A command that ends after its sandbox began to go (removed, or
-        // rolled back: the discarded timeline) is not logged. Checked under
-        // the database lock: a rollback reads where its log starts after
-        // marking the sandbox gone, so no late record lands after that.
-        let db = lock(&self.db);
-        if sb.gone().is_set() {
-            return;
-        }
-        if let Err(e) = db.insert_exec_record(&rec) {
-            tracing::warn!("exec log of {}: {}", sb.id, crate::error::chain(&e));
-        }
+        // rolled back: the discarded timeline) is not logged (`execlog.rs`).
+        self.queue_exec_record(sb, rec);
     }
 
     /// The exec log of a live sandbox (the log of the snapshot it runs
@@ -1123,6 +1115,7 @@ impl Daemon {
     /// With `output`, each record carries its output as kept.
     pub fn logs(&self, id: &str, output: bool) -> Result<Vec<crate::db::ExecRecord>, SnapshotLookupError> {
         if let Ok(sb) = self.sandbox(id) {
+            self.settle_exec_log();
             let db = lock(&self.db);
             let mut out = match &sb.spec.snapshot {
                 Some(s) => snapshot_log(&db, s, output)?,
@@ -1211,7 +1204,7 @@ impl Daemon {
             // Before the upper moves (nothing may fail between the move and
             // the row but what gives the upper back); the sandbox is
             // stopped, so no exec comes later.
-            let log_upto = lock(&self.db).last_exec_record(sb.id.as_str())?;
+            let log_upto = self.last_exec_record(sb.id.as_str())?;
             let snap_id = SnapshotId::random();
             // After a checkpoint, an increment over it: what the upper holds
             // unchanged since is in that checkpoint's layer already.
