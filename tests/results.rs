@@ -568,7 +568,7 @@ fn exec_records_written_behind_the_answer_are_whole_wherever_they_are_read() {
     env.cli_ok(&["rollback", &id, "--to", &s1]);
     sh(&env, &id, "echo three");
     assert!(env.stop_daemon().success());
-    let db = strata::db::Db::open(&env.root.join("strata.db")).unwrap();
+    let db = env.catalog();
     let written: Vec<String> =
         db.exec_records(Some(&id), 0, None, false).unwrap().into_iter().map(|r| r.argv.join(" ")).collect();
     assert_eq!(written, ["sh -c echo one", "sh -c echo two", "sh -c echo discarded", "sh -c echo three"]);
@@ -589,7 +589,7 @@ fn exec_records_reach_the_catalog_with_no_one_reading_them() {
     let env = TestEnv::start();
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox"}));
-    let db = strata::db::Db::open(&env.root.join("strata.db")).unwrap();
+    let db = env.catalog();
     // The writer asleep (nothing ran yet), then lingering after a write.
     for n in 1..=3 {
         sh(&env, &id, &format!("echo {n}"));

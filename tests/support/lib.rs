@@ -221,6 +221,16 @@ impl TestEnv {
         }
     }
 
+    /// A connection of the test's own to the daemon's catalog: its
+    /// `--database`, or `ROOT/strata.db`.
+    pub fn catalog(&self) -> strata::db::Db {
+        let url = self.extra_args.iter().skip_while(|a| *a != "--database").nth(1);
+        match url {
+            Some(url) => strata::db::Db::open_postgres(url).expect("open the PostgreSQL catalog"),
+            None => strata::db::Db::open(&self.root.join("strata.db")).expect("open strata.db"),
+        }
+    }
+
     pub fn client(&self) -> Client {
         Client::connect(&self.socket).expect("connect to daemon")
     }
