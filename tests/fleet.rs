@@ -7,10 +7,10 @@
 //! another, which brings the layers it lacks itself.
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
-use strata_tests::{create, pg, registry, sh, stdout, strata_bin, ClientError, TestEnv};
+use strata_tests::{create, pg, registry, sh, stdout, strata_bin, wait_for, ClientError, TestEnv};
 
 /// Heartbeat every second; down after three without one.
 const BEAT: [&str; 4] = ["--heartbeat", "1s", "--host-deadline", "3s"];
@@ -28,18 +28,6 @@ fn sandboxes(env: &TestEnv) -> Vec<String> {
     list.iter().map(|s| s["id"].as_str().unwrap().to_string()).collect()
 }
 
-/// Poll `cond` every 100 ms for up to `secs`; the last value it saw.
-fn eventually(secs: u64, what: &str, mut cond: impl FnMut() -> Option<Value>, last: impl Fn() -> Value) -> Value {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(secs) {
-        if let Some(v) = cond() {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("{what} within {secs} s; last seen: {:#}", last());
-}
-
 #[test]
 fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
     strata_tests::require_root();
@@ -48,9 +36,9 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
     let mut b = TestEnv::start_in_fleet(&url, "host-b", &BEAT);
 
     // Both registered, ready, with the capacity of their last heartbeat.
-    let both = eventually(
-        5,
+    let both = wait_for(
         "both hosts listed with their capacity",
+        Duration::from_secs(5),
         || {
             let h = hosts(&b);
             (h.len() == 2 && h.iter().all(|h| h["capacity"].is_object())).then(|| Value::from(h))
@@ -100,24 +88,24 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
     // Drained through A, B stops taking work at its next heartbeat; and
     // takes it again once the drain ends.
     assert_eq!(a.cli_ok(&["drain", "host-b", "--reason", "kernel upgrade"]).trim(), "draining");
-    eventually(
-        3,
+    wait_for(
         "host-b draining",
+        Duration::from_secs(3),
         || {
             let i: Value = b.client().call("GET", "/v1/info", None::<&()>).unwrap();
             (i["state"] == "draining" && i["draining_reason"] == "kernel upgrade").then_some(i)
         },
-        || b.client().call("GET", "/v1/info", None::<&()>).unwrap(),
+        || -> Value { b.client().call("GET", "/v1/info", None::<&()>).unwrap() },
     );
     assert_eq!(a.cli_ok(&["drain", "host-b", "--off"]).trim(), "ready");
-    eventually(
-        3,
+    wait_for(
         "host-b ready again",
+        Duration::from_secs(3),
         || {
             let i: Value = b.client().call("GET", "/v1/info", None::<&()>).unwrap();
             (i["state"] == "ready").then_some(i)
         },
-        || b.client().call("GET", "/v1/info", None::<&()>).unwrap(),
+        || -> Value { b.client().call("GET", "/v1/info", None::<&()>).unwrap() },
     );
     let out = a.cli(&["drain", "host-z"]);
     assert!(!out.status.success());
@@ -142,9 +130,9 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
     // A killed host is marked down past its deadline; its sandbox is
     // reported lost by the host that noticed.
     a.kill_daemon();
-    let down = eventually(
-        6,
+    let down = wait_for(
         "host-a marked down",
+        Duration::from_secs(6),
         || {
             let h = host(&b, "host-a");
             (h["state"] == "down").then_some(h)
@@ -220,14 +208,14 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
     // Its availability: the hosts holding its layers (as their heartbeats
     // say), besides where it was made and where it is published.
     let susp_id = susp["id"].as_str().unwrap().to_string();
-    eventually(
-        6,
+    wait_for(
         "A's suspend held by hosts a, b and c",
+        Duration::from_secs(6),
         || {
             let v: Value = a.client().call("GET", &format!("/v1/snapshots/{susp_id}"), None::<&()>).unwrap();
             (v["hosts"] == json!(["host-a", "host-b", "host-c"])).then_some(v)
         },
-        || a.client().call("GET", &format!("/v1/snapshots/{susp_id}"), None::<&()>).unwrap(),
+        || -> Value { a.client().call("GET", &format!("/v1/snapshots/{susp_id}"), None::<&()>).unwrap() },
     );
 
     // Published in the background: answered at once, `publishing` until
@@ -242,14 +230,14 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
     let bg = post(&b, &format!("/v1/sandboxes/{sb}/checkpoint"), json!({"type": "distributed", "async": true}));
     let bg_id = bg["id"].as_str().unwrap().to_string();
     assert!(bg["publishing"] == true || bg["registry"].is_string(), "{bg:#}");
-    eventually(
-        10,
+    wait_for(
         "the async publication done",
+        Duration::from_secs(10),
         || {
             let v: Value = b.client().call("GET", &format!("/v1/snapshots/{bg_id}"), None::<&()>).unwrap();
             (v["publishing"] == false && v["type"] == "distributed").then_some(v)
         },
-        || b.client().call("GET", &format!("/v1/snapshots/{bg_id}"), None::<&()>).unwrap(),
+        || -> Value { b.client().call("GET", &format!("/v1/snapshots/{bg_id}"), None::<&()>).unwrap() },
     );
     let forks = post(&c, &format!("/v1/snapshots/{bg_id}/fork"), json!({}));
     let fbg = forks[0]["id"].as_str().unwrap().to_string();
@@ -304,9 +292,9 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
     // durable (distributed) checkpoint.
     let mut b = b;
     b.kill_daemon();
-    eventually(
-        6,
+    wait_for(
         "host-b marked down",
+        Duration::from_secs(6),
         || {
             let h = host(&c, "host-b");
             (h["state"] == "down").then_some(h)

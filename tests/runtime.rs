@@ -414,15 +414,8 @@ fn a_warm_shim_that_died_is_never_handed_out() {
 #[test]
 fn a_shim_that_exits_before_setup_fails_the_create_with_its_reason() {
     let work = tempfile::Builder::new().prefix("strata-test-shim-").tempdir().unwrap();
-    let src = work.path().join("dies.c");
-    std::fs::write(
-        &src,
-        "#include <stdio.h>\nint main(void) { fputs(\"strata-shim: stage /proc: the reason it gave\\n\", stderr); return 4; }\n",
-    )
-    .unwrap();
-    let shim = work.path().join("strata-shim");
-    let st = std::process::Command::new("gcc").arg("-o").arg(&shim).arg(&src).status().unwrap();
-    assert!(st.success(), "gcc failed to build the stand-in shim");
+    let dies = "#include <stdio.h>\nint main(void) { fputs(\"strata-shim: stage /proc: the reason it gave\\n\", stderr); return 4; }\n";
+    let shim = compile_c(work.path(), "strata-shim", dies, &[]);
     for warm in ["0", "2"] {
         let env = TestEnv::start_with(&["--shim", shim.to_str().unwrap(), "--warm-pool", warm]);
         env.import_busybox();

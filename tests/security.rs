@@ -941,11 +941,7 @@ fn glibc_shim() -> PathBuf {
 #[test]
 fn a_sandbox_cannot_change_the_shim_binary_through_proc_self_exe() {
     let work = tempfile::Builder::new().prefix("strata-test-exe-").tempdir().unwrap();
-    let src = work.path().join("attack.c");
-    std::fs::write(&src, PRELOAD_ATTACK).unwrap();
-    let lib = work.path().join("attack.so");
-    let st = std::process::Command::new("gcc").args(["-shared", "-fPIC", "-O1", "-o"]).arg(&lib).arg(&src).status();
-    assert!(st.unwrap().success(), "gcc failed to build the preload library");
+    let lib = compile_c(work.path(), "attack.so", PRELOAD_ATTACK, &["-shared", "-fPIC", "-O1"]);
     // The installed shim (static when scripts/build-shim.sh had the musl
     // target: no dynamic loader, so no preload ever runs in it), then a
     // glibc build, where the preloaded code runs as the shim's binary and
@@ -1088,11 +1084,7 @@ fn descriptors_passed_through_a_cache_cannot_change_a_suspended_snapshot() {
     let env = TestEnv::start();
     env.import_busybox();
     let work = tempfile::Builder::new().prefix("strata-test-fdpass-").tempdir().unwrap();
-    let src = work.path().join("fdpass.c");
-    std::fs::write(&src, FDPASS).unwrap();
-    let helper = work.path().join("fdpass");
-    let st = std::process::Command::new("gcc").args(["-static", "-O1", "-o"]).arg(&helper).arg(&src).status();
-    assert!(st.unwrap().success(), "gcc failed to build the helper");
+    let helper = compile_c(work.path(), "fdpass", FDPASS, &["-static", "-O1"]);
 
     // Two sandboxes share the cache `c` (host dir ROOT/caches/c).
     let [p1, p2] = [(); 2].map(|_| create(&env, json!({"image": "busybox", "cache": ["c:/cache"]})));

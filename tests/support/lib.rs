@@ -395,13 +395,40 @@ impl Drop for TestEnv {
     }
 }
 
-/// Poll `done` until it holds; fail with `what` once `limit` has passed.
-pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+/// Compile the C program `source` with gcc and `flags` into `dir/name`
+/// (stand-ins and attack helpers); its path.
+pub fn compile_c(dir: &Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, source).unwrap();
+    let out = dir.join(name);
+    let st = Command::new("gcc").args(flags).arg("-o").arg(&out).arg(&src).status().expect("run gcc");
+    assert!(st.success(), "gcc failed to build {name}");
+    out
+}
+
+/// Poll `found` every 10 ms until it gives a value, and return that; once
+/// `limit` has passed, fail with `what` and the state `last` shows.
+pub fn wait_for<T, D: std::fmt::Display>(
+    what: &str,
+    limit: Duration,
+    mut found: impl FnMut() -> Option<T>,
+    last: impl FnOnce() -> D,
+) -> T {
     let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < limit, "{what} (after {limit:?})");
+    loop {
+        if let Some(v) = found() {
+            return v;
+        }
+        if start.elapsed() >= limit {
+            panic!("{what} (after {limit:?}); last seen: {:#}", last());
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Poll `done` until it holds ([`wait_for`] with no state to show).
+pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    wait_for(what, limit, || done().then_some(()), || "not yet")
 }
 
 /// Loop devices whose backing file is under `root` (`--disk` images).

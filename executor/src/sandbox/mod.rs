@@ -57,7 +57,7 @@ pub enum SandboxError {
     /// `said`: the last line of the shim's log when the shim failed
     /// without reporting why (it died, or did not answer); the log itself
     /// goes with the sandbox's directories.
-    #[error("set up the sandbox{}", if said.is_empty() { String::new() } else { format!(" (the shim's log ends: {said})") })]
+    #[error("set up the sandbox{}", log_ends(said))]
     Setup {
         said: String,
         #[source]
@@ -89,6 +89,15 @@ pub enum SandboxError {
     Remove(#[source] StoreError),
     #[error("user namespace")]
     Userns(#[source] crate::userns::UsernsError),
+}
+
+/// What [`SandboxError::Setup`] adds: the last line of the shim's log.
+fn log_ends(said: &str) -> String {
+    if said.is_empty() {
+        String::new()
+    } else {
+        format!(" (the shim's log ends: {said})")
+    }
 }
 
 impl crate::error::Classify for SandboxError {
