@@ -2175,7 +2175,10 @@ fn scratch_and_cache_mounts_are_never_captured() {
 
 #[test]
 fn a_daemon_killed_mid_checkpoint_leaves_no_partial_snapshot() {
-    let mut env = TestEnv::start();
+    // The capture holds the sandbox frozen for 5 s: a capture written
+    // ahead (and confirmed while frozen) can be frozen for less than the
+    // poll below takes to see it.
+    let mut env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", "checkpoint:frozen=sleep-once:5000")]);
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox"}));
     // Enough data that the capture takes a while: in files under 1 MiB,
@@ -2206,8 +2209,9 @@ fn a_daemon_killed_mid_checkpoint_leaves_no_partial_snapshot() {
         s.contains("FROZEN") || s.contains("frozen 1")
     });
     env.kill_daemon();
-    assert!(t.join().unwrap().is_err(), "checkpoint finished before the kill; make the delta bigger");
+    assert!(t.join().unwrap().is_err(), "checkpoint finished before the kill");
 
+    env.daemon_env.clear();
     env.start_daemon();
     // The sandbox runs again (thawed at adoption); nothing partial is left.
     assert_eq!(stdout(&sh(&env, &id, "echo alive")), "alive\n");

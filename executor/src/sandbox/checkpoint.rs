@@ -615,6 +615,9 @@ impl Sandbox {
         let state = self.transition(RunEvent::Capture, "checkpoint", || Ok(()))?;
         let froze = matches!(state, super::RunState::Capturing { was_paused: false });
         let mut result = if froze { self.cgroup.freeze(FREEZE_TIMEOUT).map_err(SandboxError::Freezer) } else { Ok(()) };
+        if froze && result.is_ok() {
+            crate::failpoint::hit("checkpoint:frozen");
+        }
         let written = result.as_ref().ok().map(|_| {
             std::fs::File::create(tar)
                 .map_err(|source| SandboxError::Io { step: "create checkpoint tar", source })
