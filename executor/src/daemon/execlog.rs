@@ -54,6 +54,8 @@ impl Daemon {
     /// Start the exec log's writer thread. Without it, a record is
     /// written before its exec answers.
     pub fn start_exec_log(self: &Arc<Self>) {
+        // Before the thread looks: it ends once it finds no writer wanted.
+        lock(&self.exec_log.queue).writer = true;
         let d = self.clone();
         let spawned = std::thread::Builder::new().name("exec-log".into()).spawn(move || {
             // Background work: not before the answers it was taken off.
@@ -81,9 +83,10 @@ impl Daemon {
                 linger = true;
             }
         });
-        match spawned {
-            Ok(_) => lock(&self.exec_log.queue).writer = true,
-            Err(e) => tracing::error!("start the exec log writer: {e}; execs write their record before they answer"),
+        if let Err(e) = spawned {
+            lock(&self.exec_log.queue).writer = false;
+            tracing::error!("start the exec log writer: {e}; execs write their record before they answer");
+            self.settle_exec_log();
         }
     }
 
