@@ -447,6 +447,23 @@ impl SandboxCgroup {
         .into())
     }
 
+    /// The `tasks` files through which a process can join this cgroup
+    /// itself, in every controller (v1); none on v2, where a process is
+    /// moved with [`SandboxCgroup::add`]. See `SpawnPlan::cgroup_tasks`
+    /// for why a shim joins by itself.
+    pub fn tasks_files(&self) -> Vec<std::ffi::CString> {
+        if self.cg.v2() {
+            return Vec::new();
+        }
+        let mut dirs: Vec<&std::path::Path> = self.cg.subsystems().iter().map(|s| s.to_controller().path()).collect();
+        // cpu and cpuacct are often one hierarchy.
+        dirs.sort();
+        dirs.dedup();
+        dirs.into_iter()
+            .filter_map(|d| std::ffi::CString::new(d.join("tasks").into_os_string().into_encoded_bytes()).ok())
+            .collect()
+    }
+
     pub fn add(&self, pid: u32) -> Result<(), CgroupError> {
         self.cg.add_task_by_tgid(CgroupPid::from(pid as u64)).map_err(|source| CgroupError::AddTask {
             pid: pid as u64,

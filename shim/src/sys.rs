@@ -54,6 +54,14 @@ pub struct SpawnPlan<'a> {
     /// root of its namespace (setgroups, setresgid, setresuid to 0) and
     /// only then execs, so the exec keeps the namespace's capabilities.
     pub userns_gate: Option<OwnedFd>,
+    /// cgroup v1 `tasks` files the child writes "0" to before it execs, so
+    /// that it is born in its cgroups rather than moved there. A process
+    /// moved by pid (`cgroup.procs`) takes the kernel's global threadgroup
+    /// lock for writing, which waits for an RCU grace period (10-15 ms on
+    /// the test VM); a single-threaded process moving itself through
+    /// `tasks` does not. Not with `userns_gate` (the child has no
+    /// privilege over the host's cgroups then) and not on v2 (no `tasks`).
+    pub cgroup_tasks: Vec<CString>,
 }
 
 /// A started process: its pid in our namespace and a pidfd that stays valid
@@ -88,8 +96,12 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
 
     let fds = [&exe, &listener, &log, &devnull].map(|f| f.as_raw_fd());
     let Some(gate) = plan.userns_gate.as_ref().map(|g| g.as_raw_fd()) else {
-        return spawn_shared_in_namespaces(namespaces, fds, &argv, &envp);
+        let join: Vec<*const libc::c_char> = plan.cgroup_tasks.iter().map(|t| t.as_ptr()).collect();
+        return spawn_shared_in_namespaces(namespaces, fds, &join, &argv, &envp);
     };
+    if !plan.cgroup_tasks.is_empty() {
+        return Err(Errno::EINVAL);
+    }
     let mut pidfd: RawFd = -1;
     let args = CloneArgs {
         flags: namespaces | libc::CLONE_PIDFD as u64,
@@ -107,7 +119,7 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
     if ret == 0 {
         // SAFETY: the child of a fork: `shim_child`'s contract holds (the
         // fds and C strings were prepared before clone3).
-        unsafe { libc::_exit(shim_child(fds, Some(gate), &argv, &envp)) };
+        unsafe { libc::_exit(shim_child(fds, Some(gate), &[], &argv, &envp)) };
     }
     // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
@@ -116,8 +128,10 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
 
 /// The child's side of a shim spawn, on either path: detach, wait for its
 /// user namespace maps if `gate` is given, put `fds` (the shim's
-/// executable, its listener, its log and /dev/null) in place and `execveat`
-/// the shim. Returns only on failure, with the exit code to end with.
+/// executable, its listener, its log and /dev/null) in place, join the
+/// cgroups whose `tasks` files `join` names (NUL-terminated paths) and
+/// `execveat` the shim. Returns only on failure, with the exit code to end
+/// with.
 ///
 /// # Safety
 /// For a child of `clone`: makes only async-signal-safe system calls,
@@ -126,6 +140,7 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
 unsafe fn shim_child(
     [exe, listener, log, devnull]: [RawFd; 4],
     gate: Option<RawFd>,
+    join: &[*const libc::c_char],
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
 ) -> i32 {
@@ -162,6 +177,19 @@ unsafe fn shim_child(
         {
             return 125;
         }
+        for &tasks in join {
+            // "0": the calling thread, which is this whole process.
+            let fd = libc::open(tasks, libc::O_WRONLY | libc::O_CLOEXEC);
+            let joined = fd >= 0 && libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) == 1;
+            if fd >= 0 {
+                libc::close(fd);
+            }
+            if !joined {
+                let msg = b"strata-shim: could not join its cgroup (write to a v1 tasks file)\n";
+                libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
+                return 123;
+            }
+        }
         // The descriptor is close-on-exec: the shim never holds it (fine for an
         // ELF file; only scripts need their fd open).
         libc::syscall(libc::SYS_execveat, exe, c"".as_ptr(), argv.as_ptr(), envp.as_ptr(), libc::AT_EMPTY_PATH);
@@ -182,10 +210,12 @@ const SHIM_EXEC_DEADLINE: Duration = Duration::from_secs(5);
 /// next wrote (hundreds per sandbox start). With a user namespace the child
 /// waits for the parent to write its maps before it execs, so that spawn
 /// forks.
-/// `fds`: the shim's executable, its listener, its log and /dev/null.
+/// `fds`: the shim's executable, its listener, its log and /dev/null;
+/// `join`: the `tasks` files of the cgroups it is born in.
 fn spawn_shared_in_namespaces(
     namespaces: u64,
     fds: [RawFd; 4],
+    join: &[*const libc::c_char],
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
 ) -> Result<Spawned, Errno> {
@@ -194,7 +224,7 @@ fn spawn_shared_in_namespaces(
     let mut pidfd: RawFd = -1;
     // SAFETY: `shim_child`'s contract holds: the fds, `argv` and `envp`
     // were prepared before the clone and outlive the child's exec.
-    let mut child = || -> i32 { unsafe { shim_child(fds, None, argv, envp) } };
+    let mut child = || -> i32 { unsafe { shim_child(fds, None, join, argv, envp) } };
     let (pid, killed) = clone_shared(&mut stack, &mut child, flags, Some(&mut pidfd), SHIM_EXEC_DEADLINE)?;
     // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };

@@ -198,7 +198,14 @@ pub fn prepare(
         log: log.into(),
         devnull: devnull.into(),
         userns_gate: None,
+        // Born in its cgroup where it can join by itself (v1, no user
+        // namespace); else moved there below.
+        cgroup_tasks: match (&parts.cgroup, &userns) {
+            (Some(cg), None) => cg.tasks_files(),
+            _ => Vec::new(),
+        },
     };
+    let joins = !plan.cgroup_tasks.is_empty();
     let gate = match userns {
         Some(_) => {
             let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(nix_io("create userns gate pipe"))?;
@@ -215,10 +222,10 @@ pub fn prepare(
     parts.shim = Some((pid, spawned.pidfd));
     t.mark("spawn");
 
-    if let Some(cg) = &parts.cgroup {
+    if let (Some(cg), false) = (&parts.cgroup, joins) {
         cg.add(pid as u32).map_err(SandboxError::Cgroup)?;
+        t.mark("cgroup_add");
     }
-    t.mark("cgroup_add");
     // In a user namespace the shim waits until its maps are written (and,
     // as above, it is in its cgroup) before it execs.
     if let (Some(map), Some(gate)) = (&userns, gate) {
