@@ -1526,6 +1526,8 @@ fn a_host_tells_its_capacity_and_drains() {
     let info = |env: &TestEnv| -> Value { env.client().call("GET", "/v1/info", none).unwrap() };
     let i0 = info(&env);
     assert_eq!((i0["state"].as_str(), i0["slots_used"].as_u64()), (Some("ready"), Some(0)), "{i0}");
+    // Nothing allocated reads 0.0 (an empty float sum is -0.0).
+    assert_eq!(i0["cpus_allocated"].to_string(), "0.0", "{i0}");
     let a = create(&env, json!({"image": "busybox", "memory": 64 << 20, "cpus": 0.5}));
     let b = create(&env, json!({"image": "busybox", "memory": 32 << 20, "cpus": 0.25}));
     let i = info(&env);

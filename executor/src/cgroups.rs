@@ -450,8 +450,8 @@ impl SandboxCgroup {
     /// The `tasks` files through which a process can join this cgroup
     /// itself, in every controller (v1); none on v2, where a process is
     /// moved with [`SandboxCgroup::add`]. See `SpawnPlan::cgroup_tasks`
-    /// for why a shim joins by itself.
-    pub fn tasks_files(&self) -> Vec<std::ffi::CString> {
+    /// for why a shim (and a capture worker) joins by itself.
+    pub fn tasks_files(&self) -> Vec<std::path::PathBuf> {
         if self.cg.v2() {
             return Vec::new();
         }
@@ -459,9 +459,7 @@ impl SandboxCgroup {
         // cpu and cpuacct are often one hierarchy.
         dirs.sort();
         dirs.dedup();
-        dirs.into_iter()
-            .filter_map(|d| std::ffi::CString::new(d.join("tasks").into_os_string().into_encoded_bytes()).ok())
-            .collect()
+        dirs.into_iter().map(|d| d.join("tasks")).collect()
     }
 
     pub fn add(&self, pid: u32) -> Result<(), CgroupError> {

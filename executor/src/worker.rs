@@ -12,14 +12,19 @@
 //! the daemon itself would have to live in may split them), and v1's
 //! per-thread placement has no v2 equivalent.
 //!
+//! How it gets there: on cgroup v1 the worker joins by itself, first thing
+//! (`STRATA_WORKER_JOIN` names the `tasks` files; see [`Placement`] for
+//! why); on v2 the daemon moves it by pid before it writes its job.
+//!
 //! The protocol, on the worker's stdin and stdout: one JSON [`Job`] line
-//! in, written only after the daemon placed the worker in its cgroup
-//! (then, for [`Job::Compress`], the data to compress until EOF); one JSON
-//! [`Reply`] line out. The worker dies with the daemon (`PDEATHSIG`); what
+//! in, read only once the worker is in its cgroup (then, for
+//! [`Job::Compress`], the data to compress until EOF); one JSON [`Reply`]
+//! line out. The worker dies with the daemon (`PDEATHSIG`); what
 //! it leaves under `tmp/` is swept at the next start.
 
 use std::io::{BufRead, Read, Write};
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
@@ -114,8 +119,34 @@ impl WorkerError {
 /// The pipe a worker is fed through, in bytes.
 const PIPE_SIZE: i32 = 1 << 20;
 
-/// Where a worker goes before it is given its job: called with its pid.
-pub type Place<'a> = &'a dyn Fn(u32) -> Result<(), crate::sandbox::SandboxError>;
+/// Where a worker goes before it does its job (a capture cgroup).
+pub trait Placement: Sync {
+    /// Make sure the cgroup is there and may take a worker. Returns the
+    /// cgroup v1 `tasks` files through which the worker joins it by itself,
+    /// first thing, while it is one thread (one thread moving itself takes
+    /// no global lock; moving a process by pid waits for an RCU grace
+    /// period, 10-15 ms of an idle host's checkpoint), or none (v2): then
+    /// [`Placement::add`] moves it by pid.
+    fn prepare(&self) -> Result<Vec<PathBuf>, crate::sandbox::SandboxError>;
+    /// Move the worker `pid` there.
+    fn add(&self, pid: u32) -> Result<(), crate::sandbox::SandboxError>;
+}
+
+pub type Place<'a> = &'a dyn Placement;
+
+impl Placement for crate::cgroups::SandboxCgroup {
+    fn prepare(&self) -> Result<Vec<PathBuf>, crate::sandbox::SandboxError> {
+        Ok(self.tasks_files())
+    }
+
+    fn add(&self, pid: u32) -> Result<(), crate::sandbox::SandboxError> {
+        crate::cgroups::SandboxCgroup::add(self, pid).map_err(crate::sandbox::SandboxError::Cgroup)
+    }
+}
+
+/// The environment variable that names the `tasks` files a worker joins
+/// (one per line).
+const JOIN_ENV: &str = "STRATA_WORKER_JOIN";
 
 /// A started worker, placed and told its job.
 pub struct Worker {
@@ -127,8 +158,17 @@ impl Worker {
     fn start(job: &Job, place: Place<'_>, gone: &Gone) -> Result<Worker, WorkerError> {
         // The daemon's own binary (only `strata` runs a daemon), by the
         // kernel's link: still right if the file was replaced meanwhile.
+        let tasks = place.prepare().map_err(WorkerError::Place)?;
+        let mut join = std::ffi::OsString::new();
+        for (i, t) in tasks.iter().enumerate() {
+            if i > 0 {
+                join.push("\n");
+            }
+            join.push(t);
+        }
         let child = std::process::Command::new("/proc/self/exe")
             .arg("worker")
+            .env(JOIN_ENV, join)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -143,7 +183,9 @@ impl Worker {
             );
         }
         let mut w = Worker { child, gone: gone.clone() };
-        place(w.child.id()).map_err(WorkerError::Place)?;
+        if tasks.is_empty() {
+            place.add(w.child.id()).map_err(WorkerError::Place)?;
+        }
         let mut line = serde_json::to_vec(job).map_err(|e| WorkerError::Pipe(e.into()))?;
         line.push(b'\n');
         w.stdin()?.write_all(&line).map_err(WorkerError::Pipe)?;
@@ -270,6 +312,17 @@ pub fn main() -> i32 {
     // Never outlive the daemon that placed it (a daemon killed meanwhile
     // closes stdin too, which ends a worker still waiting for its job).
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    // Into the capture cgroup before anything is read (see `Placement`):
+    // "0" is the calling thread, this process's only one so far.
+    let join = std::env::var_os(JOIN_ENV).unwrap_or_default();
+    for tasks in join.as_encoded_bytes().split(|b| *b == b'\n').filter(|t| !t.is_empty()) {
+        let tasks = Path::new(std::ffi::OsStr::from_bytes(tasks));
+        if let Err(e) = std::fs::write(tasks, "0") {
+            let message = format!("join capture cgroup ({}): {e}", tasks.display());
+            let result = Err(Failed { message, content: false, errno: e.raw_os_error() });
+            return answer(&Reply { result, cpu_ms: cpu_ms() });
+        }
+    }
     let stdin = std::io::stdin();
     let mut input = stdin.lock();
     let mut line = String::new();
@@ -281,10 +334,14 @@ pub fn main() -> i32 {
         },
         Err(_) => return 2,
     };
-    let reply = Reply { result, cpu_ms: cpu_ms() };
+    answer(&Reply { result, cpu_ms: cpu_ms() })
+}
+
+/// Write `reply` on stdout; the exit code.
+fn answer(reply: &Reply) -> i32 {
     let mut out = std::io::stdout().lock();
     let written =
-        serde_json::to_writer(&mut out, &reply).map_err(std::io::Error::from).and_then(|()| out.write_all(b"\n"));
+        serde_json::to_writer(&mut out, reply).map_err(std::io::Error::from).and_then(|()| out.write_all(b"\n"));
     match (written, &reply.result) {
         (Ok(()), Ok(_)) => 0,
         _ => 1,

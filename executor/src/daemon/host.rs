@@ -89,7 +89,8 @@ impl Daemon {
             (live, pool.used(), pool.removing.len(), pool.queue.len(), pool.draining.clone())
         };
         let memory_allocated = live.iter().filter_map(|s| s.spec.limits.memory).sum();
-        let cpus_allocated = live.iter().filter_map(|s| s.spec.limits.cpus).sum();
+        // A fold from 0.0: an empty float `sum` is -0.0, which JSON shows as such.
+        let cpus_allocated = live.iter().filter_map(|s| s.spec.limits.cpus).fold(0.0, |a, c| a + c);
         let memory_total = memory_total();
         let (store_used_bytes, store_free_bytes) = nix::sys::statvfs::statvfs(self.rt.store.root())
             .map(|v| {

@@ -643,14 +643,14 @@ impl Daemon {
         // Compression and hydration run in workers charged to the sandbox
         // (`worker.rs`); their CPU time, in microseconds.
         let worker_cpu = std::sync::atomic::AtomicU64::new(0);
-        let place = |pid: u32| sb.place_worker(pid);
+        let place = sb.worker_place();
         let spent = |cpu: std::time::Duration| {
             worker_cpu.fetch_add(cpu.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
         };
         // Made durable with the layer, by one syncfs before the row.
         let blob_of = |input: &mut dyn std::io::Read| {
             let tmp = store.new_blob_path();
-            match crate::worker::compress(input, compression, &tmp, false, &place, sb.gone()) {
+            match crate::worker::compress(input, compression, &tmp, false, place, sb.gone()) {
                 Ok(((hex, size), cpu)) => {
                     spent(cpu);
                     store.place_blob(&tmp, &hex, lease).map(|()| (hex, size)).map_err(store_err)
@@ -722,7 +722,7 @@ impl Daemon {
             crate::failpoint::hit("checkpoint:captured");
             // Hydrate while the blob is being finished.
             let unpacked = cap.map_err(CaptureError::from).and_then(|mut cap| {
-                let (u, diff_id, cpu) = unpack_capture(&cap, work, &place, sb.gone())?;
+                let (u, diff_id, cpu) = unpack_capture(&cap, work, place, sb.gone())?;
                 spent(cpu);
                 cap.diff_id.get_or_insert(diff_id);
                 Ok((cap, u))
@@ -1381,13 +1381,13 @@ impl Daemon {
             sealing.cgroup = Some(sandbox_cg.clone());
             cg
         };
-        let place = |pid: u32| cg.add(pid).map_err(crate::sandbox::SandboxError::Cgroup);
+        let place: crate::worker::Place<'_> = &cg;
         let tmp = store.new_blob_path();
         let written = if crate::failpoint::fails("seal:write") {
             let message = "failpoint seal:write".to_string();
             Err(crate::worker::WorkerError::Failed(crate::worker::Failed { message, content: true, errno: None }))
         } else {
-            crate::worker::seal(&dir.join("fs"), &tmp, &place)
+            crate::worker::seal(&dir.join("fs"), &tmp, place)
         };
         {
             let mut sealing = lock(&self.sealing);

@@ -201,7 +201,11 @@ pub fn prepare(
         // Born in its cgroup where it can join by itself (v1, no user
         // namespace); else moved there below.
         cgroup_tasks: match (&parts.cgroup, &userns) {
-            (Some(cg), None) => cg.tasks_files(),
+            (Some(cg), None) => cg
+                .tasks_files()
+                .into_iter()
+                .filter_map(|t| CString::new(t.into_os_string().into_encoded_bytes()).ok())
+                .collect(),
             _ => Vec::new(),
         },
     };

@@ -266,7 +266,7 @@ pub struct Sandbox {
 }
 
 /// The capture cgroup beside sandbox cgroup `cg` (see
-/// [`Sandbox::place_worker`]).
+/// [`Sandbox::worker_place`]).
 fn capture_cgroup_of(cg: &str) -> String {
     format!("{cg}.capture")
 }
@@ -367,10 +367,19 @@ impl Sandbox {
         capture_cgroup_of(self.cgroup.path())
     }
 
-    /// Put a capture worker (`pid`) of this sandbox in its capture cgroup,
-    /// made on first use; refused once the sandbox is going away, so that
-    /// nothing is placed (or made) after its removal took the cgroup.
-    pub fn place_worker(&self, pid: u32) -> Result<(), SandboxError> {
+    /// Where this sandbox's capture workers go: its capture cgroup (see
+    /// the [`crate::worker::Placement`] impl below).
+    pub fn worker_place(&self) -> crate::worker::Place<'_> {
+        self
+    }
+
+    /// Run `f` on the capture cgroup, made on first use, under its lock;
+    /// refused once the sandbox is going away, so that nothing is placed
+    /// (or made) after its removal took the cgroup.
+    fn with_capture_cgroup<R>(
+        &self,
+        f: impl FnOnce(&SandboxCgroup) -> Result<R, SandboxError>,
+    ) -> Result<R, SandboxError> {
         let mut cg = self.capture_cg.lock().unwrap_or_else(|p| p.into_inner());
         if self.gone.is_set() {
             return Err(SandboxError::Stopping(self.id.clone()));
@@ -378,7 +387,10 @@ impl Sandbox {
         if cg.is_none() {
             *cg = Some(capture_cgroup(self.cgroup.path(), self.spec.limits.cpus).map_err(SandboxError::Cgroup)?);
         }
-        cg.as_ref().map_or(Ok(()), |cg| cg.add(pid).map_err(SandboxError::Cgroup))
+        match cg.as_ref() {
+            Some(cg) => f(cg),
+            None => Err(SandboxError::Stopping(self.id.clone())),
+        }
     }
 
     /// Remove its capture cgroup (made by this daemon or an earlier one),
@@ -410,6 +422,20 @@ impl Sandbox {
         during()?;
         *st = next;
         Ok(next)
+    }
+}
+
+/// A sandbox's capture workers go to its capture cgroup: a worker that
+/// joins by itself does so after the check that the sandbox is not going
+/// away (a removal meanwhile takes the cgroup; the join then fails, or the
+/// worker is killed with the sandbox's other workers).
+impl crate::worker::Placement for Sandbox {
+    fn prepare(&self) -> Result<Vec<PathBuf>, SandboxError> {
+        self.with_capture_cgroup(|cg| Ok(cg.tasks_files()))
+    }
+
+    fn add(&self, pid: u32) -> Result<(), SandboxError> {
+        self.with_capture_cgroup(|cg| cg.add(pid).map_err(SandboxError::Cgroup))
     }
 }
 
