@@ -134,6 +134,17 @@ pub trait Placement: Sync {
 
 pub type Place<'a> = &'a dyn Placement;
 
+/// A sandbox's capture workers go to its capture cgroup.
+impl Placement for crate::sandbox::Sandbox {
+    fn prepare(&self) -> Result<Vec<PathBuf>, crate::sandbox::SandboxError> {
+        self.capture_tasks()
+    }
+
+    fn add(&self, pid: u32) -> Result<(), crate::sandbox::SandboxError> {
+        self.place_worker(pid)
+    }
+}
+
 impl Placement for crate::cgroups::SandboxCgroup {
     fn prepare(&self) -> Result<Vec<PathBuf>, crate::sandbox::SandboxError> {
         Ok(self.tasks_files())

@@ -245,11 +245,10 @@ impl Daemon {
 
         // Sealed: the layer's blob, in a worker charged to the sandbox.
         let tmp = store.new_blob_path();
-        let ((stats, diff_id, blob_hex, blob_size), cpu) = crate::worker::seal(&fs_dir, &tmp, sb.worker_place())
-            .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
-                worker_err(e)
-            })?;
+        let ((stats, diff_id, blob_hex, blob_size), cpu) = crate::worker::seal(&fs_dir, &tmp, sb).map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            worker_err(e)
+        })?;
         store.place_blob(&tmp, &blob_hex, lease).map_err(CaptureError::Store)?;
         let layer =
             LayerRow::content(LayerId::content(&diff_id).map_err(CaptureError::from)?, stats.bytes, stats.entries);

@@ -643,7 +643,7 @@ impl Daemon {
         // Compression and hydration run in workers charged to the sandbox
         // (`worker.rs`); their CPU time, in microseconds.
         let worker_cpu = std::sync::atomic::AtomicU64::new(0);
-        let place = sb.worker_place();
+        let place: crate::worker::Place<'_> = sb;
         let spent = |cpu: std::time::Duration| {
             worker_cpu.fetch_add(cpu.as_micros() as u64, std::sync::atomic::Ordering::Relaxed);
         };

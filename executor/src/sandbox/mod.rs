@@ -266,7 +266,7 @@ pub struct Sandbox {
 }
 
 /// The capture cgroup beside sandbox cgroup `cg` (see
-/// [`Sandbox::worker_place`]).
+/// [`Sandbox::capture_tasks`]).
 fn capture_cgroup_of(cg: &str) -> String {
     format!("{cg}.capture")
 }
@@ -367,10 +367,18 @@ impl Sandbox {
         capture_cgroup_of(self.cgroup.path())
     }
 
-    /// Where this sandbox's capture workers go: its capture cgroup (see
-    /// the [`crate::worker::Placement`] impl below).
-    pub fn worker_place(&self) -> crate::worker::Place<'_> {
-        self
+    /// Make the capture cgroup if need be; the `tasks` files through which
+    /// a capture worker joins it by itself (none on v2). A worker that
+    /// joins does so after this check that the sandbox is not going away:
+    /// a removal meanwhile takes the cgroup, and the join fails, or the
+    /// worker is killed with the sandbox's other workers.
+    pub fn capture_tasks(&self) -> Result<Vec<PathBuf>, SandboxError> {
+        self.with_capture_cgroup(|cg| Ok(cg.tasks_files()))
+    }
+
+    /// Put a capture worker (`pid`) of this sandbox in its capture cgroup.
+    pub fn place_worker(&self, pid: u32) -> Result<(), SandboxError> {
+        self.with_capture_cgroup(|cg| cg.add(pid).map_err(SandboxError::Cgroup))
     }
 
     /// Run `f` on the capture cgroup, made on first use, under its lock;
@@ -422,20 +430,6 @@ impl Sandbox {
         during()?;
         *st = next;
         Ok(next)
-    }
-}
-
-/// A sandbox's capture workers go to its capture cgroup: a worker that
-/// joins by itself does so after the check that the sandbox is not going
-/// away (a removal meanwhile takes the cgroup; the join then fails, or the
-/// worker is killed with the sandbox's other workers).
-impl crate::worker::Placement for Sandbox {
-    fn prepare(&self) -> Result<Vec<PathBuf>, SandboxError> {
-        self.with_capture_cgroup(|cg| Ok(cg.tasks_files()))
-    }
-
-    fn add(&self, pid: u32) -> Result<(), SandboxError> {
-        self.with_capture_cgroup(|cg| cg.add(pid).map_err(SandboxError::Cgroup))
     }
 }
 
