@@ -3493,3 +3493,39 @@ fn capture_work_is_charged_to_the_sandbox_not_the_daemon() {
     assert_eq!(capture_cgroup_cpu(&cg), None, "the seal left its capture cgroup");
     env.finish();
 }
+
+#[test]
+fn a_worker_that_cannot_join_its_capture_cgroup_fails_the_checkpoint_and_says_why() {
+    let mut env = TestEnv::start();
+    // Armed in the daemon's environment, which its capture workers inherit:
+    // a worker's own join of its capture cgroup (v1) fails.
+    env.stop_daemon();
+    env.daemon_env = vec![("STRATA_FAILPOINTS".into(), "worker:join=fail".into())];
+    env.start_daemon();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    sh(&env, &id, "echo one > /one");
+    let r = env.client().request("POST", &format!("/v1/sandboxes/{id}/checkpoint"), None::<&()>);
+    if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        // cgroup v2: the daemon moves its workers by pid; nothing joins.
+        assert!(r.is_ok(), "{r:?}");
+        env.finish();
+        return;
+    }
+    assert!(r.is_err(), "{r:?}");
+    let snaps: Value = env.client().call("GET", "/v1/snapshots", None::<&()>).unwrap();
+    let failed: Vec<&Value> = snaps.as_array().unwrap().iter().filter(|s| s["state"] == "failed").collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let why = failed[0]["info"]["capture_error"].as_str().unwrap();
+    assert!(why.contains("join capture cgroup") && why.contains("failpoint worker:join"), "{why}");
+    // The sandbox runs on, with no worker left in its capture cgroup, and
+    // the capture cgroup goes with it.
+    assert_eq!(stdout(&sh(&env, &id, "cat /one")), "one\n");
+    let sb: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    let cg = sb["cgroup"].as_str().unwrap().to_string();
+    let procs = std::fs::read_to_string(format!("/sys/fs/cgroup/pids/{cg}.capture/cgroup.procs")).unwrap_or_default();
+    assert_eq!(procs, "", "workers left in the capture cgroup");
+    env.cli_ok(&["rm", &id]);
+    assert_eq!(capture_cgroup_cpu(&cg), None, "the capture cgroup outlived its sandbox");
+    env.finish();
+}

@@ -159,7 +159,7 @@ impl Placement for crate::cgroups::SandboxCgroup {
 /// (one per line).
 const JOIN_ENV: &str = "STRATA_WORKER_JOIN";
 
-/// A started worker, placed and told its job.
+/// A started worker, told its job (which it reads only once in its cgroup).
 pub struct Worker {
     child: Child,
     gone: Gone,
@@ -167,8 +167,6 @@ pub struct Worker {
 
 impl Worker {
     fn start(job: &Job, place: Place<'_>, gone: &Gone) -> Result<Worker, WorkerError> {
-        // The daemon's own binary (only `strata` runs a daemon), by the
-        // kernel's link: still right if the file was replaced meanwhile.
         let tasks = place.prepare().map_err(WorkerError::Place)?;
         let mut join = std::ffi::OsString::new();
         for (i, t) in tasks.iter().enumerate() {
@@ -177,6 +175,8 @@ impl Worker {
             }
             join.push(t);
         }
+        // The daemon's own binary (only `strata` runs a daemon), by the
+        // kernel's link: still right if the file was replaced meanwhile.
         let child = std::process::Command::new("/proc/self/exe")
             .arg("worker")
             .env(JOIN_ENV, join)
@@ -199,7 +199,12 @@ impl Worker {
         }
         let mut line = serde_json::to_vec(job).map_err(|e| WorkerError::Pipe(e.into()))?;
         line.push(b'\n');
-        w.stdin()?.write_all(&line).map_err(WorkerError::Pipe)?;
+        match w.stdin()?.write_all(&line) {
+            // It ended before its job (it could not join its cgroup, say):
+            // its answer says why (`finish`).
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            r => r.map_err(WorkerError::Pipe)?,
+        }
         Ok(w)
     }
 
@@ -328,7 +333,11 @@ pub fn main() -> i32 {
     let join = std::env::var_os(JOIN_ENV).unwrap_or_default();
     for tasks in join.as_encoded_bytes().split(|b| *b == b'\n').filter(|t| !t.is_empty()) {
         let tasks = Path::new(std::ffi::OsStr::from_bytes(tasks));
-        if let Err(e) = std::fs::write(tasks, "0") {
+        let joined = match crate::failpoint::fails("worker:join") {
+            true => Err(std::io::Error::other("failpoint worker:join")),
+            false => std::fs::write(tasks, "0"),
+        };
+        if let Err(e) = joined {
             let message = format!("join capture cgroup ({}): {e}", tasks.display());
             let result = Err(Failed { message, content: false, errno: e.raw_os_error() });
             return answer(&Reply { result, cpu_ms: cpu_ms() });

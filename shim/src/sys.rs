@@ -59,8 +59,9 @@ pub struct SpawnPlan<'a> {
     /// moved by pid (`cgroup.procs`) takes the kernel's global threadgroup
     /// lock for writing, which waits for an RCU grace period (10-15 ms on
     /// the test VM); a single-threaded process moving itself through
-    /// `tasks` does not. Not with `userns_gate` (the child has no
-    /// privilege over the host's cgroups then) and not on v2 (no `tasks`).
+    /// `tasks` does not. Not with `userns_gate` (kept simple: the daemon
+    /// moves that child by pid before it opens the gate) and not on v2 (no
+    /// `tasks`; a thread of a domain cgroup cannot move alone).
     pub cgroup_tasks: Vec<CString>,
 }
 
@@ -185,8 +186,10 @@ unsafe fn shim_child(
                 libc::close(fd);
             }
             if !joined {
-                let msg = b"strata-shim: could not join its cgroup (write to a v1 tasks file)\n";
+                let msg = b"strata-shim: could not join its cgroup: write \"0\" to ";
                 libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
+                libc::write(2, tasks as *const libc::c_void, libc::strlen(tasks));
+                libc::write(2, b"\n".as_ptr() as *const libc::c_void, 1);
                 return 123;
             }
         }

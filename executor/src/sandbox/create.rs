@@ -199,13 +199,14 @@ pub fn prepare(
         devnull: devnull.into(),
         userns_gate: None,
         // Born in its cgroup where it can join by itself (v1, no user
-        // namespace); else moved there below.
+        // namespace); else (or if a path cannot be passed) moved there below.
         cgroup_tasks: match (&parts.cgroup, &userns) {
             (Some(cg), None) => cg
                 .tasks_files()
                 .into_iter()
-                .filter_map(|t| CString::new(t.into_os_string().into_encoded_bytes()).ok())
-                .collect(),
+                .map(|t| CString::new(t.into_os_string().into_encoded_bytes()))
+                .collect::<Result<_, _>>()
+                .unwrap_or_default(),
             _ => Vec::new(),
         },
     };

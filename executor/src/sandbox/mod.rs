@@ -281,12 +281,23 @@ pub fn capture_cgroup(cg: &str, cpus: Option<f64>) -> Result<SandboxCgroup, Cgro
 /// Remove the capture cgroup beside sandbox cgroup `cg`, if there is one:
 /// kill the workers still in it (the daemon's own, of a capture told to
 /// stop, or left by a daemon killed meanwhile), wait up to `budget`.
+/// Killed at every look, not once: a worker started just before the
+/// sandbox began to go joins the cgroup by itself (v1) and may come in
+/// after the first.
 pub fn remove_capture_cgroup(cg: &str, budget: std::time::Duration) -> Result<(), CgroupError> {
     let cg = SandboxCgroup::load(&capture_cgroup_of(cg));
-    for pid in cg.procs() {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+    let deadline = std::time::Instant::now() + budget;
+    loop {
+        for pid in cg.procs() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match cg.remove(left.min(std::time::Duration::from_millis(50))) {
+            Ok(()) => return Ok(()),
+            Err(e) if left.is_zero() => return Err(e),
+            Err(_) => {}
+        }
     }
-    cg.remove(budget)
 }
 
 /// Capture workers a sandbox may run at once (`crate::worker`): two per
