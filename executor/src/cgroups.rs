@@ -477,12 +477,31 @@ impl SandboxCgroup {
     /// Remove the cgroup once its processes are gone. Killed processes take a
     /// moment to leave (they must be reaped first), so wait up to `budget`.
     pub fn remove(&self, budget: Duration) -> Result<(), CgroupError> {
+        self.remove_with(budget, false)
+    }
+
+    /// [`SandboxCgroup::remove`], killing (SIGKILL) whatever is in the
+    /// cgroup at every look, not once: a process that joins it by itself
+    /// (a capture worker on v1) may come in after the first.
+    pub fn kill_and_remove(&self, budget: Duration) -> Result<(), CgroupError> {
+        self.remove_with(budget, true)
+    }
+
+    fn remove_with(&self, budget: Duration, kill: bool) -> Result<(), CgroupError> {
         let start = Instant::now();
         loop {
             if !self.cg.exists() {
                 return Ok(());
             }
             let pids = self.procs();
+            if kill {
+                for &pid in &pids {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid as i32),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
             if pids.is_empty() {
                 match self.cg.delete() {
                     Ok(()) => return Ok(()),

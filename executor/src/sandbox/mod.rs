@@ -285,19 +285,7 @@ pub fn capture_cgroup(cg: &str, cpus: Option<f64>) -> Result<SandboxCgroup, Cgro
 /// sandbox began to go joins the cgroup by itself (v1) and may come in
 /// after the first.
 pub fn remove_capture_cgroup(cg: &str, budget: std::time::Duration) -> Result<(), CgroupError> {
-    let cg = SandboxCgroup::load(&capture_cgroup_of(cg));
-    let deadline = std::time::Instant::now() + budget;
-    loop {
-        for pid in cg.procs() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
-        }
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        match cg.remove(left.min(std::time::Duration::from_millis(50))) {
-            Ok(()) => return Ok(()),
-            Err(e) if left.is_zero() => return Err(e),
-            Err(_) => {}
-        }
-    }
+    SandboxCgroup::load(&capture_cgroup_of(cg)).kill_and_remove(budget)
 }
 
 /// Capture workers a sandbox may run at once (`crate::worker`): two per
