@@ -263,9 +263,19 @@ fn exec_semantics() {
             })
         })
         .collect();
+    // Meanwhile the API answers: a buffered exec waits on an async worker
+    // for 2 ms at most, and never on all of them.
+    std::thread::sleep(Duration::from_millis(300));
+    let asked = Instant::now();
+    let _: Value = env.client().call("GET", "/v1/version", None::<&()>).unwrap();
+    let answered = asked.elapsed();
     let outs: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
     assert_eq!(outs, vec!["0\n", "1\n", "2\n", "3\n"]);
     assert!(t.elapsed() < Duration::from_secs(3), "execs ran one after another");
+    assert!(answered < Duration::from_millis(250), "GET /v1/version took {answered:?} while 4 execs ran");
+    // Output before and after that first wait arrives whole, in order.
+    let v = sh(&env, &id, "echo early; sleep 0.05; echo late; echo err >&2");
+    assert_eq!((stdout(&v).as_str(), v["stderr"].as_str().unwrap()), ("early\nlate\n", "err\n"));
 
     // The CLI streams, forwards stdin with -i, and exits with the command's code.
     let out = env.cli(&["exec", &id, "--", "sh", "-c", "echo streamed; exit 7"]);

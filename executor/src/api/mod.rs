@@ -93,6 +93,13 @@ pub enum Reply {
     Stream(StreamOp),
     Json(u16, Vec<u8>),
     Empty(u16),
+    /// A buffered exec to run, waited for by the server without holding
+    /// a thread (`Daemon::exec_async`); its answer is [`exec_result`].
+    Exec {
+        sandbox: Arc<crate::sandbox::Sandbox>,
+        req: ExecRequest,
+        stdin: Vec<u8>,
+    },
     /// Hand the connection to an attached exec (after a 101 response).
     Attach {
         sandbox: Arc<crate::sandbox::Sandbox>,
@@ -499,26 +506,7 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::Pause(id) => done(d.pause_sandbox(&id)),
         A::Unpause(id) => done(d.unpause_sandbox(&id)),
         A::SetTimeout(id, b) => json(200, &d.set_timeout(&id, b)?),
-        A::Exec(id, req, stdin) => {
-            let sb = d.sandbox(&id)?;
-            let out = d.exec(&sb, &req, stdin)?;
-            let signal = match out.status {
-                strata_shim::proto::ExitStatus::Signal(s) => Some(s),
-                _ => None,
-            };
-            json(
-                200,
-                &ExecResult {
-                    exit_code: out.status.shell_code(),
-                    signal,
-                    stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                    stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-                    duration_ms: out.duration.as_secs_f64() * 1000.0,
-                    timed_out: out.timed_out,
-                    truncated: out.truncated,
-                },
-            )
-        }
+        A::Exec(id, req, stdin) => Ok(Reply::Exec { sandbox: d.sandbox(&id)?, req, stdin }),
         A::Attach(id, req) => Ok(Reply::Attach { sandbox: d.sandbox(&id)?, req }),
         A::Logs(id, output) => json(200, &d.logs(&id, output)?),
         A::ListSnapshots(labels) => json(200, &d.list_snapshots_labelled(&labels)?),
@@ -549,6 +537,33 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::ResumeLineage(id, b) => json(201, &d.resume_lineage(&id, b)?),
         A::RetireLineage(id) => json(200, &d.retire_lineage(&id)?),
     }
+}
+
+/// The body of a buffered exec's answer (200).
+pub fn exec_result(out: crate::sandbox::ExecOutput) -> Result<Vec<u8>, ApiError> {
+    let signal = match out.status {
+        strata_shim::proto::ExitStatus::Signal(s) => Some(s),
+        _ => None,
+    };
+    let result = ExecResult {
+        exit_code: out.status.shell_code(),
+        signal,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        duration_ms: out.duration.as_secs_f64() * 1000.0,
+        timed_out: out.timed_out,
+        truncated: out.truncated,
+    };
+    serde_json::to_vec(&result).map_err(|e| ApiError::internal(&e))
+}
+
+/// Whether [`route`] answers `req` at once, from memory: a buffered or an
+/// attached exec is looked up and handed back ([`Reply::Exec`],
+/// [`Reply::Attach`]) for the server to run its own way. Every other
+/// request may block (files, SQLite, locks, the network).
+pub fn answers_at_once(req: &http::Request) -> bool {
+    let segs: Vec<&str> = req.path.trim_end_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    req.method == "POST" && matches!(segs.as_slice(), ["v1", "sandboxes", _, "exec"])
 }
 
 /// Resolve one request against the daemon: parse it, then execute it.

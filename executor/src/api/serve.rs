@@ -1,10 +1,14 @@
 //! The API's HTTP/1.1 server: hyper on a small tokio runtime, over the
 //! daemon's Unix socket. A connection is a task, not a thread. A request's
-//! work (`route`: mounts, fork, tar, SQLite) never blocks an async worker:
-//! it runs under `block_in_place` (the worker hands its other tasks to
-//! another thread for the duration; a hop to the blocking pool per request
-//! cost 15 µs more, BENCHMARKS.md), and progress streams and attached
-//! execs, which run long, go to the blocking pool.
+//! work (`route`: mounts, fork, tar, SQLite) does not block an async
+//! worker: it runs under `block_in_place` (the worker hands its other tasks
+//! to another thread for the duration; a hop to the blocking pool per
+//! request cost 15 µs more, BENCHMARKS.md), and progress streams and
+//! attached execs, which run long, go to the blocking pool. One bounded
+//! exception: a buffered exec is waited for on its worker for up to
+//! [`INLINE_EXEC`] (2 ms) before that hand-off, by at most all workers but
+//! one at a time ([`run_exec`]): the hand-off is a tenth of a short
+//! command's overhead.
 //!
 //! Timeouts, each a daemon flag ([`ServeConfig`]):
 //! - a request head must be whole within `header_timeout` of its first
@@ -99,7 +103,7 @@ pub fn serve(
     listener.set_nonblocking(true)?;
     let result = rt.block_on(async move {
         let listener = tokio::net::UnixListener::from_std(listener)?;
-        accept_loop(d, listener, Arc::new(cfg), stop).await;
+        accept_loop(d, listener, Arc::new(cfg), Arc::new(InlineExecs::new(workers)), stop).await;
         Ok(())
     });
     // Blocking work still running (a request past the grace) ends with
@@ -112,6 +116,7 @@ async fn accept_loop(
     d: Arc<Daemon>,
     listener: tokio::net::UnixListener,
     cfg: Arc<ServeConfig>,
+    inline: Arc<InlineExecs>,
     mut stop: watch::Receiver<bool>,
 ) {
     let open = Arc::new(AtomicUsize::new(0));
@@ -127,10 +132,10 @@ async fn accept_loop(
             }
             Ok((s, _)) => {
                 let counted = Counted::new(&open);
-                let (d, cfg, stop) = (d.clone(), cfg.clone(), stop.clone());
+                let (d, cfg, inline, stop) = (d.clone(), cfg.clone(), inline.clone(), stop.clone());
                 tokio::spawn(async move {
                     let _counted = counted;
-                    connection(d, s, cfg, stop).await;
+                    connection(d, s, cfg, inline, stop).await;
                 });
             }
             Err(e) => {
@@ -350,7 +355,13 @@ impl AsyncWrite for Watched {
     }
 }
 
-async fn connection(d: Arc<Daemon>, s: UnixStream, cfg: Arc<ServeConfig>, mut stop: watch::Receiver<bool>) {
+async fn connection(
+    d: Arc<Daemon>,
+    s: UnixStream,
+    cfg: Arc<ServeConfig>,
+    inline: Arc<InlineExecs>,
+    mut stop: watch::Receiver<bool>,
+) {
     let denied: Option<Arc<str>> = super::peer_allowed(&s, d.cfg.socket_gid).err().map(Arc::from);
     let act = Arc::new(Activity::new());
     let io = TokioIo::new(Watched { inner: s, act: act.clone() });
@@ -358,9 +369,9 @@ async fn connection(d: Arc<Daemon>, s: UnixStream, cfg: Arc<ServeConfig>, mut st
         let (act, cfg) = (act.clone(), cfg.clone());
         service_fn(move |req| {
             let guard = act.begin();
-            let (d, cfg, denied) = (d.clone(), cfg.clone(), denied.clone());
+            let (d, cfg, inline, denied) = (d.clone(), cfg.clone(), inline.clone(), denied.clone());
             async move {
-                let mut resp = answer(d, &cfg, denied, req).await;
+                let mut resp = answer(d, &cfg, &inline, denied, req).await;
                 resp.body_mut().guard = Some(guard);
                 Ok::<_, Infallible>(resp)
             }
@@ -451,9 +462,74 @@ fn closing(e: ApiError) -> Response<Body> {
     r
 }
 
+/// How long a buffered exec is waited for on the async worker that serves
+/// its request before the worker's other tasks go to another thread
+/// (`block_in_place`) for the rest of it. Most commands an agent runs end
+/// within it, and the hand-off costs a warm exec 20-45 µs (BENCHMARKS.md).
+const INLINE_EXEC: Duration = Duration::from_millis(2);
+
+/// How many buffered execs may wait on async workers at once: one fewer
+/// than there are workers, so that one is always free for the rest.
+struct InlineExecs(AtomicUsize);
+
+impl InlineExecs {
+    fn new(workers: usize) -> InlineExecs {
+        InlineExecs(AtomicUsize::new(workers.saturating_sub(1)))
+    }
+
+    fn take(&self) -> Option<InlineExec<'_>> {
+        self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).ok().map(|_| InlineExec(&self.0))
+    }
+}
+
+/// A slot of [`InlineExecs`], given back when dropped.
+struct InlineExec<'a>(&'a AtomicUsize);
+
+impl Drop for InlineExec<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// Run a buffered exec and answer with its result: waited for on this
+/// async worker for up to [`INLINE_EXEC`] if a slot is free, then (or
+/// without one) under `block_in_place`.
+fn run_exec(
+    d: &Daemon,
+    inline: &InlineExecs,
+    sandbox: &crate::sandbox::Sandbox,
+    req: &crate::sandbox::ExecRequest,
+    stdin: Vec<u8>,
+) -> Result<Vec<u8>, ApiError> {
+    // Ready pools refill only while no request is in flight.
+    let _in_flight = d.request_started();
+    let out = match inline.take() {
+        Some(_slot) => {
+            let until = Instant::now() + INLINE_EXEC;
+            d.exec_with(sandbox, req, stdin, &mut |sb, x| match sb.exec_wait_until(x, Some(until))? {
+                crate::sandbox::Waited::Done(out) => Ok(out),
+                crate::sandbox::Waited::Running(x) => tokio::task::block_in_place(|| sb.exec_wait(x)),
+            })
+        }
+        None => tokio::task::block_in_place(|| d.exec(sandbox, req, stdin)),
+    };
+    super::exec_result(out?)
+}
+
+/// Log an internal error of `request` (what the client gets says less).
+fn logged<T>(request: &http::Request, r: Result<T, ApiError>) -> Result<T, ApiError> {
+    if let Err(e) = &r {
+        if e.kind == ErrorKind::Internal {
+            tracing::error!("{} {}: {}", request.method, request.path, e.message);
+        }
+    }
+    r
+}
+
 async fn answer(
     d: Arc<Daemon>,
     cfg: &ServeConfig,
+    inline: &InlineExecs,
     denied: Option<Arc<str>>,
     mut req: hyper::Request<Incoming>,
 ) -> Response<Body> {
@@ -486,19 +562,23 @@ async fn answer(
         Ok(Ok(b)) => b.to_bytes(),
     };
     let request = http::Request::from_parts(&parts, body.to_vec());
-    let routed = tokio::task::block_in_place(|| {
-        let r = route(&d, &request);
-        if let Err(e) = &r {
-            if e.kind == ErrorKind::Internal {
-                tracing::error!("{} {}: {}", request.method, request.path, e.message);
-            }
-        }
-        r
-    });
+    // A buffered or attached exec is only looked up by `route` (in memory)
+    // and run below; every other request runs under `block_in_place`.
+    let routed = if super::answers_at_once(&request) {
+        logged(&request, route(&d, &request))
+    } else {
+        tokio::task::block_in_place(|| logged(&request, route(&d, &request)))
+    };
     match routed {
         Ok(Reply::Json(status, b)) => respond(status, b),
         Ok(Reply::Empty(status)) => respond(status, Vec::new()),
         Ok(Reply::Stream(op)) => stream(d, op),
+        Ok(Reply::Exec { sandbox, req, stdin }) => {
+            match logged(&request, run_exec(&d, inline, &sandbox, &req, stdin)) {
+                Ok(b) => respond(200, b),
+                Err(e) => error_response(&e),
+            }
+        }
         Ok(Reply::Attach { sandbox, req }) => attach(d, sandbox, req, upgrade).await,
         Err(e) => error_response(&e),
     }

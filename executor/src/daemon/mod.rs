@@ -1224,9 +1224,23 @@ impl Daemon {
         req: &sandbox::ExecRequest,
         stdin: Vec<u8>,
     ) -> Result<sandbox::ExecOutput, SandboxOpError> {
+        self.exec_with(sb, req, stdin, &mut |sb, x| sb.exec_wait(x))
+    }
+
+    /// [`Daemon::exec`], waited for by `wait` (the API's server waits on
+    /// its async worker for a while before it hands the worker's other
+    /// tasks to another thread: `api::serve`).
+    pub fn exec_with(
+        &self,
+        sb: &Sandbox,
+        req: &sandbox::ExecRequest,
+        stdin: Vec<u8>,
+        wait: &mut dyn FnMut(&Sandbox, sandbox::BufferedExec) -> Result<sandbox::ExecOutput, sandbox::SandboxError>,
+    ) -> Result<sandbox::ExecOutput, SandboxOpError> {
         let _busy = sb.busy();
         let req = &sandbox::ExecRequest { keep_output: self.cfg.keep_output, ..req.clone() };
-        let out = sb.exec_buffered(req, stdin)?;
+        let started = sb.exec_start(req, stdin)?;
+        let out = wait(sb, started)?;
         self.record_exec(sb, req, &out.summary);
         Ok(out)
     }

@@ -106,6 +106,74 @@ pub struct SpawnedOutput {
     outputs: Vec<(OwnedFd, FrameKind)>,
 }
 
+/// A buffered exec started by [`Sandbox::exec_start`], to be waited for.
+pub struct BufferedExec {
+    pump: Pump,
+    out: Collected,
+    start: Instant,
+    started_at: std::time::SystemTime,
+}
+
+/// What [`Sandbox::exec_wait_until`] came back with.
+pub enum Waited {
+    Done(ExecOutput),
+    /// Still running at the time given.
+    Running(BufferedExec),
+}
+
+/// A buffered exec's output as it is read: each stream up to
+/// [`MAX_BUFFERED_OUTPUT`], and what the exec log keeps.
+struct Collected {
+    keep_output: usize,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    truncated: bool,
+    output_bytes: u64,
+    kept: crate::model::KeptOutput,
+}
+
+impl Collected {
+    fn new(keep_output: usize) -> Collected {
+        Collected {
+            keep_output,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            truncated: false,
+            output_bytes: 0,
+            kept: Default::default(),
+        }
+    }
+
+    fn add(&mut self, kind: FrameKind, data: &[u8]) {
+        self.output_bytes += data.len() as u64;
+        self.kept.keep(self.keep_output, kind == FrameKind::Stdout, data);
+        let buf = if kind == FrameKind::Stdout { &mut self.stdout } else { &mut self.stderr };
+        let room = MAX_BUFFERED_OUTPUT.saturating_sub(buf.len());
+        self.truncated |= data.len() > room;
+        buf.extend_from_slice(&data[..data.len().min(room)]);
+    }
+
+    fn finish(self, fin: Finished, start: Instant, started_at: std::time::SystemTime) -> ExecOutput {
+        let duration = start.elapsed();
+        let Collected { stdout, stderr, truncated, output_bytes, kept, .. } = self;
+        ExecOutput {
+            status: fin.status,
+            stdout,
+            stderr,
+            duration,
+            timed_out: fin.timed_out,
+            truncated,
+            summary: ExecSummary { status: fin.status, started_at, duration, output_bytes, kept },
+        }
+    }
+}
+
+thread_local! {
+    /// The pump's read buffer, one per thread that pumps (not a zeroed
+    /// 64 KiB per exec).
+    static PUMP_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 64 * 1024]);
+}
+
 /// How the pump loop ended.
 struct Finished {
     status: ExitStatus,
@@ -216,6 +284,15 @@ impl Sandbox {
 
     /// Run a command to completion and return its output.
     pub fn exec_buffered(&self, req: &ExecRequest, stdin: Vec<u8>) -> Result<ExecOutput, SandboxError> {
+        let started = self.exec_start(req, stdin)?;
+        self.exec_wait(started)
+    }
+
+    /// Start a buffered exec: checked, its pipes made, the request sent to
+    /// the shim, its input (if any) fed by a thread. Blocks on nothing: the
+    /// wait is [`Sandbox::exec_wait`] or, on a tokio runtime,
+    /// [`Sandbox::exec_wait_async`].
+    pub fn exec_start(&self, req: &ExecRequest, stdin: Vec<u8>) -> Result<BufferedExec, SandboxError> {
         if req.tty {
             return Err(SandboxError::BadExec("a tty needs an attached exec".into()));
         }
@@ -233,32 +310,34 @@ impl Sandbox {
         } else {
             drop(in_w);
         }
-        let (mut stdout, mut stderr, mut truncated, mut output_bytes) = (Vec::new(), Vec::new(), false, 0u64);
-        let mut kept = crate::model::KeptOutput::default();
-        let fin = self.pump(
-            id,
-            events,
-            vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)],
-            req.timeout,
-            &mut |kind, data| {
-                output_bytes += data.len() as u64;
-                kept.keep(req.keep_output, kind == FrameKind::Stdout, data);
-                let buf = if kind == FrameKind::Stdout { &mut stdout } else { &mut stderr };
-                let room = MAX_BUFFERED_OUTPUT.saturating_sub(buf.len());
-                truncated |= data.len() > room;
-                buf.extend_from_slice(&data[..data.len().min(room)]);
-                true
-            },
-        )?;
-        let duration = start.elapsed();
-        Ok(ExecOutput {
-            status: fin.status,
-            stdout,
-            stderr,
-            duration,
-            timed_out: fin.timed_out,
-            truncated,
-            summary: ExecSummary { status: fin.status, started_at, duration, output_bytes, kept },
+        let outputs = vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)];
+        Ok(BufferedExec {
+            pump: Pump::new(id, events, outputs, req.timeout),
+            out: Collected::new(req.keep_output),
+            start,
+            started_at,
+        })
+    }
+
+    /// Wait for a buffered exec to end, this thread blocked meanwhile.
+    pub fn exec_wait(&self, x: BufferedExec) -> Result<ExecOutput, SandboxError> {
+        match self.exec_wait_until(x, None)? {
+            Waited::Done(out) => Ok(out),
+            Waited::Running(_) => Err(SandboxError::Dead(self.id.clone())),
+        }
+    }
+
+    /// Wait for a buffered exec to end, but not past `until`: then it is
+    /// given back, still running, to be waited for again.
+    pub fn exec_wait_until(&self, mut x: BufferedExec, until: Option<Instant>) -> Result<Waited, SandboxError> {
+        let out = &mut x.out;
+        let fin = x.pump.run(self, until, &mut |kind, data| {
+            out.add(kind, data);
+            true
+        })?;
+        Ok(match fin {
+            Some(fin) => Waited::Done(x.out.finish(fin, x.start, x.started_at)),
+            None => Waited::Running(x),
         })
     }
 
@@ -394,9 +473,7 @@ impl Sandbox {
     }
 
     /// Copy output to `sink` until the command has exited and its output is
-    /// drained (or only a background process still holds it open). Enforces
-    /// the timeout; `sink` returning false means the consumer is gone, and
-    /// the command's process group is killed.
+    /// drained (see [`Pump::run`]).
     fn pump(
         &self,
         id: u64,
@@ -405,74 +482,125 @@ impl Sandbox {
         timeout: Option<Duration>,
         sink: &mut dyn FnMut(FrameKind, &[u8]) -> bool,
     ) -> Result<Finished, SandboxError> {
-        let mut open: Vec<(std::fs::File, FrameKind)> =
-            outputs.into_iter().map(|(fd, k)| (std::fs::File::from(fd), k)).collect();
-        // A status pipe is polled with the outputs until its one event came.
-        let (rx, mut status_pipe) = match events {
+        match Pump::new(id, events, outputs, timeout).run(self, None, sink)? {
+            Some(fin) => Ok(fin),
+            None => Err(SandboxError::Dead(self.id.clone())),
+        }
+    }
+}
+
+/// A running command's output and end, as [`Pump::run`] waits for them.
+struct Pump {
+    id: u64,
+    open: Vec<(std::fs::File, FrameKind)>,
+    /// Where the end comes from: the connection's events, or a status pipe
+    /// (polled with the outputs until its one event came).
+    rx: Option<Receiver<Delivery>>,
+    status_pipe: Option<std::fs::File>,
+    status_bytes: Vec<u8>,
+    deadline: Option<Instant>,
+    timed_out: bool,
+    status: Option<ExitStatus>,
+    killed: bool,
+}
+
+impl Pump {
+    fn new(id: u64, events: Events, outputs: Vec<(OwnedFd, FrameKind)>, timeout: Option<Duration>) -> Pump {
+        let (rx, status_pipe) = match events {
             Events::Channel(rx) => (Some(rx), None),
             Events::Status(f) => (None, Some(f)),
         };
-        let mut status_bytes = Vec::new();
-        let mut deadline = timeout.map(|t| Instant::now() + t);
-        let mut timed_out = false;
-        let mut status: Option<ExitStatus> = None;
-        let mut killed = false;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
+        Pump {
+            id,
+            open: outputs.into_iter().map(|(fd, k)| (std::fs::File::from(fd), k)).collect(),
+            rx,
+            status_pipe,
+            status_bytes: Vec::new(),
+            deadline: timeout.map(|t| Instant::now() + t),
+            timed_out: false,
+            status: None,
+            killed: false,
+        }
+    }
+
+    /// Copy output to `sink` until the command has exited and its output
+    /// is drained (or only a background process still holds it open), or
+    /// until `until` has passed (then `None`: call again to go on).
+    /// Enforces the timeout; `sink` returning false means the consumer is
+    /// gone, and the command's process group is killed.
+    fn run(
+        &mut self,
+        sb: &Sandbox,
+        until: Option<Instant>,
+        sink: &mut dyn FnMut(FrameKind, &[u8]) -> bool,
+    ) -> Result<Option<Finished>, SandboxError> {
+        // How long a wait of `ms` may be with `until` in view.
+        let capped = |ms: u128| -> u128 {
+            until.map_or(ms, |u| ms.min(u.saturating_duration_since(Instant::now()).as_millis()))
+        };
+        PUMP_BUF.with_borrow_mut(|buf| loop {
+            if until.is_some_and(|u| Instant::now() >= u) {
+                return Ok(None);
+            }
             // Collect exit events without blocking.
-            match rx.as_ref().map(|rx| rx.try_recv()) {
-                Some(Ok(Delivery { event: ShimEvent::Exited { status: s, .. }, .. })) => status = Some(s),
+            match self.rx.as_ref().map(|rx| rx.try_recv()) {
+                Some(Ok(Delivery { event: ShimEvent::Exited { status: s, .. }, .. })) => self.status = Some(s),
                 Some(Ok(Delivery { event: ShimEvent::StartFailed { message, .. }, .. })) => {
                     return Err(SandboxError::BadExec(message))
                 }
-                Some(Err(TryRecvError::Disconnected)) if status.is_none() => {
-                    return Err(SandboxError::Dead(self.id.clone()))
+                Some(Err(TryRecvError::Disconnected)) if self.status.is_none() => {
+                    return Err(SandboxError::Dead(sb.id.clone()))
                 }
                 _ => {}
             }
-            if let Some(d) = deadline {
+            if let Some(d) = self.deadline {
                 if Instant::now() >= d {
-                    timed_out = true;
-                    deadline = None;
-                    let _ = self.shim.signal(id, libc::SIGKILL, true);
+                    self.timed_out = true;
+                    self.deadline = None;
+                    let _ = sb.shim.signal(self.id, libc::SIGKILL, true);
                 }
             }
-            if open.is_empty() && status_pipe.is_none() {
-                if let Some(s) = status {
-                    return Ok(Finished { status: s, timed_out });
+            if self.open.is_empty() && self.status_pipe.is_none() {
+                if let Some(s) = self.status {
+                    return Ok(Some(Finished { status: s, timed_out: self.timed_out }));
                 }
-                let Some(rx) = rx.as_ref() else { return Err(SandboxError::Dead(self.id.clone())) };
-                let wait =
-                    deadline.map(|d| d.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_secs(3600));
+                let Some(rx) = self.rx.as_ref() else { return Err(SandboxError::Dead(sb.id.clone())) };
+                let wait = self
+                    .deadline
+                    .map(|d| d.saturating_duration_since(Instant::now()))
+                    .unwrap_or(Duration::from_secs(3600))
+                    .min(until.map_or(Duration::MAX, |u| u.saturating_duration_since(Instant::now())));
                 match rx.recv_timeout(wait) {
-                    Ok(Delivery { event: ShimEvent::Exited { status: s, .. }, .. }) => status = Some(s),
+                    Ok(Delivery { event: ShimEvent::Exited { status: s, .. }, .. }) => self.status = Some(s),
                     Ok(Delivery { event: ShimEvent::StartFailed { message, .. }, .. }) => {
                         return Err(SandboxError::BadExec(message))
                     }
                     Ok(_) | Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => return Err(SandboxError::Dead(self.id.clone())),
+                    Err(RecvTimeoutError::Disconnected) => return Err(SandboxError::Dead(sb.id.clone())),
                 }
                 continue;
             }
-            let wait_ms: u16 = if status.is_some() {
+            let wait_ms = if self.status.is_some() {
                 20
             } else {
-                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(100);
-                left.clamp(1, 100) as u16
+                let left =
+                    self.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(100);
+                capped(left.clamp(1, 100)).max(1)
             };
             let ready: Vec<bool> = {
-                let mut pfds: Vec<PollFd> = open
+                let mut pfds: Vec<PollFd> = self
+                    .open
                     .iter()
                     .map(|(f, _)| f)
-                    .chain(status_pipe.as_ref())
+                    .chain(self.status_pipe.as_ref())
                     .map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN))
                     .collect();
-                match poll(&mut pfds, PollTimeout::from(wait_ms)) {
+                match poll(&mut pfds, PollTimeout::from(wait_ms as u16)) {
                     Ok(0) => {
-                        if let Some(s) = status {
+                        if let Some(s) = self.status {
                             // Exited, and nothing more is coming right now: a
                             // background process holds the pipe. Stop here.
-                            return Ok(Finished { status: s, timed_out });
+                            return Ok(Some(Finished { status: s, timed_out: self.timed_out }));
                         }
                         continue;
                     }
@@ -482,51 +610,51 @@ impl Sandbox {
                 }
                 pfds.iter().map(|p| p.revents().is_some_and(|r| !r.is_empty())).collect()
             };
-            if ready.get(open.len()) == Some(&true) {
-                if let Some(f) = status_pipe.as_mut() {
+            if ready.get(self.open.len()) == Some(&true) {
+                if let Some(f) = self.status_pipe.as_mut() {
                     // The shim writes one event in one write; it counts once
                     // whole (a copy of the write end held by a process
                     // forked meanwhile must not delay it until that closes).
-                    let end = match f.read(&mut buf) {
+                    let end = match f.read(buf) {
                         Ok(0) => true,
                         Ok(n) => {
-                            status_bytes.extend_from_slice(&buf[..n]);
+                            self.status_bytes.extend_from_slice(&buf[..n]);
                             false
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => false,
                         Err(_) => true,
                     };
-                    match serde_json::from_slice::<ShimEvent>(&status_bytes) {
+                    match serde_json::from_slice::<ShimEvent>(&self.status_bytes) {
                         Ok(ShimEvent::Exited { status: s, .. }) => {
-                            status = Some(s);
-                            status_pipe = None;
+                            self.status = Some(s);
+                            self.status_pipe = None;
                         }
                         Ok(ShimEvent::StartFailed { message, .. }) => return Err(SandboxError::BadExec(message)),
                         // EOF with no whole event: the shim died.
-                        _ if end => return Err(SandboxError::Dead(self.id.clone())),
+                        _ if end => return Err(SandboxError::Dead(sb.id.clone())),
                         _ => {}
                     }
                 }
             }
             let mut closed = Vec::new();
-            for (i, is_ready) in ready.into_iter().take(open.len()).enumerate() {
+            for (i, is_ready) in ready.into_iter().take(self.open.len()).enumerate() {
                 if !is_ready {
                     continue;
                 }
-                let (f, kind) = &mut open[i];
-                match f.read(&mut buf) {
+                let (f, kind) = &mut self.open[i];
+                match f.read(buf) {
                     Ok(0) | Err(_) => closed.push(i), // EOF, or EIO once a pty's slave side is gone
                     Ok(n) => {
-                        if !sink(*kind, &buf[..n]) && !killed {
-                            killed = true;
-                            let _ = self.shim.signal(id, libc::SIGKILL, true);
+                        if !sink(*kind, &buf[..n]) && !self.killed {
+                            self.killed = true;
+                            let _ = sb.shim.signal(self.id, libc::SIGKILL, true);
                         }
                     }
                 }
             }
             for i in closed.into_iter().rev() {
-                open.remove(i);
+                self.open.remove(i);
             }
-        }
+        })
     }
 }

@@ -19,7 +19,7 @@ pub use checkpoint::{
     prepared_in, speculate, Ahead, Capture, EndOnDrop, Segment, Speculation, TarFollower, TarProgress,
 };
 pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
-pub use exec::{ExecOutput, ExecRequest, ExecSummary, Spawned, SpawnedOutput};
+pub use exec::{BufferedExec, ExecOutput, ExecRequest, ExecSummary, Spawned, SpawnedOutput, Waited};
 pub use files::{read_file, ReadFileError};
 pub use precopy::{PreCopy, Precopied, Precopier};
 pub use shim_exe::{ShimExe, ShimExeError};
