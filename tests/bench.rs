@@ -6,6 +6,7 @@
 //!        strata-bench --open-loop SOCKET IMAGE RATE COUNT PREFIX
 //!        strata-bench --cpu SOCKET IMAGE COUNT
 //!        strata-bench --cpu-spawn COUNT ARGV...
+//!        strata-bench --ab SOCKET_A SOCKET_B IMAGE COUNT
 //! Prints one line per measurement: `name median_ms p90_ms min_ms` (names
 //! after PREFIX); the open loop, `PREFIXopen_create_exec_rm p50 p90 p99`:
 //! COUNT create -> exec `true` -> rm, started RATE a second whatever the
@@ -16,7 +17,11 @@
 //! from /proc/stat (every process and kernel thread: the daemon, the
 //! shims, kworkers cleaning up namespaces) minus this process's own. Back
 //! to back on a small host a start's wall time is bounded by this, not by
-//! its latency on an idle machine.
+//! its latency on an idle machine. `--ab` times warm execs of `true` on
+//! two daemons (two builds) side by side, one client alternating between
+//! them, so that the machine's drift from one minute to the next hits both
+//! alike: per daemon, `A|B p50_ms mean_ms daemon_cpu_us shim_cpu_us` (CPU
+//! per exec of the daemon, and of the sandbox's shim with its commands).
 
 use std::time::Instant;
 
@@ -91,6 +96,72 @@ fn cpu_per_run(count: usize, mut run: impl FnMut()) {
     println!("{:.3}", (machine_cpu_but_ours() - before) / count as f64 * 1000.0);
 }
 
+/// A process's CPU time so far with its reaped children's, in µs.
+fn cpu_us(pid: i32) -> f64 {
+    let st = procfs::process::Process::new(pid).and_then(|p| p.stat()).expect("read /proc/PID/stat");
+    let ticks = st.utime + st.stime + (st.cutime + st.cstime) as u64;
+    ticks as f64 * 1e6 / procfs::ticks_per_second() as f64
+}
+
+/// The pid of the process whose command line has every one of `words`.
+fn pid_with(words: &[&str]) -> i32 {
+    let all = procfs::process::all_processes().expect("list /proc");
+    all.flatten()
+        .find(|p| p.cmdline().is_ok_and(|c| words.iter().all(|w| c.iter().any(|a| a == w))))
+        .map(|p| p.pid)
+        .unwrap_or_else(|| panic!("no process with {words:?}"))
+}
+
+/// `--ab`: COUNT warm execs on each of two daemons, alternating.
+fn ab(args: &[String]) {
+    let (image, count): (&str, usize) = (&args[4], args[5].parse().expect("COUNT"));
+    let exec_true = json!({"argv": ["true"]});
+    struct Side {
+        c: Client,
+        path: String,
+        daemon: i32,
+        shim: i32,
+        times: Vec<f64>,
+        cpu: (f64, f64),
+    }
+    let mut sides: Vec<Side> = args[2..4]
+        .iter()
+        .map(|socket| {
+            let mut c = Client::connect(socket.as_ref()).expect("connect");
+            let v: Value = c.call("POST", "/v1/sandboxes", Some(&json!({"image": image}))).unwrap();
+            let id = v["id"].as_str().unwrap().to_string();
+            let (daemon, shim) = (pid_with(&["daemon", socket]), pid_with(&["strata-shim", &id]));
+            Side { c, path: format!("/v1/sandboxes/{id}"), daemon, shim, times: vec![], cpu: (0.0, 0.0) }
+        })
+        .collect();
+    let one = |s: &mut Side| {
+        let t = Instant::now();
+        let r: Value = s.c.call("POST", &format!("{}/exec", s.path), Some(&exec_true)).unwrap();
+        assert_eq!(r["exit_code"], 0);
+        ms(t)
+    };
+    for _ in 0..200 {
+        sides.iter_mut().for_each(|s| {
+            one(s);
+        });
+    }
+    sides.iter_mut().for_each(|s| s.cpu = (cpu_us(s.daemon), cpu_us(s.shim)));
+    for i in 0..count {
+        // Each goes first half of the time.
+        for k in [i % 2, 1 - i % 2] {
+            let t = one(&mut sides[k]);
+            sides[k].times.push(t);
+        }
+    }
+    for (s, name) in sides.iter_mut().zip(["A", "B"]) {
+        let (daemon, shim) = ((cpu_us(s.daemon) - s.cpu.0) / count as f64, (cpu_us(s.shim) - s.cpu.1) / count as f64);
+        s.times.sort_by(|a, b| a.total_cmp(b));
+        let mean = s.times.iter().sum::<f64>() / count as f64;
+        println!("{name} {:.3} {mean:.3} {daemon:.0} {shim:.0}", s.times[count / 2]);
+        s.c.request("DELETE", &s.path, None::<&()>).unwrap();
+    }
+}
+
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
@@ -99,6 +170,9 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.len() == 7 && args[1] == "--open-loop" {
         return open_loop(&args);
+    }
+    if args.len() == 6 && args[1] == "--ab" {
+        return ab(&args);
     }
     if args.len() == 5 && args[1] == "--cpu" {
         let mut c = Client::connect(args[2].as_ref()).expect("connect");
@@ -115,6 +189,7 @@ fn main() {
         eprintln!("       strata-bench --open-loop SOCKET IMAGE RATE COUNT PREFIX");
         eprintln!("       strata-bench --cpu SOCKET IMAGE COUNT");
         eprintln!("       strata-bench --cpu-spawn COUNT ARGV...");
+        eprintln!("       strata-bench --ab SOCKET_A SOCKET_B IMAGE COUNT");
         std::process::exit(2);
     }
     let (socket, image, busybox) = (&args[1], &args[2], &args[4]);
