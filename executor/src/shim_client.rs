@@ -151,13 +151,25 @@ impl ShimClient {
     /// Ask the shim to start a command whose end it writes to `status`
     /// (the write end of a pipe, sent after the three stdio fds): no event
     /// about it comes on the connection.
-    pub fn exec_with_status(&self, mut spec: ExecSpec, stdio: [RawFd; 3], status: RawFd) -> Result<(), ShimError> {
+    /// With `wait` false a full queue to the shim is `Ok(false)` (nothing
+    /// sent) instead of a wait for room.
+    pub fn exec_with_status(
+        &self,
+        mut spec: ExecSpec,
+        stdio: [RawFd; 3],
+        status: RawFd,
+        wait: bool,
+    ) -> Result<bool, ShimError> {
         if !self.is_alive() {
             return Err(ShimError::Gone);
         }
         spec.status_fd = true;
-        proto::send(&*self.sock, &ShimRequest::Exec(spec), &[stdio[0], stdio[1], stdio[2], status])?;
-        Ok(())
+        let (req, fds) = (ShimRequest::Exec(spec), [stdio[0], stdio[1], stdio[2], status]);
+        match if wait { proto::send(&*self.sock, &req, &fds) } else { proto::send_nowait(&*self.sock, &req, &fds) } {
+            Ok(()) => Ok(true),
+            Err(ProtoError::Send(nix::Error::EAGAIN)) if !wait => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Ask the shim to start a command. Events about it arrive on the returned

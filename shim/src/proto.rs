@@ -201,12 +201,22 @@ pub enum ProtoError {
 
 /// Send one message with `fds` attached.
 pub fn send<T: Serialize>(sock: impl AsFd, msg: &T, fds: &[RawFd]) -> Result<(), ProtoError> {
+    send_flags(sock, msg, fds, MsgFlags::MSG_NOSIGNAL)
+}
+
+/// [`send`], but never waiting for room in the peer's queue: a full queue
+/// is `ProtoError::Send(EAGAIN)`, and nothing was sent.
+pub fn send_nowait<T: Serialize>(sock: impl AsFd, msg: &T, fds: &[RawFd]) -> Result<(), ProtoError> {
+    send_flags(sock, msg, fds, MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT)
+}
+
+fn send_flags<T: Serialize>(sock: impl AsFd, msg: &T, fds: &[RawFd], flags: MsgFlags) -> Result<(), ProtoError> {
     let buf = serde_json::to_vec(msg).map_err(ProtoError::Encode)?;
     let iov = [IoSlice::new(&buf)];
     let cmsg = [ControlMessage::ScmRights(fds)];
     let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
     loop {
-        match sendmsg::<()>(sock.as_fd().as_raw_fd(), &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
+        match sendmsg::<()>(sock.as_fd().as_raw_fd(), &iov, cmsgs, flags, None) {
             Ok(_) => return Ok(()),
             Err(nix::Error::EINTR) => continue,
             Err(e) => return Err(ProtoError::Send(e)),

@@ -93,8 +93,9 @@ pub enum Reply {
     Stream(StreamOp),
     Json(u16, Vec<u8>),
     Empty(u16),
-    /// A buffered exec to run, waited for by the server without holding
-    /// a thread (`Daemon::exec_async`); its answer is [`exec_result`].
+    /// A buffered exec for the server to run and wait for its own way
+    /// (`api::serve`: on its async worker for a while, then on a thread);
+    /// its answer is [`exec_result`].
     Exec {
         sandbox: Arc<crate::sandbox::Sandbox>,
         req: ExecRequest,
@@ -558,12 +559,13 @@ pub fn exec_result(out: crate::sandbox::ExecOutput) -> Result<Vec<u8>, ApiError>
 }
 
 /// Whether [`route`] answers `req` at once, from memory: a buffered or an
-/// attached exec is looked up and handed back ([`Reply::Exec`],
-/// [`Reply::Attach`]) for the server to run its own way. Every other
-/// request may block (files, SQLite, locks, the network).
+/// attached exec (with a body of at most 64 KiB to parse) is looked up and
+/// handed back ([`Reply::Exec`], [`Reply::Attach`]) for the server to run
+/// its own way. Every other request may block (files, SQLite, locks, the
+/// network).
 pub fn answers_at_once(req: &http::Request) -> bool {
     let segs: Vec<&str> = req.path.trim_end_matches('/').split('/').filter(|s| !s.is_empty()).collect();
-    req.method == "POST" && matches!(segs.as_slice(), ["v1", "sandboxes", _, "exec"])
+    req.method == "POST" && req.body.len() <= 64 << 10 && matches!(segs.as_slice(), ["v1", "sandboxes", _, "exec"])
 }
 
 /// Resolve one request against the daemon: parse it, then execute it.

@@ -5,10 +5,11 @@
 //! to another thread for the duration; a hop to the blocking pool per
 //! request cost 15 µs more, BENCHMARKS.md), and progress streams and
 //! attached execs, which run long, go to the blocking pool. One bounded
-//! exception: a buffered exec is waited for on its worker for up to
-//! [`INLINE_EXEC`] (2 ms) before that hand-off, by at most all workers but
-//! one at a time ([`run_exec`]): the hand-off is a tenth of a short
-//! command's overhead.
+//! exception: a buffered exec that can start without waiting is waited
+//! for on its worker for up to [`INLINE_EXEC`] (2 ms) before that
+//! hand-off, by all workers but one at most ([`run_exec`]): for a short
+//! command the hand-off was the largest thing left that the daemon could
+//! drop.
 //!
 //! Timeouts, each a daemon flag ([`ServeConfig`]):
 //! - a request head must be whole within `header_timeout` of its first
@@ -465,8 +466,14 @@ fn closing(e: ApiError) -> Response<Body> {
 /// How long a buffered exec is waited for on the async worker that serves
 /// its request before the worker's other tasks go to another thread
 /// (`block_in_place`) for the rest of it. Most commands an agent runs end
-/// within it, and the hand-off costs a warm exec 20-45 µs (BENCHMARKS.md).
+/// within it; the hand-off costs a warm exec 4-28 µs and the daemon 12-28
+/// µs of CPU (BENCHMARKS.md, "A warm exec waits on its own worker").
 const INLINE_EXEC: Duration = Duration::from_millis(2);
+
+/// Output up to this (stdout and stderr) is turned into the answer's JSON
+/// on the worker; more, under `block_in_place` (up to 2 x 16 MiB to
+/// escape).
+const INLINE_ANSWER: usize = 64 << 10;
 
 /// How many buffered execs may wait on async workers at once: one fewer
 /// than there are workers, so that one is always free for the rest.
@@ -491,9 +498,11 @@ impl Drop for InlineExec<'_> {
     }
 }
 
-/// Run a buffered exec and answer with its result: waited for on this
-/// async worker for up to [`INLINE_EXEC`] if a slot is free, then (or
-/// without one) under `block_in_place`.
+/// Run a buffered exec and answer with its result. With a slot free, and
+/// if the command can be started without waiting (`try_exec_start`: no
+/// pause holds the sandbox, the shim's queue has room), it is started and
+/// waited for on this async worker for up to [`INLINE_EXEC`]; the rest,
+/// or all of it otherwise, runs under `block_in_place`, without the slot.
 fn run_exec(
     d: &Daemon,
     inline: &InlineExecs,
@@ -501,19 +510,30 @@ fn run_exec(
     req: &crate::sandbox::ExecRequest,
     stdin: Vec<u8>,
 ) -> Result<Vec<u8>, ApiError> {
+    use crate::sandbox::Waited;
     // Ready pools refill only while no request is in flight.
     let _in_flight = d.request_started();
-    let out = match inline.take() {
-        Some(_slot) => {
-            let until = Instant::now() + INLINE_EXEC;
-            d.exec_with(sandbox, req, stdin, &mut |sb, x| match sb.exec_wait_until(x, Some(until))? {
-                crate::sandbox::Waited::Done(out) => Ok(out),
-                crate::sandbox::Waited::Running(x) => tokio::task::block_in_place(|| sb.exec_wait(x)),
-            })
+    let mut slot = inline.take();
+    let out = d.exec_with(sandbox, req, stdin, &mut |sb, req, stdin| {
+        let waited = match slot {
+            None => Err(stdin),
+            Some(_) => match sb.try_exec_start(req, stdin)? {
+                Ok(x) => Ok(sb.exec_wait_until(x, Some(Instant::now() + INLINE_EXEC))?),
+                Err(stdin) => Err(stdin),
+            },
+        };
+        slot = None;
+        match waited {
+            Ok(Waited::Done(out)) => Ok(out),
+            Ok(Waited::Running(x)) => tokio::task::block_in_place(|| sb.exec_wait(x)),
+            Err(stdin) => tokio::task::block_in_place(|| sb.exec_buffered(req, stdin)),
         }
-        None => tokio::task::block_in_place(|| d.exec(sandbox, req, stdin)),
-    };
-    super::exec_result(out?)
+    })?;
+    if out.stdout.len() + out.stderr.len() > INLINE_ANSWER {
+        tokio::task::block_in_place(|| super::exec_result(out))
+    } else {
+        super::exec_result(out)
+    }
 }
 
 /// Log an internal error of `request` (what the client gets says less).
@@ -675,4 +695,20 @@ async fn join_upgraded(upgrade: hyper::upgrade::OnUpgrade, ours: StdUnixStream) 
     let _ = tokio::io::copy(&mut exec_r, &mut client_w).await;
     let _ = client_w.shutdown().await;
     input.abort();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_execs_leave_one_worker_free_and_come_back() {
+        let slots = InlineExecs::new(3);
+        let (a, b) = (slots.take(), slots.take());
+        assert!(a.is_some() && b.is_some());
+        assert!(slots.take().is_none(), "a third of three workers");
+        drop(a);
+        assert!(slots.take().is_some(), "a slot given back is taken again");
+        assert!(InlineExecs::new(1).take().is_none(), "the only worker never waits on an exec");
+    }
 }

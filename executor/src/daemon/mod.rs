@@ -207,6 +207,11 @@ impl Classify for CreateError {
     }
 }
 
+/// How [`Daemon::exec_with`] starts a buffered exec and waits for it
+/// (the sandbox, the request with the daemon's settings, its input).
+pub type RunExec<'a> =
+    dyn FnMut(&Sandbox, &sandbox::ExecRequest, Vec<u8>) -> Result<sandbox::ExecOutput, sandbox::SandboxError> + 'a;
+
 /// Why an operation on a live sandbox (look-up, pause, unpause, exec,
 /// remove) failed.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
@@ -1224,23 +1229,22 @@ impl Daemon {
         req: &sandbox::ExecRequest,
         stdin: Vec<u8>,
     ) -> Result<sandbox::ExecOutput, SandboxOpError> {
-        self.exec_with(sb, req, stdin, &mut |sb, x| sb.exec_wait(x))
+        self.exec_with(sb, req, stdin, &mut |sb, req, stdin| sb.exec_buffered(req, stdin))
     }
 
-    /// [`Daemon::exec`], waited for by `wait` (the API's server waits on
-    /// its async worker for a while before it hands the worker's other
-    /// tasks to another thread: `api::serve`).
+    /// [`Daemon::exec`], the command started and waited for by `run` (the
+    /// API's server waits on its async worker for a while before it hands
+    /// the worker's other tasks to another thread: `api::serve`).
     pub fn exec_with(
         &self,
         sb: &Sandbox,
         req: &sandbox::ExecRequest,
         stdin: Vec<u8>,
-        wait: &mut dyn FnMut(&Sandbox, sandbox::BufferedExec) -> Result<sandbox::ExecOutput, sandbox::SandboxError>,
+        run: &mut RunExec<'_>,
     ) -> Result<sandbox::ExecOutput, SandboxOpError> {
         let _busy = sb.busy();
         let req = &sandbox::ExecRequest { keep_output: self.cfg.keep_output, ..req.clone() };
-        let started = sb.exec_start(req, stdin)?;
-        let out = wait(sb, started)?;
+        let out = run(sb, req, stdin)?;
         self.record_exec(sb, req, &out.summary);
         Ok(out)
     }

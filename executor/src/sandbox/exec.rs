@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use strata_shim::proto::{self, ExecSpec, ExitStatus, ShimEvent};
 
-use super::{merge_env, parse_user, Sandbox, SandboxError};
+use super::{merge_env, parse_user, Sandbox, SandboxError, SandboxId};
 use crate::shim_client::Delivery;
 use crate::stream::{self, FrameKind};
 
@@ -190,7 +190,12 @@ enum Events {
 
 impl Sandbox {
     fn exec_spec(&self, req: &ExecRequest) -> Result<ExecSpec, SandboxError> {
-        match self.run_state() {
+        self.exec_spec_in(req, self.run_state())
+    }
+
+    /// [`Sandbox::exec_spec`] with the sandbox's run `state` read.
+    fn exec_spec_in(&self, req: &ExecRequest, state: super::RunState) -> Result<ExecSpec, SandboxError> {
+        match state {
             super::RunState::Running => {}
             super::RunState::Stopping => return Err(SandboxError::Stopping(self.id.clone())),
             state => return Err(SandboxError::State { id: self.id.clone(), state, action: "exec" }),
@@ -253,18 +258,24 @@ impl Sandbox {
 
     /// [`Sandbox::start_piped`] for a buffered exec: its end comes on a
     /// status pipe when the shim takes one. Returns the events and our
-    /// ends of stdin, stdout and stderr.
-    fn start_buffered(&self, spec: ExecSpec) -> Result<(Events, [OwnedFd; 3]), SandboxError> {
+    /// ends of stdin, stdout and stderr; with `wait` false, `None` where
+    /// sending would wait (the shim's queue is full, or it is a shim
+    /// without the status pipe).
+    fn start_buffered(&self, spec: ExecSpec, wait: bool) -> Result<Option<(Events, [OwnedFd; 3])>, SandboxError> {
         if !self.shim.takes_status_fd() {
+            if !wait {
+                return Ok(None);
+            }
             let Piped { rx, stdin, stdout, stderr } = self.start_piped(spec)?;
-            return Ok((Events::Channel(rx), [stdin, stdout, stderr]));
+            return Ok(Some((Events::Channel(rx), [stdin, stdout, stderr])));
         }
         let (theirs, ours) = stdio_pipes()?;
         let (status, status_w) = pipe()?;
-        self.shim
-            .exec_with_status(spec, theirs.each_ref().map(|f| f.as_raw_fd()), status_w.as_raw_fd())
+        let sent = self
+            .shim
+            .exec_with_status(spec, theirs.each_ref().map(|f| f.as_raw_fd()), status_w.as_raw_fd(), wait)
             .map_err(SandboxError::Exec)?;
-        Ok((Events::Status(std::fs::File::from(status)), ours))
+        Ok(sent.then(|| (Events::Status(std::fs::File::from(status)), ours)))
     }
 
     /// Wait for the shim to confirm the start; returns the command's pid in
@@ -284,23 +295,53 @@ impl Sandbox {
 
     /// Run a command to completion and return its output.
     pub fn exec_buffered(&self, req: &ExecRequest, stdin: Vec<u8>) -> Result<ExecOutput, SandboxError> {
-        let started = self.exec_start(req, stdin)?;
-        self.exec_wait(started)
+        match self.exec_start(req, stdin, true)? {
+            Ok(started) => self.exec_wait(started),
+            Err(_) => Err(SandboxError::Dead(self.id.clone())), // not with `wait`
+        }
+    }
+
+    /// Start a buffered exec if that needs no wait: the sandbox's state is
+    /// not being changed (a pause holds it while the cgroup freezes) and
+    /// the shim's queue has room. Otherwise its input is given back
+    /// (`Ok(Err(stdin))`) and nothing was started. The rest of the start
+    /// (checks, four pipes, the thread that feeds a non-empty input) takes
+    /// microseconds. Then [`Sandbox::exec_wait_until`], or
+    /// [`Sandbox::exec_wait`].
+    pub fn try_exec_start(
+        &self,
+        req: &ExecRequest,
+        stdin: Vec<u8>,
+    ) -> Result<Result<BufferedExec, Vec<u8>>, SandboxError> {
+        self.exec_start(req, stdin, false)
     }
 
     /// Start a buffered exec: checked, its pipes made, the request sent to
-    /// the shim, its input (if any) fed by a thread. Blocks on nothing: the
-    /// wait is [`Sandbox::exec_wait`] or, on a tokio runtime,
-    /// [`Sandbox::exec_wait_async`].
-    pub fn exec_start(&self, req: &ExecRequest, stdin: Vec<u8>) -> Result<BufferedExec, SandboxError> {
+    /// the shim, its input (if any) fed by a thread. With `wait` false, as
+    /// [`Sandbox::try_exec_start`].
+    fn exec_start(
+        &self,
+        req: &ExecRequest,
+        stdin: Vec<u8>,
+        wait: bool,
+    ) -> Result<Result<BufferedExec, Vec<u8>>, SandboxError> {
         if req.tty {
             return Err(SandboxError::BadExec("a tty needs an attached exec".into()));
         }
-        let spec = self.exec_spec(req)?;
+        let state = if wait {
+            self.run_state()
+        } else {
+            match self.state.try_lock() {
+                Ok(st) => *st,
+                Err(std::sync::TryLockError::Poisoned(p)) => *p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(Err(stdin)),
+            }
+        };
+        let spec = self.exec_spec_in(req, state)?;
         let id = spec.id;
         let start = Instant::now();
         let started_at = std::time::SystemTime::now();
-        let (events, [in_w, out_r, err_r]) = self.start_buffered(spec)?;
+        let Some((events, [in_w, out_r, err_r])) = self.start_buffered(spec, wait)? else { return Ok(Err(stdin)) };
         // No wait for `Started`: the pump sees output, exit or StartFailed.
         if !stdin.is_empty() {
             let mut w = std::fs::File::from(in_w);
@@ -311,12 +352,12 @@ impl Sandbox {
             drop(in_w);
         }
         let outputs = vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)];
-        Ok(BufferedExec {
+        Ok(Ok(BufferedExec {
             pump: Pump::new(id, events, outputs, req.timeout),
             out: Collected::new(req.keep_output),
             start,
             started_at,
-        })
+        }))
     }
 
     /// Wait for a buffered exec to end, this thread blocked meanwhile.
@@ -331,7 +372,8 @@ impl Sandbox {
     /// given back, still running, to be waited for again.
     pub fn exec_wait_until(&self, mut x: BufferedExec, until: Option<Instant>) -> Result<Waited, SandboxError> {
         let out = &mut x.out;
-        let fin = x.pump.run(self, until, &mut |kind, data| {
+        let id = x.pump.id;
+        let fin = x.pump.run(&self.id, &|| self.kill_exec(id), until, &mut |kind, data| {
             out.add(kind, data);
             true
         })?;
@@ -396,6 +438,11 @@ impl Sandbox {
     ) -> Result<(ExitStatus, bool), SandboxError> {
         let fin = self.pump(output.id, Events::Channel(output.rx), output.outputs, timeout, sink)?;
         Ok((fin.status, fin.timed_out))
+    }
+
+    /// SIGKILL to a command's process group (a timeout, a consumer gone).
+    fn kill_exec(&self, id: u64) {
+        let _ = self.shim.signal(id, libc::SIGKILL, true);
     }
 
     /// Send `signal` to a command's process group.
@@ -482,7 +529,7 @@ impl Sandbox {
         timeout: Option<Duration>,
         sink: &mut dyn FnMut(FrameKind, &[u8]) -> bool,
     ) -> Result<Finished, SandboxError> {
-        match Pump::new(id, events, outputs, timeout).run(self, None, sink)? {
+        match Pump::new(id, events, outputs, timeout).run(&self.id, &|| self.kill_exec(id), None, sink)? {
             Some(fin) => Ok(fin),
             None => Err(SandboxError::Dead(self.id.clone())),
         }
@@ -501,8 +548,16 @@ struct Pump {
     deadline: Option<Instant>,
     timed_out: bool,
     status: Option<ExitStatus>,
+    /// Once exited: the end unless more output comes before it (then
+    /// [`QUIET`] after that). An output still open then is a background
+    /// process's, not waited for.
+    quiet_until: Option<Instant>,
     killed: bool,
 }
+
+/// How long output may pause after the command exited before the rest is
+/// taken to be a background process's.
+const QUIET: Duration = Duration::from_millis(20);
 
 impl Pump {
     fn new(id: u64, events: Events, outputs: Vec<(OwnedFd, FrameKind)>, timeout: Option<Duration>) -> Pump {
@@ -519,6 +574,7 @@ impl Pump {
             deadline: timeout.map(|t| Instant::now() + t),
             timed_out: false,
             status: None,
+            quiet_until: None,
             killed: false,
         }
     }
@@ -528,15 +584,20 @@ impl Pump {
     /// until `until` has passed (then `None`: call again to go on).
     /// Enforces the timeout; `sink` returning false means the consumer is
     /// gone, and the command's process group is killed.
+    /// `sandbox` names it in errors; `kill` sends SIGKILL to the command's
+    /// process group.
     fn run(
         &mut self,
-        sb: &Sandbox,
+        sandbox: &SandboxId,
+        kill: &dyn Fn(),
         until: Option<Instant>,
         sink: &mut dyn FnMut(FrameKind, &[u8]) -> bool,
     ) -> Result<Option<Finished>, SandboxError> {
-        // How long a wait of `ms` may be with `until` in view.
+        let dead = || SandboxError::Dead(sandbox.clone());
+        // How long a wait of `ms` may be with `until` in view (at least 1:
+        // no busy loop; past `until` by under a millisecond).
         let capped = |ms: u128| -> u128 {
-            until.map_or(ms, |u| ms.min(u.saturating_duration_since(Instant::now()).as_millis()))
+            until.map_or(ms, |u| ms.min(u.saturating_duration_since(Instant::now()).as_millis())).max(1)
         };
         PUMP_BUF.with_borrow_mut(|buf| loop {
             if until.is_some_and(|u| Instant::now() >= u) {
@@ -548,23 +609,21 @@ impl Pump {
                 Some(Ok(Delivery { event: ShimEvent::StartFailed { message, .. }, .. })) => {
                     return Err(SandboxError::BadExec(message))
                 }
-                Some(Err(TryRecvError::Disconnected)) if self.status.is_none() => {
-                    return Err(SandboxError::Dead(sb.id.clone()))
-                }
+                Some(Err(TryRecvError::Disconnected)) if self.status.is_none() => return Err(dead()),
                 _ => {}
             }
             if let Some(d) = self.deadline {
                 if Instant::now() >= d {
                     self.timed_out = true;
                     self.deadline = None;
-                    let _ = sb.shim.signal(self.id, libc::SIGKILL, true);
+                    kill();
                 }
             }
             if self.open.is_empty() && self.status_pipe.is_none() {
                 if let Some(s) = self.status {
                     return Ok(Some(Finished { status: s, timed_out: self.timed_out }));
                 }
-                let Some(rx) = self.rx.as_ref() else { return Err(SandboxError::Dead(sb.id.clone())) };
+                let Some(rx) = self.rx.as_ref() else { return Err(dead()) };
                 let wait = self
                     .deadline
                     .map(|d| d.saturating_duration_since(Instant::now()))
@@ -576,16 +635,20 @@ impl Pump {
                         return Err(SandboxError::BadExec(message))
                     }
                     Ok(_) | Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => return Err(SandboxError::Dead(sb.id.clone())),
+                    Err(RecvTimeoutError::Disconnected) => return Err(dead()),
                 }
                 continue;
             }
-            let wait_ms = if self.status.is_some() {
-                20
-            } else {
-                let left =
-                    self.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(100);
-                capped(left.clamp(1, 100)).max(1)
+            if self.status.is_some() && self.quiet_until.is_none() {
+                self.quiet_until = Some(Instant::now() + QUIET);
+            }
+            let wait_ms = match self.quiet_until {
+                Some(q) => capped(q.saturating_duration_since(Instant::now()).as_millis()),
+                None => {
+                    let left =
+                        self.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(100);
+                    capped(left.clamp(1, 100))
+                }
             };
             let ready: Vec<bool> = {
                 let mut pfds: Vec<PollFd> = self
@@ -597,10 +660,12 @@ impl Pump {
                     .collect();
                 match poll(&mut pfds, PollTimeout::from(wait_ms as u16)) {
                     Ok(0) => {
-                        if let Some(s) = self.status {
-                            // Exited, and nothing more is coming right now: a
-                            // background process holds the pipe. Stop here.
-                            return Ok(Some(Finished { status: s, timed_out: self.timed_out }));
+                        if let (Some(s), Some(q)) = (self.status, self.quiet_until) {
+                            if Instant::now() >= q {
+                                // Exited, and nothing more came: a background
+                                // process holds the pipe. Stop here.
+                                return Ok(Some(Finished { status: s, timed_out: self.timed_out }));
+                            }
                         }
                         continue;
                     }
@@ -631,7 +696,7 @@ impl Pump {
                         }
                         Ok(ShimEvent::StartFailed { message, .. }) => return Err(SandboxError::BadExec(message)),
                         // EOF with no whole event: the shim died.
-                        _ if end => return Err(SandboxError::Dead(sb.id.clone())),
+                        _ if end => return Err(dead()),
                         _ => {}
                     }
                 }
@@ -645,9 +710,12 @@ impl Pump {
                 match f.read(buf) {
                     Ok(0) | Err(_) => closed.push(i), // EOF, or EIO once a pty's slave side is gone
                     Ok(n) => {
+                        if self.quiet_until.is_some() {
+                            self.quiet_until = Some(Instant::now() + QUIET);
+                        }
                         if !sink(*kind, &buf[..n]) && !self.killed {
                             self.killed = true;
-                            let _ = sb.shim.signal(self.id, libc::SIGKILL, true);
+                            kill();
                         }
                     }
                 }
@@ -656,5 +724,65 @@ impl Pump {
                 self.open.remove(i);
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pump over fresh pipes: (the pump, stdout's, stderr's and the
+    /// status pipe's write ends).
+    fn pump() -> (Pump, std::fs::File, std::fs::File, std::fs::File) {
+        let (out_r, out_w) = pipe().unwrap();
+        let (err_r, err_w) = pipe().unwrap();
+        let (st_r, st_w) = pipe().unwrap();
+        let outputs = vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)];
+        let p = Pump::new(7, Events::Status(std::fs::File::from(st_r)), outputs, None);
+        (p, out_w.into(), err_w.into(), st_w.into())
+    }
+
+    fn exited(code: i32) -> Vec<u8> {
+        serde_json::to_vec(&ShimEvent::Exited { id: 7, status: ExitStatus::Code(code) }).unwrap()
+    }
+
+    #[test]
+    fn a_pump_run_until_a_time_gives_back_and_goes_on_where_it_was() {
+        let id: SandboxId = "0123456789abcdef".parse().unwrap();
+        let (mut p, mut out, err, mut status) = pump();
+        let mut got = Vec::new();
+        out.write_all(b"early ").unwrap();
+        let t = Instant::now();
+        let r = p.run(&id, &|| panic!("no kill"), Some(t + Duration::from_millis(30)), &mut |_, d| {
+            got.extend_from_slice(d);
+            true
+        });
+        assert!(matches!(r, Ok(None)), "still running at the time given");
+        assert!(t.elapsed() >= Duration::from_millis(30) && t.elapsed() < Duration::from_millis(500));
+        assert_eq!(got, b"early ");
+        out.write_all(b"late").unwrap();
+        drop((out, err));
+        status.write_all(&exited(3)).unwrap();
+        let fin = p.run(&id, &|| panic!("no kill"), None, &mut |_, d| {
+            got.extend_from_slice(d);
+            true
+        });
+        assert_eq!(fin.unwrap().map(|f| f.status), Some(ExitStatus::Code(3)));
+        assert_eq!(got, b"early late");
+    }
+
+    #[test]
+    fn after_the_exit_a_pipe_held_open_ends_the_wait_after_a_quiet_pause_not_before_until() {
+        let id: SandboxId = "0123456789abcdef".parse().unwrap();
+        let (mut p, _out, _err, mut status) = pump();
+        status.write_all(&exited(0)).unwrap();
+        // A time before the quiet pause is over: given back, not finished.
+        let t = Instant::now();
+        let r = p.run(&id, &|| {}, Some(t + Duration::from_millis(5)), &mut |_, _| true);
+        assert!(matches!(r, Ok(None)), "finished before the quiet pause was over");
+        // Without one: finished once nothing came for QUIET.
+        let fin = p.run(&id, &|| {}, None, &mut |_, _| true).unwrap();
+        assert_eq!(fin.map(|f| f.status), Some(ExitStatus::Code(0)));
+        assert!(t.elapsed() >= QUIET, "ended {:?} after the exit", t.elapsed());
     }
 }
