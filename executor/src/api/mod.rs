@@ -251,14 +251,12 @@ impl Action {
 
 /// Parse a request: its route, method, headers and body. No I/O.
 pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
-    let path = req.path.trim_end_matches('/');
-    let Some(rest) = path.strip_prefix("/v1").filter(|r| r.is_empty() || r.starts_with('/')) else {
+    let Some((rest, segs)) = segments(&req.path) else {
         return Err(ApiError::new(
             ErrorKind::NotFound,
             format!("no route {} {} (the API lives under /v1)", req.method, req.path),
         ));
     };
-    let segs: Vec<&str> = rest.split('/').filter(|s| !s.is_empty()).collect();
     let m = req.method.as_str();
     let not_allowed = |allow: &'static str| ApiError {
         allow: Some(allow),
@@ -564,8 +562,16 @@ pub fn exec_result(out: crate::sandbox::ExecOutput) -> Result<Vec<u8>, ApiError>
 /// its own way. Every other request may block (files, SQLite, locks, the
 /// network).
 pub fn answers_at_once(req: &http::Request) -> bool {
-    let segs: Vec<&str> = req.path.trim_end_matches('/').split('/').filter(|s| !s.is_empty()).collect();
-    req.method == "POST" && req.body.len() <= 64 << 10 && matches!(segs.as_slice(), ["v1", "sandboxes", _, "exec"])
+    req.method == "POST"
+        && req.body.len() <= 64 << 10
+        && segments(&req.path).is_some_and(|(_, s)| matches!(s.as_slice(), ["sandboxes", _, "exec"]))
+}
+
+/// A path under `/v1`: what follows `/v1`, and its segments, as [`parse`]
+/// routes them (None: not under `/v1`).
+fn segments(path: &str) -> Option<(&str, Vec<&str>)> {
+    let rest = path.trim_end_matches('/').strip_prefix("/v1").filter(|r| r.is_empty() || r.starts_with('/'))?;
+    Some((rest, rest.split('/').filter(|s| !s.is_empty()).collect()))
 }
 
 /// Resolve one request against the daemon: parse it, then execute it.

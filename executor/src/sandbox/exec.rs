@@ -168,12 +168,6 @@ impl Collected {
     }
 }
 
-thread_local! {
-    /// The pump's read buffer, one per thread that pumps (not a zeroed
-    /// 64 KiB per exec).
-    static PUMP_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 64 * 1024]);
-}
-
 /// How the pump loop ended.
 struct Finished {
     status: ExitStatus,
@@ -328,15 +322,8 @@ impl Sandbox {
         if req.tty {
             return Err(SandboxError::BadExec("a tty needs an attached exec".into()));
         }
-        let state = if wait {
-            self.run_state()
-        } else {
-            match self.state.try_lock() {
-                Ok(st) => *st,
-                Err(std::sync::TryLockError::Poisoned(p)) => *p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => return Ok(Err(stdin)),
-            }
-        };
+        let state = if wait { Some(self.run_state()) } else { self.try_run_state() };
+        let Some(state) = state else { return Ok(Err(stdin)) };
         let spec = self.exec_spec_in(req, state)?;
         let id = spec.id;
         let start = Instant::now();
@@ -373,7 +360,7 @@ impl Sandbox {
     pub fn exec_wait_until(&self, mut x: BufferedExec, until: Option<Instant>) -> Result<Waited, SandboxError> {
         let out = &mut x.out;
         let id = x.pump.id;
-        let fin = x.pump.run(&self.id, &|| self.kill_exec(id), until, &mut |kind, data| {
+        let fin = x.pump.run(&self.id, &|| drop(self.signal_exec(id, libc::SIGKILL)), until, &mut |kind, data| {
             out.add(kind, data);
             true
         })?;
@@ -438,11 +425,6 @@ impl Sandbox {
     ) -> Result<(ExitStatus, bool), SandboxError> {
         let fin = self.pump(output.id, Events::Channel(output.rx), output.outputs, timeout, sink)?;
         Ok((fin.status, fin.timed_out))
-    }
-
-    /// SIGKILL to a command's process group (a timeout, a consumer gone).
-    fn kill_exec(&self, id: u64) {
-        let _ = self.shim.signal(id, libc::SIGKILL, true);
     }
 
     /// Send `signal` to a command's process group.
@@ -529,7 +511,8 @@ impl Sandbox {
         timeout: Option<Duration>,
         sink: &mut dyn FnMut(FrameKind, &[u8]) -> bool,
     ) -> Result<Finished, SandboxError> {
-        match Pump::new(id, events, outputs, timeout).run(&self.id, &|| self.kill_exec(id), None, sink)? {
+        let kill = || drop(self.signal_exec(id, libc::SIGKILL));
+        match Pump::new(id, events, outputs, timeout).run(&self.id, &kill, None, sink)? {
             Some(fin) => Ok(fin),
             None => Err(SandboxError::Dead(self.id.clone())),
         }
@@ -599,7 +582,8 @@ impl Pump {
         let capped = |ms: u128| -> u128 {
             until.map_or(ms, |u| ms.min(u.saturating_duration_since(Instant::now()).as_millis())).max(1)
         };
-        PUMP_BUF.with_borrow_mut(|buf| loop {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
             if until.is_some_and(|u| Instant::now() >= u) {
                 return Ok(None);
             }
@@ -680,7 +664,7 @@ impl Pump {
                     // The shim writes one event in one write; it counts once
                     // whole (a copy of the write end held by a process
                     // forked meanwhile must not delay it until that closes).
-                    let end = match f.read(buf) {
+                    let end = match f.read(&mut buf) {
                         Ok(0) => true,
                         Ok(n) => {
                             self.status_bytes.extend_from_slice(&buf[..n]);
@@ -707,7 +691,7 @@ impl Pump {
                     continue;
                 }
                 let (f, kind) = &mut self.open[i];
-                match f.read(buf) {
+                match f.read(&mut buf) {
                     Ok(0) | Err(_) => closed.push(i), // EOF, or EIO once a pty's slave side is gone
                     Ok(n) => {
                         if self.quiet_until.is_some() {
@@ -723,7 +707,7 @@ impl Pump {
             for i in closed.into_iter().rev() {
                 self.open.remove(i);
             }
-        })
+        }
     }
 }
 

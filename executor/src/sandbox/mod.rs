@@ -416,6 +416,16 @@ impl Sandbox {
         *self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// [`Sandbox::run_state`] unless a transition holds it (a pause holds
+    /// it while the cgroup freezes): then None, at once.
+    pub fn try_run_state(&self) -> Option<RunState> {
+        match self.state.try_lock() {
+            Ok(st) => Some(*st),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(*p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Apply `ev` under the state lock; `during` runs with the lock held and
     /// must succeed for the transition to happen.
     fn transition(
