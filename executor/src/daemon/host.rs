@@ -128,24 +128,16 @@ impl Daemon {
     pub fn drain(&self, req: Option<DrainRequest>) -> Result<HostInfo, DbError> {
         let why = req.map(|r| r.reason.unwrap_or_else(|| "drained by request".into()));
         lock(&self.db).set_host_drain(&self.cfg.host_id, why.as_deref())?;
-        self.apply_drain(why);
+        let changed = lock(&self.pool).drain_by_request(why);
+        self.drain_changed(changed);
         self.host_info()
     }
 
-    /// Take up the drain the catalog holds for this host.
-    pub(crate) fn apply_drain(&self, why: Option<String>) {
-        {
-            let mut pool = lock(&self.pool);
-            if pool.draining == why {
-                return;
-            }
-            pool.draining = why;
-            match &pool.draining {
-                Some(why) => tracing::info!("draining: {why}"),
-                None => tracing::info!("drain ended: ready"),
-            }
+    /// Waiters for a slot look again: a drain refuses them.
+    fn drain_changed(&self, changed: bool) {
+        if changed {
+            self.slots.notify_all();
         }
-        self.slots.notify_all();
     }
 
     /// Every host in the catalog.
@@ -204,6 +196,7 @@ impl Daemon {
             }
         };
         let info = serde_json::to_string(&self.capacity(images)).unwrap_or_else(|_| "{}".into());
+        let seen = lock(&self.pool).drain_changes;
         match db.heartbeat(&info, self.cfg.host_deadline.as_millis() as i64) {
             Ok(beat) => {
                 if let Some(why) = beat.was_down {
@@ -212,7 +205,8 @@ impl Daemon {
                          fenced where their lineages moved on meanwhile)"
                     );
                 }
-                self.apply_drain(beat.drain);
+                let changed = lock(&self.pool).drain_from_catalog(beat.drain, seen);
+                self.drain_changed(changed);
             }
             Err(e) => tracing::error!("heartbeat: {}", crate::error::chain(&e)),
         }
@@ -256,4 +250,61 @@ pub fn memory_total() -> u64 {
 /// The CPUs this process may run on.
 pub fn cpu_count() -> u64 {
     std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+}
+
+impl super::Pool {
+    /// A drain (`Some`) or its end asked of this daemon, already written
+    /// to the catalog. Says whether it changed anything.
+    fn drain_by_request(&mut self, why: Option<String>) -> bool {
+        self.drain_changes += 1;
+        self.set_drain(why)
+    }
+
+    /// The catalog's drain as a heartbeat read it, the heartbeat having
+    /// begun when `drain_changes` was `seen`. If this daemon's drain
+    /// changed since, the value read may be older than that change (the
+    /// heartbeat's read, then the request's write and its taking effect,
+    /// then this): left to the next heartbeat.
+    fn drain_from_catalog(&mut self, why: Option<String>, seen: u64) -> bool {
+        self.drain_changes == seen && self.set_drain(why)
+    }
+
+    fn set_drain(&mut self, why: Option<String>) -> bool {
+        if self.draining == why {
+            return false;
+        }
+        match &why {
+            Some(why) => tracing::info!("draining: {why}"),
+            None => tracing::info!("drain ended: ready"),
+        }
+        self.draining = why;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Pool;
+
+    #[test]
+    fn a_heartbeat_that_read_before_a_drain_does_not_undo_it() {
+        let mut pool = Pool::default();
+        // The heartbeat begins and reads "not drained"; meanwhile a drain
+        // is written and taken up; then the heartbeat's value arrives.
+        let seen = pool.drain_changes;
+        assert!(pool.drain_by_request(Some("upgrade".into())));
+        assert!(!pool.drain_from_catalog(None, seen));
+        assert_eq!(pool.draining.as_deref(), Some("upgrade"));
+        // The same for the drain's end.
+        let seen = pool.drain_changes;
+        assert!(pool.drain_by_request(None));
+        assert!(!pool.drain_from_catalog(Some("upgrade".into()), seen));
+        assert_eq!(pool.draining, None);
+        // A heartbeat with nothing in between takes up what it read (a
+        // drain asked through another host).
+        let seen = pool.drain_changes;
+        assert!(pool.drain_from_catalog(Some("through b".into()), seen));
+        assert_eq!(pool.draining.as_deref(), Some("through b"));
+        assert!(!pool.drain_from_catalog(Some("through b".into()), seen));
+    }
 }

@@ -387,6 +387,9 @@ pub(crate) struct Pool {
     pub(crate) next_ticket: u64,
     /// Why new work is refused (`strata drain`), while the host drains.
     pub(crate) draining: Option<String>,
+    /// Counts this daemon's own drain changes, so that a heartbeat whose
+    /// catalog read began before one does not undo it with the older value.
+    pub(crate) drain_changes: u64,
 }
 
 impl Pool {
