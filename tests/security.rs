@@ -788,11 +788,12 @@ fn idle_and_half_sent_connections_cannot_starve_the_daemon() {
     let mut kept = env.client();
     kept.request("GET", "/v1/version", None::<&()>).unwrap();
 
-    // A new client is served at once, and real work goes through.
+    // A new client is served at once (starved, it would wait for the 6 s
+    // header timeout to free a place), and real work goes through.
     let t = Instant::now();
     env.client().request("GET", "/v1/version", None::<&()>).unwrap();
     let took = t.elapsed();
-    assert!(took < Duration::from_millis(100), "GET /v1/version took {took:?} with 2200 connections open");
+    assert!(took < Duration::from_secs(1), "GET /v1/version took {took:?} with 2200 connections open");
     let id = create(&env, json!({"image": "busybox"}));
     assert_eq!(stdout(&sh(&env, &id, "echo ok")), "ok\n");
     env.cli_ok(&["rm", &id]);

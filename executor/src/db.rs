@@ -2156,19 +2156,35 @@ impl Db {
     /// Retire a lineage: it and its checkpoints leave restore eligibility.
     /// False if it was retired already.
     pub fn retire_work_context(&mut self, id: &str) -> Result<bool, DbError> {
-        let tx = self.conn.transaction(false).map_err(q("begin retire"))?;
+        self.retire(id, None)
+    }
+
+    /// gc's retirement of a stale lineage: only if it is still unused since
+    /// `cutoff` and no sandbox in the catalog (on any host) works in it,
+    /// both checked by the retiring write itself, so a resume or checkpoint
+    /// since the lineage was listed keeps it.
+    pub fn retire_stale_work_context(&mut self, id: &str, cutoff: i64) -> Result<bool, DbError> {
+        self.retire(id, Some(cutoff))
+    }
+
+    fn retire(&mut self, id: &str, stale_before: Option<i64>) -> Result<bool, DbError> {
+        let tx = self.conn.transaction(true).map_err(q("begin retire"))?;
         let n = tx
             .execute(
-                "UPDATE work_contexts SET state = 'retired', retired_at = ?2 WHERE id = ?1 AND state = 'active'",
-                params![id, now()],
+                "UPDATE work_contexts SET state = 'retired', retired_at = ?2 WHERE id = ?1 AND state = 'active' \
+                 AND (CAST(?3 AS BIGINT) IS NULL OR (used_at <= ?3 \
+                      AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE json_extract(spec, '$.work_context') = ?1)))",
+                params![id, now(), stale_before],
             )
             .map_err(q("retire work context"))?;
-        tx.execute(
-            "UPDATE snapshots SET state = 'retired', retired_at = ?2 \
-             WHERE work_context = ?1 AND state IN ('ready', 'superseded')",
-            params![id, now()],
-        )
-        .map_err(q("retire checkpoints"))?;
+        if n == 1 {
+            tx.execute(
+                "UPDATE snapshots SET state = 'retired', retired_at = ?2 \
+                 WHERE work_context = ?1 AND state IN ('ready', 'superseded')",
+                params![id, now()],
+            )
+            .map_err(q("retire checkpoints"))?;
+        }
         tx.commit().map_err(q("commit retire"))?;
         Ok(n == 1)
     }
@@ -2478,7 +2494,31 @@ impl Db {
             .map_err(q("sandbox id seen"))
     }
 
-    /// Rewrite a sandbox's spec (a renewed lifetime).
+    /// A renewed lifetime: the sandbox's spec with only its `lifetime`
+    /// replaced (the rest, such as the lineage head a checkpoint moved, is
+    /// the catalog's). `false` if there is no such sandbox.
+    pub fn set_sandbox_lifetime(&self, id: &SandboxId, lifetime: &crate::spec::Lifetime) -> Result<bool, DbError> {
+        let tx = self.conn.transaction(true).map_err(q("begin lifetime renewal"))?;
+        let Some(spec) = tx
+            .query_row("SELECT spec FROM sandboxes WHERE id = ?1", params![id.as_str()], |r| r.get::<_, String>(0))
+            .optional()
+            .map_err(q("sandbox spec"))?
+        else {
+            return Ok(false);
+        };
+        let mut spec: SandboxSpec =
+            serde_json::from_str(&spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
+        spec.lifetime = *lifetime;
+        let spec = serde_json::to_string(&spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
+        tx.execute("UPDATE sandboxes SET spec = ?2 WHERE id = ?1", params![id.as_str(), spec])
+            .map_err(q("set sandbox lifetime"))?;
+        tx.commit().map_err(q("commit lifetime renewal"))?;
+        Ok(true)
+    }
+
+    /// Rewrite a sandbox's whole spec. The daemon changes parts of it in
+    /// place (a checkpoint's lineage head, a renewal's lifetime); the
+    /// catalog tests set a row's observed head with this.
     pub fn set_sandbox_spec(&self, id: &SandboxId, spec: &SandboxSpec) -> Result<(), DbError> {
         let spec = serde_json::to_string(spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
         self.conn
@@ -2669,6 +2709,42 @@ mod tests {
         assert!(snap(&db, "000000000000000f", "checkpoint", "capturing", Some("w1"), Some(9), None).is_err());
         snap(&db, "000000000000000f", "checkpoint", "capturing", Some("w1"), None, None).unwrap();
         assert!(db.conn.execute("UPDATE snapshots SET state = 'ready' WHERE id = '000000000000000f'", &[]).is_err());
+    }
+
+    #[test]
+    fn gc_retires_a_lineage_only_while_it_is_stale_and_unused() {
+        let mut db = Db::open_in_memory().unwrap();
+        let img = db
+            .insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[layer('1')])
+            .unwrap();
+        for w in ["w1", "w2", "w3"] {
+            db.insert_work_context(&WorkContextRow::new(w, img, StartKind::Image, None)).unwrap();
+        }
+        let (sb, later) = (SandboxId::random(), now() + 10);
+        // A sandbox works in w1 (its row says so, whatever this host holds).
+        let spec = crate::spec::SandboxSpec { work_context: Some("w1".into()), ..Default::default() };
+        db.insert_running_sandbox(&sb, img, &spec, 1, 1).unwrap();
+        assert!(!db.retire_stale_work_context("w1", later).unwrap(), "a sandbox works in it");
+        // w2 was used after the cutoff (a resume since gc listed it).
+        assert!(!db.retire_stale_work_context("w2", now() - 1000).unwrap(), "used since");
+        assert!(db.retire_stale_work_context("w3", later).unwrap());
+        assert!(!db.retire_stale_work_context("w3", later).unwrap(), "once");
+        let state = |db: &Db, w: &str| db.work_context(w).unwrap().unwrap().state;
+        assert_eq!(
+            [state(&db, "w1"), state(&db, "w2"), state(&db, "w3")],
+            [LineageState::Active, LineageState::Active, LineageState::Retired]
+        );
+        // A renewed lifetime leaves the rest of the row's spec as it is.
+        db.conn
+            .execute(
+                "UPDATE sandboxes SET spec = json_set(spec, '$.observed_head', '000000000000000a') WHERE id = ?1",
+                params![sb.as_str()],
+            )
+            .unwrap();
+        let life = crate::spec::Lifetime { deadline_ms: Some(5), ..Default::default() };
+        assert!(db.set_sandbox_lifetime(&sb, &life).unwrap());
+        assert_eq!(db.sandbox_lineage(&sb).unwrap(), (Some("w1".into()), Some("000000000000000a".parse().unwrap())));
+        assert!(!db.set_sandbox_lifetime(&SandboxId::random(), &life).unwrap());
     }
 
     #[test]

@@ -52,14 +52,13 @@ impl Daemon {
         let now = crate::db::now();
         let cutoff = |d: Duration| now.saturating_sub(i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
         let mut report = GcReport::default();
-        // A lineage with a live sandbox is in use, however old its last append.
-        let busy: std::collections::HashSet<String> =
-            lock(&self.pool).live.values().filter_map(|s| s.spec.work_context.clone()).collect();
+        // A lineage with a live sandbox is in use, however old its last
+        // append: the retirement checks that, and the staleness, again.
         // (Each list is taken first: the database lock must not be held
         // across the loop, whose body locks it again.)
         let stale = lock(&self.db).stale_lineages(cutoff(stale_after))?;
         for wc in stale {
-            if !busy.contains(&wc) && lock(&self.db).retire_work_context(&wc)? {
+            if lock(&self.db).retire_stale_work_context(&wc, cutoff(stale_after))? {
                 tracing::info!("gc: retired stale lineage {wc}");
                 report.retired.push(wc);
             }

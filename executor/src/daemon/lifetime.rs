@@ -13,9 +13,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::daemon::snapshots::CaptureError;
 use crate::daemon::{lock, sandbox_info, Daemon, SandboxOpError};
 use crate::model::OnTimeout;
-use crate::sandbox::{Due, Sandbox};
+use crate::sandbox::{Due, Sandbox, SandboxError};
 use crate::spec::{now_ms, Lifetime, MAX_TIMEOUT_SECS};
 use crate::types::{SandboxInfo, TimeoutRequest};
 
@@ -60,11 +61,14 @@ impl Daemon {
         if sb.gone().is_set() || !sb.renew(new) {
             return Err(SandboxOpError::Expiring(sb.id.clone()));
         }
-        let mut spec = sb.spec.clone();
-        spec.lifetime = new;
-        if let Err(e) = lock(&self.db).set_sandbox_spec(&sb.id, &spec) {
-            sb.renew(old);
-            return Err(e.into());
+        match lock(&self.db).set_sandbox_lifetime(&sb.id, &new) {
+            Ok(true) => {}
+            // Removed meanwhile.
+            Ok(false) => return Err(SandboxOpError::NotFound(sb.id.to_string())),
+            Err(e) => {
+                sb.renew(old);
+                return Err(e.into());
+            }
         }
         tracing::info!("sandbox {}: deadline renewed, {} s from now ({})", sb.id, req.timeout, new.on_timeout);
         Ok(sandbox_info(&sb))
@@ -109,10 +113,14 @@ impl Daemon {
         let id = sb.id.to_string();
         let (action, why) = match due {
             Due::Deadline(action) => (action, "its deadline passed"),
-            Due::Idle => (OnTimeout::Suspend, "it was idle for its idle timeout"),
+            Due::Idle { .. } => (OnTimeout::Suspend, "it was idle for its idle timeout"),
+        };
+        let idle = match due {
+            Due::Idle { uses } => Some(uses),
+            Due::Deadline(_) => None,
         };
         if action == OnTimeout::Suspend {
-            match self.suspend(&id) {
+            match self.suspend_sandbox(sb, idle) {
                 Ok(snap) => {
                     let wc = snap.work_context.as_deref().unwrap_or("-");
                     return tracing::info!("sandbox {id} suspended ({why}) into lineage {wc} as snapshot {}", snap.id);
@@ -120,7 +128,11 @@ impl Daemon {
                 // An idle sandbox that cannot be suspended now is tried
                 // again after another idle period; a deadline is kept by
                 // removing it.
-                Err(e) if due == Due::Idle => {
+                Err(CaptureError::Live(SandboxError::UsedAgain(_))) => {
+                    sb.untake(None);
+                    return tracing::info!("sandbox {id} was used again as its idle suspend began: it stays");
+                }
+                Err(e) if idle.is_some() => {
                     sb.untake(None);
                     return tracing::warn!("sandbox {id}: idle suspend failed: {}", crate::error::chain(&e));
                 }

@@ -1254,7 +1254,7 @@ impl Daemon {
 
     /// Run a command in a sandbox attached to `conn` (the exec stream
     /// protocol); `started` is called once it runs, before any frame. The
-    /// command is logged when it ends.
+    /// command is logged when it ends, before its exit frame is sent.
     pub fn exec_attached(
         &self,
         sb: &Arc<Sandbox>,
@@ -1264,8 +1264,7 @@ impl Daemon {
     ) -> Result<(), SandboxOpError> {
         let _busy = sb.busy();
         let req = &sandbox::ExecRequest { keep_output: self.cfg.keep_output, ..req.clone() };
-        let summary = sb.exec_attached(req, conn, started)?;
-        self.record_exec(sb, req, &summary);
+        sb.exec_attached(req, conn, started, &mut |summary| self.record_exec(sb, req, summary))?;
         Ok(())
     }
 

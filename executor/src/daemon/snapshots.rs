@@ -1156,18 +1156,31 @@ impl Daemon {
     /// resume and fork work at once.
     pub fn suspend(&self, id: &str) -> Result<SnapshotInfo, CaptureError> {
         let sb = self.sandbox(id)?;
+        self.suspend_sandbox(&sb, None)
+    }
+
+    /// [`Daemon::suspend`] of `sb`, or with `idle` (its use count when its
+    /// idle timeout was taken) the reaper's idle suspend, dropped
+    /// (`UsedAgain`) if the sandbox was used since.
+    pub(crate) fn suspend_sandbox(
+        &self,
+        sb: &crate::sandbox::Sandbox,
+        idle: Option<u64>,
+    ) -> Result<SnapshotInfo, CaptureError> {
         let started = Instant::now();
         // Refuse before stopping anything if the append would be refused (the
         // append checks again, atomically).
         self.check_fence(&sb.id)?;
-        if !sb.begin_stop() {
-            return Err(CaptureError::NotSuspendable(sb.id.clone()));
+        match idle {
+            Some(uses) => sb.begin_idle_stop(uses)?,
+            None if sb.begin_stop() => {}
+            None => return Err(CaptureError::NotSuspendable(sb.id.clone())),
         }
         if let Err(e) = sb.stop() {
             sb.end_stop();
             return Err(e.into());
         }
-        match self.leased(|lease| self.seal_upper(&sb, started, lease)) {
+        match self.leased(|lease| self.seal_upper(sb, started, lease)) {
             Ok(info) => {
                 crate::failpoint::hit("suspend:appended");
                 lock(&self.pool).live.remove(&sb.id);

@@ -2,7 +2,7 @@
 //! its lifetime as last set, when it was last used, and how many execs
 //! (buffered or attached) run in it now.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::Sandbox;
@@ -16,6 +16,9 @@ pub struct Activity {
     /// When it was last used (unix ms): an API call naming it, an exec's
     /// start or end.
     last_ms: AtomicI64,
+    /// How many times it was used (as `last_ms`), to tell whether it was
+    /// used again since its idle timeout was taken.
+    uses: AtomicU64,
     /// Execs running in it now.
     busy: AtomicU32,
 }
@@ -34,6 +37,7 @@ impl Activity {
         Activity {
             lifetime: Mutex::new(Clock { lifetime, taken: false }),
             last_ms: AtomicI64::new(now_ms()),
+            uses: AtomicU64::new(0),
             busy: AtomicU32::new(0),
         }
     }
@@ -44,8 +48,9 @@ impl Activity {
 pub enum Due {
     /// Its deadline passed.
     Deadline(OnTimeout),
-    /// Nothing used it for its idle timeout.
-    Idle,
+    /// Nothing used it for its idle timeout; it had been used `uses`
+    /// times then ([`Sandbox::begin_idle_stop`]).
+    Idle { uses: u64 },
 }
 
 /// An exec running in a sandbox: it is busy until this is dropped.
@@ -61,7 +66,12 @@ impl Drop for Busy<'_> {
 impl Sandbox {
     /// Mark it used now (an API call named it).
     pub fn touch(&self) {
-        self.activity.last_ms.store(now_ms(), Ordering::Release);
+        self.activity.touch()
+    }
+
+    /// See [`Activity::unused_since`].
+    pub(super) fn unused_since(&self, uses: u64) -> bool {
+        self.activity.unused_since(uses)
     }
 
     /// Mark an exec running in it, until the guard is dropped.
@@ -98,6 +108,16 @@ impl Activity {
 
     fn lifetime(&self) -> Lifetime {
         self.clock().lifetime
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(now_ms(), Ordering::Release);
+        self.uses.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// No exec runs and nothing used it since it had been used `uses` times.
+    fn unused_since(&self, uses: u64) -> bool {
+        self.busy.load(Ordering::Acquire) == 0 && self.uses.load(Ordering::Acquire) == uses
     }
 
     /// Renew: set a new lifetime unless the reaper took this one already
@@ -138,11 +158,12 @@ impl Activity {
             return Some(Due::Deadline(c.lifetime.on_timeout));
         }
         let idle = c.lifetime.idle_timeout?;
+        let uses = self.uses.load(Ordering::Acquire);
         let since = now - self.last_ms.load(Ordering::Acquire);
         if self.busy.load(Ordering::Acquire) == 0 && since >= (idle as i64).saturating_mul(1000) {
             self.last_ms.store(now_ms(), Ordering::Release);
             c.taken = true;
-            return Some(Due::Idle);
+            return Some(Due::Idle { uses });
         }
         None
     }
@@ -179,11 +200,20 @@ mod tests {
         a.busy.fetch_add(1, Ordering::AcqRel);
         assert_eq!(a.take_due(now + 3_000), None);
         a.busy.fetch_sub(1, Ordering::AcqRel);
-        assert_eq!(a.take_due(now + 3_000), Some(Due::Idle));
+        assert_eq!(a.take_due(now + 3_000), Some(Due::Idle { uses: 0 }));
         assert!(!a.renew(Lifetime {
             deadline_ms: Some(now + 60_000),
             on_timeout: OnTimeout::Remove,
             idle_timeout: Some(2)
         }));
+        // Taken, then used before its suspend stops it: the suspend sees it.
+        assert!(a.unused_since(0));
+        a.touch();
+        assert!(!a.unused_since(0));
+        a.untake(None);
+        let Some(Due::Idle { uses }) = a.take_due(now_ms() + 3_000) else { panic!("not idle") };
+        assert!(a.unused_since(uses));
+        a.busy.fetch_add(1, Ordering::AcqRel);
+        assert!(!a.unused_since(uses), "an exec runs");
     }
 }

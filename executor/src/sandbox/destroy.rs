@@ -58,6 +58,22 @@ impl Sandbox {
         ok
     }
 
+    /// [`Sandbox::begin_stop`] for an idle suspend taken when the sandbox
+    /// had been used `uses` times ([`Due::Idle`](super::Due)): refused
+    /// (`UsedAgain`) if an exec runs or an API call named it since. Checked
+    /// under the state lock an exec's start reads the state under, after
+    /// counting itself busy: an exec that saw the sandbox running is seen
+    /// here, and one that comes later finds it stopping.
+    pub fn begin_idle_stop(&self, uses: u64) -> Result<(), SandboxError> {
+        let unused = || match self.unused_since(uses) {
+            true => Ok(()),
+            false => Err(SandboxError::UsedAgain(self.id.clone())),
+        };
+        self.transition(RunEvent::Stop, "suspend", unused)?;
+        self.gone.set(true);
+        Ok(())
+    }
+
     /// Undo [`Sandbox::begin_stop`] after a failed removal so it can be retried.
     pub fn end_stop(&self) {
         self.gone.set(false);

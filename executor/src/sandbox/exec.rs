@@ -372,13 +372,16 @@ impl Sandbox {
 
     /// Run a command attached to an upgraded client connection: frames out,
     /// stdin and resizes in, an exit frame last. If the client goes away, the
-    /// command's process group is killed.
+    /// command's process group is killed. `ended` sees the command's
+    /// summary before the exit frame is sent (a client told "exited" finds
+    /// what `ended` recorded).
     pub fn exec_attached(
         self: &Arc<Self>,
         req: &ExecRequest,
         mut conn: UnixStream,
         upgrade: impl FnOnce(&mut UnixStream) -> std::io::Result<()>,
-    ) -> Result<ExecSummary, SandboxError> {
+        ended: &mut dyn FnMut(&ExecSummary),
+    ) -> Result<(), SandboxError> {
         let spec = self.exec_spec(req)?;
         let id = spec.id;
         if req.tty {
@@ -387,12 +390,14 @@ impl Sandbox {
             let dup = |m: &OwnedFd| m.try_clone().map_err(|source| SandboxError::Io { step: "dup pty master", source });
             let (input, resize) = (dup(&master)?, dup(&master)?);
             upgrade(&mut conn).map_err(|source| SandboxError::Io { step: "upgrade connection", source })?;
-            return self.attached_loop(id, rx, vec![(master, FrameKind::Stdout)], input, Some(resize), req, conn);
+            let outputs = vec![(master, FrameKind::Stdout)];
+            return self.attached_loop(id, rx, outputs, input, Some(resize), req, conn, ended);
         }
         let Piped { rx, stdin: in_w, stdout: out_r, stderr: err_r } = self.start_piped(spec)?;
         self.wait_started(&rx)?;
         upgrade(&mut conn).map_err(|source| SandboxError::Io { step: "upgrade connection", source })?;
-        self.attached_loop(id, rx, vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)], in_w, None, req, conn)
+        let outputs = vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)];
+        self.attached_loop(id, rx, outputs, in_w, None, req, conn, ended)
     }
 
     /// Start a command and leave it running: its pid, its input (stdin,
@@ -442,7 +447,8 @@ impl Sandbox {
         master: Option<OwnedFd>,
         req: &ExecRequest,
         conn: UnixStream,
-    ) -> Result<ExecSummary, SandboxError> {
+        ended: &mut dyn FnMut(&ExecSummary),
+    ) -> Result<(), SandboxError> {
         let started_at = std::time::SystemTime::now();
         let start = Instant::now();
         let mut writer = conn.try_clone().map_err(|source| SandboxError::Io { step: "clone connection", source })?;
@@ -496,9 +502,10 @@ impl Sandbox {
                 return Err(e);
             }
         };
+        ended(&ExecSummary { status: fin.status, started_at, duration: start.elapsed(), output_bytes, kept });
         let _ = stream::write_frame(&mut writer, FrameKind::Exit, &fin.status.shell_code().to_be_bytes());
         let _ = writer.shutdown(std::net::Shutdown::Both);
-        Ok(ExecSummary { status: fin.status, started_at, duration: start.elapsed(), output_bytes, kept })
+        Ok(())
     }
 
     /// Copy output to `sink` until the command has exited and its output is

@@ -65,6 +65,8 @@ pub enum SandboxError {
     },
     #[error("sandbox {0} is being removed")]
     Stopping(SandboxId),
+    #[error("sandbox {0} was used again: its idle suspend is dropped")]
+    UsedAgain(SandboxId),
     #[error("sandbox {id} is {state}: {action} refused")]
     State { id: SandboxId, state: RunState, action: &'static str },
     #[error("freeze or thaw sandbox")]
@@ -103,7 +105,10 @@ fn log_ends(said: &str) -> String {
 impl crate::error::Classify for SandboxError {
     fn kind(&self) -> ErrorKind {
         match self {
-            SandboxError::Stopping(_) | SandboxError::Dead(_) | SandboxError::State { .. } => ErrorKind::Conflict,
+            SandboxError::Stopping(_)
+            | SandboxError::UsedAgain(_)
+            | SandboxError::Dead(_)
+            | SandboxError::State { .. } => ErrorKind::Conflict,
             SandboxError::BadExec(_) => ErrorKind::InvalidArgument,
             SandboxError::Capture(e) if e.is_content() => ErrorKind::Conflict,
             _ => ErrorKind::of_host_failure(self),
