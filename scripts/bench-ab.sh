@@ -5,7 +5,10 @@
 # alike. Prints, per build: p50 and mean ms, the daemon's and the shim's
 # (with its commands) CPU per exec in µs.
 #
-# usage: sudo scripts/bench-ab.sh OTHER_TREE [COUNT]   (COUNT default 5000)
+# With `cycle`, each request is a create -> exec `true` -> rm instead (the
+# shim column then counts only the first sandbox's shim: ignore it).
+#
+# usage: sudo scripts/bench-ab.sh OTHER_TREE [COUNT] [cycle]   (COUNT default 5000)
 # OTHER_TREE is a checkout with its release build done, e.g.
 #   git worktree add /tmp/strata-old main
 #   (cd /tmp/strata-old && cargo build --release && scripts/build-shim.sh release)
@@ -16,6 +19,7 @@ cd "$REPO_ROOT"
 [[ $# -ge 1 ]] || { echo "usage: scripts/bench-ab.sh OTHER_TREE [COUNT]" >&2; exit 2; }
 OTHER=$(cd "$1" && pwd)
 COUNT=${2:-5000}
+MODE=${3:-}
 [[ $(id -u) -eq 0 ]] || { echo "run as root: sudo scripts/bench-ab.sh" >&2; exit 1; }
 [[ -x $OTHER/target/release/strata && -x $OTHER/target/release/strata-shim ]] ||
 	{ echo "$OTHER has no release build (cargo build --release && scripts/build-shim.sh release)" >&2; exit 1; }
@@ -41,4 +45,4 @@ for side in a b; do
 done
 echo "A = $OTHER ($(git -C "$OTHER" rev-parse --short HEAD 2>/dev/null || echo '?')), B = $REPO_ROOT ($(git rev-parse --short HEAD))" >&2
 echo "side p50_ms mean_ms daemon_cpu_us shim_cpu_us"
-"$REPO_ROOT/target/release/strata-bench" --ab "$WORK/a.sock" "$WORK/b.sock" busybox "$COUNT"
+"$REPO_ROOT/target/release/strata-bench" --ab "$WORK/a.sock" "$WORK/b.sock" busybox "$COUNT" ${MODE:+"$MODE"}

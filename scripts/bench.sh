@@ -10,9 +10,9 @@
 #   - the same through the CLI (three `strata` processes per run), also
 #     with --userns and with --disk 1g;
 #   - `runc run`, `crun run` and `bwrap --unshare-all` of /bin/true;
-#   - exec of `true` in an already running sandbox, each followed by a
-#     fork+exec+wait of busybox `true` on the host (the floor, taken in
-#     turn so both see the machine at the same speed);
+#   - exec of `true` in an already running sandbox, and fork+exec+wait of
+#     busybox `true` on the host (the floor), ten of each in turn, so both
+#     see the machine at the same speed;
 #   - the machine's CPU per start, Strata's API cycle and bwrap's
 #     (strata-bench --cpu, --cpu-spawn).
 # crun 1.8 refuses this host's hybrid cgroup layout (hugetlb on v2), so it runs
@@ -158,13 +158,13 @@ labels = [
     ("crun_run", "crun run /bin/true"),
     ("runc_run", "runc run /bin/true"),
     ("api_warm_exec", "Strata API: exec true in a running sandbox"),
-    ("host_fork_exec", "host fork+exec+wait of busybox true, taken in turn with it (floor)"),
+    ("host_fork_exec", "host fork+exec+wait of busybox true, in turn with it (floor)"),
     ("pool_api_create_exec_rm", "with --pool busybox=4: API create -> exec true -> rm"),
     ("pool_api_create", "  of which create"),
     ("pool_api_exec_first", "  of which first exec"),
     ("pool_api_rm", "  of which rm"),
     ("pool_api_warm_exec", "  exec true in a running sandbox"),
-    ("pool_host_fork_exec", "  host fork+exec+wait of busybox true, taken in turn with it (floor)"),
+    ("pool_host_fork_exec", "  host fork+exec+wait of busybox true, in turn with it (floor)"),
 ]
 print(f"| measurement ({runs} runs) | median ms | p90 ms | min ms |")
 print("|---|---:|---:|---:|")

@@ -112,9 +112,11 @@ fn pid_with(words: &[&str]) -> i32 {
         .unwrap_or_else(|| panic!("no process with {words:?}"))
 }
 
-/// `--ab`: COUNT warm execs on each of two daemons, alternating.
+/// `--ab`: COUNT warm execs (or, with `cycle`, creates -> exec -> rm) on
+/// each of two daemons, alternating.
 fn ab(args: &[String]) {
     let (image, count): (&str, usize) = (&args[4], args[5].parse().expect("COUNT"));
+    let cycles = args.get(6).is_some_and(|m| m == "cycle");
     let exec_true = json!({"argv": ["true"]});
     struct Side {
         c: Client,
@@ -135,6 +137,11 @@ fn ab(args: &[String]) {
         })
         .collect();
     let one = |s: &mut Side| {
+        if cycles {
+            let t = Instant::now();
+            cycle(&mut s.c, image);
+            return ms(t);
+        }
         let t = Instant::now();
         let r: Value = s.c.call("POST", &format!("{}/exec", s.path), Some(&exec_true)).unwrap();
         assert_eq!(r["exit_code"], 0);
@@ -171,7 +178,7 @@ fn main() {
     if args.len() == 7 && args[1] == "--open-loop" {
         return open_loop(&args);
     }
-    if args.len() == 6 && args[1] == "--ab" {
+    if (6..=7).contains(&args.len()) && args[1] == "--ab" {
         return ab(&args);
     }
     if args.len() == 5 && args[1] == "--cpu" {
@@ -189,7 +196,7 @@ fn main() {
         eprintln!("       strata-bench --open-loop SOCKET IMAGE RATE COUNT PREFIX");
         eprintln!("       strata-bench --cpu SOCKET IMAGE COUNT");
         eprintln!("       strata-bench --cpu-spawn COUNT ARGV...");
-        eprintln!("       strata-bench --ab SOCKET_A SOCKET_B IMAGE COUNT");
+        eprintln!("       strata-bench --ab SOCKET_A SOCKET_B IMAGE COUNT [cycle]");
         std::process::exit(2);
     }
     let (socket, image, busybox) = (&args[1], &args[2], &args[4]);
@@ -226,25 +233,35 @@ fn main() {
     stats("api_exec_first", exec);
     stats("api_rm", rm);
 
-    // Warm exec in one running sandbox, each one paired with the floor:
-    // fork+exec of busybox true on the host, waited for. Taken in turn so
-    // that both see the same machine: this VM's speed drifts within
-    // minutes (0.6 to 0.9 ms for the same warm exec), so a floor measured
-    // after the execs could be taken at another speed.
+    // Warm exec in one running sandbox, and the floor: fork+exec of busybox
+    // true on the host, waited for. Taken in turn, ten of each at a time,
+    // so that both see the machine at the same speed (this VM's drifts
+    // within minutes: 0.6 to 0.9 ms for the same warm exec) and each still
+    // runs after its own kind, as it would in a loop of its own (a floor
+    // taken right after each exec measured the exec's trailing work too:
+    // the exec log written on the other vCPU).
     let v: Value = c.call("POST", "/v1/sandboxes", Some(&json!({"image": image}))).unwrap();
     let id = v["id"].as_str().unwrap().to_string();
     let (mut warm, mut floor) = (vec![], vec![]);
-    for i in 0..runs.max(100) + 5 {
-        let t = Instant::now();
-        let r: Value = c.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&exec_true)).unwrap();
-        assert_eq!(r["exit_code"], 0);
-        let w = ms(t);
-        let t = Instant::now();
-        let st = std::process::Command::new(busybox).arg("true").status().unwrap();
-        assert!(st.success());
-        if i >= 5 {
-            warm.push(w);
-            floor.push(ms(t));
+    let block = 10;
+    for round in 0..=runs.max(100).div_ceil(block) {
+        for i in 0..block + 1 {
+            let t = Instant::now();
+            let r: Value = c.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&exec_true)).unwrap();
+            assert_eq!(r["exit_code"], 0);
+            // The first of each block warms up (and, after the first
+            // round, follows a floor).
+            if i > 0 && round > 0 {
+                warm.push(ms(t));
+            }
+        }
+        for i in 0..block + 1 {
+            let t = Instant::now();
+            let st = std::process::Command::new(busybox).arg("true").status().unwrap();
+            assert!(st.success());
+            if i > 0 && round > 0 {
+                floor.push(ms(t));
+            }
         }
     }
     c.request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
