@@ -5,8 +5,9 @@
 # alike. Prints, per build: p50 and mean ms, the daemon's and the shim's
 # (with its commands) CPU per exec in µs.
 #
-# With `cycle`, each request is a create -> exec `true` -> rm instead (the
-# shim column then counts only the first sandbox's shim: ignore it).
+# With `cycle`, each request is a create -> exec `true` -> rm instead, with
+# an untimed 10 ms pause after it for its teardown; the daemon's CPU then
+# includes the shims it reaped, and the shim column means nothing.
 #
 # usage: sudo scripts/bench-ab.sh OTHER_TREE [COUNT] [cycle]   (COUNT default 5000)
 # OTHER_TREE is a checkout with its release build done, e.g.
@@ -16,7 +17,7 @@ set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO_ROOT"
-[[ $# -ge 1 ]] || { echo "usage: scripts/bench-ab.sh OTHER_TREE [COUNT]" >&2; exit 2; }
+[[ $# -ge 1 ]] || { echo "usage: scripts/bench-ab.sh OTHER_TREE [COUNT] [cycle]" >&2; exit 2; }
 OTHER=$(cd "$1" && pwd)
 COUNT=${2:-5000}
 MODE=${3:-}

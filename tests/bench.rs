@@ -6,7 +6,7 @@
 //!        strata-bench --open-loop SOCKET IMAGE RATE COUNT PREFIX
 //!        strata-bench --cpu SOCKET IMAGE COUNT
 //!        strata-bench --cpu-spawn COUNT ARGV...
-//!        strata-bench --ab SOCKET_A SOCKET_B IMAGE COUNT
+//!        strata-bench --ab SOCKET_A SOCKET_B IMAGE COUNT [cycle]
 //! Prints one line per measurement: `name median_ms p90_ms min_ms` (names
 //! after PREFIX); the open loop, `PREFIXopen_create_exec_rm p50 p90 p99`:
 //! COUNT create -> exec `true` -> rm, started RATE a second whatever the
@@ -22,6 +22,10 @@
 //! them, so that the machine's drift from one minute to the next hits both
 //! alike: per daemon, `A|B p50_ms mean_ms daemon_cpu_us shim_cpu_us` (CPU
 //! per exec of the daemon, and of the sandbox's shim with its commands).
+//! With `cycle`, each is a create -> exec `true` -> rm instead, followed by
+//! an untimed 10 ms pause so that its teardown (after the answer) is done
+//! before the other daemon's cycle; the daemon's CPU then includes the
+//! shims it reaped, and the shim column means nothing.
 
 use std::time::Instant;
 
@@ -116,7 +120,11 @@ fn pid_with(words: &[&str]) -> i32 {
 /// each of two daemons, alternating.
 fn ab(args: &[String]) {
     let (image, count): (&str, usize) = (&args[4], args[5].parse().expect("COUNT"));
-    let cycles = args.get(6).is_some_and(|m| m == "cycle");
+    let cycles = match args.get(6).map(String::as_str) {
+        None => false,
+        Some("cycle") => true,
+        Some(other) => panic!("--ab: unknown mode {other:?} (the one mode is `cycle`)"),
+    };
     let exec_true = json!({"argv": ["true"]});
     struct Side {
         c: Client,
@@ -140,7 +148,9 @@ fn ab(args: &[String]) {
         if cycles {
             let t = Instant::now();
             cycle(&mut s.c, image);
-            return ms(t);
+            let took = ms(t);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            return took;
         }
         let t = Instant::now();
         let r: Value = s.c.call("POST", &format!("{}/exec", s.path), Some(&exec_true)).unwrap();
@@ -239,12 +249,14 @@ fn main() {
     // within minutes: 0.6 to 0.9 ms for the same warm exec) and each still
     // runs after its own kind, as it would in a loop of its own (a floor
     // taken right after each exec measured the exec's trailing work too:
-    // the exec log written on the other vCPU).
+    // the exec log written on the other vCPU). Each block starts after a
+    // 20 ms pause, and its first sample is not counted.
     let v: Value = c.call("POST", "/v1/sandboxes", Some(&json!({"image": image}))).unwrap();
     let id = v["id"].as_str().unwrap().to_string();
     let (mut warm, mut floor) = (vec![], vec![]);
     let block = 10;
     for round in 0..=runs.max(100).div_ceil(block) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
         for i in 0..block + 1 {
             let t = Instant::now();
             let r: Value = c.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&exec_true)).unwrap();
@@ -255,6 +267,9 @@ fn main() {
                 warm.push(ms(t));
             }
         }
+        // Past the exec log writer's linger (5 ms), so that no record of
+        // the execs is written during the floor.
+        std::thread::sleep(std::time::Duration::from_millis(20));
         for i in 0..block + 1 {
             let t = Instant::now();
             let st = std::process::Command::new(busybox).arg("true").status().unwrap();

@@ -50,6 +50,8 @@ pub enum DbError {
     },
     #[error("refused to record {0}")]
     Invalid(String),
+    #[error("work context {0} was retired while a sandbox was being started in it")]
+    RetiredMeanwhile(String),
     #[error(
         "host id {id:?} is held by a live daemon (root {root} on machine {machine}, last heartbeat {ago_ms} ms ago): \
          give this daemon another --host-id, or stop that one"
@@ -79,6 +81,7 @@ impl crate::error::Classify for DbError {
             // request meanwhile (a checkpoint or suspend racing `rm`): that
             // object is gone, not the daemon broken.
             DbError::Query { source: SqlError::NoRows, .. } => crate::error::ErrorKind::NotFound,
+            DbError::RetiredMeanwhile(_) => crate::error::ErrorKind::Conflict,
             _ => crate::error::ErrorKind::of_host_failure(self),
         }
     }
@@ -2108,9 +2111,18 @@ impl Db {
                 params![work_context, sandbox.as_str(), rung, snapshot, observed_head, now(), fell],
             )
             .map_err(q("record restore"))?;
-        self.conn
-            .execute("UPDATE work_contexts SET used_at = ?2 WHERE id = ?1", params![work_context, now()])
+        // A launch checked the lineage when it began; gc may have retired
+        // it since (a sandbox with no row yet does not keep it).
+        let n = self
+            .conn
+            .execute(
+                "UPDATE work_contexts SET used_at = ?2 WHERE id = ?1 AND state = 'active'",
+                params![work_context, now()],
+            )
             .map_err(q("touch work context"))?;
+        if n == 0 {
+            return Err(DbError::RetiredMeanwhile(work_context.into()));
+        }
         Ok(())
     }
 
@@ -2160,9 +2172,11 @@ impl Db {
     }
 
     /// gc's retirement of a stale lineage: only if it is still unused since
-    /// `cutoff` and no sandbox in the catalog (on any host) works in it,
-    /// both checked by the retiring write itself, so a resume or checkpoint
-    /// since the lineage was listed keeps it.
+    /// `cutoff`, no sandbox row of the catalog (on any host, one marked down
+    /// included) works in it and no E2B sandbox is paused in it, all checked
+    /// by the retiring write itself, so a resume or checkpoint recorded
+    /// since the lineage was listed keeps it (and a launch still under way
+    /// fails its activation: `RetiredMeanwhile`).
     pub fn retire_stale_work_context(&mut self, id: &str, cutoff: i64) -> Result<bool, DbError> {
         self.retire(id, Some(cutoff))
     }
@@ -2173,7 +2187,8 @@ impl Db {
             .execute(
                 "UPDATE work_contexts SET state = 'retired', retired_at = ?2 WHERE id = ?1 AND state = 'active' \
                  AND (CAST(?3 AS BIGINT) IS NULL OR (used_at <= ?3 \
-                      AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE json_extract(spec, '$.work_context') = ?1)))",
+                      AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE json_extract(spec, '$.work_context') = ?1) \
+                      AND id NOT IN (SELECT work_context FROM e2b_sandboxes)))",
                 params![id, now(), stale_before],
             )
             .map_err(q("retire work context"))?;
@@ -2506,10 +2521,14 @@ impl Db {
         else {
             return Ok(false);
         };
-        let mut spec: SandboxSpec =
-            serde_json::from_str(&spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
-        spec.lifetime = *lifetime;
-        let spec = serde_json::to_string(&spec).map_err(|source| DbError::Decode { what: "sandbox spec", source })?;
+        // Untyped: fields a newer build of the fleet added stay.
+        let decode = |source| DbError::Decode { what: "sandbox spec", source };
+        let mut spec: serde_json::Value = serde_json::from_str(&spec).map_err(decode)?;
+        let Some(fields) = spec.as_object_mut() else {
+            return Err(DbError::Invalid(format!("sandbox {id}: its spec is not an object")));
+        };
+        fields.insert("lifetime".into(), serde_json::to_value(lifetime).map_err(decode)?);
+        let spec = serde_json::to_string(&spec).map_err(decode)?;
         tx.execute("UPDATE sandboxes SET spec = ?2 WHERE id = ?1", params![id.as_str(), spec])
             .map_err(q("set sandbox lifetime"))?;
         tx.commit().map_err(q("commit lifetime renewal"))?;
@@ -2734,16 +2753,45 @@ mod tests {
             [state(&db, "w1"), state(&db, "w2"), state(&db, "w3")],
             [LineageState::Active, LineageState::Active, LineageState::Retired]
         );
-        // A renewed lifetime leaves the rest of the row's spec as it is.
+        // A launch into w3 that began before gc retired it: its activation
+        // fails and records nothing.
+        let late = crate::spec::SandboxSpec { work_context: Some("w3".into()), ..Default::default() };
+        let r = db.activate_sandbox(&SandboxId::random(), img, &late, 1, 1, Rung::Image, None, &[]);
+        assert!(matches!(&r, Err(DbError::RetiredMeanwhile(w)) if w == "w3"), "{r:?}");
+        assert_eq!(db.list_sandboxes().unwrap().len(), 1);
+        assert!(db.restores("w3").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_renewal_rewrites_only_the_lifetime() {
+        let mut db = Db::open_in_memory().unwrap();
+        let img = db
+            .insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[layer('1')])
+            .unwrap();
+        db.insert_work_context(&WorkContextRow::new("w1", img, StartKind::Image, None)).unwrap();
+        let sb = SandboxId::random();
+        let spec = crate::spec::SandboxSpec { work_context: Some("w1".into()), ..Default::default() };
+        db.insert_running_sandbox(&sb, img, &spec, 1, 1).unwrap();
+        // A checkpoint moved the row's head; a newer build added a field.
         db.conn
             .execute(
-                "UPDATE sandboxes SET spec = json_set(spec, '$.observed_head', '000000000000000a') WHERE id = ?1",
+                "UPDATE sandboxes SET spec = json_set(spec, '$.observed_head', '000000000000000a', '$.newer', 'x') \
+                 WHERE id = ?1",
                 params![sb.as_str()],
             )
             .unwrap();
         let life = crate::spec::Lifetime { deadline_ms: Some(5), ..Default::default() };
         assert!(db.set_sandbox_lifetime(&sb, &life).unwrap());
         assert_eq!(db.sandbox_lineage(&sb).unwrap(), (Some("w1".into()), Some("000000000000000a".parse().unwrap())));
+        let newer: Option<String> = db
+            .conn
+            .query_row("SELECT json_extract(spec, '$.newer') FROM sandboxes WHERE id = ?1", params![sb.as_str()], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(newer.as_deref(), Some("x"));
+        let spec = &db.list_sandboxes().unwrap()[0].spec;
+        assert_eq!(spec.lifetime, life);
         assert!(!db.set_sandbox_lifetime(&SandboxId::random(), &life).unwrap());
     }
 

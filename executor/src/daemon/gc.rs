@@ -1,6 +1,7 @@
 //! Retention (DESIGN.md invariant 7): `strata gc` and the daemon's periodic
 //! sweep retire stale lineages (neither captured nor restored within
-//! `--stale-after`) and delete superseded, retired and failed snapshots
+//! `--stale-after`, and no sandbox of the catalog, on any host, in them)
+//! and delete superseded, retired and failed snapshots
 //! past `--retention`. A snapshot goes through the same removal as `strata
 //! snapshot rm`, so one still used (by a live sandbox, a launch in flight, a
 //! child snapshot, or as an active lineage's head) is kept; its layer and

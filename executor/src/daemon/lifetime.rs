@@ -63,8 +63,8 @@ impl Daemon {
         }
         match lock(&self.db).set_sandbox_lifetime(&sb.id, &new) {
             Ok(true) => {}
-            // Removed meanwhile.
-            Ok(false) => return Err(SandboxOpError::NotFound(sb.id.to_string())),
+            // Its row went meanwhile: a removal or suspend began.
+            Ok(false) => return Err(SandboxOpError::Expiring(sb.id.clone())),
             Err(e) => {
                 sb.renew(old);
                 return Err(e.into());
