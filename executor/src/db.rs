@@ -2730,19 +2730,27 @@ mod tests {
         assert!(db.conn.execute("UPDATE snapshots SET state = 'ready' WHERE id = '000000000000000f'", &[]).is_err());
     }
 
-    #[test]
-    fn gc_retires_a_lineage_only_while_it_is_stale_and_unused() {
+    /// A catalog with one image, lineage `wc` and a running sandbox in it.
+    fn one_sandbox_in(wc: &str) -> (Db, i64, SandboxId) {
         let mut db = Db::open_in_memory().unwrap();
         let img = db
             .insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[layer('1')])
             .unwrap();
-        for w in ["w1", "w2", "w3"] {
+        db.insert_work_context(&WorkContextRow::new(wc, img, StartKind::Image, None)).unwrap();
+        let sb = SandboxId::random();
+        let spec = crate::spec::SandboxSpec { work_context: Some(wc.into()), ..Default::default() };
+        db.insert_running_sandbox(&sb, img, &spec, 1, 1).unwrap();
+        (db, img, sb)
+    }
+
+    #[test]
+    fn gc_retires_a_lineage_only_while_it_is_stale_and_unused() {
+        // A sandbox works in w1 (its row says so, whatever this host holds).
+        let (mut db, img, _) = one_sandbox_in("w1");
+        for w in ["w2", "w3"] {
             db.insert_work_context(&WorkContextRow::new(w, img, StartKind::Image, None)).unwrap();
         }
-        let (sb, later) = (SandboxId::random(), now() + 10);
-        // A sandbox works in w1 (its row says so, whatever this host holds).
-        let spec = crate::spec::SandboxSpec { work_context: Some("w1".into()), ..Default::default() };
-        db.insert_running_sandbox(&sb, img, &spec, 1, 1).unwrap();
+        let later = now() + 10;
         assert!(!db.retire_stale_work_context("w1", later).unwrap(), "a sandbox works in it");
         // w2 was used after the cutoff (a resume since gc listed it).
         assert!(!db.retire_stale_work_context("w2", now() - 1000).unwrap(), "used since");
@@ -2764,14 +2772,7 @@ mod tests {
 
     #[test]
     fn a_renewal_rewrites_only_the_lifetime() {
-        let mut db = Db::open_in_memory().unwrap();
-        let img = db
-            .insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[layer('1')])
-            .unwrap();
-        db.insert_work_context(&WorkContextRow::new("w1", img, StartKind::Image, None)).unwrap();
-        let sb = SandboxId::random();
-        let spec = crate::spec::SandboxSpec { work_context: Some("w1".into()), ..Default::default() };
-        db.insert_running_sandbox(&sb, img, &spec, 1, 1).unwrap();
+        let (db, _, sb) = one_sandbox_in("w1");
         // A checkpoint moved the row's head; a newer build added a field.
         db.conn
             .execute(
@@ -2797,14 +2798,7 @@ mod tests {
 
     #[test]
     fn a_capture_is_a_row_from_its_start_and_ends_appended_or_failed() {
-        let mut db = Db::open_in_memory().unwrap();
-        let img = db
-            .insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[layer('1')])
-            .unwrap();
-        let sb = SandboxId::random();
-        let spec = crate::spec::SandboxSpec { work_context: Some("w".into()), ..Default::default() };
-        db.insert_work_context(&WorkContextRow::new("w", img, StartKind::Image, None)).unwrap();
-        db.insert_running_sandbox(&sb, img, &spec, 1, 1).unwrap();
+        let (mut db, img, sb) = one_sandbox_in("w");
         let (l, _) = layer('2');
         let begin = |db: &mut Db| {
             let mut row = SnapshotRow::new(img, None, &l, &sb, serde_json::json!({}));

@@ -51,11 +51,7 @@ impl Sandbox {
     /// Mark the sandbox as going away; new execs are refused from now on.
     /// Returns false if it is already being removed.
     pub fn begin_stop(&self) -> bool {
-        let ok = self.transition(RunEvent::Stop, "remove", || Ok(())).is_ok();
-        if ok {
-            self.gone.set(true);
-        }
-        ok
+        self.stop_if("remove", || Ok(())).is_ok()
     }
 
     /// [`Sandbox::begin_stop`] for an idle suspend taken when the sandbox
@@ -65,11 +61,19 @@ impl Sandbox {
     /// counting itself busy: an exec that saw the sandbox running is seen
     /// here, and one that comes later finds it stopping.
     pub fn begin_idle_stop(&self, uses: u64) -> Result<(), SandboxError> {
-        let unused = || match self.unused_since(uses) {
+        self.stop_if("suspend", || match self.unused_since(uses) {
             true => Ok(()),
             false => Err(SandboxError::UsedAgain(self.id.clone())),
-        };
-        self.transition(RunEvent::Stop, "suspend", unused)?;
+        })
+    }
+
+    /// The stop transition, if `check` (run under the state lock) allows.
+    fn stop_if(
+        &self,
+        action: &'static str,
+        check: impl FnOnce() -> Result<(), SandboxError>,
+    ) -> Result<(), SandboxError> {
+        self.transition(RunEvent::Stop, action, check)?;
         self.gone.set(true);
         Ok(())
     }
