@@ -1355,25 +1355,28 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
+/// Whether sandbox `id` is listed.
+fn live(env: &TestEnv, id: &str) -> bool {
+    let list: Vec<Value> = env.client().call("GET", "/v1/sandboxes", None::<&()>).unwrap();
+    list.iter().any(|s| s["id"] == id)
+}
+
+/// Wait until `id` is gone (at most `limit`); when it went (unix ms).
+fn gone_at(env: &TestEnv, id: &str, limit: Duration) -> i64 {
+    let start = Instant::now();
+    while live(env, id) {
+        assert!(start.elapsed() < limit, "sandbox {id} outlived its time");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    now_ms()
+}
+
 #[test]
 fn deadlines_and_idle_timeouts_end_sandboxes_and_survive_a_restart() {
     let mut env = TestEnv::start();
     env.import_busybox();
     let none = None::<&()>;
     // Listing names no sandbox: it does not count as using one.
-    let live = |env: &TestEnv, id: &str| -> bool {
-        let list: Vec<Value> = env.client().call("GET", "/v1/sandboxes", none).unwrap();
-        list.iter().any(|s| s["id"] == id)
-    };
-    // Wait until `id` is gone (at most `limit`); when it went (unix ms).
-    let gone_at = |env: &TestEnv, id: &str, limit: Duration| -> i64 {
-        let start = Instant::now();
-        while live(env, id) {
-            assert!(start.elapsed() < limit, "sandbox {id} outlived its time");
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        now_ms()
-    };
     let deadline = |v: &Value| v["lifetime"]["deadline_ms"].as_i64().unwrap();
     let make =
         |env: &TestEnv, body: Value| -> Value { env.client().call("POST", "/v1/sandboxes", Some(&body)).unwrap() };
@@ -1444,6 +1447,28 @@ fn deadlines_and_idle_timeouts_end_sandboxes_and_survive_a_restart() {
     assert!((2000..=3200).contains(&(at - last_use)), "suspended {} ms after its last use", at - last_use);
     let l: Value = env.client().call("GET", "/v1/lineages/idle", none).unwrap();
     assert!(l["head"].is_string(), "{l}");
+    env.finish();
+}
+
+#[test]
+fn an_idle_suspend_waits_for_a_call_in_progress() {
+    let env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", "checkpoint:begun=sleep-once:3000")]);
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox", "idle_timeout": 1, "work_context": "idle-call"}));
+    sh(&env, &id, "echo x > /x");
+    // The checkpoint waits 3 s at the failpoint, past the idle timeout:
+    // no exec runs, but the sandbox is in use all along.
+    let t0 = now_ms();
+    let snap: Value = env.client().call("POST", &format!("/v1/sandboxes/{id}/checkpoint"), None::<&()>).unwrap();
+    assert!(now_ms() - t0 >= 3000);
+    assert_eq!(snap["state"], "ready", "{snap}");
+    assert!(live(&env, &id), "suspended during the checkpoint");
+    // Idle from its end: suspended then, into its lineage.
+    gone_at(&env, &id, Duration::from_secs(10));
+    let l: Value = env.client().call("GET", "/v1/lineages/idle-call", None::<&()>).unwrap();
+    let cps = l["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), 2, "{l}");
+    assert_eq!(cps[0]["id"], snap["id"], "{l}");
     env.finish();
 }
 
@@ -1777,6 +1802,37 @@ fn ready_pools_serve_the_creates_that_fit_and_refill() {
     }
     // Stopping the daemon removes the ready sandboxes (finish checks that
     // nothing is left).
+    env.finish();
+}
+
+#[test]
+fn a_ready_sandbox_whose_image_is_removed_as_it_starts_is_not_kept() {
+    let env = TestEnv::start_with_flags_and_env(
+        &["--pool", "busybox=1", "--warm-pool", "0"],
+        &[("STRATA_FAILPOINTS", "ready:started=sleep-once:2000")],
+    );
+    env.import_busybox();
+    let ready = || -> u64 {
+        let i: Value = env.client().call("GET", "/v1/info", None::<&()>).unwrap();
+        i["ready"]["busybox:latest"].as_u64().unwrap_or(0)
+    };
+    // The refill has started a sandbox and waits before adding it to the
+    // pool: the image goes meanwhile.
+    let log_has = |s: &str| env.daemon_log().contains(s);
+    wait_until("the refill started", Duration::from_secs(30), || log_has("failpoint ready:started reached"));
+    env.cli_ok(&["image", "rm", "busybox:latest"]);
+    wait_until("the refill saw the image go", Duration::from_secs(10), || {
+        log_has("ready pool busybox:latest: the image was removed as a sandbox started for it; not kept")
+    });
+    assert_eq!(ready(), 0);
+    // Imported again (the same layers, unpacked anew): the pool refills
+    // and what it serves has its whole root.
+    env.import_busybox();
+    wait_until("the pool refilled", Duration::from_secs(30), || ready() >= 1);
+    let id = create(&env, json!({"image": "busybox"}));
+    assert!(env.daemon_log().contains(&format!("sandbox {id}: from the ready pool")));
+    assert_eq!(stdout(&sh(&env, &id, "ls /bin/busybox && busybox true && echo ok")), "/bin/busybox\nok\n");
+    env.cli_ok(&["rm", &id]);
     env.finish();
 }
 

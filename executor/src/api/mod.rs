@@ -9,7 +9,6 @@ mod serve;
 
 pub use serve::{serve, ServeConfig, DEFAULT_MAX_CONNECTIONS};
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -97,13 +96,13 @@ pub enum Reply {
     /// (`api::serve`: on its async worker for a while, then on a thread);
     /// its answer is [`exec_result`].
     Exec {
-        sandbox: Arc<crate::sandbox::Sandbox>,
+        sandbox: crate::sandbox::InUse,
         req: ExecRequest,
         stdin: Vec<u8>,
     },
     /// Hand the connection to an attached exec (after a 101 response).
     Attach {
-        sandbox: Arc<crate::sandbox::Sandbox>,
+        sandbox: crate::sandbox::InUse,
         req: ExecRequest,
     },
 }

@@ -643,7 +643,7 @@ fn stream(d: Arc<Daemon>, op: StreamOp) -> Response<Body> {
 /// error instead.
 async fn attach(
     d: Arc<Daemon>,
-    sandbox: Arc<crate::sandbox::Sandbox>,
+    sandbox: crate::sandbox::InUse,
     req: crate::sandbox::ExecRequest,
     upgrade: hyper::upgrade::OnUpgrade,
 ) -> Response<Body> {

@@ -127,8 +127,10 @@ impl Daemon {
     /// slot are refused too. Kept in the catalog (it outlives a restart).
     pub fn drain(&self, req: Option<DrainRequest>) -> Result<HostInfo, DbError> {
         let why = req.map(|r| r.reason.unwrap_or_else(|| "drained by request".into()));
+        let serial = lock(&self.drain_lock);
         lock(&self.db).set_host_drain(&self.cfg.host_id, why.as_deref())?;
         let changed = lock(&self.pool).drain_by_request(why);
+        drop(serial);
         self.drain_changed(changed);
         self.host_info()
     }

@@ -467,6 +467,9 @@ pub struct Daemon {
     max_sandboxes: usize,
     host_cpus: usize,
     pub(crate) import_lock: Mutex<()>,
+    /// Held by a drain request from its catalog write until it takes
+    /// effect, so that two requests take effect in the order written.
+    pub(crate) drain_lock: Mutex<()>,
     /// Pulled layers being unpacked now (see `distribution::hydrate_layer`),
     /// and the condition their waiters wait on.
     pub(crate) hydrating: Mutex<std::collections::HashSet<String>>,
@@ -584,6 +587,7 @@ impl Daemon {
             max_sandboxes,
             host_cpus,
             import_lock: Mutex::new(()),
+            drain_lock: Mutex::new(()),
             hydrating: Mutex::new(Default::default()),
             hydrated: std::sync::Condvar::new(),
             hydrator: Mutex::new(None),
@@ -1293,13 +1297,13 @@ impl Daemon {
         Ok((status, timed_out))
     }
 
-    /// A live sandbox by id; looking it up counts as using it (its idle
-    /// timeout starts again).
-    pub fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, SandboxOpError> {
+    /// A live sandbox by id, in use until the handle is dropped: no idle
+    /// suspend cuts into the call that looked it up, and its idle timeout
+    /// starts again when the call ends.
+    pub fn sandbox(&self, id: &str) -> Result<sandbox::InUse, SandboxOpError> {
         let id: SandboxId = id.parse().map_err(|_| SandboxOpError::NotFound(format!("{id:?}")))?;
         let sb = lock(&self.pool).live.get(&id).cloned().ok_or_else(|| SandboxOpError::NotFound(id.to_string()))?;
-        sb.touch();
-        Ok(sb)
+        Ok(sandbox::InUse::new(sb))
     }
 
     pub fn list_sandboxes(&self) -> Vec<SandboxInfo> {
@@ -1364,7 +1368,7 @@ impl Daemon {
             pool.live.remove(&sb.id);
             pool.removing.insert(sb.id.clone(), sb.clone());
         }
-        self.tear_down(sb);
+        self.tear_down(Arc::clone(&sb));
         Ok(())
     }
 }

@@ -121,18 +121,9 @@ impl Daemon {
                     }
                     std::thread::sleep(Duration::from_millis(2));
                 }
-                match d.ready_sandbox(&next) {
-                    Ok(sb) if !d.ready.stop.load(Ordering::Acquire) => {
-                        lock(&d.ready.ready).entry(next).or_default().push(sb);
-                    }
-                    Ok(sb) => {
-                        discard(&d, &sb);
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!("ready pool {next}: {}", crate::error::chain(&e));
-                        failed_at.insert(next, std::time::Instant::now());
-                    }
+                if let Err(e) = d.refill(&next) {
+                    tracing::warn!("ready pool {next}: {}", crate::error::chain(&e));
+                    failed_at.insert(next, std::time::Instant::now());
                 }
             }
         });
@@ -142,10 +133,51 @@ impl Daemon {
         }
     }
 
+    /// Add one sandbox to `name`'s pool. Its layers are leased while it
+    /// starts (the collector skips only the layers of sandboxes in the
+    /// pool); once in the pool, `image rm` removes it before it collects.
+    /// An image removed (or imported again with other layers) meanwhile
+    /// is seen after it is added: `image rm` drops the pool's sandboxes
+    /// after its row goes, so a sandbox added before that check is
+    /// dropped by one of the two, and none is kept for a gone image.
+    fn refill(&self, name: &ImageName) -> Result<(), LaunchError> {
+        self.leased(|lease| {
+            let image = lock(&self.db).image_by_name(name)?.ok_or(LaunchError::NoImageRow)?;
+            for l in &image.layers {
+                lease.layer(l.as_str());
+            }
+            let sb = self.ready_sandbox(&image)?;
+            crate::failpoint::hit("ready:started");
+            let id = sb.id.clone();
+            {
+                let mut ready = lock(&self.ready.ready);
+                // Stopping or draining since the refill began: not added.
+                if self.ready.stop.load(Ordering::Acquire) || lock(&self.pool).draining.is_some() {
+                    drop(ready);
+                    discard(self, &sb);
+                    return Ok(());
+                }
+                ready.entry(name.clone()).or_default().push(sb);
+            }
+            let now = lock(&self.db).image_by_name(name)?;
+            if now.is_none_or(|now| now.layers != image.layers) {
+                let taken = {
+                    let mut ready = lock(&self.ready.ready);
+                    let list = ready.get_mut(name);
+                    list.and_then(|l| l.iter().position(|s| s.id == id).map(|i| l.swap_remove(i)))
+                };
+                if let Some(sb) = taken {
+                    discard(self, &sb);
+                }
+                tracing::info!("ready pool {name}: the image was removed as a sandbox started for it; not kept");
+            }
+            Ok(())
+        })
+    }
+
     /// Start one sandbox of `image` for its pool: default limits, no env,
     /// no lineage; no row.
-    fn ready_sandbox(&self, image: &ImageName) -> Result<Sandbox, LaunchError> {
-        let image = lock(&self.db).image_by_name(image)?.ok_or(LaunchError::NoImageRow)?;
+    fn ready_sandbox(&self, image: &crate::db::ImageRow) -> Result<Sandbox, LaunchError> {
         let id = SandboxId::random();
         let spec = SandboxSpec {
             image: image.name.clone(),
@@ -164,7 +196,7 @@ impl Daemon {
             lifetime: Default::default(),
             log_from: 0,
         };
-        let defaults = self.exec_defaults(&image, &spec)?;
+        let defaults = self.exec_defaults(image, &spec)?;
         Ok(crate::sandbox::create(&self.rt, &id, &spec, defaults)?)
     }
 

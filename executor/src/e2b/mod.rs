@@ -592,7 +592,7 @@ enum Admitted {
     Control(String),
     /// envd of a running sandbox; `fail` answers an error in the form the
     /// route expects (Connect or plain).
-    Envd { id: String, sb: Arc<crate::sandbox::Sandbox>, rpc: bool },
+    Envd { id: String, sb: crate::sandbox::InUse, rpc: bool },
 }
 
 enum Reply {

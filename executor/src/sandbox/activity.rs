@@ -1,9 +1,10 @@
 //! What the daemon's reaper needs of a live sandbox (`daemon/lifetime.rs`):
 //! its lifetime as last set, when it was last used, and how many execs
-//! (buffered or attached) run in it now.
+//! and API calls (a checkpoint, a diff, a copy, an attached session) are
+//! using it now.
 
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use super::Sandbox;
 use crate::model::OnTimeout;
@@ -19,7 +20,7 @@ pub struct Activity {
     /// How many times it was used (as `last_ms`), to tell whether it was
     /// used again since its idle timeout was taken.
     uses: AtomicU64,
-    /// Execs running in it now.
+    /// Execs and API calls using it now ([`Busy`], [`InUse`]).
     busy: AtomicU32,
 }
 
@@ -58,8 +59,32 @@ pub struct Busy<'a>(&'a Sandbox);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        self.0.activity.busy.fetch_sub(1, Ordering::AcqRel);
-        self.0.touch();
+        self.0.activity.leave();
+    }
+}
+
+/// A sandbox an API call looked up (`Daemon::sandbox`): busy, as an exec
+/// is, until the call drops it, so an idle suspend never cuts into a call
+/// in progress (a checkpoint, a diff, a copy).
+pub struct InUse(Arc<Sandbox>);
+
+impl InUse {
+    pub fn new(sb: Arc<Sandbox>) -> InUse {
+        sb.activity.enter();
+        InUse(sb)
+    }
+}
+
+impl std::ops::Deref for InUse {
+    type Target = Arc<Sandbox>;
+    fn deref(&self) -> &Arc<Sandbox> {
+        &self.0
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.activity.leave();
     }
 }
 
@@ -76,8 +101,7 @@ impl Sandbox {
 
     /// Mark an exec running in it, until the guard is dropped.
     pub fn busy(&self) -> Busy<'_> {
-        self.activity.busy.fetch_add(1, Ordering::AcqRel);
-        self.touch();
+        self.activity.enter();
         Busy(self)
     }
 
@@ -115,7 +139,19 @@ impl Activity {
         self.uses.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// No exec runs and nothing used it since it had been used `uses` times.
+    /// An exec or a call begins using it: busy, and used now.
+    fn enter(&self) {
+        self.busy.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+    }
+
+    /// It ends: used now (the idle clock starts from its end).
+    fn leave(&self) {
+        self.busy.fetch_sub(1, Ordering::AcqRel);
+        self.touch();
+    }
+
+    /// Nothing uses it and nothing did since it had been used `uses` times.
     fn unused_since(&self, uses: u64) -> bool {
         self.busy.load(Ordering::Acquire) == 0 && self.uses.load(Ordering::Acquire) == uses
     }
@@ -197,23 +233,23 @@ mod tests {
         let now = now_ms();
         let a = Activity::new(Lifetime { deadline_ms: None, on_timeout: OnTimeout::Suspend, idle_timeout: Some(2) });
         assert_eq!(a.take_due(now + 1_000), None);
-        a.busy.fetch_add(1, Ordering::AcqRel);
+        a.enter();
         assert_eq!(a.take_due(now + 3_000), None);
-        a.busy.fetch_sub(1, Ordering::AcqRel);
-        assert_eq!(a.take_due(now + 3_000), Some(Due::Idle { uses: 0 }));
+        a.leave();
+        assert_eq!(a.take_due(now_ms() + 3_000), Some(Due::Idle { uses: 2 }));
         assert!(!a.renew(Lifetime {
             deadline_ms: Some(now + 60_000),
             on_timeout: OnTimeout::Remove,
             idle_timeout: Some(2)
         }));
         // Taken, then used before its suspend stops it: the suspend sees it.
-        assert!(a.unused_since(0));
+        assert!(a.unused_since(2));
         a.touch();
-        assert!(!a.unused_since(0));
+        assert!(!a.unused_since(2));
         a.untake(None);
         let Some(Due::Idle { uses }) = a.take_due(now_ms() + 3_000) else { panic!("not idle") };
         assert!(a.unused_since(uses));
-        a.busy.fetch_add(1, Ordering::AcqRel);
-        assert!(!a.unused_since(uses), "an exec runs");
+        a.enter();
+        assert!(!a.unused_since(uses), "an exec or a call uses it");
     }
 }

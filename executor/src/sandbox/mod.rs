@@ -14,7 +14,7 @@ mod freeze;
 mod precopy;
 mod shim_exe;
 
-pub use activity::{Busy, Due};
+pub use activity::{Busy, Due, InUse};
 pub use checkpoint::{
     prepared_in, speculate, Ahead, Capture, EndOnDrop, Segment, Speculation, TarFollower, TarProgress,
 };
