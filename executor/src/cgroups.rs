@@ -188,6 +188,12 @@ pub enum CgroupError {
         #[source]
         source: cgroups_rs::error::Error,
     },
+    #[error("open cgroup {path}")]
+    Open {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("remove cgroup {path}: processes {pids:?} are still in it after {waited:?}")]
     Busy { path: String, pids: Vec<u64>, waited: Duration },
     #[error("{what} cgroup {path}")]
@@ -279,6 +285,18 @@ pub fn device_program(rules: &[DeviceRule]) -> Vec<strata_shim::sys::BpfInsn> {
 }
 
 /// One sandbox's cgroup.
+/// How a new process joins a cgroup ([`SandboxCgroup::join`]).
+pub enum Join {
+    /// v1: it writes "0" to each of these `tasks` files first thing, while
+    /// it is one thread (one thread moving itself takes no global lock).
+    Tasks(Vec<std::path::PathBuf>),
+    /// v2: `clone3` starts it in this directory (`CLONE_INTO_CGROUP`).
+    Dir(std::fs::File),
+    /// v2 where that `clone3` is not written (not x86_64): moved by pid
+    /// ([`SandboxCgroup::add`]).
+    ByPid,
+}
+
 pub struct SandboxCgroup {
     cg: Cgroup,
     path: String,
@@ -448,10 +466,10 @@ impl SandboxCgroup {
     }
 
     /// The `tasks` files through which a process can join this cgroup
-    /// itself, in every controller (v1); none on v2, where a process is
-    /// moved with [`SandboxCgroup::add`]. See `SpawnPlan::cgroup_tasks`
-    /// for why a shim (and a capture worker) joins by itself.
-    pub fn tasks_files(&self) -> Vec<std::path::PathBuf> {
+    /// itself, in every controller (v1); none on v2. See
+    /// `SpawnPlan::cgroup_tasks` for why a shim (and a capture worker)
+    /// joins by itself.
+    fn tasks_files(&self) -> Vec<std::path::PathBuf> {
         if self.cg.v2() {
             return Vec::new();
         }
@@ -460,6 +478,20 @@ impl SandboxCgroup {
         dirs.sort();
         dirs.dedup();
         dirs.into_iter().map(|d| d.join("tasks")).collect()
+    }
+
+    /// How a process we start gets into this cgroup: born there, never
+    /// moved by pid (which takes the kernel's global threadgroup lock for
+    /// writing: an RCU grace period, 10-15 ms, on a host idle just before).
+    pub fn join(&self) -> Result<Join, CgroupError> {
+        Ok(if !self.cg.v2() {
+            Join::Tasks(self.tasks_files())
+        } else if strata_shim::sys::CAN_CLONE_INTO_CGROUP {
+            let dir = std::fs::File::open(self.v2_dir());
+            Join::Dir(dir.map_err(|source| CgroupError::Open { path: self.path.clone(), source })?)
+        } else {
+            Join::ByPid
+        })
     }
 
     pub fn add(&self, pid: u32) -> Result<(), CgroupError> {

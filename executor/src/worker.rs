@@ -12,9 +12,10 @@
 //! the daemon itself would have to live in may split them), and v1's
 //! per-thread placement has no v2 equivalent.
 //!
-//! How it gets there: on cgroup v1 the worker joins by itself, first thing
-//! (`STRATA_WORKER_JOIN` names the `tasks` files; see [`Placement`] for
-//! why); on v2 the daemon moves it by pid before it writes its job.
+//! How it gets there: it is born there, never moved by pid (see
+//! `cgroups::Join`): on cgroup v1 the worker joins by itself, first thing
+//! (`STRATA_WORKER_JOIN` names the `tasks` files); on v2 `clone3` starts
+//! it in the cgroup (`sys::spawn_program`).
 //!
 //! The protocol, on the worker's stdin and stdout: one JSON [`Job`] line
 //! in, read only once the worker is in its cgroup (then, for
@@ -26,11 +27,11 @@ use std::io::{BufRead, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cgroups::Join;
 use crate::diff::DeltaStats;
 use crate::oci::UnpackStats;
 use crate::sandbox::{Gone, Segment};
@@ -121,14 +122,11 @@ const PIPE_SIZE: i32 = 1 << 20;
 
 /// Where a worker goes before it does its job (a capture cgroup).
 pub trait Placement: Sync {
-    /// Make sure the cgroup is there and may take a worker. Returns the
-    /// cgroup v1 `tasks` files through which the worker joins it by itself,
-    /// first thing, while it is one thread (one thread moving itself takes
-    /// no global lock; moving a process by pid waits for an RCU grace
-    /// period, 10-15 ms of an idle host's checkpoint), or none (v2): then
-    /// [`Placement::add`] moves it by pid.
-    fn prepare(&self) -> Result<Vec<PathBuf>, crate::sandbox::SandboxError>;
-    /// Move the worker `pid` there.
+    /// Make sure the cgroup is there and may take a worker; how the worker
+    /// is born in it (moving a process by pid waits for an RCU grace
+    /// period: 10-15 ms of an idle host's checkpoint).
+    fn prepare(&self) -> Result<Join, crate::sandbox::SandboxError>;
+    /// Move the worker `pid` there ([`Join::ByPid`]).
     fn add(&self, pid: u32) -> Result<(), crate::sandbox::SandboxError>;
 }
 
@@ -136,8 +134,8 @@ pub type Place<'a> = &'a dyn Placement;
 
 /// A sandbox's capture workers go to its capture cgroup.
 impl Placement for crate::sandbox::Sandbox {
-    fn prepare(&self) -> Result<Vec<PathBuf>, crate::sandbox::SandboxError> {
-        self.capture_tasks()
+    fn prepare(&self) -> Result<Join, crate::sandbox::SandboxError> {
+        self.capture_join()
     }
 
     fn add(&self, pid: u32) -> Result<(), crate::sandbox::SandboxError> {
@@ -146,8 +144,8 @@ impl Placement for crate::sandbox::Sandbox {
 }
 
 impl Placement for crate::cgroups::SandboxCgroup {
-    fn prepare(&self) -> Result<Vec<PathBuf>, crate::sandbox::SandboxError> {
-        Ok(self.tasks_files())
+    fn prepare(&self) -> Result<Join, crate::sandbox::SandboxError> {
+        self.join().map_err(crate::sandbox::SandboxError::Cgroup)
     }
 
     fn add(&self, pid: u32) -> Result<(), crate::sandbox::SandboxError> {
@@ -161,41 +159,61 @@ const JOIN_ENV: &str = "STRATA_WORKER_JOIN";
 
 /// A started worker, told its job (which it reads only once in its cgroup).
 pub struct Worker {
-    child: Child,
+    pid: nix::unistd::Pid,
+    /// Until it is reaped.
+    running: bool,
+    stdin: Option<std::fs::File>,
+    stdout: Option<std::fs::File>,
     gone: Gone,
 }
 
 impl Worker {
     fn start(job: &Job, place: Place<'_>, gone: &Gone) -> Result<Worker, WorkerError> {
-        let tasks = place.prepare().map_err(WorkerError::Place)?;
-        let mut join = std::ffi::OsString::new();
-        for (i, t) in tasks.iter().enumerate() {
-            if i > 0 {
-                join.push("\n");
+        let join = place.prepare().map_err(WorkerError::Place)?;
+        let mut tasks = std::ffi::OsString::new();
+        if let Join::Tasks(files) = &join {
+            for (i, t) in files.iter().enumerate() {
+                if i > 0 {
+                    tasks.push("\n");
+                }
+                tasks.push(t);
             }
-            join.push(t);
         }
         // The daemon's own binary (only `strata` runs a daemon), by the
-        // kernel's link: still right if the file was replaced meanwhile.
-        let child = std::process::Command::new("/proc/self/exe")
-            .arg("worker")
-            .env(JOIN_ENV, join)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(WorkerError::Spawn)?;
-        if let Some(stdin) = &child.stdin {
-            // Fewer, larger writes when feeding a compressor (the default
-            // pipe holds 64 KiB); best effort (capped by pipe-max-size).
-            let _ = nix::fcntl::fcntl(
-                std::os::fd::AsRawFd::as_raw_fd(stdin),
-                nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE),
-            );
+        // kernel's link: still right if the file was replaced meanwhile;
+        // the daemon's environment, and the `tasks` files to join.
+        let spawn = |e: std::io::Error| WorkerError::Spawn(e);
+        let cstring = |s: &std::ffi::OsStr| std::ffi::CString::new(s.as_bytes()).map_err(|e| spawn(e.into()));
+        let mut env = Vec::new();
+        for (k, v) in std::env::vars_os().filter(|(k, _)| k != JOIN_ENV) {
+            env.push(cstring(&[k.as_os_str(), v.as_os_str()].join(std::ffi::OsStr::new("=")))?);
         }
-        let mut w = Worker { child, gone: gone.clone() };
-        if tasks.is_empty() {
-            place.add(w.child.id()).map_err(WorkerError::Place)?;
+        env.push(cstring(&[std::ffi::OsStr::new(JOIN_ENV), tasks.as_os_str()].join(std::ffi::OsStr::new("=")))?);
+        let args = strata_shim::sys::ExecArgs::new(vec![c"strata".into(), c"worker".into()], env);
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| spawn(e.into()));
+        let ((stdin_r, stdin_w), (stdout_r, stdout_w)) = (pipe()?, pipe()?);
+        let dir = match &join {
+            Join::Dir(d) => Some(d.as_fd()),
+            _ => None,
+        };
+        let stderr = std::io::stderr();
+        let stdio = [stdin_r.as_fd(), stdout_w.as_fd(), stderr.as_fd()];
+        let spawned =
+            strata_shim::sys::spawn_program(c"/proc/self/exe", &args, stdio, dir).map_err(|e| spawn(e.into()))?;
+        drop((stdin_r, stdout_w));
+        // Fewer, larger writes when feeding a compressor (the default pipe
+        // holds 64 KiB); best effort (capped by pipe-max-size).
+        let _ =
+            nix::fcntl::fcntl(std::os::fd::AsRawFd::as_raw_fd(&stdin_w), nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+        let mut w = Worker {
+            pid: nix::unistd::Pid::from_raw(spawned.pid),
+            running: true,
+            stdin: Some(stdin_w.into()),
+            stdout: Some(stdout_r.into()),
+            gone: gone.clone(),
+        };
+        if let Join::ByPid = join {
+            place.add(spawned.pid as u32).map_err(WorkerError::Place)?;
         }
         let mut line = serde_json::to_vec(job).map_err(|e| WorkerError::Pipe(e.into()))?;
         line.push(b'\n');
@@ -208,15 +226,33 @@ impl Worker {
         Ok(w)
     }
 
-    fn stdin(&mut self) -> Result<&mut std::process::ChildStdin, WorkerError> {
-        self.child.stdin.as_mut().ok_or_else(|| WorkerError::Pipe(std::io::ErrorKind::BrokenPipe.into()))
+    fn stdin(&mut self) -> Result<&mut std::fs::File, WorkerError> {
+        self.stdin.as_mut().ok_or_else(|| WorkerError::Pipe(std::io::ErrorKind::BrokenPipe.into()))
+    }
+
+    /// Reap it: how it ended.
+    fn wait(&mut self) -> Result<String, WorkerError> {
+        loop {
+            match nix::sys::wait::waitpid(self.pid, None) {
+                Err(nix::Error::EINTR) => continue,
+                Err(e) => return Err(WorkerError::Pipe(e.into())),
+                Ok(status) => {
+                    self.running = false;
+                    return Ok(match status {
+                        nix::sys::wait::WaitStatus::Exited(_, code) => format!("exit status: {code}"),
+                        nix::sys::wait::WaitStatus::Signaled(_, sig, _) => format!("signal: {sig}"),
+                        other => format!("{other:?}"),
+                    });
+                }
+            }
+        }
     }
 
     /// Close its stdin and wait for its answer, checking meanwhile whether
     /// the sandbox went away (then it is killed).
     fn finish(mut self) -> Result<Reply, WorkerError> {
-        drop(self.child.stdin.take());
-        let mut out = self.child.stdout.take().ok_or_else(|| WorkerError::Garbled(String::new()))?;
+        drop(self.stdin.take());
+        let mut out = self.stdout.take().ok_or_else(|| WorkerError::Garbled(String::new()))?;
         loop {
             if self.gone.is_set() {
                 return Err(WorkerError::Gone);
@@ -230,10 +266,10 @@ impl Worker {
         }
         let mut text = String::new();
         let read = out.read_to_string(&mut text);
-        let status = self.child.wait().map_err(WorkerError::Pipe)?;
+        let status = self.wait()?;
         read.map_err(WorkerError::Pipe)?;
         if text.is_empty() {
-            return Err(WorkerError::Died { status: status.to_string() });
+            return Err(WorkerError::Died { status });
         }
         serde_json::from_str(text.trim_end()).map_err(|_| WorkerError::Garbled(text))
     }
@@ -241,11 +277,12 @@ impl Worker {
 
 impl Drop for Worker {
     /// One that was not finished (an error, the sandbox gone) is killed
-    /// and reaped: its own pid, nothing else.
+    /// and reaped: its own pid (not reaped yet, so not reused), nothing
+    /// else.
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if self.running {
+            let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::SIGKILL);
+            let _ = self.wait();
         }
     }
 }

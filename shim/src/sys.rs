@@ -61,9 +61,19 @@ pub struct SpawnPlan<'a> {
     /// the test VM); a single-threaded process moving itself through
     /// `tasks` does not. Not with `userns_gate` (kept simple: the daemon
     /// moves that child by pid before it opens the gate) and not on v2 (no
-    /// `tasks`; a thread of a domain cgroup cannot move alone).
+    /// `tasks`; a thread of a domain cgroup cannot move alone: there
+    /// [`SpawnPlan::cgroup_dir`]).
     pub cgroup_tasks: Vec<CString>,
+    /// cgroup v2: the directory of the cgroup the child is born in
+    /// (`clone3`'s `CLONE_INTO_CGROUP`), for the same reason: never moved
+    /// by pid. Only where [`CAN_CLONE_INTO_CGROUP`].
+    pub cgroup_dir: Option<BorrowedFd<'a>>,
 }
+
+/// Whether [`spawn_in_namespaces`] can start a child in a cgroup v2
+/// directory ([`SpawnPlan::cgroup_dir`]): its shared-memory `clone3` is
+/// written for x86_64; elsewhere the caller moves the child by pid.
+pub const CAN_CLONE_INTO_CGROUP: bool = cfg!(target_arch = "x86_64");
 
 /// A started process: its pid in our namespace and a pidfd that stays valid
 /// (and unambiguous) even after the pid is reused.
@@ -96,18 +106,20 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
     envp.push(std::ptr::null());
 
     let fds = [&exe, &listener, &log, &devnull].map(|f| f.as_raw_fd());
+    let cgroup = plan.cgroup_dir.map(|d| d.as_raw_fd());
     let Some(gate) = plan.userns_gate.as_ref().map(|g| g.as_raw_fd()) else {
         let join: Vec<*const libc::c_char> = plan.cgroup_tasks.iter().map(|t| t.as_ptr()).collect();
-        return spawn_shared_in_namespaces(namespaces, fds, &join, &argv, &envp);
+        return spawn_shared_in_namespaces(namespaces, cgroup, fds, &join, &argv, &envp);
     };
     if !plan.cgroup_tasks.is_empty() {
         return Err(Errno::EINVAL);
     }
     let mut pidfd: RawFd = -1;
     let args = CloneArgs {
-        flags: namespaces | libc::CLONE_PIDFD as u64,
+        flags: namespaces | libc::CLONE_PIDFD as u64 | if cgroup.is_some() { CLONE_INTO_CGROUP } else { 0 },
         pidfd: &mut pidfd as *mut RawFd as u64,
         exit_signal: libc::SIGCHLD as u64,
+        cgroup: cgroup.map_or(0, |fd| fd as u64),
         ..Default::default()
     };
     // SAFETY: `args` is a valid clone_args of the size we pass; with no stack
@@ -214,9 +226,11 @@ const SHIM_EXEC_DEADLINE: Duration = Duration::from_secs(5);
 /// waits for the parent to write its maps before it execs, so that spawn
 /// forks.
 /// `fds`: the shim's executable, its listener, its log and /dev/null;
-/// `join`: the `tasks` files of the cgroups it is born in.
+/// `join`: the `tasks` files of the cgroups it is born in (v1), or
+/// `cgroup` the directory (v2).
 fn spawn_shared_in_namespaces(
     namespaces: u64,
+    cgroup: Option<RawFd>,
     fds: [RawFd; 4],
     join: &[*const libc::c_char],
     argv: &[*const libc::c_char],
@@ -228,7 +242,7 @@ fn spawn_shared_in_namespaces(
     // SAFETY: `shim_child`'s contract holds: the fds, `argv` and `envp`
     // were prepared before the clone and outlive the child's exec.
     let mut child = || -> i32 { unsafe { shim_child(fds, None, join, argv, envp) } };
-    let (pid, killed) = clone_shared(&mut stack, &mut child, flags, Some(&mut pidfd), SHIM_EXEC_DEADLINE)?;
+    let (pid, killed) = clone_shared(&mut stack, &mut child, flags, Some(&mut pidfd), cgroup, SHIM_EXEC_DEADLINE)?;
     // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     if killed {
@@ -817,16 +831,72 @@ pub fn spawn_shared(
     child: &mut dyn FnMut() -> i32,
     deadline: Duration,
 ) -> Result<(i32, bool), Errno> {
-    clone_shared(stack, child, 0, None, deadline)
+    clone_shared(stack, child, 0, None, None, deadline)
+}
+
+/// How long a [`spawn_program`] child may take to exec before it is killed.
+const PROGRAM_EXEC_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Start program `exe` with `args`, `stdio` as its descriptors 0-2 (every
+/// other one of ours is close-on-exec, as Rust opens them), no signal
+/// blocked, and, given `cgroup` (a cgroup v2 directory; only where
+/// [`CAN_CLONE_INTO_CGROUP`]), born in that cgroup: the way
+/// [`spawn_shared`] starts a child, sharing our memory until it execs.
+/// The caller reaps it.
+pub fn spawn_program(
+    exe: &CStr,
+    args: &ExecArgs,
+    stdio: [BorrowedFd<'_>; 3],
+    cgroup: Option<BorrowedFd<'_>>,
+) -> Result<Spawned, Errno> {
+    // Above 2, so that the dup2 calls cannot clobber one another.
+    let high = |fd: &BorrowedFd<'_>| -> Result<OwnedFd, Errno> {
+        let raw = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))?;
+        // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that we alone own.
+        Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    };
+    let [a, b, c] = &stdio;
+    let high = [high(a)?, high(b)?, high(c)?];
+    let fds = high.each_ref().map(|f| f.as_raw_fd());
+    let mut stack = vec![0u8; 64 * 1024];
+    let mut pidfd: RawFd = -1;
+    let mut child = || -> i32 {
+        for (target, fd) in fds.iter().enumerate() {
+            // SAFETY: integers only; `fd` is open until we return.
+            if unsafe { libc::dup2(*fd, target as RawFd) } < 0 {
+                return 126;
+            }
+        }
+        // The calling thread's blocked signals would stay blocked.
+        let _ = nix::sys::signal::sigprocmask(
+            nix::sys::signal::SigmaskHow::SIG_SETMASK,
+            Some(&nix::sys::signal::SigSet::empty()),
+            None,
+        );
+        args.execve(exe);
+        127
+    };
+    let cgroup = cgroup.map(|c| c.as_raw_fd());
+    let (pid, killed) =
+        clone_shared(&mut stack, &mut child, libc::CLONE_PIDFD, Some(&mut pidfd), cgroup, PROGRAM_EXEC_DEADLINE)?;
+    // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+    if killed {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        return Err(Errno::ETIMEDOUT);
+    }
+    Ok(Spawned { pid, pidfd })
 }
 
 /// [`spawn_shared`] with more `clone` flags (namespaces, `CLONE_PIDFD`,
-/// whose descriptor is stored in `pidfd`).
+/// whose descriptor is stored in `pidfd`), and born in the cgroup v2
+/// directory `cgroup` if given (`clone3`, [`clone3_shared`]).
 fn clone_shared(
     stack: &mut [u8],
     child: &mut dyn FnMut() -> i32,
     flags: libc::c_int,
     pidfd: Option<&mut RawFd>,
+    cgroup: Option<RawFd>,
     deadline: Duration,
 ) -> Result<(i32, bool), Errno> {
     extern "C" fn trampoline(data: *mut libc::c_void) -> libc::c_int {
@@ -840,8 +910,9 @@ fn clone_shared(
     // The top of the stack, 16-byte aligned (it grows down).
     let top = (stack.as_mut_ptr_range().end as usize & !15) as *mut libc::c_void;
     let pidfd_ptr = pidfd.map_or(std::ptr::null_mut(), |p| p as *mut RawFd);
-    // SAFETY: `top` is the aligned end of `stack`, which (like `f`) is
-    // borrowed until we return, after the child stopped using our memory
+    let data = &mut f as *mut _ as *mut libc::c_void;
+    // Why both clones below are sound: `top` is the aligned end of
+    // `stack`, which (like `f`) is borrowed until we return, after the child stopped using our memory
     // (see above); `pidfd_ptr` (CLONE_PIDFD's `parent_tid`) is null or a
     // live `RawFd`. The child takes no lock and allocates nothing, so other
     // threads of the caller (the daemon's) holding locks cannot block it;
@@ -857,14 +928,23 @@ fn clone_shared(
     // child dies of it. `stack` has no guard page: the children
     // (`shim_child`, the exec path's) are short, non-recursive code that
     // uses a small part of it.
-    let pid = unsafe {
-        libc::clone(
-            trampoline,
-            top,
-            libc::CLONE_VM | flags | libc::SIGCHLD,
-            &mut f as *mut _ as *mut libc::c_void,
-            pidfd_ptr,
-        )
+    let pid = match cgroup {
+        // SAFETY: see above.
+        None => unsafe { libc::clone(trampoline, top, libc::CLONE_VM | flags | libc::SIGCHLD, data, pidfd_ptr) },
+        Some(dir) => {
+            let args = CloneArgs {
+                flags: (libc::CLONE_VM | flags) as u64 | CLONE_INTO_CGROUP,
+                pidfd: pidfd_ptr as u64,
+                exit_signal: libc::SIGCHLD as u64,
+                stack: stack.as_mut_ptr() as u64,
+                stack_size: (top as usize - stack.as_mut_ptr() as usize) as u64,
+                cgroup: dir as u64,
+                ..Default::default()
+            };
+            // SAFETY: as for `clone` (see above); `args` names the same
+            // stack, and `trampoline` with `data` is what the child runs.
+            unsafe { clone3_shared(&args, trampoline, data) }
+        }
     };
     let pid = Errno::result(pid)?;
     drop(gate_w);
@@ -886,6 +966,72 @@ fn clone_shared(
             killed = true;
         }
     }
+}
+
+/// `CLONE_INTO_CGROUP` (Linux 5.7; not in the libc crate for every target).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `clone3(args)` for a child that shares our memory: the child runs
+/// `f(data)` on the stack `args` names and exits with what it returns,
+/// as libc's `clone` does for `clone` (no libc has a `clone3` wrapper).
+/// Returns the child's pid, or -1 with errno set.
+///
+/// # Safety
+/// `args` has `CLONE_VM`, a stack no one else uses and no `CLONE_SETTLS`;
+/// `f` must be safe to run with `data` in such a child (on that stack,
+/// sharing our memory and thread-local storage).
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone3_shared(
+    args: &CloneArgs,
+    f: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    data: *mut libc::c_void,
+) -> libc::c_int {
+    let ret: libc::c_long;
+    // SAFETY: the caller's contract. In the parent this is one system
+    // call (rcx and r11 clobbered). In the child (rax 0) the kernel has
+    // switched to the new 16-byte aligned stack; r12 and r13, kept across
+    // the call, hold `f` and `data`; it calls `f` with a cleared frame
+    // pointer and ends with `exit`, never returning into this frame.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r13",
+            "call r12",
+            "mov edi, eax",
+            "mov eax, {exit}",
+            "syscall",
+            "ud2",
+            "2:",
+            exit = const libc::SYS_exit,
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") args as *const CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") f,
+            in("r13") data,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    if ret < 0 {
+        Errno::set_raw(-ret as i32);
+        return -1;
+    }
+    ret as libc::c_int
+}
+
+/// Elsewhere [`CAN_CLONE_INTO_CGROUP`] is false and this is never called.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone3_shared(
+    _args: &CloneArgs,
+    _f: extern "C" fn(*mut libc::c_void) -> libc::c_int,
+    _data: *mut libc::c_void,
+) -> libc::c_int {
+    Errno::set_raw(libc::ENOSYS);
+    -1
 }
 
 /// `setgroups([gid])`, `setgid`, `setuid` as raw system calls, for a
@@ -1328,6 +1474,52 @@ mod tests {
         stop.store(true, Ordering::Relaxed);
         let opened = writer.join().unwrap();
         assert!(free > 0 && opened > 0, "{free} leases, {opened} opens");
+    }
+
+    /// A child started with a cgroup v2 directory is in that cgroup from
+    /// its first instruction (here, still there as it sleeps), and one
+    /// started without is in ours.
+    #[test]
+    fn a_shared_memory_child_is_born_in_the_cgroup_given() {
+        if !CAN_CLONE_INTO_CGROUP || !nix::unistd::geteuid().is_root() {
+            return eprintln!("skipped: needs root on x86_64");
+        }
+        // A cgroup2 mount: the whole tree (v2) or the hybrid one's.
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let Some(mnt) = mountinfo.lines().find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            right.starts_with("cgroup2 ").then(|| left.split(' ').nth(4).map(PathBuf::from)).flatten()
+        }) else {
+            return eprintln!("skipped: no cgroup2 mount");
+        };
+        let name = format!("strata-unit-{}", std::process::id());
+        let dir = mnt.join(&name);
+        std::fs::create_dir(&dir).unwrap();
+        let cgroup_of = |pid: i32| -> String {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+            text.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or_default().to_string()
+        };
+        let args = ExecArgs::new(vec![c"sleep".into(), c"5".into()], vec![]);
+        let start = |cgroup: Option<RawFd>| -> i32 {
+            let mut stack = vec![0u8; 64 * 1024];
+            let mut child = || -> i32 {
+                args.execve(c"/bin/sleep");
+                127
+            };
+            let (pid, killed) = clone_shared(&mut stack, &mut child, 0, None, cgroup, Duration::from_secs(5)).unwrap();
+            assert!(!killed);
+            pid
+        };
+        let d = std::fs::File::open(&dir).unwrap();
+        let (inside, outside) = (start(Some(d.as_raw_fd())), start(None));
+        let seen = (cgroup_of(inside), cgroup_of(outside));
+        for pid in [inside, outside] {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+        }
+        std::fs::remove_dir(&dir).unwrap();
+        assert_eq!(seen.0, format!("/{name}"));
+        assert_eq!(seen.1, cgroup_of(std::process::id() as i32));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use strata_shim::proto::{ExtraMount, SetupSpec};
 use strata_shim::sys;
 
 use super::{destroy, process_start_time, ExecDefaults, Sandbox, SandboxError};
-use crate::cgroups::SandboxCgroup;
+use crate::cgroups::{Join, SandboxCgroup};
 use crate::db::SandboxRow;
 use crate::ids::SandboxId;
 use crate::shim_client::{self, ShimClient, ShimError};
@@ -190,6 +190,20 @@ pub fn prepare(
 
     let log = std::fs::OpenOptions::new().create(true).append(true).open(&dirs.log).map_err(io("open shim log"))?;
     let devnull = std::fs::File::open("/dev/null").map_err(io("open /dev/null"))?;
+    // Born in its cgroup (see `Join`); with a user namespace on v1 (kept
+    // simple), or where it cannot be, moved there by pid below.
+    let join = match &parts.cgroup {
+        Some(cg) => cg.join().map_err(SandboxError::Cgroup)?,
+        None => Join::ByPid,
+    };
+    let (cgroup_tasks, cgroup_dir) = match (&join, &userns) {
+        (Join::Tasks(files), None) => {
+            let files = files.iter().map(|t| CString::new(t.as_os_str().as_encoded_bytes()));
+            (files.collect::<Result<_, _>>().unwrap_or_default(), None)
+        }
+        (Join::Dir(dir), _) => (Vec::new(), Some(dir.as_fd())),
+        _ => (Vec::new(), None),
+    };
     let mut plan = sys::SpawnPlan {
         argv: shim_argv(id, userns.is_none().then_some(dirs.rootfs.as_path())),
         envp: vec![CString::new("PATH=/usr/sbin:/usr/bin:/sbin:/bin").unwrap_or_default()],
@@ -198,19 +212,10 @@ pub fn prepare(
         log: log.into(),
         devnull: devnull.into(),
         userns_gate: None,
-        // Born in its cgroup where it can join by itself (v1, no user
-        // namespace); else (or if a path cannot be passed) moved there below.
-        cgroup_tasks: match (&parts.cgroup, &userns) {
-            (Some(cg), None) => cg
-                .tasks_files()
-                .into_iter()
-                .map(|t| CString::new(t.into_os_string().into_encoded_bytes()))
-                .collect::<Result<_, _>>()
-                .unwrap_or_default(),
-            _ => Vec::new(),
-        },
+        cgroup_dir,
+        cgroup_tasks,
     };
-    let joins = !plan.cgroup_tasks.is_empty();
+    let joins = !plan.cgroup_tasks.is_empty() || plan.cgroup_dir.is_some();
     let gate = match userns {
         Some(_) => {
             let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(nix_io("create userns gate pipe"))?;

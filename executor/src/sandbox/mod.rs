@@ -371,13 +371,13 @@ impl Sandbox {
         capture_cgroup_of(self.cgroup.path())
     }
 
-    /// Make the capture cgroup if need be; the `tasks` files through which
-    /// a capture worker joins it by itself (none on v2). A worker that
-    /// joins does so after this check that the sandbox is not going away:
+    /// Make the capture cgroup if need be; how a capture worker is born
+    /// in it (`Join`). A worker that joins does so after this check that
+    /// the sandbox is not going away:
     /// a removal meanwhile takes the cgroup, and the join fails, or the
     /// worker is killed with the sandbox's other workers.
-    pub fn capture_tasks(&self) -> Result<Vec<PathBuf>, SandboxError> {
-        self.with_capture_cgroup(|cg| Ok(cg.tasks_files()))
+    pub fn capture_join(&self) -> Result<crate::cgroups::Join, SandboxError> {
+        self.with_capture_cgroup(|cg| cg.join().map_err(SandboxError::Cgroup))
     }
 
     /// Put a capture worker (`pid`) of this sandbox in its capture cgroup.
