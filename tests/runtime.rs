@@ -1452,15 +1452,15 @@ fn deadlines_and_idle_timeouts_end_sandboxes_and_survive_a_restart() {
 
 #[test]
 fn an_idle_suspend_waits_for_a_call_in_progress() {
-    let env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", "checkpoint:begun=sleep-once:3000")]);
+    let env = TestEnv::start_with_env(&[("STRATA_FAILPOINTS", "checkpoint:begun=sleep-once:7000")]);
     env.import_busybox();
-    let id = create(&env, json!({"image": "busybox", "idle_timeout": 1, "work_context": "idle-call"}));
+    let id = create(&env, json!({"image": "busybox", "idle_timeout": 3, "work_context": "idle-call"}));
     sh(&env, &id, "echo x > /x");
-    // The checkpoint waits 3 s at the failpoint, past the idle timeout:
+    // The checkpoint waits 7 s at the failpoint, past the idle timeout:
     // no exec runs, but the sandbox is in use all along.
     let t0 = now_ms();
     let snap: Value = env.client().call("POST", &format!("/v1/sandboxes/{id}/checkpoint"), None::<&()>).unwrap();
-    assert!(now_ms() - t0 >= 3000);
+    assert!(now_ms() - t0 >= 7000);
     assert_eq!(snap["state"], "ready", "{snap}");
     assert!(live(&env, &id), "suspended during the checkpoint");
     // Idle from its end: suspended then, into its lineage.
@@ -1809,7 +1809,7 @@ fn ready_pools_serve_the_creates_that_fit_and_refill() {
 fn a_ready_sandbox_whose_image_is_removed_as_it_starts_is_not_kept() {
     let env = TestEnv::start_with_flags_and_env(
         &["--pool", "busybox=1", "--warm-pool", "0"],
-        &[("STRATA_FAILPOINTS", "ready:started=sleep-once:2000")],
+        &[("STRATA_FAILPOINTS", "ready:started=sleep-once:6000")],
     );
     env.import_busybox();
     let ready = || -> u64 {
@@ -1821,7 +1821,7 @@ fn a_ready_sandbox_whose_image_is_removed_as_it_starts_is_not_kept() {
     let log_has = |s: &str| env.daemon_log().contains(s);
     wait_until("the refill started", Duration::from_secs(30), || log_has("failpoint ready:started reached"));
     env.cli_ok(&["image", "rm", "busybox:latest"]);
-    wait_until("the refill saw the image go", Duration::from_secs(10), || {
+    wait_until("the refill saw the image go", Duration::from_secs(20), || {
         log_has("ready pool busybox:latest: the image was removed as a sandbox started for it; not kept")
     });
     assert_eq!(ready(), 0);

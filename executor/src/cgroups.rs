@@ -284,7 +284,6 @@ pub fn device_program(rules: &[DeviceRule]) -> Vec<strata_shim::sys::BpfInsn> {
     p
 }
 
-/// One sandbox's cgroup.
 /// How a new process joins a cgroup ([`SandboxCgroup::join`]).
 pub enum Join {
     /// v1: it writes "0" to each of these `tasks` files first thing, while
@@ -292,11 +291,13 @@ pub enum Join {
     Tasks(Vec<std::path::PathBuf>),
     /// v2: `clone3` starts it in this directory (`CLONE_INTO_CGROUP`).
     Dir(std::fs::File),
-    /// v2 where that `clone3` is not written (not x86_64): moved by pid
+    /// v2 where that `clone3` cannot be used (not x86_64, a kernel before
+    /// 5.7, a seccomp filter refusing `clone3`): moved by pid
     /// ([`SandboxCgroup::add`]).
     ByPid,
 }
 
+/// One sandbox's cgroup.
 pub struct SandboxCgroup {
     cg: Cgroup,
     path: String,
@@ -480,13 +481,14 @@ impl SandboxCgroup {
         dirs.into_iter().map(|d| d.join("tasks")).collect()
     }
 
-    /// How a process we start gets into this cgroup: born there, never
-    /// moved by pid (which takes the kernel's global threadgroup lock for
-    /// writing: an RCU grace period, 10-15 ms, on a host idle just before).
+    /// How a process we start gets into this cgroup: born there wherever
+    /// it can be, rather than moved by pid (which takes the kernel's global
+    /// threadgroup lock for writing: an RCU grace period, 7-15 ms, on a
+    /// host idle just before).
     pub fn join(&self) -> Result<Join, CgroupError> {
         Ok(if !self.cg.v2() {
             Join::Tasks(self.tasks_files())
-        } else if strata_shim::sys::CAN_CLONE_INTO_CGROUP {
+        } else if strata_shim::sys::can_clone_into_cgroup() {
             let dir = std::fs::File::open(self.v2_dir());
             Join::Dir(dir.map_err(|source| CgroupError::Open { path: self.path.clone(), source })?)
         } else {

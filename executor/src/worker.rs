@@ -12,10 +12,11 @@
 //! the daemon itself would have to live in may split them), and v1's
 //! per-thread placement has no v2 equivalent.
 //!
-//! How it gets there: it is born there, never moved by pid (see
+//! How it gets there: it is born there rather than moved by pid (see
 //! `cgroups::Join`): on cgroup v1 the worker joins by itself, first thing
 //! (`STRATA_WORKER_JOIN` names the `tasks` files); on v2 `clone3` starts
-//! it in the cgroup (`sys::spawn_program`).
+//! it in the cgroup (`sys::spawn_program`), or where that cannot be used,
+//! the daemon moves it by pid before it writes its job.
 //!
 //! The protocol, on the worker's stdin and stdout: one JSON [`Job`] line
 //! in, read only once the worker is in its cgroup (then, for

@@ -159,8 +159,11 @@ impl Daemon {
                 }
                 ready.entry(name.clone()).or_default().push(sb);
             }
-            let now = lock(&self.db).image_by_name(name)?;
-            if now.is_none_or(|now| now.layers != image.layers) {
+            // Not known to be the same image still (a catalog error counts
+            // as no): taken out again, unless a create took it meanwhile
+            // (as any create may race an `image rm`).
+            let now = lock(&self.db).image_by_name(name);
+            if !matches!(now, Ok(Some(ref now)) if now.layers == image.layers) {
                 let taken = {
                     let mut ready = lock(&self.ready.ready);
                     let list = ready.get_mut(name);
@@ -168,8 +171,9 @@ impl Daemon {
                 };
                 if let Some(sb) = taken {
                     discard(self, &sb);
+                    tracing::info!("ready pool {name}: the image was removed as a sandbox started for it; not kept");
                 }
-                tracing::info!("ready pool {name}: the image was removed as a sandbox started for it; not kept");
+                now?;
             }
             Ok(())
         })

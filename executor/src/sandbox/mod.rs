@@ -271,7 +271,7 @@ pub struct Sandbox {
 }
 
 /// The capture cgroup beside sandbox cgroup `cg` (see
-/// [`Sandbox::capture_tasks`]).
+/// [`Sandbox::capture_join`]).
 fn capture_cgroup_of(cg: &str) -> String {
     format!("{cg}.capture")
 }
