@@ -456,3 +456,92 @@ fn a_snapshot_pulled_by_two_hosts_is_unpacked_on_each() {
     b.finish();
     c.finish();
 }
+
+/// One E2B API call over loopback TCP (`X-API-Key: key-one`, the
+/// connection closed after): the status and the JSON body (null if none).
+fn e2b_call(addr: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    use std::io::{Read, Write};
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nX-API-Key: key-one\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let json = out.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, serde_json::from_str(json).unwrap_or(Value::Null))
+}
+
+#[test]
+fn an_e2b_sandbox_is_seen_from_every_host_and_changed_only_where_it_runs() {
+    strata_tests::require_root();
+    let url = pg::database();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "key-one\n").unwrap();
+    let addr = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let (addr_a, addr_b) = (addr(), addr());
+    // A fleet registry: a paused sandbox resumes on any host.
+    let reg = registry::Registry::start();
+    let fleet = format!("{}/fleet", reg.addr());
+    let e2b = |listen: &str| -> Vec<String> {
+        let keys = keys.to_str().unwrap();
+        let args =
+            ["--e2b-listen", listen, "--e2b-api-keys", keys, "--e2b-domain", "strata.test", "--registry", &fleet];
+        args.iter().map(|s| s.to_string()).chain(["--insecure-registry".to_string()]).collect()
+    };
+    let (args_a, args_b) = (e2b(&addr_a), e2b(&addr_b));
+    let a = TestEnv::start_in_fleet(&url, "host-a", &args_a.iter().map(String::as_str).collect::<Vec<_>>());
+    let b = TestEnv::start_in_fleet(&url, "host-b", &args_b.iter().map(String::as_str).collect::<Vec<_>>());
+    let image = strata_tests::image("e2b");
+    a.cli_ok(&["image", "import", image.to_str().unwrap(), "--name", "base"]);
+    let (status, made) = e2b_call(&addr_a, "POST", "/sandboxes", Some(json!({"templateID": "base", "timeout": 300})));
+    assert_eq!(status, 201, "{made}");
+    let id = made["sandboxID"].as_str().unwrap().to_string();
+
+    // Host B sees it running (the catalog is one), lists it, and refuses
+    // to change it: it runs on A.
+    let (status, got) = e2b_call(&addr_b, "GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!((status, got["state"].as_str()), (200, Some("running")), "{got}");
+    let (_, listed) = e2b_call(&addr_b, "GET", "/v2/sandboxes", None);
+    assert!(listed.as_array().unwrap().iter().any(|s| s["sandboxID"] == id.as_str()), "{listed}");
+    for (method, path, body) in [
+        ("POST", format!("/sandboxes/{id}/pause"), Some(json!({}))),
+        ("POST", format!("/sandboxes/{id}/connect"), Some(json!({"timeout": 60}))),
+        ("POST", format!("/sandboxes/{id}/timeout"), Some(json!({"timeout": 60}))),
+        ("DELETE", format!("/sandboxes/{id}"), None),
+    ] {
+        let (status, err) = e2b_call(&addr_b, method, &path, body);
+        assert_eq!(status, 409, "{method} {path}: {err}");
+        assert!(err["message"].as_str().unwrap_or("").contains("runs on host host-a"), "{method} {path}: {err}");
+    }
+    // On A nothing changed.
+    let (status, got) = e2b_call(&addr_a, "GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!((status, got["state"].as_str()), (200, Some("running")), "{got}");
+    let live = |env: &TestEnv| -> usize {
+        let v: Vec<Value> = env.client().call("GET", "/v1/sandboxes", None::<&()>).unwrap();
+        v.len()
+    };
+    assert_eq!(live(&a), 1);
+    // Paused on A, it resumes on B (its layers from the fleet registry),
+    // and now A is the host that refers to B.
+    assert_eq!(e2b_call(&addr_a, "POST", &format!("/sandboxes/{id}/pause"), Some(json!({}))).0, 204);
+    let (status, got) = e2b_call(&addr_b, "GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!((status, got["state"].as_str()), (200, Some("paused")), "{got}");
+    let (status, resumed) =
+        e2b_call(&addr_b, "POST", &format!("/sandboxes/{id}/connect"), Some(json!({"timeout": 60})));
+    assert_eq!(status, 201, "{resumed}");
+    assert_eq!((live(&a), live(&b)), (0, 1));
+    let (status, err) = e2b_call(&addr_a, "POST", &format!("/sandboxes/{id}/pause"), Some(json!({})));
+    assert!(status == 409 && err["message"].as_str().unwrap_or("").contains("runs on host host-b"), "{err}");
+    // Killed where it runs, it is gone for both.
+    assert_eq!(e2b_call(&addr_b, "DELETE", &format!("/sandboxes/{id}"), None).0, 204);
+    assert_eq!(e2b_call(&addr_a, "GET", &format!("/sandboxes/{id}"), None).0, 404);
+    a.finish();
+    b.finish();
+}

@@ -2546,6 +2546,15 @@ impl Db {
         Ok(())
     }
 
+    /// Where sandbox `id` runs as the catalog says: `Some(host)` (`None`
+    /// for a daemon outside a fleet), or `None` if it has no row.
+    pub fn sandbox_host(&self, id: &str) -> Result<Option<Option<String>>, DbError> {
+        self.conn
+            .query_row("SELECT host FROM sandboxes WHERE id = ?1", params![id], |r| r.get(0))
+            .optional()
+            .map_err(q("sandbox host"))
+    }
+
     pub fn delete_sandbox(&self, id: &SandboxId) -> Result<(), DbError> {
         self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", params![id.as_str()]).map_err(q("delete sandbox"))?;
         Ok(())

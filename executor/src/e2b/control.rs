@@ -132,6 +132,26 @@ fn time(ms: i64) -> String {
 enum Run {
     Running(Box<SandboxInfo>),
     Paused,
+    /// Its Strata sandbox runs on another host of the fleet (the catalog
+    /// says which): listed as running, changed only through that host.
+    Elsewhere(String),
+}
+
+impl Run {
+    /// The running sandbox here, or 409 saying why not (`paused`: what a
+    /// paused one is told).
+    fn here(self, id: &str, paused: &str) -> Result<Box<SandboxInfo>> {
+        match self {
+            Run::Running(info) => Ok(info),
+            Run::Paused => Err(ApiError::new(409, format!("sandbox {id} {paused}"))),
+            Run::Elsewhere(host) => Err(elsewhere(id, &host)),
+        }
+    }
+}
+
+/// The answer to a change asked of a sandbox another host runs.
+fn elsewhere(id: &str, host: &str) -> ApiError {
+    ApiError::new(409, format!("sandbox {id} runs on host {host}; ask that host's E2B API"))
 }
 
 impl E2b {
@@ -165,7 +185,9 @@ impl E2b {
     }
 
     /// As [`E2b::sandbox`], its lifecycle lock held by the caller. A row
-    /// whose Strata sandbox is gone was ended by the daemon (its
+    /// whose Strata sandbox is not live here is another host's if the
+    /// catalog places it there, starting or stopping here if the catalog
+    /// still has it on this host; else it was ended by a daemon (its
     /// deadline): paused if that suspended it (its work context's head is
     /// a snapshot of that sandbox), else gone: the row is dropped and its
     /// work context retired.
@@ -175,6 +197,12 @@ impl E2b {
         let Some(current) = row.sandbox.clone() else { return Ok((row, Run::Paused)) };
         if let Ok(sb) = self.d.sandbox(&current) {
             return Ok((row, Run::Running(Box::new(crate::daemon::sandbox_info(&sb)))));
+        }
+        let host = lock(&self.d.db).sandbox_host(&current)?;
+        match host {
+            Some(Some(h)) if h != self.d.cfg.host_id => return Ok((row, Run::Elsewhere(h))),
+            Some(_) => return Err(ApiError::new(409, format!("sandbox {id} is starting or stopping here; try again"))),
+            None => {}
         }
         self.forget_processes(&current);
         let suspended =
@@ -219,6 +247,7 @@ impl E2b {
 
     /// `SandboxDetail` / `ListedSandbox`.
     fn detail(&self, row: &E2bSandbox, run: &Run) -> Value {
+        let paused = (crate::daemon::host::cpu_count(), crate::daemon::host::memory_total() >> 20, 0);
         let (state, cpus, memory, disk, end) = match run {
             Run::Running(info) => (
                 "running",
@@ -227,13 +256,12 @@ impl E2b {
                 info.limits.disk.unwrap_or(0) >> 20,
                 info.lifetime.deadline_ms.unwrap_or(row.started_at + row.spec.timeout as i64 * 1000),
             ),
-            Run::Paused => (
-                "paused",
-                crate::daemon::host::cpu_count(),
-                crate::daemon::host::memory_total() >> 20,
-                0,
-                row.started_at,
-            ),
+            Run::Paused => ("paused", paused.0, paused.1, paused.2, row.started_at),
+            // What that host gives it is in its own answers; here its
+            // start and timeout.
+            Run::Elsewhere(_) => {
+                ("running", paused.0, paused.1, paused.2, row.started_at + row.spec.timeout as i64 * 1000)
+            }
         };
         let mut v = json!({
             "templateID": row.template,
@@ -361,9 +389,7 @@ impl E2b {
                 .ok_or_else(|| ApiError::bad(format!("count {c} must be between 1 and {MAX_FORKS}")))?,
         };
         let (row, run) = self.sandbox(owner, id)?;
-        let Run::Running(info) = run else {
-            return Err(ApiError::new(409, format!("sandbox {id} is paused; connect to it first")));
-        };
+        let info = run.here(id, "is paused; connect to it first")?;
         let spec = E2bSpec { timeout: timeout(b.get("timeout"), row.spec.timeout)?, ..row.spec.clone() };
         let snap = self.d.checkpoint(&info.id, crate::model::BlobCompression::default(), false)?;
         let results: Vec<Value> = (0..count)
@@ -426,7 +452,7 @@ impl E2b {
         let mut more = None;
         for row in rows {
             let Ok((row, run)) = self.locate(owner, row) else { continue };
-            let state = if matches!(run, Run::Running(_)) { "running" } else { "paused" };
+            let state = if matches!(run, Run::Paused) { "paused" } else { "running" };
             if !states.is_empty() && !states.iter().any(|s| s == state) {
                 continue;
             }
@@ -457,6 +483,9 @@ impl E2b {
         let held = self.hold(id);
         let _g = lock(&held);
         let (row, run) = self.sandbox_held(owner, id)?;
+        if let Run::Elsewhere(host) = &run {
+            return Err(elsewhere(id, host));
+        }
         if let Run::Running(info) = run {
             match self.d.remove_sandbox(&info.id) {
                 Ok(()) => {}
@@ -477,9 +506,7 @@ impl E2b {
             t => Ok(t),
         })?;
         let (row, run) = self.sandbox(owner, id)?;
-        let Run::Running(info) = run else {
-            return Err(ApiError::new(409, format!("sandbox {id} is paused; connect to it first")));
-        };
+        let info = run.here(id, "is paused; connect to it first")?;
         self.d.set_timeout(
             &info.id,
             crate::types::TimeoutRequest { timeout: t, on_timeout: Some(Self::on_timeout(&row.spec)) },
@@ -495,10 +522,13 @@ impl E2b {
         let held = self.hold(id);
         let _g = lock(&held);
         let (row, run) = self.sandbox_held(owner, id)?;
-        let Run::Running(info) = run else {
-            return Err(ApiError::new(409, format!("sandbox {id} is already paused")));
-        };
-        self.d.suspend(&info.id)?;
+        let info = run.here(id, "is already paused")?;
+        let snap = self.d.suspend(&info.id)?;
+        // Published as any suspend is with a fleet registry, so that any
+        // host can resume it; if that fails, this host still can.
+        if let Err(e) = self.d.publish_made(snap, self.d.suspend_type(), false) {
+            tracing::warn!("e2b {id}: paused; its snapshot stays on this host: {}", chain(&e));
+        }
         self.forget_processes(&info.id);
         lock(&self.d.db).set_e2b_sandbox_run(id, None, row.started_at)?;
         Ok(Resp::empty(204))
@@ -513,6 +543,10 @@ impl E2b {
         let _g = lock(&held);
         let (row, run) = self.sandbox_held(owner, id)?;
         let t = timeout(b.get("timeout"), row.spec.timeout)?;
+        // Resumed here it would run twice.
+        if let Run::Elsewhere(host) = &run {
+            return Err(elsewhere(id, host));
+        }
         if let Run::Running(info) = run {
             if b.get("timeout").is_some_and(|v| !v.is_null()) {
                 self.d.set_timeout(
@@ -545,9 +579,7 @@ impl E2b {
             return Err(ApiError::bad(NO_MEMORY));
         }
         let (_, run) = self.sandbox(owner, id)?;
-        let Run::Running(info) = run else {
-            return Err(ApiError::new(409, format!("sandbox {id} is paused; connect to it first")));
-        };
+        let info = run.here(id, "is paused; connect to it first")?;
         let snap = self.d.checkpoint(&info.id, crate::model::BlobCompression::default(), false)?;
         let s = E2bSnapshot {
             id: snap.id.to_string(),

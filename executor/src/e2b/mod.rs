@@ -384,6 +384,15 @@ impl E2b {
             Some(Ok(sb)) if sb.is_alive() && sb.run_state() == crate::sandbox::RunState::Running => {
                 Ok(Admitted::Envd { id, sb, rpc })
             }
+            // Another host of the fleet runs it: say which.
+            Some(Err(_)) => {
+                let current = row.sandbox.as_deref().unwrap_or_default();
+                let why = match lock(&self.d.db).sandbox_host(current) {
+                    Ok(Some(Some(host))) if host != self.d.cfg.host_id => format!("runs on host {host}"),
+                    _ => "was not found (paused or ended)".to_string(),
+                };
+                Err(fail(RpcError::new(Code::Unavailable, format!("sandbox {id} {why}"))))
+            }
             _ => Err(fail(RpcError::new(Code::Unavailable, format!("sandbox {id} was not found (paused or ended)")))),
         }
     }
