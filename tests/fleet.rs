@@ -493,11 +493,11 @@ fn an_e2b_sandbox_is_seen_from_every_host_and_changed_only_where_it_runs() {
         let keys = keys.to_str().unwrap();
         let args =
             ["--e2b-listen", listen, "--e2b-api-keys", keys, "--e2b-domain", "strata.test", "--registry", &fleet];
-        args.iter().map(|s| s.to_string()).chain(["--insecure-registry".to_string()]).collect()
+        args.iter().chain(&["--insecure-registry"]).chain(&BEAT).map(|s| s.to_string()).collect()
     };
     let (args_a, args_b) = (e2b(&addr_a), e2b(&addr_b));
     let a = TestEnv::start_in_fleet(&url, "host-a", &args_a.iter().map(String::as_str).collect::<Vec<_>>());
-    let b = TestEnv::start_in_fleet(&url, "host-b", &args_b.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut b = TestEnv::start_in_fleet(&url, "host-b", &args_b.iter().map(String::as_str).collect::<Vec<_>>());
     let image = strata_tests::image("e2b");
     a.cli_ok(&["image", "import", image.to_str().unwrap(), "--name", "base"]);
     let (status, made) = e2b_call(&addr_a, "POST", "/sandboxes", Some(json!({"templateID": "base", "timeout": 300})));
@@ -539,9 +539,21 @@ fn an_e2b_sandbox_is_seen_from_every_host_and_changed_only_where_it_runs() {
     assert_eq!((live(&a), live(&b)), (0, 1));
     let (status, err) = e2b_call(&addr_a, "POST", &format!("/sandboxes/{id}/pause"), Some(json!({})));
     assert!(status == 409 && err["message"].as_str().unwrap_or("").contains("runs on host host-b"), "{err}");
-    // Killed where it runs, it is gone for both.
-    assert_eq!(e2b_call(&addr_b, "DELETE", &format!("/sandboxes/{id}"), None).0, 204);
+    // B dies and is marked down: its sandbox is lost to the fleet, and
+    // A's kill forgets it (its row and work context).
+    b.kill_daemon();
+    wait_for(
+        "host-b marked down",
+        Duration::from_secs(8),
+        || (host(&a, "host-b")["state"] == "down").then_some(()),
+        || host(&a, "host-b"),
+    );
+    assert_eq!(e2b_call(&addr_a, "DELETE", &format!("/sandboxes/{id}"), None).0, 204);
     assert_eq!(e2b_call(&addr_a, "GET", &format!("/sandboxes/{id}"), None).0, 404);
+    // B back adopts its sandbox (it would run out its deadline); the
+    // harness removes it.
+    b.start_daemon();
+    assert_eq!(live(&b), 1);
     a.finish();
     b.finish();
 }

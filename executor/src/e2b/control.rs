@@ -155,6 +155,16 @@ fn elsewhere(id: &str, host: &str) -> ApiError {
 }
 
 impl E2b {
+    /// Why host `host` is down, if the catalog says it is and not because
+    /// it stopped (a stopped daemon's sandboxes go on, and its next start
+    /// adopts them).
+    fn lost_with(&self, host: &str) -> Result<Option<String>> {
+        let row = lock(&self.d.db).host(host)?;
+        Ok(row.and_then(|r| r.down).filter(|why| why != "stopped"))
+    }
+}
+
+impl E2b {
     /// The lock that orders lifecycle changes of one E2B sandbox (pause,
     /// connect, kill, and reconciling a row whose Strata sandbox is gone).
     fn hold(&self, id: &str) -> Arc<std::sync::Mutex<()>> {
@@ -483,8 +493,15 @@ impl E2b {
         let held = self.hold(id);
         let _g = lock(&held);
         let (row, run) = self.sandbox_held(owner, id)?;
+        // Another host's is removed by that host; one whose host is down
+        // (lost, as far as the fleet knows) is forgotten here: its row and
+        // work context (if the host comes back, the sandbox there runs
+        // out its deadline with no E2B row).
         if let Run::Elsewhere(host) = &run {
-            return Err(elsewhere(id, host));
+            match self.lost_with(host)? {
+                Some(why) => tracing::warn!("e2b {id}: killed while its host {host} is down ({why}); forgotten"),
+                None => return Err(elsewhere(id, host)),
+            }
         }
         if let Run::Running(info) = run {
             match self.d.remove_sandbox(&info.id) {
