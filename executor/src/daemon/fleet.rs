@@ -227,6 +227,24 @@ impl Daemon {
         hosts.iter().filter(|(_, held)| layers.iter().all(|l| held.contains(l))).map(|(h, _)| h.clone()).collect()
     }
 
+    /// Publish a suspend the daemon made by itself (a deadline's, an idle
+    /// timeout's, an E2B pause) as [`Daemon::suspend_type`] says; if that
+    /// fails the suspend stands and the snapshot stays local, with a
+    /// warning (`POST .../suspend` answers the error instead).
+    pub fn publish_suspend(&self, snap: SnapshotInfo) {
+        let id = snap.id.clone();
+        if let Err(e) = self.publish_made(snap, self.suspend_type(), false) {
+            tracing::warn!("suspend {id}: stays on this host, not published: {}", crate::error::chain(&e));
+        }
+    }
+
+    /// Where another host of the fleet runs sandbox `id`, as the catalog
+    /// says (`None`: no row, or this host's).
+    pub fn sandbox_elsewhere(&self, id: &str) -> Result<Option<String>, DbError> {
+        let host = lock(&self.db).sandbox_host(id)?;
+        Ok(host.flatten().filter(|h| *h != self.cfg.host_id))
+    }
+
     /// What a suspend makes: distributed whenever there is a fleet
     /// registry (released work must outlive its host).
     pub fn suspend_type(&self) -> SnapshotType {

@@ -122,14 +122,9 @@ impl Daemon {
         if action == OnTimeout::Suspend {
             match self.suspend_sandbox(sb, idle) {
                 Ok(snap) => {
-                    let wc = snap.work_context.as_deref().unwrap_or("-").to_string();
+                    let wc = snap.work_context.as_deref().unwrap_or("-");
                     tracing::info!("sandbox {id} suspended ({why}) into lineage {wc} as snapshot {}", snap.id);
-                    // Published as any suspend is with a fleet registry.
-                    let snap_id = snap.id.clone();
-                    if let Err(e) = self.publish_made(snap, self.suspend_type(), false) {
-                        tracing::warn!("snapshot {snap_id}: stays on this host: {}", crate::error::chain(&e));
-                    }
-                    return;
+                    return self.publish_suspend(snap);
                 }
                 // An idle sandbox that cannot be suspended now is tried
                 // again after another idle period; a deadline is kept by

@@ -208,8 +208,7 @@ impl E2b {
         if let Ok(sb) = self.d.sandbox(&current) {
             return Ok((row, Run::Running(Box::new(crate::daemon::sandbox_info(&sb)))));
         }
-        let host = lock(&self.d.db).sandbox_host(&current)?;
-        match host {
+        match lock(&self.d.db).sandbox_host(&current)? {
             Some(Some(h)) if h != self.d.cfg.host_id => return Ok((row, Run::Elsewhere(h))),
             Some(_) => return Err(ApiError::new(409, format!("sandbox {id} is starting or stopping here; try again"))),
             None => {}
@@ -540,12 +539,8 @@ impl E2b {
         let _g = lock(&held);
         let (row, run) = self.sandbox_held(owner, id)?;
         let info = run.here(id, "is already paused")?;
-        let snap = self.d.suspend(&info.id)?;
-        // Published as any suspend is with a fleet registry, so that any
-        // host can resume it; if that fails, this host still can.
-        if let Err(e) = self.d.publish_made(snap, self.d.suspend_type(), false) {
-            tracing::warn!("e2b {id}: paused; its snapshot stays on this host: {}", chain(&e));
-        }
+        // Published as any suspend is, so that any host can resume it.
+        self.d.publish_suspend(self.d.suspend(&info.id)?);
         self.forget_processes(&info.id);
         lock(&self.d.db).set_e2b_sandbox_run(id, None, row.started_at)?;
         Ok(Resp::empty(204))

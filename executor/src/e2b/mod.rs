@@ -386,9 +386,8 @@ impl E2b {
             }
             // Another host of the fleet runs it: say which.
             Some(Err(_)) => {
-                let current = row.sandbox.as_deref().unwrap_or_default();
-                let why = match lock(&self.d.db).sandbox_host(current) {
-                    Ok(Some(Some(host))) if host != self.d.cfg.host_id => format!("runs on host {host}"),
+                let why = match self.d.sandbox_elsewhere(row.sandbox.as_deref().unwrap_or_default()) {
+                    Ok(Some(host)) => format!("runs on host {host}"),
                     _ => "was not found (paused or ended)".to_string(),
                 };
                 Err(fail(RpcError::new(Code::Unavailable, format!("sandbox {id} {why}"))))
