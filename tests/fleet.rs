@@ -539,21 +539,54 @@ fn an_e2b_sandbox_is_seen_from_every_host_and_changed_only_where_it_runs() {
     assert_eq!((live(&a), live(&b)), (0, 1));
     let (status, err) = e2b_call(&addr_a, "POST", &format!("/sandboxes/{id}/pause"), Some(json!({})));
     assert!(status == 409 && err["message"].as_str().unwrap_or("").contains("runs on host host-b"), "{err}");
-    // B dies and is marked down: its sandbox is lost to the fleet, and
-    // A's kill forgets it (its row and work context).
+    // B dies and is marked down: its sandbox is lost to the fleet; A's
+    // kill forgets it (its row and work context) and marks its catalog
+    // row stopped, which B carries out at its next start.
+    let lost = sandboxes(&b).pop().unwrap();
+    let host_b_down = |a: &TestEnv| {
+        wait_for(
+            "host-b marked down",
+            Duration::from_secs(8),
+            || (host(a, "host-b")["state"] == "down").then_some(()),
+            || host(a, "host-b"),
+        )
+    };
     b.kill_daemon();
-    wait_for(
-        "host-b marked down",
-        Duration::from_secs(8),
-        || (host(&a, "host-b")["state"] == "down").then_some(()),
-        || host(&a, "host-b"),
-    );
+    host_b_down(&a);
     assert_eq!(e2b_call(&addr_a, "DELETE", &format!("/sandboxes/{id}"), None).0, 204);
     assert_eq!(e2b_call(&addr_a, "GET", &format!("/sandboxes/{id}"), None).0, 404);
-    // B back adopts its sandbox (it would run out its deadline); the
-    // harness removes it.
+    assert!(!strata_tests::processes_matching(&lost).is_empty(), "the lost sandbox runs on while B is down");
     b.start_daemon();
-    assert_eq!(live(&b), 1);
+    assert_eq!(live(&b), 0, "B back removed the sandbox killed while it was down");
+    assert_eq!(strata_tests::processes_matching(&lost), vec![], "its shim and processes are gone");
+
+    // A host only late (marked down, its daemon never stopped: here
+    // SIGSTOPped) removes such a sandbox at its next heartbeat.
+    let (status, made) = e2b_call(&addr_b, "POST", "/sandboxes", Some(json!({"templateID": "base", "timeout": 300})));
+    assert_eq!(status, 201, "{made}");
+    let id = made["sandboxID"].as_str().unwrap().to_string();
+    let lost = sandboxes(&b).pop().unwrap();
+    let daemon_b = nix::unistd::Pid::from_raw(b.daemon.as_ref().unwrap().id() as i32);
+    /// SIGCONT for a stopped daemon, however the test goes on.
+    struct Continue(nix::unistd::Pid);
+    impl Drop for Continue {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(self.0, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+    nix::sys::signal::kill(daemon_b, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let stopped = Continue(daemon_b);
+    host_b_down(&a);
+    assert_eq!(e2b_call(&addr_a, "DELETE", &format!("/sandboxes/{id}"), None).0, 204);
+    drop(stopped);
+    wait_for(
+        "B to remove the sandbox killed while it was late",
+        Duration::from_secs(10),
+        || (live(&b) == 0 && strata_tests::processes_matching(&lost).is_empty()).then_some(()),
+        || format!("{:?} {:?}", sandboxes(&b), strata_tests::processes_matching(&lost)),
+    );
+    assert!(b.daemon_log().contains("another host removed it while this host was down"), "{}", b.daemon_log());
+    assert_eq!(e2b_call(&addr_a, "GET", &format!("/sandboxes/{id}"), None).0, 404);
     a.finish();
     b.finish();
 }

@@ -2435,11 +2435,49 @@ impl Db {
         Ok(())
     }
 
+    /// Set a sandbox's state; a row marked stopped stays so (its removal
+    /// is under way here, or was asked by another host while this one was
+    /// down: see [`Db::stop_lost_sandbox`]).
     pub fn set_sandbox_state(&self, id: &SandboxId, state: SandboxState) -> Result<(), DbError> {
         self.conn
-            .execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id.as_str(), state])
+            .execute(
+                "UPDATE sandboxes SET state = ?2 WHERE id = ?1 AND state <> ?3",
+                params![id.as_str(), state, SandboxState::Stopped],
+            )
             .map_err(q("set sandbox state"))?;
         Ok(())
+    }
+
+    /// Ask host `host`, down and not because it stopped (its sandboxes
+    /// lost to the fleet), to remove sandbox `id` once it is back: the row
+    /// is marked stopped, which that host's next start (or, had it not
+    /// stopped, its next heartbeat: [`Db::stopped_sandboxes`]) carries
+    /// out. False, and nothing changed, unless the row is on `host` and
+    /// that host is down so, both read in the one statement.
+    pub fn stop_lost_sandbox(&self, id: &str, host: &str) -> Result<bool, DbError> {
+        let n = self
+            .conn
+            .execute(
+                "UPDATE sandboxes SET state = ?3 WHERE id = ?1 AND host = ?2 AND EXISTS \
+                 (SELECT 1 FROM hosts WHERE id = ?2 AND down IS NOT NULL AND down <> 'stopped')",
+                params![id, host, SandboxState::Stopped],
+            )
+            .map_err(q("stop a lost sandbox"))?;
+        Ok(n > 0)
+    }
+
+    /// This host's sandboxes whose rows are marked stopped: removals under
+    /// way here, and those another host asked for while this one was down.
+    pub fn stopped_sandboxes(&self) -> Result<Vec<SandboxId>, DbError> {
+        let ids: Vec<String> = self
+            .conn
+            .query(
+                "SELECT id FROM sandboxes WHERE state = ?2 AND (CAST(?1 AS TEXT) IS NULL OR host = ?1) ORDER BY id",
+                params![self.host, SandboxState::Stopped],
+                |r| r.get(0),
+            )
+            .map_err(q("stopped sandboxes"))?;
+        Ok(ids.into_iter().filter_map(|id| id.parse().ok()).collect())
     }
 
     /// Claim `key` for a request whose fingerprint is `fp` (keys older
@@ -2902,5 +2940,31 @@ mod tests {
         let rows = db.list_sandboxes().unwrap();
         assert_eq!(rows[0].state, SandboxState::Running);
         assert_eq!(rows[0].shim_pid, Some(42));
+    }
+
+    #[test]
+    fn a_lost_hosts_sandbox_is_marked_stopped_only_while_that_host_is_down_and_stays_so() {
+        use crate::db::hosts::HostClaim;
+        let claim = |id, deadline_ms| HostClaim { id, machine: "m", root: "/r", version: "0", info: "{}", deadline_ms };
+        let mut db = Db::open_in_memory().unwrap();
+        db.register_host(&claim("b", 60_000)).unwrap();
+        let img =
+            db.insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[]).unwrap();
+        let id = SandboxId::random();
+        db.insert_running_sandbox(&id, img, &crate::spec::SandboxSpec::default(), 42, 7).unwrap();
+        // Host b is up: no other host may stop its sandbox; nor is it on a.
+        assert!(!db.stop_lost_sandbox(id.as_str(), "b").unwrap());
+        db.host_stopped().unwrap();
+        assert!(!db.stop_lost_sandbox(id.as_str(), "b").unwrap(), "a host that stopped adopts its sandboxes");
+        db.register_host(&claim("b", -1)).unwrap();
+        db.register_host(&claim("a", 60_000)).unwrap();
+        assert_eq!(db.mark_hosts_down().unwrap().len(), 1);
+        assert!(!db.stop_lost_sandbox(id.as_str(), "a").unwrap(), "not on host a");
+        assert!(db.stop_lost_sandbox(id.as_str(), "b").unwrap());
+        // b back: the row stays stopped whatever b sets, and b lists it.
+        db.register_host(&claim("b", 60_000)).unwrap();
+        db.set_sandbox_state(&id, SandboxState::Paused).unwrap();
+        assert_eq!(db.list_sandboxes().unwrap()[0].state, SandboxState::Stopped);
+        assert_eq!(db.stopped_sandboxes().unwrap(), vec![id]);
     }
 }

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::daemon::{lock, Daemon};
+use crate::daemon::{lock, Daemon, SandboxOpError};
 use crate::db::{Db, DbError, HostRow};
 use crate::error::{Classify, ErrorKind};
 use crate::types::{DrainRequest, HostEntry, HostInfo};
@@ -212,6 +212,7 @@ impl Daemon {
             }
             Err(e) => tracing::error!("heartbeat: {}", crate::error::chain(&e)),
         }
+        self.remove_stopped(db);
         match db.mark_hosts_down() {
             Ok(down) => {
                 for h in down {
@@ -224,6 +225,26 @@ impl Daemon {
                 }
             }
             Err(e) => tracing::error!("mark hosts down: {}", crate::error::chain(&e)),
+        }
+    }
+
+    /// Remove the sandboxes running here whose rows another host marked
+    /// stopped while this one was down ([`Db::stop_lost_sandbox`]: an E2B
+    /// kill). Looked at on every heartbeat, not only the first after being
+    /// down, so that a mark written as this host came back is seen too;
+    /// this host's own removals (their rows stopped while they run) are
+    /// passed over.
+    fn remove_stopped(&self, db: &Db) {
+        let ids = match db.stopped_sandboxes() {
+            Ok(ids) => ids,
+            Err(e) => return tracing::warn!("heartbeat: {}", crate::error::chain(&e)),
+        };
+        for id in ids {
+            match self.remove_sandbox(id.as_str()) {
+                Ok(()) => tracing::warn!("removed sandbox {id}: another host removed it while this host was down"),
+                Err(SandboxOpError::NotFound(_) | SandboxOpError::BeingRemoved(_)) => {}
+                Err(e) => tracing::warn!("remove sandbox {id} (stopped by another host): {}", crate::error::chain(&e)),
+            }
         }
     }
 

@@ -493,14 +493,18 @@ impl E2b {
         let _g = lock(&held);
         let (row, run) = self.sandbox_held(owner, id)?;
         // Another host's is removed by that host; one whose host is down
-        // (lost, as far as the fleet knows) is forgotten here: its row and
-        // work context (if the host comes back, the sandbox there runs
-        // out its deadline with no E2B row).
+        // (lost, as far as the fleet knows) is forgotten here (its row and
+        // work context) and its catalog row marked stopped, which that
+        // host carries out when it is back (at its start, or its next
+        // heartbeat if it never stopped). The mark is written only while
+        // the host is still down: one back meanwhile is asked instead.
         if let Run::Elsewhere(host) = &run {
-            match self.lost_with(host)? {
-                Some(why) => tracing::warn!("e2b {id}: killed while its host {host} is down ({why}); forgotten"),
-                None => return Err(elsewhere(id, host)),
+            let Some(why) = self.lost_with(host)? else { return Err(elsewhere(id, host)) };
+            let sandbox = row.sandbox.as_deref().unwrap_or_default();
+            if !lock(&self.d.db).stop_lost_sandbox(sandbox, host)? {
+                return Err(elsewhere(id, host));
             }
+            tracing::warn!("e2b {id}: killed while its host {host} is down ({why}); that host removes it when back");
         }
         if let Run::Running(info) = run {
             match self.d.remove_sandbox(&info.id) {
