@@ -62,6 +62,27 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
     assert!(sandboxes(&b).is_empty());
     assert_eq!(host(&b, "host-a")["sandboxes"], serde_json::json!([sb]));
     assert_eq!(host(&b, "host-b")["sandboxes"], serde_json::json!([]));
+    // Asked of B, a call about it is a 409 naming A, not a 404; an id no
+    // host runs is still a 404.
+    let refused_by = |env: &TestEnv, method: &str, path: &str, body: Option<Value>| -> String {
+        match env.client().request(method, path, body.as_ref()) {
+            Err(ClientError::Api { status: 409, message, .. }) => message,
+            other => panic!("{method} {path}: {other:?}"),
+        }
+    };
+    for (method, path, body) in [
+        ("GET", format!("/v1/sandboxes/{sb}"), None),
+        ("POST", format!("/v1/sandboxes/{sb}/exec"), Some(json!({"argv": ["true"]}))),
+        ("POST", format!("/v1/sandboxes/{sb}/checkpoint"), Some(json!({}))),
+        ("DELETE", format!("/v1/sandboxes/{sb}"), None),
+    ] {
+        let message = refused_by(&b, method, &path, body);
+        assert_eq!(message, format!("sandbox {sb} runs on host host-a; ask that host"), "{method} {path}");
+    }
+    match b.client().request("GET", "/v1/sandboxes/0123456789abcdef", None::<&Value>) {
+        Err(ClientError::Api { status: 404, .. }) => {}
+        other => panic!("an unknown sandbox: {other:?}"),
+    }
 
     // Without a fleet registry a snapshot can only be local: refused
     // before anything is captured.
@@ -143,6 +164,11 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
     assert_eq!(down["sandboxes"], serde_json::json!([sb]));
     let log = b.daemon_log();
     assert!(log.contains("host host-a is down") && log.contains(&sb), "{log}");
+    let message = refused_by(&b, "GET", &format!("/v1/sandboxes/{sb}"), None);
+    assert!(
+        message.starts_with(&format!("sandbox {sb} runs on host host-a, which is down (no heartbeat")),
+        "{message}"
+    );
 
     // Back, it is ready and its sandbox is adopted again.
     a.start_daemon();

@@ -578,9 +578,38 @@ pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
     // Ready pools refill only while no request is in flight.
     let _in_flight = d.request_started();
     let action = parse(req)?;
+    let run = |action| execute(d, action).map_err(|e| placed(d, &req.path, e));
     match idempotency_key(req)? {
-        Some(key) if action.creates() => idempotent(d, key, req, action),
-        _ => execute(d, action),
+        Some(key) if action.creates() => idempotent(d, key, req, action, run),
+        _ => run(action),
+    }
+}
+
+/// A 404 about a sandbox this host does not run but the catalog places on
+/// another host of the fleet becomes a 409 naming that host (and why it
+/// is down, if it is): the sandbox exists, and is to be asked of it.
+fn placed(d: &Daemon, path: &str, e: ApiError) -> ApiError {
+    if e.kind != ErrorKind::NotFound {
+        return e;
+    }
+    let Some(id) = segments(path).and_then(|(_, s)| (s.first() == Some(&"sandboxes")).then(|| s.get(1).copied())?)
+    else {
+        return e;
+    };
+    // The catalog may be slow (or its lock held): not on an async worker.
+    match tokio::task::block_in_place(|| d.sandbox_placement(id)) {
+        Ok(Some((host, None))) => {
+            ApiError::new(ErrorKind::Conflict, format!("sandbox {id} runs on host {host}; ask that host"))
+        }
+        Ok(Some((host, Some(why)))) => ApiError::new(
+            ErrorKind::Conflict,
+            format!("sandbox {id} runs on host {host}, which is down ({why}); ask that host once it is back"),
+        ),
+        Ok(None) => e,
+        Err(lookup) => {
+            tracing::warn!("where sandbox {id} runs: {}", crate::error::chain(&lookup));
+            e
+        }
     }
 }
 
@@ -601,7 +630,13 @@ fn idempotency_key(req: &http::Request) -> Result<Option<&str>, ApiError> {
 /// 422. Only successes and lasting refusals are kept; a streamed or
 /// upgraded reply, a 409, 429, 408 or 5xx is not (the key is forgotten: a
 /// retry runs again).
-fn idempotent(d: &Daemon, key: &str, req: &http::Request, action: Action) -> Result<Reply, ApiError> {
+fn idempotent(
+    d: &Daemon,
+    key: &str,
+    req: &http::Request,
+    action: Action,
+    execute: impl FnOnce(Action) -> Result<Reply, ApiError>,
+) -> Result<Reply, ApiError> {
     use sha2::Digest as _;
     let mut h = sha2::Sha256::new();
     for part in [req.method.as_bytes(), req.path.as_bytes(), req.query.as_bytes(), &req.body] {
@@ -637,7 +672,7 @@ fn idempotent(d: &Daemon, key: &str, req: &http::Request, action: Action) -> Res
         }
     }
     let mut guard = Unsettled(d, key, false);
-    let reply = execute(d, action);
+    let reply = execute(action);
     // Kept: successes, and refusals that the same request will always get
     // (malformed, not found, ...). Not kept: conflicts and limits of the
     // moment (409, 429), timeouts, failures of the host (5xx).

@@ -245,6 +245,14 @@ impl Daemon {
         Ok(host.flatten().filter(|h| *h != self.cfg.host_id))
     }
 
+    /// As [`Daemon::sandbox_elsewhere`], with why that host is down if the
+    /// catalog says it is.
+    pub fn sandbox_placement(&self, id: &str) -> Result<Option<(String, Option<String>)>, DbError> {
+        let Some(host) = self.sandbox_elsewhere(id)? else { return Ok(None) };
+        let down = lock(&self.db).host(&host)?.and_then(|h| h.down);
+        Ok(Some((host, down)))
+    }
+
     /// What a suspend makes: distributed whenever there is a fleet
     /// registry (released work must outlive its host).
     pub fn suspend_type(&self) -> SnapshotType {
