@@ -270,13 +270,25 @@ fn spawn_shared_in_namespaces(
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
 ) -> Result<Spawned, Errno> {
-    let flags = libc::c_int::try_from(namespaces).map_err(|_| Errno::EINVAL)? | libc::CLONE_PIDFD;
-    let mut stack = vec![0u8; 64 * 1024];
-    let mut pidfd: RawFd = -1;
+    let flags = libc::c_int::try_from(namespaces).map_err(|_| Errno::EINVAL)?;
     // SAFETY: `shim_child`'s contract holds: the fds, `argv` and `envp`
     // were prepared before the clone and outlive the child's exec.
     let mut child = || -> i32 { unsafe { shim_child(fds, None, join, argv, envp) } };
-    let (pid, killed) = clone_shared(&mut stack, &mut child, flags, Some(&mut pidfd), cgroup, SHIM_EXEC_DEADLINE)?;
+    spawn_with_pidfd(&mut child, flags, cgroup, SHIM_EXEC_DEADLINE)
+}
+
+/// [`clone_shared`] a child on a stack of its own with `CLONE_PIDFD` and
+/// `flags`: its pid and pidfd, or ETIMEDOUT (the child reaped) if it did
+/// not exec or exit within `deadline`.
+fn spawn_with_pidfd(
+    child: &mut dyn FnMut() -> i32,
+    flags: libc::c_int,
+    cgroup: Option<RawFd>,
+    deadline: Duration,
+) -> Result<Spawned, Errno> {
+    let mut stack = vec![0u8; 64 * 1024];
+    let mut pidfd: RawFd = -1;
+    let (pid, killed) = clone_shared(&mut stack, child, flags | libc::CLONE_PIDFD, Some(&mut pidfd), cgroup, deadline)?;
     // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
     if killed {
@@ -894,8 +906,6 @@ pub fn spawn_program(
     let [a, b, c] = &stdio;
     let high = [high(a)?, high(b)?, high(c)?];
     let fds = high.each_ref().map(|f| f.as_raw_fd());
-    let mut stack = vec![0u8; 64 * 1024];
-    let mut pidfd: RawFd = -1;
     let mut child = || -> i32 {
         for (target, fd) in fds.iter().enumerate() {
             // SAFETY: integers only; `fd` is open until we return.
@@ -912,16 +922,7 @@ pub fn spawn_program(
         args.execve(exe);
         127
     };
-    let cgroup = cgroup.map(|c| c.as_raw_fd());
-    let (pid, killed) =
-        clone_shared(&mut stack, &mut child, libc::CLONE_PIDFD, Some(&mut pidfd), cgroup, PROGRAM_EXEC_DEADLINE)?;
-    // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    if killed {
-        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
-        return Err(Errno::ETIMEDOUT);
-    }
-    Ok(Spawned { pid, pidfd })
+    spawn_with_pidfd(&mut child, 0, cgroup.map(|c| c.as_raw_fd()), PROGRAM_EXEC_DEADLINE)
 }
 
 /// [`spawn_shared`] with more `clone` flags (namespaces, `CLONE_PIDFD`,
