@@ -313,6 +313,17 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
         }
         other => panic!("a snapshot another host's sandbox uses was removed: {other:?}"),
     }
+    // Once nothing uses it, its removal deletes its manifest from the
+    // fleet registry too (its blobs are the registry's to collect).
+    let registry = strata::registry::Client::new(&reg.addr(), true, None);
+    assert!(registry.get_manifest("fleet", &later_id).is_ok());
+    b.client().request("DELETE", &format!("/v1/sandboxes/{sl}?wait=true"), None::<&()>).unwrap();
+    c.client().request("DELETE", &format!("/v1/snapshots/{later_id}"), None::<&()>).unwrap();
+    match registry.get_manifest("fleet", &later_id).map(|(_, _, digest)| digest) {
+        Err(strata::registry::RegistryError::NotFound { .. }) => {}
+        other => panic!("the removed snapshot's manifest: {other:?}"),
+    }
+    assert!(c.daemon_log().contains(&format!("snapshot {later_id} removed; its manifest")), "{}", c.daemon_log());
 
     // B killed: marked down, and its lineage resumes on C from its last
     // durable (distributed) checkpoint.

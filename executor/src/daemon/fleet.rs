@@ -238,6 +238,32 @@ impl Daemon {
         }
     }
 
+    /// Delete removed snapshot `id`'s manifest (published at `reference`)
+    /// from the fleet registry, once its row is gone: nothing resolves it
+    /// any more. Its blobs stay for the registry's own garbage collection
+    /// (the manifests of its descendants list most of them). A failure is
+    /// logged and changes nothing else: the snapshot is removed, and its
+    /// manifest stays, as before this was done.
+    pub(crate) fn unpublish(&self, id: &str, reference: &str) {
+        let fleet = self.cfg.registry.as_ref();
+        let parsed = Reference::parse(reference).ok();
+        let Some((fleet, r)) =
+            fleet.zip(parsed).filter(|(f, r)| r.registry == f.registry && r.repository == f.repository)
+        else {
+            return tracing::warn!(
+                "snapshot {id} removed; its manifest {reference} is not in this host's fleet registry: left there"
+            );
+        };
+        let client = Client::new(&r.registry, fleet.insecure, None);
+        match client.delete_manifest(&r.repository, r.tag.as_deref().unwrap_or(id)) {
+            Ok(true) => tracing::info!("snapshot {id} removed; its manifest {reference} deleted"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!("snapshot {id} removed; its manifest {reference} stays: {}", crate::error::chain(&e))
+            }
+        }
+    }
+
     /// Where another host of the fleet runs sandbox `id`, as the catalog
     /// says (`None`: no row, or this host's).
     pub fn sandbox_elsewhere(&self, id: &str) -> Result<Option<String>, DbError> {

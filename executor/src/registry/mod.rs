@@ -338,6 +338,24 @@ impl Client {
         Ok((media_type, bytes, digest))
     }
 
+    /// Delete the manifest tagged `tag`, by its digest as the distribution
+    /// API asks; false if there was none. The blobs it lists stay: other
+    /// manifests may list them, and the registry's own garbage collection
+    /// frees what none lists. A registry that does not allow deletes
+    /// answers 405 (an error).
+    pub fn delete_manifest(&self, repo: &str, tag: &str) -> Result<bool, RegistryError> {
+        let digest = match self.get_manifest(repo, tag) {
+            Ok((_, _, digest)) => digest,
+            Err(RegistryError::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        match self.send("DELETE", &format!("/v2/{repo}/manifests/{digest}"), &[], Body::Empty, &[202]) {
+            Ok(_) => Ok(true),
+            Err(RegistryError::Status { status: 404, .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Download a blob into `out`, checking its size and digest. Returns
     /// the bytes written; on a mismatch `out` holds garbage the caller drops.
     pub fn get_blob(
