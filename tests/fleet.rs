@@ -319,11 +319,17 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
     assert!(registry.get_manifest("fleet", &later_id).is_ok());
     b.client().request("DELETE", &format!("/v1/sandboxes/{sl}?wait=true"), None::<&()>).unwrap();
     c.client().request("DELETE", &format!("/v1/snapshots/{later_id}"), None::<&()>).unwrap();
-    match registry.get_manifest("fleet", &later_id).map(|(_, _, digest)| digest) {
-        Err(strata::registry::RegistryError::NotFound { .. }) => {}
-        other => panic!("the removed snapshot's manifest: {other:?}"),
-    }
-    assert!(c.daemon_log().contains(&format!("snapshot {later_id} removed; its manifest")), "{}", c.daemon_log());
+    wait_for(
+        "the removed snapshot's manifest deleted",
+        Duration::from_secs(5),
+        || {
+            let m = registry.get_manifest("fleet", &later_id);
+            matches!(m, Err(strata::registry::RegistryError::NotFound { .. })).then_some(())
+        },
+        || format!("{:?}", registry.get_manifest("fleet", &later_id).map(|(_, _, digest)| digest)),
+    );
+    let deleted = format!("snapshot {later_id} removed; its manifest {fleet}:{later_id} deleted");
+    assert!(c.daemon_log().contains(&deleted), "{}", c.daemon_log());
 
     // B killed: marked down, and its lineage resumes on C from its last
     // durable (distributed) checkpoint.
@@ -515,7 +521,7 @@ fn e2b_call(addr: &str, method: &str, path: &str, body: Option<Value>) -> (u16, 
 }
 
 #[test]
-fn an_e2b_sandbox_is_seen_from_every_host_and_changed_only_where_it_runs() {
+fn an_e2b_sandbox_is_changed_only_where_it_runs_and_a_lost_one_is_removed_when_its_host_is_back() {
     strata_tests::require_root();
     let url = pg::database();
     let dir = tempfile::tempdir().unwrap();
@@ -593,6 +599,11 @@ fn an_e2b_sandbox_is_seen_from_every_host_and_changed_only_where_it_runs() {
     assert_eq!(e2b_call(&addr_a, "DELETE", &format!("/sandboxes/{id}"), None).0, 204);
     assert_eq!(e2b_call(&addr_a, "GET", &format!("/sandboxes/{id}"), None).0, 404);
     assert!(!strata_tests::processes_matching(&lost).is_empty(), "the lost sandbox runs on while B is down");
+    // Killed, it is gone to the fleet: A's API says not found, not "runs on host-b".
+    match a.client().request("GET", &format!("/v1/sandboxes/{lost}"), None::<&Value>) {
+        Err(ClientError::Api { status: 404, .. }) => {}
+        other => panic!("a killed sandbox of a down host: {other:?}"),
+    }
     b.start_daemon();
     assert_eq!(live(&b), 0, "B back removed the sandbox killed while it was down");
     assert_eq!(strata_tests::processes_matching(&lost), vec![], "its shim and processes are gone");

@@ -1755,6 +1755,28 @@ fn a_failed_teardown_keeps_its_slot_and_is_retried() {
     env.finish();
 }
 
+/// A removal that waits (`strata rm`) and fails leaves the sandbox as it
+/// was, its row included: no heartbeat finishes it behind the caller's
+/// back (a row left stopped is a removal another host asked for).
+#[test]
+fn a_failed_removal_that_waits_leaves_the_sandbox_running() {
+    let env =
+        TestEnv::start_with_flags_and_env(&["--heartbeat", "1s"], &[("STRATA_FAILPOINTS", "rm:destroy=fail-once")]);
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let r = env.client().request("DELETE", &format!("/v1/sandboxes/{id}?wait=true"), None::<&()>);
+    assert!(matches!(&r, Err(ClientError::Api { message, .. }) if message.contains("failpoint rm:destroy")), "{r:?}");
+    // Past two heartbeats it still runs, and its row says so.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(stdout(&sh(&env, &id, "echo still")), "still\n");
+    let rows = env.catalog().list_sandboxes().unwrap();
+    let states: Vec<_> = rows.iter().map(|r| (r.id.to_string(), r.state)).collect();
+    assert_eq!(states, [(id.clone(), strata::db::SandboxState::Running)]);
+    assert!(!env.daemon_log().contains("another host removed it"), "{}", env.daemon_log());
+    env.cli_ok(&["rm", &id]);
+    env.finish();
+}
+
 #[test]
 fn ready_pools_serve_the_creates_that_fit_and_refill() {
     let env = TestEnv::start_with(&["--pool", "busybox=2", "--warm-pool", "0"]);

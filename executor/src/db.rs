@@ -2448,6 +2448,27 @@ impl Db {
         Ok(())
     }
 
+    /// Undo the mark a removal of this host set ([`Db::set_sandbox_state`]
+    /// to stopped) when the removal failed and the sandbox stays.
+    pub fn unstop_sandbox(&self, id: &SandboxId, state: SandboxState) -> Result<(), DbError> {
+        self.conn
+            .execute(
+                "UPDATE sandboxes SET state = ?2 WHERE id = ?1 AND state = ?3",
+                params![id.as_str(), state, SandboxState::Stopped],
+            )
+            .map_err(q("restore sandbox state"))?;
+        Ok(())
+    }
+
+    /// Where sandbox `id` runs and its state, as the catalog says (`None`:
+    /// no row; the host `None` for a daemon outside a fleet).
+    pub fn sandbox_place(&self, id: &str) -> Result<Option<(Option<String>, SandboxState)>, DbError> {
+        self.conn
+            .query_row("SELECT host, state FROM sandboxes WHERE id = ?1", params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()
+            .map_err(q("sandbox place"))
+    }
+
     /// Ask host `host`, down and not because it stopped (its sandboxes
     /// lost to the fleet), to remove sandbox `id` once it is back: the row
     /// is marked stopped, which that host's next start (or, had it not
@@ -2582,15 +2603,6 @@ impl Db {
             .execute("UPDATE sandboxes SET spec = ?2 WHERE id = ?1", params![id.as_str(), spec])
             .map_err(q("set sandbox spec"))?;
         Ok(())
-    }
-
-    /// Where sandbox `id` runs as the catalog says: `Some(host)` (`None`
-    /// for a daemon outside a fleet), or `None` if it has no row.
-    pub fn sandbox_host(&self, id: &str) -> Result<Option<Option<String>>, DbError> {
-        self.conn
-            .query_row("SELECT host FROM sandboxes WHERE id = ?1", params![id], |r| r.get(0))
-            .optional()
-            .map_err(q("sandbox host"))
     }
 
     pub fn delete_sandbox(&self, id: &SandboxId) -> Result<(), DbError> {
@@ -2965,6 +2977,11 @@ mod tests {
         db.register_host(&claim("b", 60_000)).unwrap();
         db.set_sandbox_state(&id, SandboxState::Paused).unwrap();
         assert_eq!(db.list_sandboxes().unwrap()[0].state, SandboxState::Stopped);
-        assert_eq!(db.stopped_sandboxes().unwrap(), vec![id]);
+        assert_eq!(db.stopped_sandboxes().unwrap(), vec![id.clone()]);
+        assert_eq!(db.sandbox_place(id.as_str()).unwrap(), Some((Some("b".into()), SandboxState::Stopped)));
+        // A removal of b's own that failed puts its row back.
+        db.unstop_sandbox(&id, SandboxState::Paused).unwrap();
+        assert_eq!(db.list_sandboxes().unwrap()[0].state, SandboxState::Paused);
+        assert!(db.stopped_sandboxes().unwrap().is_empty());
     }
 }

@@ -88,6 +88,14 @@ impl Classify for FleetError {
     }
 }
 
+/// What the publisher thread does to the fleet registry.
+pub(crate) enum Registry {
+    /// Publish this snapshot (`async`).
+    Publish(String),
+    /// Delete the manifest of this removed snapshot.
+    Unpublish { id: String, reference: String },
+}
+
 /// Where the time of bringing layers went (logged; scripts/bench-fleet.sh
 /// reads it).
 #[derive(Default)]
@@ -168,7 +176,7 @@ impl Daemon {
             (SnapshotType::Distributed, true) => {
                 lock(&self.publishing).insert(snap.id.to_string(), None);
                 match lock(&self.publisher).as_ref() {
-                    Some(tx) if tx.send(snap.id.to_string()).is_ok() => {}
+                    Some(tx) if tx.send(Registry::Publish(snap.id.to_string())).is_ok() => {}
                     _ => {
                         lock(&self.publishing).remove(snap.id.as_str());
                         return self.promote(snap.id.as_str());
@@ -179,14 +187,22 @@ impl Daemon {
         }
     }
 
-    /// The thread that publishes `async` snapshots, one at a time. A
-    /// publication a stop cuts short is not retried: the snapshot stays
-    /// local (`promote` publishes it).
+    /// The thread that publishes `async` snapshots, and deletes removed
+    /// snapshots' manifests, one at a time. A publication a stop cuts
+    /// short is not retried: the snapshot stays local (`promote`
+    /// publishes it); nor is a deletion (the manifest stays).
     pub fn start_publisher(self: &std::sync::Arc<Self>) {
-        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let (tx, rx) = std::sync::mpsc::channel::<Registry>();
         let d = self.clone();
         let spawned = std::thread::Builder::new().name("publisher".into()).spawn(move || {
-            for id in rx {
+            for job in rx {
+                let id = match job {
+                    Registry::Publish(id) => id,
+                    Registry::Unpublish { id, reference } => {
+                        d.delete_manifest(&id, &reference);
+                        continue;
+                    }
+                };
                 let outcome = d.promote(&id).err().map(|e| crate::error::chain(&e));
                 if let Some(why) = &outcome {
                     tracing::warn!("publish snapshot {id}: {why}");
@@ -240,11 +256,22 @@ impl Daemon {
 
     /// Delete removed snapshot `id`'s manifest (published at `reference`)
     /// from the fleet registry, once its row is gone: nothing resolves it
-    /// any more. Its blobs stay for the registry's own garbage collection
-    /// (the manifests of its descendants list most of them). A failure is
-    /// logged and changes nothing else: the snapshot is removed, and its
-    /// manifest stays, as before this was done.
+    /// any more. Done by the publisher thread, so that no removal, the
+    /// collector's or one a start finishes, waits on the registry; without
+    /// it (a daemon starting) the manifest stays, with a warning.
     pub(crate) fn unpublish(&self, id: &str, reference: &str) {
+        let job = Registry::Unpublish { id: id.to_string(), reference: reference.to_string() };
+        if lock(&self.publisher).as_ref().is_none_or(|tx| tx.send(job).is_err()) {
+            tracing::warn!("snapshot {id} removed; its manifest {reference} stays (no publisher running)");
+        }
+    }
+
+    /// [`Daemon::unpublish`]'s work. The manifest is deleted by digest,
+    /// which removes every tag of it in the repository. Its blobs stay for
+    /// the registry's own garbage collection (the manifests of its parents
+    /// list most of them). A failure is logged and changes nothing else:
+    /// the snapshot is removed, and its manifest stays.
+    fn delete_manifest(&self, id: &str, reference: &str) {
         let fleet = self.cfg.registry.as_ref();
         let parsed = Reference::parse(reference).ok();
         let Some((fleet, r)) =
@@ -267,14 +294,19 @@ impl Daemon {
     /// Where another host of the fleet runs sandbox `id`, as the catalog
     /// says (`None`: no row, or this host's).
     pub fn sandbox_elsewhere(&self, id: &str) -> Result<Option<String>, DbError> {
-        let host = lock(&self.db).sandbox_host(id)?;
-        Ok(host.flatten().filter(|h| *h != self.cfg.host_id))
+        let place = lock(&self.db).sandbox_place(id)?;
+        Ok(place.and_then(|(host, _)| host).filter(|h| *h != self.cfg.host_id))
     }
 
     /// As [`Daemon::sandbox_elsewhere`], with why that host is down if the
-    /// catalog says it is.
+    /// catalog says it is; `None` too for a row marked stopped there (a
+    /// sandbox killed while its host was down: gone, to the fleet).
     pub fn sandbox_placement(&self, id: &str) -> Result<Option<(String, Option<String>)>, DbError> {
-        let Some(host) = self.sandbox_elsewhere(id)? else { return Ok(None) };
+        let place = lock(&self.db).sandbox_place(id)?;
+        let Some((Some(host), state)) = place else { return Ok(None) };
+        if host == self.cfg.host_id || state == crate::db::SandboxState::Stopped {
+            return Ok(None);
+        }
         let down = lock(&self.db).host(&host)?.and_then(|h| h.down);
         Ok(Some((host, down)))
     }

@@ -10,6 +10,7 @@
 //! also marks other hosts past their deadline down and logs their
 //! sandboxes as lost, and takes up a drain set from another host.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -189,7 +190,7 @@ impl Daemon {
 
     /// One heartbeat: renew this host's row, take up its drain, and mark
     /// hosts past their deadline down.
-    fn beat(&self, db: &Db) {
+    fn beat(self: &Arc<Self>, db: &Db) {
         let images = match db.list_images() {
             Ok(i) => i.into_iter().map(|i| i.name.to_string()).collect(),
             Err(e) => {
@@ -232,19 +233,37 @@ impl Daemon {
     /// stopped while this one was down ([`Db::stop_lost_sandbox`]: an E2B
     /// kill). Looked at on every heartbeat, not only the first after being
     /// down, so that a mark written as this host came back is seen too;
-    /// this host's own removals (their rows stopped while they run) are
-    /// passed over.
-    fn remove_stopped(&self, db: &Db) {
+    /// this host's own removals in progress (their rows stopped while they
+    /// run) are passed over. On a thread of its own: a removal may wait for
+    /// a pause to finish, and the heartbeat must not.
+    fn remove_stopped(self: &Arc<Self>, db: &Db) {
         let ids = match db.stopped_sandboxes() {
             Ok(ids) => ids,
             Err(e) => return tracing::warn!("heartbeat: {}", crate::error::chain(&e)),
         };
-        for id in ids {
-            match self.remove_sandbox(id.as_str()) {
-                Ok(()) => tracing::warn!("removed sandbox {id}: another host removed it while this host was down"),
-                Err(SandboxOpError::NotFound(_) | SandboxOpError::BeingRemoved(_)) => {}
-                Err(e) => tracing::warn!("remove sandbox {id} (stopped by another host): {}", crate::error::chain(&e)),
+        let ids: Vec<_> = {
+            let pool = lock(&self.pool);
+            ids.into_iter().filter(|id| pool.live.contains_key(id)).collect()
+        };
+        if ids.is_empty() || self.removing_stopped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let d = self.clone();
+        let spawned = std::thread::Builder::new().name("remove-stopped".into()).spawn(move || {
+            for id in ids {
+                match d.remove_sandbox(id.as_str()) {
+                    Ok(()) => tracing::warn!("removed sandbox {id}: another host removed it while this host was down"),
+                    Err(SandboxOpError::NotFound(_) | SandboxOpError::BeingRemoved(_)) => {}
+                    Err(e) => {
+                        tracing::warn!("remove sandbox {id} (stopped by another host): {}", crate::error::chain(&e))
+                    }
+                }
             }
+            d.removing_stopped.store(false, Ordering::Release);
+        });
+        if let Err(e) = spawned {
+            self.removing_stopped.store(false, Ordering::Release);
+            tracing::warn!("start removing stopped sandboxes: {e}");
         }
     }
 

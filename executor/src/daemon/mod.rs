@@ -484,7 +484,10 @@ pub struct Daemon {
     pub(crate) fleet_fetch: Mutex<()>,
     /// Background publications (`fleet.rs`): in flight (`None`) or failed.
     pub(crate) publishing: Mutex<HashMap<String, Option<String>>>,
-    pub(crate) publisher: Mutex<Option<std::sync::mpsc::Sender<String>>>,
+    pub(crate) publisher: Mutex<Option<std::sync::mpsc::Sender<fleet::Registry>>>,
+    /// A thread removes sandboxes whose rows another host marked stopped
+    /// (`host.rs`).
+    pub(crate) removing_stopped: std::sync::atomic::AtomicBool,
     /// Each up host's layers as of its last heartbeat, read at most once
     /// a second (a snapshot's `hosts`).
     pub(crate) host_layers: Mutex<Option<(std::time::Instant, fleet::HostLayers)>>,
@@ -596,6 +599,7 @@ impl Daemon {
             fleet_fetch: Mutex::new(()),
             publishing: Mutex::new(HashMap::new()),
             publisher: Mutex::new(None),
+            removing_stopped: Default::default(),
             host_layers: Mutex::new(None),
             _lock: flock,
         };
@@ -1339,9 +1343,27 @@ impl Daemon {
             return Err(SandboxOpError::BeingRemoved(sb.id.clone()));
         }
         let removed = lock(&self.db).set_sandbox_state(&sb.id, SandboxState::Stopped).map_err(SandboxOpError::from);
-        let removed = removed.and_then(|()| sb.destroy(&self.rt.store).map_err(SandboxOpError::from));
+        let removed = removed.and_then(|()| {
+            if crate::failpoint::fails("rm:destroy") {
+                return Err(SandboxOpError::Invalid("failpoint rm:destroy".into()));
+            }
+            sb.destroy(&self.rt.store).map_err(SandboxOpError::from)
+        });
         if let Err(e) = removed {
             sb.end_stop();
+            // Its row as it was: a row left stopped is a removal another
+            // host asked for, which the heartbeat carries out.
+            let state = match sb.run_state() {
+                sandbox::RunState::Paused => SandboxState::Paused,
+                _ => SandboxState::Running,
+            };
+            if let Err(db) = lock(&self.db).unstop_sandbox(&sb.id, state) {
+                tracing::warn!(
+                    "sandbox {}: restore its row after a failed removal: {}",
+                    sb.id,
+                    crate::error::chain(&db)
+                );
+            }
             return Err(e);
         }
         lock(&self.db).delete_sandbox(&sb.id)?;

@@ -208,7 +208,7 @@ impl E2b {
         if let Ok(sb) = self.d.sandbox(&current) {
             return Ok((row, Run::Running(Box::new(crate::daemon::sandbox_info(&sb)))));
         }
-        match lock(&self.d.db).sandbox_host(&current)? {
+        match lock(&self.d.db).sandbox_place(&current)?.map(|(host, _)| host) {
             Some(Some(h)) if h != self.d.cfg.host_id => return Ok((row, Run::Elsewhere(h))),
             Some(_) => return Err(ApiError::new(409, format!("sandbox {id} is starting or stopping here; try again"))),
             None => {}
