@@ -2439,24 +2439,23 @@ impl Db {
     /// is under way here, or was asked by another host while this one was
     /// down: see [`Db::stop_lost_sandbox`]).
     pub fn set_sandbox_state(&self, id: &SandboxId, state: SandboxState) -> Result<(), DbError> {
-        self.conn
-            .execute(
-                "UPDATE sandboxes SET state = ?2 WHERE id = ?1 AND state <> ?3",
-                params![id.as_str(), state, SandboxState::Stopped],
-            )
-            .map_err(q("set sandbox state"))?;
-        Ok(())
+        self.change_sandbox_state(id, state, "<>")
     }
 
     /// Undo the mark a removal of this host set ([`Db::set_sandbox_state`]
     /// to stopped) when the removal failed and the sandbox stays.
     pub fn unstop_sandbox(&self, id: &SandboxId, state: SandboxState) -> Result<(), DbError> {
+        self.change_sandbox_state(id, state, "=")
+    }
+
+    /// Set the state of a row whose state is (`=`) or is not (`<>`) stopped.
+    fn change_sandbox_state(&self, id: &SandboxId, state: SandboxState, stopped: &str) -> Result<(), DbError> {
         self.conn
             .execute(
-                "UPDATE sandboxes SET state = ?2 WHERE id = ?1 AND state = ?3",
+                &format!("UPDATE sandboxes SET state = ?2 WHERE id = ?1 AND state {stopped} ?3"),
                 params![id.as_str(), state, SandboxState::Stopped],
             )
-            .map_err(q("restore sandbox state"))?;
+            .map_err(q("set sandbox state"))?;
         Ok(())
     }
 

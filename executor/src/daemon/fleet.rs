@@ -89,7 +89,7 @@ impl Classify for FleetError {
 }
 
 /// What the publisher thread does to the fleet registry.
-pub(crate) enum Registry {
+pub(crate) enum PublisherJob {
     /// Publish this snapshot (`async`).
     Publish(String),
     /// Delete the manifest of this removed snapshot.
@@ -176,7 +176,7 @@ impl Daemon {
             (SnapshotType::Distributed, true) => {
                 lock(&self.publishing).insert(snap.id.to_string(), None);
                 match lock(&self.publisher).as_ref() {
-                    Some(tx) if tx.send(Registry::Publish(snap.id.to_string())).is_ok() => {}
+                    Some(tx) if tx.send(PublisherJob::Publish(snap.id.to_string())).is_ok() => {}
                     _ => {
                         lock(&self.publishing).remove(snap.id.as_str());
                         return self.promote(snap.id.as_str());
@@ -192,13 +192,13 @@ impl Daemon {
     /// short is not retried: the snapshot stays local (`promote`
     /// publishes it); nor is a deletion (the manifest stays).
     pub fn start_publisher(self: &std::sync::Arc<Self>) {
-        let (tx, rx) = std::sync::mpsc::channel::<Registry>();
+        let (tx, rx) = std::sync::mpsc::channel::<PublisherJob>();
         let d = self.clone();
         let spawned = std::thread::Builder::new().name("publisher".into()).spawn(move || {
             for job in rx {
                 let id = match job {
-                    Registry::Publish(id) => id,
-                    Registry::Unpublish { id, reference } => {
+                    PublisherJob::Publish(id) => id,
+                    PublisherJob::Unpublish { id, reference } => {
                         d.delete_manifest(&id, &reference);
                         continue;
                     }
@@ -260,7 +260,7 @@ impl Daemon {
     /// collector's or one a start finishes, waits on the registry; without
     /// it (a daemon starting) the manifest stays, with a warning.
     pub(crate) fn unpublish(&self, id: &str, reference: &str) {
-        let job = Registry::Unpublish { id: id.to_string(), reference: reference.to_string() };
+        let job = PublisherJob::Unpublish { id: id.to_string(), reference: reference.to_string() };
         if lock(&self.publisher).as_ref().is_none_or(|tx| tx.send(job).is_err()) {
             tracing::warn!("snapshot {id} removed; its manifest {reference} stays (no publisher running)");
         }

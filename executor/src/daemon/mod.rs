@@ -484,7 +484,7 @@ pub struct Daemon {
     pub(crate) fleet_fetch: Mutex<()>,
     /// Background publications (`fleet.rs`): in flight (`None`) or failed.
     pub(crate) publishing: Mutex<HashMap<String, Option<String>>>,
-    pub(crate) publisher: Mutex<Option<std::sync::mpsc::Sender<fleet::Registry>>>,
+    pub(crate) publisher: Mutex<Option<std::sync::mpsc::Sender<fleet::PublisherJob>>>,
     /// A thread removes sandboxes whose rows another host marked stopped
     /// (`host.rs`).
     pub(crate) removing_stopped: std::sync::atomic::AtomicBool,
