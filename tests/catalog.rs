@@ -191,3 +191,34 @@ fn a_cut_postgres_session_is_opened_again() {
     let _ = db.list_images();
     assert!(db.list_images().unwrap().is_empty());
 }
+
+/// A host frozen inside a transaction (SIGSTOPped, swapped out, its VM
+/// paused) holds the fleet's writer lock. Its session ends once it sits
+/// idle past its limit (the daemon's host deadline), so the other hosts'
+/// writes (marking it down among them) go on; its next call connects
+/// again, with the same limit.
+#[test]
+fn a_host_frozen_inside_a_transaction_does_not_stall_the_fleets_writes() {
+    strata_tests::require_root();
+    let url = pg::database();
+    let limit = std::time::Duration::from_millis(300);
+    let other = Db::open_postgres(&url).unwrap();
+    let frozen = strata::db::sql::Conn::postgres(&url).unwrap();
+    frozen.end_idle_transactions_after(limit).unwrap();
+    let tx = frozen.transaction(true).unwrap();
+    let waited = std::time::Instant::now();
+    let (done, wrote) = std::sync::mpsc::channel();
+    let writer = std::thread::spawn(move || done.send(other.mark_hosts_down().map(|down| down.len())));
+    // Without the limit the write waits for as long as the host is frozen.
+    match wrote.recv_timeout(std::time::Duration::from_secs(10)) {
+        Ok(r) => assert_eq!(r.unwrap(), 0),
+        Err(_) => panic!("another host's write still waits for the frozen transaction's lock after 10 s"),
+    }
+    assert!(waited.elapsed() >= limit / 2, "the write did not wait for the lock at all: {:?}", waited.elapsed());
+    writer.join().unwrap().unwrap();
+    // Thawed: its transaction is gone (the commit says so); the next call
+    // is a new session under the same limit.
+    assert!(tx.commit().is_err(), "a transaction the server ended committed");
+    let shown: String = frozen.query_row("SHOW idle_in_transaction_session_timeout", &[], |r| r.get(0)).unwrap();
+    assert_eq!(shown, "300ms");
+}

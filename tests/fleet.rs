@@ -328,8 +328,14 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
         },
         || format!("{:?}", registry.get_manifest("fleet", &later_id).map(|(_, _, digest)| digest)),
     );
+    // The host logs it once the registry has answered (after the 404 above, maybe).
     let deleted = format!("snapshot {later_id} removed; its manifest {fleet}:{later_id} deleted");
-    assert!(c.daemon_log().contains(&deleted), "{}", c.daemon_log());
+    wait_for(
+        "the manifest's delete logged",
+        Duration::from_secs(5),
+        || c.daemon_log().contains(&deleted).then_some(()),
+        || c.daemon_log(),
+    );
 
     // B killed: marked down, and its lineage resumes on C from its last
     // durable (distributed) checkpoint.

@@ -1110,6 +1110,11 @@ impl Db {
         Ok(Db { conn, host: None })
     }
 
+    /// See [`Conn::end_idle_transactions_after`].
+    pub fn end_idle_transactions_after(&self, limit: std::time::Duration) -> Result<(), DbError> {
+        self.conn.end_idle_transactions_after(limit).map_err(q("limit idle transactions"))
+    }
+
     /// Which engine holds this catalog.
     pub fn engine(&self) -> sql::Engine {
         self.conn.engine()

@@ -8,7 +8,11 @@
 //! host id and heartbeats it on its own connection (so a long operation
 //! holding the daemon's connection never makes it late). Each heartbeat
 //! also marks other hosts past their deadline down and logs their
-//! sandboxes as lost, and takes up a drain set from another host.
+//! sandboxes as lost, and takes up a drain set from another host. On
+//! PostgreSQL a host frozen inside a transaction would hold every host's
+//! writes (the writer lock, `db/sql.rs`), heartbeats too: its session
+//! ends after half of (deadline - heartbeat) idle inside one
+//! ([`crate::db::Db::end_idle_transactions_after`], set by `open_catalog`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

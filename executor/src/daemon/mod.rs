@@ -291,7 +291,15 @@ pub struct DaemonConfig {
 /// Open the catalog `cfg` names (a connection of its own each call).
 pub(crate) fn open_catalog(cfg: &DaemonConfig) -> Result<Db, DbError> {
     match &cfg.database {
-        Some(url) => Db::open_postgres(url),
+        Some(url) => {
+            // A host frozen inside a transaction holds every host's
+            // writes, their heartbeats too: its session ends well before
+            // a host that waited for it could pass its own deadline
+            // (its last beat at most one interval old, then this wait).
+            let db = Db::open_postgres(url)?;
+            db.end_idle_transactions_after(cfg.host_deadline.saturating_sub(cfg.heartbeat) / 2)?;
+            Ok(db)
+        }
         None => Db::open(&cfg.root.join("strata.db")),
     }
 }

@@ -137,6 +137,9 @@ struct Pg {
     /// The session failed (an I/O error, a FATAL from the server): the
     /// next call outside a transaction connects again.
     broken: bool,
+    /// Settings each session starts with (`SET ...`), again after a
+    /// reconnect.
+    session: Option<String>,
 }
 
 impl Conn {
@@ -150,8 +153,25 @@ impl Conn {
     /// is reached over a Unix socket or a private network.
     pub fn postgres(url: &str) -> Result<Conn, SqlError> {
         let client = postgres::Client::connect(url, postgres::NoTls)?;
-        let pg = Pg { url: url.to_string(), client, statements: HashMap::new(), in_tx: false, broken: false };
+        let pg =
+            Pg { url: url.to_string(), client, statements: HashMap::new(), in_tx: false, broken: false, session: None };
         Ok(Conn(Inner::Postgres(Box::new(RefCell::new(pg)))))
+    }
+
+    /// PostgreSQL ends this session (rolling back its transaction, which
+    /// releases the fleet's writer lock) when it sits idle inside a
+    /// transaction for `limit`, now and after every reconnect: a host
+    /// frozen mid-transaction (stopped, swapped out, its VM paused) must
+    /// not stall every other host's writes, its own down-marking among
+    /// them. The catalog's transactions do no other work between their
+    /// statements. SQLite (one host): nothing to do.
+    pub fn end_idle_transactions_after(&self, limit: std::time::Duration) -> Result<(), SqlError> {
+        if let Inner::Postgres(pg) = &self.0 {
+            let sql = format!("SET idle_in_transaction_session_timeout = {}", limit.as_millis().max(1));
+            self.batch(&sql)?;
+            pg.borrow_mut().session = Some(sql);
+        }
+        Ok(())
     }
 
     pub fn engine(&self) -> Engine {
@@ -308,7 +328,11 @@ impl Pg {
     /// fails with it (its work is rolled back by the server).
     fn reconnect_if_closed(&mut self) -> Result<(), SqlError> {
         if (self.broken || self.client.is_closed()) && !self.in_tx {
-            self.client = postgres::Client::connect(&self.url, postgres::NoTls)?;
+            let mut client = postgres::Client::connect(&self.url, postgres::NoTls)?;
+            if let Some(sql) = &self.session {
+                client.batch_execute(sql)?;
+            }
+            self.client = client;
             self.statements.clear();
             self.broken = false;
         }
