@@ -852,8 +852,7 @@ fn pause_freezes_in_place_and_writes_nothing() {
     let v: Value = c.call("GET", &format!("/v1/sandboxes/{id}"), none).unwrap();
     assert_eq!(v["state"], "paused");
     env.cli_ok(&["unpause", &id]);
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(read() > frozen_at, "unpause did not resume the counter");
+    wait_until("unpause to resume the counter", Duration::from_secs(5), || read() > frozen_at);
 
     // A thousand pauses add nothing to the store.
     let count = |d: &str| std::fs::read_dir(env.root.join(d)).unwrap().count();
@@ -3175,7 +3174,10 @@ fn registry_failures_are_clean_and_leave_nothing_partial() {
             Some(&json!({"reference": format!("{r_addr}/s/x:1"), "insecure": true})),
         )
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    // Stopped once the first blob is sent (the failpoint then holds the push).
+    strata_tests::wait_until("the push to send a blob", Duration::from_secs(30), || {
+        a.daemon_log().contains("failpoint push.blob-sent reached")
+    });
     reg.stop();
     let e = push.join().unwrap().unwrap_err();
     assert_eq!(e.status(), Some(502), "{e}");

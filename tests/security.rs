@@ -846,15 +846,19 @@ fn sigterm_lets_requests_in_flight_finish() {
     env.import_busybox();
     let id = create(&env, json!({"image": "busybox"}));
     let socket = env.socket.clone();
+    let sid = id.clone();
     let slow = std::thread::spawn(move || {
         let mut c = strata::client::Client::connect(&socket).unwrap();
         c.call::<Value>(
             "POST",
-            &format!("/v1/sandboxes/{id}/exec"),
+            &format!("/v1/sandboxes/{sid}/exec"),
             Some(&json!({"argv": ["sh", "-c", "sleep 2; echo done"]})),
         )
     });
-    std::thread::sleep(Duration::from_millis(700));
+    // The request is in flight: its command runs.
+    strata_tests::wait_until("the slow command to start", Duration::from_secs(10), || {
+        stdout(&sh(&env, &id, "ps -o comm | grep -c '^sleep'")).trim() == "1"
+    });
     let idle = UnixStream::connect(&env.socket).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let status = env.stop_daemon();
@@ -1186,7 +1190,11 @@ fn a_checkpoint_stops_when_its_sandbox_is_removed() {
         let r = client.call::<serde_json::Value>("POST", &format!("/v1/sandboxes/{sid}/checkpoint"), Some(&json!({})));
         (r, std::time::Instant::now())
     });
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The checkpoint has begun (its capture is listed) before the removal.
+    strata_tests::wait_until("the checkpoint to begin", std::time::Duration::from_secs(10), || {
+        let list: Vec<serde_json::Value> = env.client().call("GET", "/v1/snapshots", None::<&()>).unwrap();
+        list.iter().any(|s| s["state"] == "capturing")
+    });
     // Removal is refused (409) only while the sandbox is frozen.
     let start = std::time::Instant::now();
     loop {
