@@ -148,8 +148,9 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("host id \"host-a\" is held by a live daemon"), "{err}");
 
-    // A killed host is marked down past its deadline; its sandbox is
+    // A killed host is marked down past its deadline; its sandboxes are
     // reported lost by the host that noticed.
+    let gone = create(&a, json!({"image": "busybox:latest"}));
     a.kill_daemon();
     let down = wait_for(
         "host-a marked down",
@@ -161,7 +162,7 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
         || host(&b, "host-a"),
     );
     assert!(down["reason"].as_str().unwrap().starts_with("no heartbeat for"), "{down:#}");
-    assert_eq!(down["sandboxes"], serde_json::json!([sb]));
+    assert_eq!(down["sandboxes"], serde_json::json!([sb, gone]));
     // B logs it after its mark commits (the row may be seen first).
     wait_for(
         "host-a's loss logged",
@@ -177,11 +178,25 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
         message.starts_with(&format!("sandbox {sb} runs on host host-a, which is down (no heartbeat")),
         "{message}"
     );
+    // Removed through B meanwhile: accepted (202), gone to the fleet at
+    // once, and removed by A when it is back.
+    let r = b.client().raw("DELETE", &format!("/v1/sandboxes/{gone}?wait=true"), b"", &[]).unwrap();
+    let deferred: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!((r.status, &deferred["id"], &deferred["host"]), (202, &json!(gone), &json!("host-a")), "{deferred}");
+    assert!(deferred["host_down"].as_str().unwrap().starts_with("no heartbeat"), "{deferred}");
+    match b.client().request("GET", &format!("/v1/sandboxes/{gone}"), None::<&Value>) {
+        Err(ClientError::Api { status: 404, .. }) => {}
+        other => panic!("a sandbox removed while its host was down: {other:?}"),
+    }
+    let out = b.cli(&["rm", &gone]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not found"), "{out:?}");
+    assert!(!strata_tests::processes_matching(&gone).is_empty(), "it runs on while its host is down");
 
-    // Back, it is ready and its sandbox is adopted again.
+    // Back, it is ready and its sandbox is adopted again; the removed one is gone.
     a.start_daemon();
     assert_eq!(host(&b, "host-a")["state"], "ready");
     assert_eq!(sandboxes(&a), std::slice::from_ref(&sb));
+    assert_eq!(strata_tests::processes_matching(&gone), vec![], "its shim and processes are gone");
     assert_eq!(stdout(&sh(&a, &sb, "echo back")), "back\n");
 
     a.finish();

@@ -808,7 +808,16 @@ pub fn run(cli: Cli) -> Result<i32> {
             let mut failed = 0;
             for id in ids {
                 match c.request("DELETE", &format!("/v1/sandboxes/{id}?wait={}", !no_wait), NO_BODY) {
-                    Ok(_) => println!("{id}"),
+                    Ok(body) => {
+                        // A body: a sandbox of a down host (202), removed when it is back.
+                        if let Ok(d) = serde_json::from_slice::<crate::types::RemovalDeferred>(&body) {
+                            eprintln!(
+                                "strata: rm {id}: its host {} is down ({}); that host removes it when back",
+                                d.host, d.host_down
+                            );
+                        }
+                        println!("{id}")
+                    }
                     Err(e) => {
                         eprintln!("strata: rm {id}: {e}");
                         failed += 1;

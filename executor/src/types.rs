@@ -641,3 +641,14 @@ pub struct GcReport {
     #[serde(default)]
     pub collected: usize,
 }
+
+/// `DELETE /v1/sandboxes/{id}` (202) of a sandbox whose host is down and
+/// not because it stopped: the fleet forgets it, and that host removes it
+/// once it is back.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RemovalDeferred {
+    pub id: String,
+    pub host: String,
+    /// Why the catalog has that host down.
+    pub host_down: String,
+}

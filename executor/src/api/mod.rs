@@ -485,8 +485,17 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::ListSandboxes => json(200, &d.list_sandboxes()),
         A::CreateSandbox(b) => json(201, &d.create_sandbox(b)?),
         A::GetSandbox(id) => json(200, &crate::daemon::sandbox_info(&*d.sandbox(&id)?)),
-        A::RemoveSandbox(id, false) => done(d.remove_sandbox(&id)),
-        A::RemoveSandbox(id, true) => done(d.remove_sandbox_now(&id)),
+        A::RemoveSandbox(id, wait) => {
+            let removed = if wait { d.remove_sandbox_now(&id) } else { d.remove_sandbox(&id) };
+            match removed {
+                // Not here: one lost with its host is removed when that host is back.
+                Err(e) if e.kind() == ErrorKind::NotFound => match d.stop_lost_sandbox(&id)? {
+                    Some((host, host_down)) => json(202, &crate::types::RemovalDeferred { id, host, host_down }),
+                    None => Err(e.into()),
+                },
+                r => done(r),
+            }
+        }
         A::Checkpoint(id, b) => {
             d.can_publish(b.kind, b.background)?;
             let snap = d.checkpoint(&id, b.compression.unwrap_or_default(), b.whole)?;

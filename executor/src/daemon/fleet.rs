@@ -311,6 +311,22 @@ impl Daemon {
         Ok(Some((host, down)))
     }
 
+    /// Forget sandbox `id`, which runs on a host the catalog has down and
+    /// not because it stopped (lost to the fleet): its row is marked
+    /// stopped, which that host carries out once back (at its start, or
+    /// its next heartbeat if it never stopped: [`Db::stop_lost_sandbox`]).
+    /// `Some((host, why it is down))` when marked; `None`, and nothing
+    /// changed, for any other sandbox (this host's, one whose host is up
+    /// or stopped, or came back meanwhile, or no such row).
+    pub fn stop_lost_sandbox(&self, id: &str) -> Result<Option<(String, String)>, DbError> {
+        let Some((host, Some(why))) = self.sandbox_placement(id)? else { return Ok(None) };
+        if why == "stopped" || !lock(&self.db).stop_lost_sandbox(id, &host)? {
+            return Ok(None);
+        }
+        tracing::warn!("sandbox {id} removed while its host {host} is down ({why}); that host removes it when back");
+        Ok(Some((host, why)))
+    }
+
     /// What a suspend makes: distributed whenever there is a fleet
     /// registry (released work must outlive its host).
     pub fn suspend_type(&self) -> SnapshotType {

@@ -155,16 +155,6 @@ fn elsewhere(id: &str, host: &str) -> ApiError {
 }
 
 impl E2b {
-    /// Why host `host` is down, if the catalog says it is and not because
-    /// it stopped (a stopped daemon's sandboxes go on, and its next start
-    /// adopts them).
-    fn lost_with(&self, host: &str) -> Result<Option<String>> {
-        let row = lock(&self.d.db).host(host)?;
-        Ok(row.and_then(|r| r.down).filter(|why| why != "stopped"))
-    }
-}
-
-impl E2b {
     /// The lock that orders lifecycle changes of one E2B sandbox (pause,
     /// connect, kill, and reconciling a row whose Strata sandbox is gone).
     fn hold(&self, id: &str) -> Arc<std::sync::Mutex<()>> {
@@ -499,12 +489,10 @@ impl E2b {
         // heartbeat if it never stopped). The mark is written only while
         // the host is still down: one back meanwhile is asked instead.
         if let Run::Elsewhere(host) = &run {
-            let Some(why) = self.lost_with(host)? else { return Err(elsewhere(id, host)) };
             let sandbox = row.sandbox.as_deref().unwrap_or_default();
-            if !lock(&self.d.db).stop_lost_sandbox(sandbox, host)? {
+            if self.d.stop_lost_sandbox(sandbox)?.is_none() {
                 return Err(elsewhere(id, host));
             }
-            tracing::warn!("e2b {id}: killed while its host {host} is down ({why}); that host removes it when back");
         }
         if let Run::Running(info) = run {
             match self.d.remove_sandbox(&info.id) {
