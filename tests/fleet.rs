@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use strata_tests::{create, pg, registry, sh, stdout, strata_bin, wait_for, ClientError, TestEnv};
+use strata_tests::{create, pg, registry, sh, stdout, strata_bin, wait_for, wait_until, ClientError, TestEnv};
 
 /// Heartbeat every second; down after three without one.
 const BEAT: [&str; 4] = ["--heartbeat", "1s", "--host-deadline", "3s"];
@@ -353,12 +353,51 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
     );
     // The host logs it once the registry has answered (after the 404 above, maybe).
     let deleted = format!("snapshot {later_id} removed; its manifest {fleet}:{later_id} deleted");
-    wait_for(
-        "the manifest's delete logged",
-        Duration::from_secs(5),
-        || c.daemon_log().contains(&deleted).then_some(()),
-        || c.daemon_log(),
-    );
+    c.wait_logged(&deleted, Duration::from_secs(5));
+
+    // A delete the registry misses (it is down) stays queued in the
+    // catalog and is tried again: while the host runs, and by its next
+    // start after a stop.
+    let (mut reg, mut c) = (reg, c);
+    let manifest_gone = |id: &str| {
+        wait_for(
+            "the manifest deleted once the registry is back",
+            Duration::from_secs(20),
+            || {
+                matches!(registry.get_manifest("fleet", id), Err(strata::registry::RegistryError::NotFound { .. }))
+                    .then_some(())
+            },
+            || format!("{:?}", registry.get_manifest("fleet", id).map(|(_, _, digest)| digest)),
+        )
+    };
+    for (round, sandbox) in [("running", &fc), ("restarted", &fbg)] {
+        let cp = post(&c, &format!("/v1/sandboxes/{sandbox}/checkpoint"), json!({"type": "distributed"}));
+        let id = cp["id"].as_str().unwrap().to_string();
+        if let Some(wc) = cp["work_context"].as_str() {
+            post(&c, &format!("/v1/lineages/{wc}/retire"), json!({}));
+        }
+        assert!(registry.get_manifest("fleet", &id).is_ok(), "{round}: published");
+        reg.stop();
+        c.client().request("DELETE", &format!("/v1/snapshots/{id}"), None::<&()>).unwrap();
+        let missed = format!("snapshot {id} removed; deleting its manifest {fleet}:{id} failed (attempt 1;");
+        c.wait_logged(&missed, Duration::from_secs(10));
+        let queued = c.catalog().manifest_deletes().unwrap();
+        assert!(
+            queued
+                .iter()
+                .any(|(m, error)| m.snapshot == id && error.as_deref().is_some_and(|e| e.contains(&reg.addr()))),
+            "{round}: {queued:?}"
+        );
+        if round == "restarted" {
+            c.stop_daemon();
+            reg.restart();
+            c.start_daemon();
+        } else {
+            reg.restart();
+        }
+        manifest_gone(&id);
+        wait_until("the queue to empty", Duration::from_secs(5), || c.catalog().manifest_deletes().unwrap().is_empty());
+    }
 
     // B killed: marked down, and its lineage resumes on C from its last
     // durable (distributed) checkpoint.
@@ -662,12 +701,7 @@ fn an_e2b_sandbox_is_changed_only_where_it_runs_and_a_lost_one_is_removed_when_i
         || (live(&b) == 0 && strata_tests::processes_matching(&lost).is_empty()).then_some(()),
         || format!("{:?} {:?}", sandboxes(&b), strata_tests::processes_matching(&lost)),
     );
-    wait_for(
-        "B to log the removal",
-        Duration::from_secs(5),
-        || b.daemon_log().contains("another host removed it while this host was down").then_some(()),
-        || b.daemon_log(),
-    );
+    b.wait_logged("another host removed it while this host was down", Duration::from_secs(5));
     assert_eq!(e2b_call(&addr_a, "GET", &format!("/sandboxes/{id}"), None).0, 404);
     a.finish();
     b.finish();

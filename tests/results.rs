@@ -427,11 +427,7 @@ fn a_removal_is_deleting_until_its_files_are_gone_and_finishes_after_a_crash() {
     let t = std::thread::spawn(move || {
         Client::connect(&socket).unwrap().request("DELETE", &format!("/v1/snapshots/{sn}"), None::<&()>)
     });
-    let start = std::time::Instant::now();
-    while !env.daemon_log().contains("failpoint snapshot-rm:deleting reached") {
-        assert!(start.elapsed().as_secs() < 30, "{}", env.daemon_log());
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    env.wait_logged("failpoint snapshot-rm:deleting reached", std::time::Duration::from_secs(30));
     env.kill_daemon();
     let _ = t.join();
     env.daemon_env.clear();
@@ -557,9 +553,7 @@ fn exec_records_written_behind_the_answer_are_whole_wherever_they_are_read() {
     let id = create(&env, json!({"image": "busybox"}));
     sh(&env, &id, "echo one");
     // Woken by that record, the writer stops before it writes it.
-    wait_until("the exec log's writer at its failpoint", Duration::from_secs(10), || {
-        env.daemon_log().contains("failpoint exec-log:write reached")
-    });
+    env.wait_logged("failpoint exec-log:write reached", Duration::from_secs(10));
     assert_eq!(argvs(&get(&env, &format!("/v1/sandboxes/{id}/logs"))), ["\"echo one\""]);
     sh(&env, &id, "echo two");
     let s1 = env.cli_ok(&["checkpoint", &id]).trim().to_string();

@@ -1734,9 +1734,7 @@ fn a_failed_teardown_keeps_its_slot_and_is_retried() {
     let a = create(&env, json!({"image": "busybox"}));
     let b = create(&env, json!({"image": "busybox"}));
     env.client().request("DELETE", &format!("/v1/sandboxes/{a}"), none).unwrap();
-    wait_until("the teardown never ran", Duration::from_secs(5), || {
-        env.daemon_log().contains("failpoint teardown:destroy failing")
-    });
+    env.wait_logged("failpoint teardown:destroy failing", Duration::from_secs(5));
     // Failed: its slot and files stay, and the host says a removal holds one.
     let i = info();
     assert_eq!((i["slots_used"].as_u64(), i["slots_removing"].as_u64()), (Some(2), Some(1)), "{i}");
@@ -2065,9 +2063,7 @@ fn baselines_are_validated_published_by_compare_and_swap_and_start_new_work() {
             Client::connect(&socket).unwrap().request("POST", &format!("/v1/sandboxes/{p}/baseline"), Some(&body))
         })
     };
-    wait_until("the older publisher never validated", Duration::from_secs(30), || {
-        env.daemon_log().contains("failpoint baseline:validated reached")
-    });
+    env.wait_logged("failpoint baseline:validated reached", Duration::from_secs(30));
     let newer: Value = publish(&env, &q).map(|b| serde_json::from_slice(&b).unwrap()).unwrap();
     match older.join().unwrap() {
         Err(ClientError::Api { status: 409, message, .. }) => {
@@ -3175,9 +3171,7 @@ fn registry_failures_are_clean_and_leave_nothing_partial() {
         )
     });
     // Stopped once the first blob is sent (the failpoint then holds the push).
-    strata_tests::wait_until("the push to send a blob", Duration::from_secs(30), || {
-        a.daemon_log().contains("failpoint push.blob-sent reached")
-    });
+    a.wait_logged("failpoint push.blob-sent reached", Duration::from_secs(30));
     reg.stop();
     let e = push.join().unwrap().unwrap_err();
     assert_eq!(e.status(), Some(502), "{e}");

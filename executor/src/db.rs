@@ -18,11 +18,13 @@ use crate::spec::SandboxSpec;
 
 mod e2b;
 mod hosts;
+mod manifests;
 mod postgres;
 mod results;
 pub mod sql;
 pub use e2b::{E2bSandbox, E2bSnapshot, E2bSpec};
 pub use hosts::{now_ms, Beat, DownHost, HostClaim, HostRow, Place};
+pub use manifests::ManifestDelete;
 pub use results::{Evaluation, StoreUsage, MAX_LABEL_KEY, MAX_LABEL_VALUE};
 use sql::{Conn, Optional, Row, SqlError};
 
@@ -526,6 +528,8 @@ const MIGRATIONS: &[&str] = &[
     MIGRATION_16,
     // 17: layers waiting to be unpacked, per host (above).
     MIGRATION_17,
+    // 18: manifests to delete from the fleet registry (`db/manifests.rs`).
+    manifests::MIGRATION_18,
 ];
 
 pub struct Db {
@@ -1994,18 +1998,28 @@ impl Db {
     }
 
     /// Remove a `deleting` snapshot's row, and its layer's row if nothing
-    /// else lists it (returned: its directory is the caller's to remove).
-    pub fn finish_delete_snapshot(&mut self, id: &str) -> Result<Option<String>, DbError> {
+    /// else lists it (returned first: its directory is the caller's to
+    /// remove). A published snapshot's manifest is queued for deletion
+    /// from the fleet registry in the same transaction (its reference
+    /// returned second: `db/manifests.rs`).
+    pub fn finish_delete_snapshot(&mut self, id: &str) -> Result<(Option<String>, Option<String>), DbError> {
         let tx = self.conn.transaction(true).map_err(q("begin finish delete"))?;
-        let layer: Option<String> = tx
-            .query_row("SELECT layer_id FROM snapshots WHERE id = ?1 AND state = 'deleting'", params![id], |r| r.get(0))
+        let row: Option<(String, Option<String>)> = tx
+            .query_row(
+                "SELECT layer_id, published FROM snapshots WHERE id = ?1 AND state = 'deleting'",
+                params![id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
             .optional()
             .map_err(q("get snapshot"))?;
-        let Some(layer) = layer else { return Ok(None) };
+        let Some((layer, published)) = row else { return Ok((None, None)) };
         tx.execute("DELETE FROM snapshots WHERE id = ?1", params![id]).map_err(q("delete snapshot"))?;
         let orphan = delete_layer_if_unused(&tx, &layer)?.then_some(layer);
+        if let Some(reference) = &published {
+            manifests::queue(&tx, reference, id)?;
+        }
         tx.commit().map_err(q("commit delete snapshot"))?;
-        Ok(orphan)
+        Ok((orphan, published))
     }
 
     /// Snapshots whose removal was interrupted (still `deleting`).
@@ -2785,8 +2799,15 @@ mod tests {
         assert_eq!(db.deleting_snapshots().unwrap(), ["000000000000000a"]);
         // Another snapshot lists the same layer: the layer stays.
         assert_eq!(db.held_only_by("000000000000000a").unwrap(), (None, None));
-        assert_eq!(db.finish_delete_snapshot("000000000000000a").unwrap(), None);
+        db.set_published("000000000000000a", "r:5000/fleet:000000000000000a").unwrap();
+        assert_eq!(
+            db.finish_delete_snapshot("000000000000000a").unwrap(),
+            (None, Some("r:5000/fleet:000000000000000a".to_string()))
+        );
         assert!(db.snapshot("000000000000000a").unwrap().is_none());
+        let queued = db.manifest_deletes().unwrap();
+        assert_eq!(queued.len(), 1, "its manifest queued for deletion with the row's removal");
+        assert_eq!((queued[0].0.snapshot.as_str(), queued[0].0.attempts), ("000000000000000a", 0));
         // A capture in progress has no sequence; a ready one must.
         assert!(snap(&db, "000000000000000f", "checkpoint", "capturing", Some("w1"), Some(9), None).is_err());
         snap(&db, "000000000000000f", "checkpoint", "capturing", Some("w1"), None, None).unwrap();

@@ -194,6 +194,17 @@ impl TestEnv {
         std::fs::read_to_string(self.root.with_file_name("daemon.log")).unwrap_or_default()
     }
 
+    /// Wait up to `limit` for the daemon to log `needle` (what it logs
+    /// after an answer, on another thread, or at a failpoint).
+    pub fn wait_logged(&self, needle: &str, limit: Duration) {
+        wait_for(
+            &format!("the daemon to log {needle:?}"),
+            limit,
+            || self.daemon_log().contains(needle).then_some(()),
+            || self.daemon_log(),
+        )
+    }
+
     /// SIGKILL the daemon (sandboxes must survive).
     pub fn kill_daemon(&mut self) {
         if let Some(mut c) = self.daemon.take() {

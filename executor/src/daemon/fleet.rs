@@ -92,8 +92,8 @@ impl Classify for FleetError {
 pub(crate) enum PublisherJob {
     /// Publish this snapshot (`async`).
     Publish(String),
-    /// Delete the manifest of this removed snapshot.
-    Unpublish { id: String, reference: String },
+    /// Delete the manifests queued in the catalog that are due.
+    Unpublish,
 }
 
 /// Where the time of bringing layers went (logged; scripts/bench-fleet.sh
@@ -187,21 +187,25 @@ impl Daemon {
         }
     }
 
-    /// The thread that publishes `async` snapshots, and deletes removed
-    /// snapshots' manifests, one at a time. A publication a stop cuts
+    /// The thread that publishes `async` snapshots, one at a time, and
+    /// deletes removed snapshots' manifests ([`Daemon::delete_manifests`]:
+    /// at its start, when a removal queues one, and every heartbeat
+    /// interval for those tried and failed). A publication a stop cuts
     /// short is not retried: the snapshot stays local (`promote`
-    /// publishes it); nor is a deletion (the manifest stays).
+    /// publishes it); a deletion is (it is in the catalog).
     pub fn start_publisher(self: &std::sync::Arc<Self>) {
         let (tx, rx) = std::sync::mpsc::channel::<PublisherJob>();
         let d = self.clone();
         let spawned = std::thread::Builder::new().name("publisher".into()).spawn(move || {
-            for job in rx {
-                let id = match job {
-                    PublisherJob::Publish(id) => id,
-                    PublisherJob::Unpublish { id, reference } => {
-                        d.delete_manifest(&id, &reference);
+            d.delete_manifests();
+            loop {
+                let id = match rx.recv_timeout(d.cfg.heartbeat) {
+                    Ok(PublisherJob::Publish(id)) => id,
+                    Ok(PublisherJob::Unpublish) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                        d.delete_manifests();
                         continue;
                     }
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                 };
                 let outcome = d.promote(&id).err().map(|e| crate::error::chain(&e));
                 if let Some(why) = &outcome {
@@ -254,39 +258,62 @@ impl Daemon {
         }
     }
 
-    /// Delete removed snapshot `id`'s manifest (published at `reference`)
-    /// from the fleet registry, once its row is gone: nothing resolves it
-    /// any more. Done by the publisher thread, so that no removal, the
-    /// collector's or one a start finishes, waits on the registry; without
-    /// it (a daemon starting) the manifest stays, with a warning.
-    pub(crate) fn unpublish(&self, id: &str, reference: &str) {
-        let job = PublisherJob::Unpublish { id: id.to_string(), reference: reference.to_string() };
-        if lock(&self.publisher).as_ref().is_none_or(|tx| tx.send(job).is_err()) {
-            tracing::warn!("snapshot {id} removed; its manifest {reference} stays (no publisher running)");
+    /// A removed snapshot's manifest is queued for deletion (in the
+    /// catalog, with the removal): the publisher thread deletes it now.
+    /// Without a publisher (a start finishing removals) it waits for the
+    /// publisher's start.
+    pub(crate) fn unpublish(&self) {
+        if let Some(tx) = lock(&self.publisher).as_ref() {
+            let _ = tx.send(PublisherJob::Unpublish);
         }
     }
 
-    /// [`Daemon::unpublish`]'s work. The manifest is deleted by digest,
-    /// which removes every tag of it in the repository. Its blobs stay for
+    /// Delete the manifests of removed snapshots queued in the catalog
+    /// (`db/manifests.rs`) that are due and in this host's fleet registry
+    /// (a host of another registry does those). Each is deleted by digest,
+    /// which removes every tag of it in the repository; its blobs stay for
     /// the registry's own garbage collection (the manifests of its parents
-    /// list most of them). A failure is logged and changes nothing else:
-    /// the snapshot is removed, and its manifest stays.
-    fn delete_manifest(&self, id: &str, reference: &str) {
-        let fleet = self.cfg.registry.as_ref();
-        let parsed = Reference::parse(reference).ok();
-        let Some((fleet, r)) =
-            fleet.zip(parsed).filter(|(f, r)| r.registry == f.registry && r.repository == f.repository)
-        else {
-            return tracing::warn!(
-                "snapshot {id} removed; its manifest {reference} is not in this host's fleet registry: left there"
-            );
+    /// list most of them). A failure is logged and tried again after a
+    /// wait that doubles each time (from twice the heartbeat, at most 10
+    /// minutes); the snapshot's removal stands either way.
+    fn delete_manifests(&self) {
+        let Some(fleet) = self.cfg.registry.as_ref() else { return };
+        let due = match lock(&self.db).due_manifest_deletes(&fleet.reference("")) {
+            Ok(due) => due,
+            Err(e) => return tracing::warn!("manifests to delete: {}", crate::error::chain(&e)),
         };
-        let client = Client::new(&r.registry, fleet.insecure, None);
-        match client.delete_manifest(&r.repository, r.tag.as_deref().unwrap_or(id)) {
-            Ok(true) => tracing::info!("snapshot {id} removed; its manifest {reference} deleted"),
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!("snapshot {id} removed; its manifest {reference} stays: {}", crate::error::chain(&e))
+        let client = Client::new(&fleet.registry, fleet.insecure, None);
+        for m in due {
+            let wait = (self.cfg.heartbeat * 2u32.saturating_pow(m.attempts.clamp(0, 20) as u32 + 1))
+                .min(std::time::Duration::from_secs(600));
+            let next_at = crate::db::now_ms() + wait.as_millis() as i64;
+            match lock(&self.db).claim_manifest_delete(&m, next_at) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => return tracing::warn!("manifests to delete: {}", crate::error::chain(&e)),
+            }
+            let (id, reference) = (&m.snapshot, &m.reference);
+            let tag = reference.rsplit_once(':').map_or(id.as_str(), |(_, tag)| tag);
+            let done = match client.delete_manifest(&fleet.repository, tag) {
+                Ok(deleted) => {
+                    if deleted {
+                        tracing::info!("snapshot {id} removed; its manifest {reference} deleted");
+                    }
+                    lock(&self.db).manifest_deleted(reference)
+                }
+                Err(e) => {
+                    let why = crate::error::chain(&e);
+                    tracing::warn!(
+                        "snapshot {id} removed; deleting its manifest {reference} failed (attempt {}; again in {} s): \
+                         {why}",
+                        m.attempts + 1,
+                        wait.as_secs()
+                    );
+                    lock(&self.db).manifest_delete_failed(reference, &why, next_at)
+                }
+            };
+            if let Err(e) = done {
+                tracing::warn!("manifest {reference}: {}", crate::error::chain(&e));
             }
         }
     }

@@ -1573,10 +1573,9 @@ impl Daemon {
             layer.map(Resource::Layer).into_iter().chain(blob.clone()).collect();
         self.rt.store.remove_unleased(db, &doomed).map_err(crate::daemon::CollectError::from)?;
         crate::failpoint::hit("snapshot-rm:files-removed");
-        let published = lock(&self.db).snapshot_place(id)?.and_then(|p| p.published);
-        let orphan = lock(&self.db).finish_delete_snapshot(id)?;
-        if let Some(reference) = published {
-            self.unpublish(id, &reference);
+        let (orphan, published) = lock(&self.db).finish_delete_snapshot(id)?;
+        if published.is_some() {
+            self.unpublish();
         }
         // What a lease kept is the collector's once nothing lists it.
         self.collect(Scope::Released, orphan.into_iter().map(Resource::Layer).chain(blob))?;

@@ -211,6 +211,7 @@ pub(super) const PG_MIGRATIONS: &[(usize, &str)] = &[
     (15, super::MIGRATION_15),
     (16, super::MIGRATION_16),
     (17, super::MIGRATION_17),
+    (18, super::manifests::MIGRATION_18),
 ];
 
 /// The schema version a PostgreSQL catalog is at (0: empty).
