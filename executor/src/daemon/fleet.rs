@@ -284,7 +284,7 @@ impl Daemon {
         };
         let client = Client::new(&fleet.registry, fleet.insecure, None);
         for m in due {
-            let wait = (self.cfg.heartbeat * 2u32.saturating_pow(m.attempts.clamp(0, 20) as u32 + 1))
+            let wait = (self.cfg.heartbeat.saturating_mul(2u32.pow(m.attempts.clamp(0, 20) as u32 + 1)))
                 .min(std::time::Duration::from_secs(600));
             let next_at = crate::db::now_ms() + wait.as_millis() as i64;
             match lock(&self.db).claim_manifest_delete(&m, next_at) {
