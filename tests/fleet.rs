@@ -664,6 +664,10 @@ fn an_e2b_sandbox_is_changed_only_where_it_runs_and_a_lost_one_is_removed_when_i
     };
     b.kill_daemon();
     host_b_down(&a);
+    // Its Strata sandbox removed through A's API first (202: B removes it
+    // when back), the E2B kill still forgets the E2B sandbox.
+    let r = a.client().raw("DELETE", &format!("/v1/sandboxes/{lost}"), b"", &[]).unwrap();
+    assert_eq!(r.status, 202, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(e2b_call(&addr_a, "DELETE", &format!("/sandboxes/{id}"), None).0, 204);
     assert_eq!(e2b_call(&addr_a, "GET", &format!("/sandboxes/{id}"), None).0, 404);
     assert!(!strata_tests::processes_matching(&lost).is_empty(), "the lost sandbox runs on while B is down");

@@ -198,13 +198,17 @@ impl Daemon {
         let d = self.clone();
         let spawned = std::thread::Builder::new().name("publisher".into()).spawn(move || {
             d.delete_manifests();
+            let mut swept = std::time::Instant::now();
             loop {
-                let id = match rx.recv_timeout(d.cfg.heartbeat) {
+                let job = rx.recv_timeout(d.cfg.heartbeat);
+                // Failed deletes are tried again however many publications come.
+                if matches!(job, Ok(PublisherJob::Unpublish) | Err(_)) || swept.elapsed() >= d.cfg.heartbeat {
+                    d.delete_manifests();
+                    swept = std::time::Instant::now();
+                }
+                let id = match job {
                     Ok(PublisherJob::Publish(id)) => id,
-                    Ok(PublisherJob::Unpublish) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                        d.delete_manifests();
-                        continue;
-                    }
+                    Ok(PublisherJob::Unpublish) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
                     Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                 };
                 let outcome = d.promote(&id).err().map(|e| crate::error::chain(&e));
@@ -275,7 +279,9 @@ impl Daemon {
     /// the registry's own garbage collection (the manifests of its parents
     /// list most of them). A failure is logged and tried again after a
     /// wait that doubles each time (from twice the heartbeat, at most 10
-    /// minutes); the snapshot's removal stands either way.
+    /// minutes), counted from the failure; it ends the pass (the others
+    /// are the same registry's: tried at the next). The snapshot's removal
+    /// stands either way.
     fn delete_manifests(&self) {
         let Some(fleet) = self.cfg.registry.as_ref() else { return };
         let due = match lock(&self.db).due_manifest_deletes(&fleet.reference("")) {
@@ -286,8 +292,8 @@ impl Daemon {
         for m in due {
             let wait = (self.cfg.heartbeat.saturating_mul(2u32.pow(m.attempts.clamp(0, 20) as u32 + 1)))
                 .min(std::time::Duration::from_secs(600));
-            let next_at = crate::db::now_ms() + wait.as_millis() as i64;
-            match lock(&self.db).claim_manifest_delete(&m, next_at) {
+            let next_at = || crate::db::now_ms() + wait.as_millis() as i64;
+            match lock(&self.db).claim_manifest_delete(&m, next_at()) {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(e) => return tracing::warn!("manifests to delete: {}", crate::error::chain(&e)),
@@ -309,7 +315,10 @@ impl Daemon {
                         m.attempts + 1,
                         wait.as_secs()
                     );
-                    lock(&self.db).manifest_delete_failed(reference, &why, next_at)
+                    if let Err(e) = lock(&self.db).manifest_delete_failed(reference, &why, next_at()) {
+                        tracing::warn!("manifest {reference}: {}", crate::error::chain(&e));
+                    }
+                    return;
                 }
             };
             if let Err(e) = done {

@@ -295,9 +295,11 @@ pub(crate) fn open_catalog(cfg: &DaemonConfig) -> Result<Db, DbError> {
             // A host frozen inside a transaction holds every host's
             // writes, their heartbeats too: its session ends well before
             // a host that waited for it could pass its own deadline
-            // (its last beat at most one interval old, then this wait).
+            // (its last beat at most one interval old, then this wait);
+            // never under a second (a deadline barely above the heartbeat).
             let db = Db::open_postgres(url)?;
-            db.end_idle_transactions_after(cfg.host_deadline.saturating_sub(cfg.heartbeat) / 2)?;
+            let limit = (cfg.host_deadline.saturating_sub(cfg.heartbeat) / 2).max(std::time::Duration::from_secs(1));
+            db.end_idle_transactions_after(limit)?;
             Ok(db)
         }
         None => Db::open(&cfg.root.join("strata.db")),

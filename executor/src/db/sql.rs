@@ -167,7 +167,9 @@ impl Conn {
     /// statements. SQLite (one host): nothing to do.
     pub fn end_idle_transactions_after(&self, limit: std::time::Duration) -> Result<(), SqlError> {
         if let Inner::Postgres(pg) = &self.0 {
-            let sql = format!("SET idle_in_transaction_session_timeout = {}", limit.as_millis().max(1));
+            // PostgreSQL takes 1..=i32::MAX ms.
+            let ms = limit.as_millis().clamp(1, i32::MAX as u128);
+            let sql = format!("SET idle_in_transaction_session_timeout = {ms}");
             self.batch(&sql)?;
             pg.borrow_mut().session = Some(sql);
         }

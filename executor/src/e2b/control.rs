@@ -487,10 +487,16 @@ impl E2b {
         // work context) and its catalog row marked stopped, which that
         // host carries out when it is back (at its start, or its next
         // heartbeat if it never stopped). The mark is written only while
-        // the host is still down: one back meanwhile is asked instead.
+        // the host is still down: one back meanwhile is asked instead. A
+        // row marked so already (a removal through the Strata API) is
+        // forgotten here too.
         if let Run::Elsewhere(host) = &run {
             let sandbox = row.sandbox.as_deref().unwrap_or_default();
-            if self.d.stop_lost_sandbox(sandbox)?.is_none() {
+            let marked = || -> Result<bool> {
+                let place = lock(&self.d.db).sandbox_place(sandbox)?;
+                Ok(place.is_some_and(|(_, state)| state == crate::db::SandboxState::Stopped))
+            };
+            if self.d.stop_lost_sandbox(sandbox)?.is_none() && !marked()? {
                 return Err(elsewhere(id, host));
             }
         }
