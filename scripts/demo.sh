@@ -111,7 +111,9 @@ banner "starting the daemon"
 echo "root:   $ROOT"
 echo "socket: $SOCK"
 echo "log:    $LOG"
-strata daemon --root "$ROOT" --socket "$SOCK" >"$LOG" 2>&1 &
+# Networking off: the demo's daemon leaves this host's forwarding and
+# nftables alone (scripts/demo-network.sh shows egress in a namespace world).
+strata daemon --root "$ROOT" --socket "$SOCK" --network off >"$LOG" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 100); do
 	[[ -S $SOCK ]] && break

@@ -4,10 +4,13 @@
 
 # start_daemon SOCKET ROOT CGROUP_PARENT LOG [daemon args...]: start a daemon
 # in the background, set DAEMON_PID, and return once its socket exists (exit
-# with its log if it dies or does not come up within 10 s).
+# with its log if it dies or does not come up within 10 s). Networking is
+# off unless the args say --network: these daemons run in the host's own
+# network namespace, whose forwarding and nftables they leave alone.
 start_daemon() {
 	local sock=$1 root=$2 parent=$3 log=$4
 	shift 4
+	[[ " $* " == *" --network "* ]] || set -- --network off "$@"
 	"$STRATA" daemon --root "$root" --socket "$sock" --cgroup-parent "$parent" "$@" >"$log" 2>&1 &
 	DAEMON_PID=$!
 	for _ in $(seq 200); do

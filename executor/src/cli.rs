@@ -204,6 +204,27 @@ pub enum Command {
     },
     /// Thaw a paused sandbox.
     Unpause { id: String },
+    /// A stream to TCP port PORT of a sandbox (its 127.0.0.1:PORT, reached
+    /// inside its network namespace, whatever its network): stdin and
+    /// stdout, or with --listen a local listener forwarding each connection.
+    Port {
+        id: String,
+        port: u16,
+        /// Listen here (e.g. 127.0.0.1:8080) instead of using stdin/stdout.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// Replace a running egress sandbox's policy (new connections follow
+    /// it at once); no flags: allow everything but the always-denied.
+    Network {
+        id: String,
+        /// CIDR, address or domain it may reach (repeatable).
+        #[arg(long = "allow-out")]
+        allow_out: Vec<String>,
+        /// CIDR or address it may not reach (repeatable).
+        #[arg(long = "deny-out")]
+        deny_out: Vec<String>,
+    },
     /// Remove sandboxes: kill every process, delete upper, work and cgroup;
     /// returns once all of that is done.
     Rm {
@@ -311,6 +332,23 @@ pub struct DaemonArgs {
     /// Speak plain HTTP to the fleet registry (one on loopback).
     #[arg(long, requires = "registry")]
     pub insecure_registry: bool,
+    /// Sandbox networking: `on` (sandboxes may ask for egress: veths, an
+    /// nft table `inet strata`, IPv4 forwarding) or `off` (loopback only,
+    /// the host's network untouched). One networked daemon per network
+    /// namespace.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub network: String,
+    /// The range egress sandboxes get their addresses from (a /31 each).
+    #[arg(long, default_value = crate::net::DEFAULT_RANGE)]
+    pub network_cidr: String,
+    /// Where the sandboxes' resolver forwards, IP[:PORT] (default: the
+    /// host's first nameserver in /etc/resolv.conf).
+    #[arg(long)]
+    pub dns_upstream: Option<String>,
+    /// Connections a sandbox may have tracked at once; past it new ones
+    /// are refused.
+    #[arg(long, default_value_t = crate::net::DEFAULT_CONNTRACK)]
+    pub sandbox_conntrack: u32,
     /// This host's id in the catalog (default: the hostname); hosts sharing
     /// a catalog each need their own.
     #[arg(long)]
@@ -599,6 +637,19 @@ pub struct LaunchArgs {
     /// (first come, first served) instead of failing at once.
     #[arg(long, value_parser = crate::units::parse_duration)]
     pub wait: Option<std::time::Duration>,
+    /// `none` (loopback only) or `egress` (an address, a resolver, NAT
+    /// out under --allow-out/--deny-out). Default for create: none; for
+    /// resume and fork: as the snapshot's sandbox had it.
+    #[arg(long)]
+    pub network: Option<crate::net::NetworkMode>,
+    /// A CIDR, address or domain (`*.` wildcards) it may reach, winning
+    /// over --deny-out (repeatable; implies --network egress).
+    #[arg(long = "allow-out")]
+    pub allow_out: Vec<String>,
+    /// A CIDR or address it may not reach; 0.0.0.0/0 denies all but
+    /// --allow-out (repeatable; implies --network egress).
+    #[arg(long = "deny-out")]
+    pub deny_out: Vec<String>,
 }
 
 impl LaunchArgs {
@@ -620,8 +671,34 @@ impl LaunchArgs {
             idle_timeout: self.idle_timeout.map(whole_seconds),
             id: None,
             wait: self.wait.map(whole_seconds),
+            network: (self.network.is_some() || !self.allow_out.is_empty() || !self.deny_out.is_empty()).then(|| {
+                crate::types::NetworkRequest {
+                    mode: self.network,
+                    allow_out: self.allow_out.clone(),
+                    deny_out: self.deny_out.clone(),
+                }
+            }),
         }
     }
+}
+
+/// The daemon's `--network*` flags.
+fn network_config(a: &DaemonArgs) -> anyhow::Result<Option<crate::net::NetConfig>> {
+    if a.network == "off" {
+        return Ok(None);
+    }
+    let range = crate::net::NetConfig::parse_range(&a.network_cidr).context("--network-cidr")?;
+    let upstream = match &a.dns_upstream {
+        None => crate::net::NetConfig::host_upstream(),
+        Some(s) => s
+            .parse::<std::net::SocketAddr>()
+            .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| std::net::SocketAddr::new(ip, 53)))
+            .map_err(|_| anyhow::anyhow!("--dns-upstream {s:?} is not IP[:PORT]"))?,
+    };
+    if a.sandbox_conntrack == 0 {
+        anyhow::bail!("--sandbox-conntrack must be at least 1");
+    }
+    Ok(Some(crate::net::NetConfig { range, upstream, conntrack: a.sandbox_conntrack, table: "strata".into() }))
 }
 
 /// `IMAGE=N` of `--pool`.
@@ -776,6 +853,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 timeout: l.timeout,
                 on_timeout: l.on_timeout,
                 idle_timeout: l.idle_timeout,
+                network: l.network,
             };
             let info: SandboxInfo = client(&cli)?.call("POST", "/v1/sandboxes", Some(&req))?;
             println!("{}", info.id);
@@ -1157,7 +1235,53 @@ pub fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Exec(a) => run_exec(&cli, a),
+        Command::Port { id, port, listen } => run_port(&cli, id, *port, *listen),
+        Command::Network { id, allow_out, deny_out } => {
+            let body =
+                crate::types::NetworkRequest { mode: None, allow_out: allow_out.clone(), deny_out: deny_out.clone() };
+            let info: SandboxInfo = client(&cli)?.call("PUT", &format!("/v1/sandboxes/{id}/network"), Some(&body))?;
+            println!("{}", serde_json::to_string(&info.network.policy)?);
+            Ok(0)
+        }
     }
+}
+
+/// `strata port`: copy both ways between a port stream and stdin/stdout,
+/// or, with `listen`, between each accepted connection and a stream of its own.
+fn run_port(cli: &Cli, id: &str, port: u16, listen: Option<std::net::SocketAddr>) -> Result<i32> {
+    fn join(
+        mut early: std::io::Cursor<Vec<u8>>,
+        stream: std::os::unix::net::UnixStream,
+        mut input: impl std::io::Read + Send + 'static,
+        mut output: impl std::io::Write,
+    ) -> std::io::Result<()> {
+        let mut up = stream.try_clone()?;
+        let sender = std::thread::spawn(move || {
+            let _ = std::io::copy(&mut input, &mut up);
+            let _ = up.shutdown(std::net::Shutdown::Write);
+        });
+        std::io::copy(&mut early, &mut output)?;
+        std::io::copy(&mut &stream, &mut output)?;
+        output.flush()?;
+        drop(sender);
+        Ok(())
+    }
+    let Some(addr) = listen else {
+        let (early, stream) = client(cli)?.port(id, port)?;
+        join(early, stream, std::io::stdin(), std::io::stdout().lock())?;
+        return Ok(0);
+    };
+    let listener = std::net::TcpListener::bind(addr).with_context(|| format!("listen on {addr}"))?;
+    eprintln!("forwarding {} to port {port} of sandbox {id}", listener.local_addr()?);
+    for conn in listener.incoming() {
+        let conn = conn?;
+        let (early, stream) = client(cli)?.port(id, port)?;
+        let out = conn.try_clone()?;
+        std::thread::spawn(move || {
+            let _ = join(early, stream, conn, out);
+        });
+    }
+    Ok(0)
 }
 
 fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
@@ -1203,6 +1327,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
             .map(|r| crate::daemon::fleet::FleetRegistry::parse(r, a.insecure_registry))
             .transpose()
             .map_err(|e| anyhow::anyhow!("--registry {e}"))?,
+        network: network_config(a)?,
     };
     if a.host_deadline <= a.heartbeat {
         anyhow::bail!(

@@ -204,7 +204,25 @@ impl Client {
             ("connection", "Upgrade"),
             ("upgrade", crate::api::http::UPGRADE_PROTOCOL),
         ];
-        let r = self.send("POST", path, bytes, &headers)?;
+        let (early, stream) = self.upgrade("POST", path, bytes, &headers)?;
+        Ok(Attached { reader: BufReader::new(early.chain(stream.try_clone()?)), writer: stream })
+    }
+
+    /// A stream to a sandbox's TCP port (`strata port`): what arrived with
+    /// the 101, and the connection.
+    pub fn port(mut self, id: &str, port: u16) -> Result<(std::io::Cursor<Vec<u8>>, UnixStream), ClientError> {
+        let headers = [("connection", "Upgrade"), ("upgrade", crate::api::PORT_UPGRADE)];
+        self.upgrade("GET", &format!("/v1/sandboxes/{id}/ports/{port}"), Vec::new(), &headers)
+    }
+
+    fn upgrade(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Result<(std::io::Cursor<Vec<u8>>, UnixStream), ClientError> {
+        let r = self.send(method, path, body, headers)?;
         if r.status() != hyper::StatusCode::SWITCHING_PROTOCOLS {
             check(self.read(r)?)?;
             return Err(ClientError::Protocol("daemon did not upgrade the connection".into()));
@@ -215,8 +233,7 @@ impl Client {
             .map_err(|_| ClientError::Protocol("upgraded connection of an unexpected type".into()))?;
         let stream = parts.io.into_inner().into_std()?;
         stream.set_nonblocking(false)?;
-        let early = std::io::Cursor::new(parts.read_buf.to_vec());
-        Ok(Attached { reader: BufReader::new(early.chain(stream.try_clone()?)), writer: stream })
+        Ok((std::io::Cursor::new(parts.read_buf.to_vec()), stream))
     }
 }
 

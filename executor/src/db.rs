@@ -2590,7 +2590,19 @@ impl Db {
     /// replaced (the rest, such as the lineage head a checkpoint moved, is
     /// the catalog's). `false` if there is no such sandbox.
     pub fn set_sandbox_lifetime(&self, id: &SandboxId, lifetime: &crate::spec::Lifetime) -> Result<bool, DbError> {
-        let tx = self.conn.transaction(true).map_err(q("begin lifetime renewal"))?;
+        let value = serde_json::to_value(lifetime).map_err(|source| DbError::Decode { what: "lifetime", source })?;
+        self.set_sandbox_spec_field(id, "lifetime", value)
+    }
+
+    /// A live network policy change: the spec's `network` replaced, as
+    /// [`Db::set_sandbox_lifetime`] replaces its lifetime.
+    pub fn set_sandbox_network(&self, id: &SandboxId, network: &crate::net::NetworkSpec) -> Result<bool, DbError> {
+        let value = serde_json::to_value(network).map_err(|source| DbError::Decode { what: "network", source })?;
+        self.set_sandbox_spec_field(id, "network", value)
+    }
+
+    fn set_sandbox_spec_field(&self, id: &SandboxId, field: &str, value: serde_json::Value) -> Result<bool, DbError> {
+        let tx = self.conn.transaction(true).map_err(q("begin sandbox spec change"))?;
         let Some(spec) = tx
             .query_row("SELECT spec FROM sandboxes WHERE id = ?1", params![id.as_str()], |r| r.get::<_, String>(0))
             .optional()
@@ -2604,11 +2616,11 @@ impl Db {
         let Some(fields) = spec.as_object_mut() else {
             return Err(DbError::Invalid(format!("sandbox {id}: its spec is not an object")));
         };
-        fields.insert("lifetime".into(), serde_json::to_value(lifetime).map_err(decode)?);
+        fields.insert(field.into(), value);
         let spec = serde_json::to_string(&spec).map_err(decode)?;
         tx.execute("UPDATE sandboxes SET spec = ?2 WHERE id = ?1", params![id.as_str(), spec])
-            .map_err(q("set sandbox lifetime"))?;
-        tx.commit().map_err(q("commit lifetime renewal"))?;
+            .map_err(q("set sandbox spec"))?;
+        tx.commit().map_err(q("commit sandbox spec change"))?;
         Ok(true)
     }
 

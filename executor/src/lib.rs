@@ -4,7 +4,7 @@
 //! Modules: `api` (HTTP on the Unix socket), `daemon` (operations and the
 //! execution pool), `sandbox` (create/exec/destroy of live sandboxes),
 //! `image` + `oci` (import and safe layer unpacking), `store` (on-disk
-//! layout), `db` (SQLite metadata), `cgroups` (limits), `shim_client`
+//! layout), `db` (SQLite metadata), `cgroups` (limits), `net` (veths, nft, the sandboxes' resolver), `shim_client`
 //! (daemon ⇄ shim), `stream` (attached exec frames), `client` (API client).
 
 #![forbid(unsafe_code)]
@@ -28,6 +28,7 @@ pub mod gitcheck;
 pub mod ids;
 pub mod image;
 pub mod model;
+pub mod net;
 pub mod oci;
 pub mod patch;
 pub mod registry;

@@ -54,6 +54,9 @@ pub struct SandboxSpec {
     /// snapshots taken before it name them) but not in its log.
     #[serde(default)]
     pub log_from: i64,
+    /// Its network (`none`: loopback only), egress policy and address.
+    #[serde(default)]
+    pub network: crate::net::NetworkSpec,
 }
 
 /// How long a sandbox lives (the scheduler's contract): a deadline after

@@ -89,6 +89,26 @@ pub struct CreateRequest {
     /// naming it, after which it is suspended into its lineage.
     #[serde(default)]
     pub idle_timeout: Option<u64>,
+    /// Its network: absent, loopback only.
+    #[serde(default)]
+    pub network: Option<NetworkRequest>,
+}
+
+/// A sandbox's network as a create, resume or fork asks for it, and the
+/// body of `PUT /v1/sandboxes/{id}/network` (`mode` left out there).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    /// `none` or `egress` (the default when a network is given).
+    #[serde(default)]
+    pub mode: Option<crate::net::NetworkMode>,
+    /// CIDRs, addresses and domain names (`*.` wildcards) it may reach;
+    /// an allowed destination wins over a denied one.
+    #[serde(default)]
+    pub allow_out: Vec<String>,
+    /// CIDRs and addresses it may not reach (`0.0.0.0/0`: all but those allowed).
+    #[serde(default)]
+    pub deny_out: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -119,6 +139,9 @@ pub struct SandboxInfo {
     /// Its deadline (unix ms), what happens then, and its idle timeout.
     #[serde(default)]
     pub lifetime: crate::spec::Lifetime,
+    /// Its network mode, egress policy and address.
+    #[serde(default)]
+    pub network: crate::net::NetworkSpec,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
@@ -327,6 +350,9 @@ pub struct LaunchRequest {
     /// naming it, after which it is suspended into its lineage.
     #[serde(default)]
     pub idle_timeout: Option<u64>,
+    /// Its network; absent: as the snapshot's sandbox had it.
+    #[serde(default)]
+    pub network: Option<NetworkRequest>,
 }
 
 /// `POST /v1/sandboxes/{id}/timeout`.

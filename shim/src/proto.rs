@@ -56,6 +56,11 @@ pub struct SetupSpec {
     /// and device nodes are bound from the host's /dev (no mknod there).
     #[serde(default)]
     pub userns: bool,
+    /// With a network (`egress`): the `/etc/resolv.conf` the sandbox sees,
+    /// naming the daemon's resolver. Bound over the image's file (never
+    /// written into the upper, so no checkpoint captures it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolv_conf: Option<String>,
 }
 
 fn yes() -> bool {

@@ -54,6 +54,8 @@ pub enum SetupError {
     Extra(String, #[source] Errno),
     #[error(transparent)]
     Seccomp(#[from] crate::seccomp::SeccompError),
+    #[error("bind the daemon's resolver at /etc/resolv.conf")]
+    ResolvConf(#[source] std::io::Error),
     #[error("/proc, /dev and /sys were staged at {staged}, but the root is to be mounted at {rootfs}")]
     StagedElsewhere { staged: PathBuf, rootfs: PathBuf },
 }
@@ -241,6 +243,13 @@ pub fn run(
         }
     }
 
+    // 6b'. With a network: the daemon's resolver as /etc/resolv.conf, bound
+    //      over the image's (after pivot_root, so a symlink there resolves
+    //      inside the sandbox).
+    if let Some(text) = &spec.resolv_conf {
+        bind_resolv_conf(text)?;
+    }
+
     // 6c. Masked and read-only kernel interfaces (staged with them, or now,
     //     after pivot_root: these are the sandbox's own /proc and /sys, no
     //     image path is involved).
@@ -261,6 +270,39 @@ pub fn run(
     if spec.seccomp {
         crate::seccomp::install()?;
     }
+    Ok(())
+}
+
+/// Step 6b': write `text` to a file on the sandbox's own /dev tmpfs, bind
+/// it over /etc/resolv.conf and unlink it again (the bind keeps it): the
+/// upper never holds it, so checkpoints and diffs do not see it. An image
+/// without the file gets an empty one to bind over (that one is in its
+/// upper, as Docker's is); one whose file is a dangling symlink (a
+/// systemd-resolved stub) keeps it, and its resolver is not configured.
+fn bind_resolv_conf(text: &str) -> Result<(), SetupError> {
+    let staged = Path::new("/dev/.strata-resolv.conf");
+    std::fs::write(staged, text).map_err(SetupError::ResolvConf)?;
+    let target = Path::new("/etc/resolv.conf");
+    let bound = match std::fs::metadata(target) {
+        Ok(m) if m.is_file() => Ok(true),
+        Ok(_) => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match std::fs::symlink_metadata(target) {
+            // A dangling symlink: creating the file would follow it.
+            Ok(_) => Ok(false),
+            Err(_) => std::fs::create_dir_all("/etc")
+                .and_then(|()| std::fs::OpenOptions::new().write(true).create_new(true).open(target))
+                .map(|_| true),
+        },
+        Err(e) => Err(e),
+    };
+    let bound = bound.map_err(SetupError::ResolvConf)?;
+    if bound {
+        mount(Some(staged), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(|e| SetupError::ResolvConf(e.into()))?;
+    } else {
+        eprintln!("strata-shim: /etc/resolv.conf is not a regular file; the sandbox's resolver is not set");
+    }
+    std::fs::remove_file(staged).map_err(SetupError::ResolvConf)?;
     Ok(())
 }
 

@@ -77,6 +77,10 @@ pub struct TestEnv {
     pub daemon_env: Vec<(String, String)>,
     /// The root is a file system of its own (see `start_on_tmpfs`).
     own_fs: bool,
+    /// The network namespace the daemon runs in (`NetWorld::daemon`);
+    /// none: the host's, with `--network off` (the suite never changes
+    /// the host's own network).
+    pub netns: Option<PathBuf>,
     _tmp: tempfile::TempDir,
 }
 
@@ -119,6 +123,17 @@ impl TestEnv {
     }
 
     fn start_args(extra_args: Vec<String>, tmpfs: Option<u64>, vars: &[(&str, &str)]) -> TestEnv {
+        TestEnv::start_in(extra_args, tmpfs, vars, None)
+    }
+
+    /// A daemon in the network namespace `netns` (a bind mount under
+    /// /run/netns), with networking on.
+    pub fn start_in_netns(netns: &Path, extra: &[&str]) -> TestEnv {
+        let args = extra.iter().map(|s| s.to_string()).chain(database_args()).collect();
+        TestEnv::start_in(args, None, &[], Some(netns.to_path_buf()))
+    }
+
+    fn start_in(extra_args: Vec<String>, tmpfs: Option<u64>, vars: &[(&str, &str)], netns: Option<PathBuf>) -> TestEnv {
         require_root();
         // Shims orphaned by a killed daemon reparent to us instead of the
         // host's init (which may not reap them), and `reap_orphans` reaps them.
@@ -134,6 +149,7 @@ impl TestEnv {
             extra_args,
             daemon_env: vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             own_fs: tmpfs.is_some(),
+            netns,
             _tmp: tmp,
         };
         if let Some(size) = tmpfs {
@@ -159,7 +175,18 @@ impl TestEnv {
             .append(true)
             .open(self.root.with_file_name("daemon.log"))
             .expect("daemon log");
-        let child = Command::new(strata_bin())
+        // In a namespace of the test's: `nsenter --net` enters it and execs
+        // the daemon (the same pid). Elsewhere: networking off.
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", ns.display())).arg(strata_bin());
+                c
+            }
+            None => Command::new(strata_bin()),
+        };
+        let network_off = self.netns.is_none() && !self.extra_args.iter().any(|a| a == "--network");
+        let child = cmd
             .arg("--socket")
             .arg(&self.socket)
             .arg("daemon")
@@ -168,6 +195,7 @@ impl TestEnv {
             .arg("--cgroup-parent")
             .arg(&self.cgroup_parent)
             .args(&self.extra_args)
+            .args(if network_off { &["--network", "off"][..] } else { &[] })
             .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

@@ -105,6 +105,8 @@ pub enum Reply {
         sandbox: crate::sandbox::InUse,
         req: ExecRequest,
     },
+    /// Join the connection to a TCP stream into a sandbox (after a 101).
+    Port(std::net::TcpStream),
 }
 
 fn json<T: Serialize>(status: u16, v: &T) -> Result<Reply, ApiError> {
@@ -189,6 +191,11 @@ pub enum Action {
     Pause(String),
     Unpause(String),
     SetTimeout(String, types::TimeoutRequest),
+    /// `PUT /v1/sandboxes/{id}/network`: a new egress policy, live.
+    SetNetwork(String, types::NetworkRequest),
+    /// `GET /v1/sandboxes/{id}/ports/{port}` with `Upgrade: tcp`: a
+    /// stream to the sandbox's `127.0.0.1:port`.
+    Port(String, u16),
     /// A buffered exec: run to completion, answer with its output.
     Exec(String, ExecRequest, Vec<u8>),
     /// An attached exec: the connection is upgraded to the exec stream.
@@ -303,6 +310,23 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
         (["sandboxes", s], "GET") => A::GetSandbox(id(s)),
         (["sandboxes", s], "DELETE") => A::RemoveSandbox(id(s), flag(req, "wait")?),
         (["sandboxes", _], _) => return Err(not_allowed("GET, DELETE")),
+        (["sandboxes", s, "network"], "PUT") => A::SetNetwork(id(s), body(req)?),
+        (["sandboxes", _, "network"], _) => return Err(not_allowed("PUT")),
+        (["sandboxes", s, "ports", p], "GET") => {
+            let port = p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| ApiError::new(ErrorKind::InvalidArgument, format!("port {p:?}: use 1-65535")))?;
+            if !req.header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case(PORT_UPGRADE)) {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("a port stream needs Connection: Upgrade and Upgrade: {PORT_UPGRADE}"),
+                ));
+            }
+            A::Port(id(s), port)
+        }
+        (["sandboxes", _, "ports", _], _) => return Err(not_allowed("GET")),
         (["sandboxes", s, op], "POST") => match *op {
             "checkpoint" => A::Checkpoint(id(s), body_or_default(req)?),
             "suspend" => A::Suspend(id(s)),
@@ -513,6 +537,8 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::Pause(id) => done(d.pause_sandbox(&id)),
         A::Unpause(id) => done(d.unpause_sandbox(&id)),
         A::SetTimeout(id, b) => json(200, &d.set_timeout(&id, b)?),
+        A::SetNetwork(id, b) => json(200, &d.set_network(&id, b)?),
+        A::Port(id, port) => Ok(Reply::Port(d.connect_port(&id, port)?)),
         A::Exec(id, req, stdin) => Ok(Reply::Exec { sandbox: d.sandbox(&id)?, req, stdin }),
         A::Attach(id, req) => Ok(Reply::Attach { sandbox: d.sandbox(&id)?, req }),
         A::Logs(id, output) => json(200, &d.logs(&id, output)?),
@@ -569,6 +595,9 @@ pub fn exec_result(out: crate::sandbox::ExecOutput) -> Result<Vec<u8>, ApiError>
 /// handed back ([`Reply::Exec`], [`Reply::Attach`]) for the server to run
 /// its own way. Every other request may block (files, SQLite, locks, the
 /// network).
+/// The `Upgrade` protocol of a port stream.
+pub const PORT_UPGRADE: &str = "tcp";
+
 pub fn answers_at_once(req: &http::Request) -> bool {
     req.method == "POST"
         && req.body.len() <= 64 << 10

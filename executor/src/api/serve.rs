@@ -600,6 +600,7 @@ async fn answer(
             }
         }
         Ok(Reply::Attach { sandbox, req }) => attach(d, sandbox, req, upgrade).await,
+        Ok(Reply::Port(stream)) => port(stream, upgrade),
         Err(e) => error_response(&e),
     }
 }
@@ -673,6 +674,24 @@ async fn attach(
     let mut r = respond(101, Vec::new());
     r.headers_mut().insert(CONNECTION, HeaderValue::from_static("Upgrade"));
     r.headers_mut().insert(UPGRADE, HeaderValue::from_static(UPGRADE_PROTOCOL));
+    r
+}
+
+/// Answer 101 and join the upgraded connection to a TCP stream into a
+/// sandbox, both ways, until both have ended.
+fn port(stream: std::net::TcpStream, upgrade: hyper::upgrade::OnUpgrade) -> Response<Body> {
+    if let Err(e) = stream.set_nonblocking(true) {
+        return error_response(&ApiError::internal(&e));
+    }
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else { return };
+        let Ok(mut theirs) = tokio::net::TcpStream::from_std(stream) else { return };
+        let mut client = TokioIo::new(upgraded);
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut theirs).await;
+    });
+    let mut r = respond(101, Vec::new());
+    r.headers_mut().insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    r.headers_mut().insert(UPGRADE, HeaderValue::from_static(super::PORT_UPGRADE));
     r
 }
 

@@ -166,6 +166,7 @@ impl Daemon {
             rung: Rung::Image,
             captured_in_userns: false,
             fell,
+            network: None,
         };
         Ok(sandbox_info(&*self.launch(&base, launch)?))
     }

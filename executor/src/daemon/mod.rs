@@ -18,6 +18,7 @@ pub mod gc;
 pub mod host;
 pub mod lifetime;
 pub mod lineage;
+pub mod network;
 pub mod ready;
 pub mod requests;
 pub mod results;
@@ -140,6 +141,12 @@ pub enum LaunchError {
     /// {0}
     Defaults(String),
     /// {0}
+    Network(crate::net::PolicyError),
+    /// this daemon runs with --network off: network egress is not available
+    NetworkOff,
+    /// network the sandbox: {0}
+    Attach(#[from] crate::net::NetError),
+    /// {0}
     Sandbox(#[from] sandbox::SandboxError),
     /// {0}
     Db(#[from] DbError),
@@ -153,6 +160,7 @@ impl Classify for LaunchError {
             LaunchError::StoreSize(_) => ErrorKind::of_host_failure(self),
             LaunchError::NoImageRow => ErrorKind::Internal,
             LaunchError::Sandbox(e) => e.kind(),
+            LaunchError::Attach(e) => e.kind(),
             LaunchError::Db(e) => e.kind(),
             _ => ErrorKind::InvalidArgument,
         }
@@ -286,6 +294,9 @@ pub struct DaemonConfig {
     pub host_deadline: std::time::Duration,
     /// The fleet registry distributed snapshots are published to.
     pub registry: Option<fleet::FleetRegistry>,
+    /// Sandbox networking (`--network on`); `None`: every sandbox has
+    /// loopback only and `egress` is refused.
+    pub network: Option<crate::net::NetConfig>,
 }
 
 /// Open the catalog `cfg` names (a connection of its own each call).
@@ -331,6 +342,8 @@ pub enum DaemonError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Db(#[from] DbError),
+    #[error("set up sandbox networking (or start with --network off)")]
+    Network(#[from] crate::net::NetError),
 }
 
 /// What a sandbox starts from: an image and a layer chain (the image's
@@ -349,6 +362,10 @@ pub struct Base {
     /// A snapshot of its chain was captured in a user namespace: it runs
     /// only in one (see [`Daemon::launch`]).
     pub captured_in_userns: bool,
+    /// The network of the sandbox the snapshot was taken of: a resume or
+    /// fork that names none gets its mode and policy (and an address of
+    /// its own).
+    pub network: Option<crate::net::NetworkSpec>,
 }
 
 /// Validated per-sandbox settings of a create, resume or fork.
@@ -371,6 +388,8 @@ pub struct LaunchSpec {
     pub userns: Option<bool>,
     /// A rollback keeps the host range the sandbox had.
     pub userns_map: Option<crate::userns::UsernsMap>,
+    /// The network asked for; `None`: the base's (else none).
+    pub network: Option<crate::net::NetworkSpec>,
 }
 
 /// Live sandboxes plus slots reserved by creates in flight, under one lock so
@@ -501,6 +520,8 @@ pub struct Daemon {
     /// Each up host's layers as of its last heartbeat, read at most once
     /// a second (a snapshot's `hosts`).
     pub(crate) host_layers: Mutex<Option<(std::time::Instant, fleet::HostLayers)>>,
+    /// Sandbox networking, if on.
+    pub(crate) net: Option<Arc<crate::net::Network>>,
     _lock: Flock<File>,
 }
 
@@ -584,6 +605,7 @@ impl Daemon {
         let shim = crate::sandbox::ShimExe::install(&shim_exe, &cfg.root.join("shim"))?;
         let rt = Runtime { store, shim: std::sync::Arc::new(shim), cgroup_parent: cfg.cgroup_parent.clone() };
         let max_sandboxes = cfg.max_sandboxes.unwrap_or_else(default_max_sandboxes);
+        let net = cfg.network.clone().map(crate::net::Network::start).transpose()?;
         let host_cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let d = Daemon {
             cfg,
@@ -611,6 +633,7 @@ impl Daemon {
             publisher: Mutex::new(None),
             removing_stopped: Default::default(),
             host_layers: Mutex::new(None),
+            net,
             _lock: flock,
         };
         d.recover()?;
@@ -634,8 +657,9 @@ impl Daemon {
                 _ => Err("sandbox was not running".to_string()),
             };
             match adopted {
-                Ok(sb) => {
+                Ok(mut sb) => {
                     tracing::info!("re-adopted sandbox {} (shim pid {})", row.id, sb.shim_pid);
+                    self.renetwork(&mut sb);
                     lock(&self.pool).live.insert(row.id.clone(), Arc::new(sb));
                 }
                 Err(e) => {
@@ -691,6 +715,27 @@ impl Daemon {
             tracing::warn!("collect at start: {}", crate::error::chain(&e));
         }
         Ok(())
+    }
+
+    /// Give an adopted `egress` sandbox its network again (the start
+    /// removed every link and rule an earlier daemon left): the same
+    /// address if it is free and in the range, and its policy. A sandbox
+    /// that cannot have one keeps running without.
+    fn renetwork(&self, sb: &mut Sandbox) {
+        if sb.spec.network.mode != crate::net::NetworkMode::Egress {
+            return;
+        }
+        let Some(net) = &self.net else {
+            tracing::warn!("sandbox {} had a network, but this daemon runs with --network off: it has none now", sb.id);
+            return;
+        };
+        let attached = net.reserve(sb.spec.network.address).and_then(|slot| {
+            sb.spec.network.address = Some(slot.address());
+            sb.attach_network(net, slot)
+        });
+        if let Err(e) = attached {
+            tracing::warn!("sandbox {} keeps running without its network: {}", sb.id, crate::error::chain(&e));
+        }
     }
 
     fn defaults_for(&self, image_id: &i64, spec: &SandboxSpec) -> Result<ExecDefaults, LaunchError> {
@@ -765,6 +810,7 @@ impl Daemon {
             idle_timeout: req.idle_timeout,
             id: req.id,
             wait: req.wait,
+            network: req.network,
         };
         if let Some(key) = &req.baseline {
             return Ok(self.create_from_baseline(key, &req.image, req.work_context.as_deref(), launch)?);
@@ -781,6 +827,7 @@ impl Daemon {
             rung: crate::model::Rung::Image,
             captured_in_userns: false,
             fell: Vec::new(),
+            network: None,
         };
         match self.launch(&base, launch) {
             Ok(sb) => Ok(sandbox_info(&sb)),
@@ -810,6 +857,7 @@ impl Daemon {
             id,
             count,
             wait,
+            network,
         } = req;
         if wait.is_some_and(|w| w > MAX_WAIT_SECS) {
             return Err(LaunchError::Wait(MAX_WAIT_SECS));
@@ -878,7 +926,24 @@ impl Daemon {
             seccomp_unconfined,
             userns,
             userns_map: None,
+            network: network.map(|n| self.network_request(n)).transpose()?,
         })
+    }
+
+    /// Check a network the API asked for against this daemon's.
+    pub(crate) fn network_request(
+        &self,
+        req: crate::types::NetworkRequest,
+    ) -> Result<crate::net::NetworkSpec, LaunchError> {
+        let policy = crate::net::Policy::parse(&req.allow_out, &req.deny_out).map_err(LaunchError::Network)?;
+        let mode = req.mode.unwrap_or(crate::net::NetworkMode::Egress);
+        if mode == crate::net::NetworkMode::None && policy != crate::net::Policy::default() {
+            return Err(LaunchError::Network(crate::net::PolicyError::PolicyWithoutEgress));
+        }
+        if mode == crate::net::NetworkMode::Egress && self.net.is_none() {
+            return Err(LaunchError::NetworkOff);
+        }
+        Ok(crate::net::NetworkSpec { mode, policy, address: None })
     }
 
     /// Settle whether a launch on `base` gets a user namespace. What a root
@@ -1041,6 +1106,15 @@ impl Daemon {
         tracing::debug!("create: {} shim", if warm.is_some() { "warm" } else { "cold" });
         let id = fixed_id.or_else(|| warm.as_ref().map(|w| w.id.clone())).unwrap_or_else(SandboxId::random);
         let hostname = launch.hostname.unwrap_or_else(|| id.as_str()[..12].to_string());
+        // Its network: as asked, else as its base's sandbox had it; an
+        // `egress` one gets its slot now (its resolv.conf names it).
+        let mut network = launch.network.or_else(|| base.network.clone()).unwrap_or_default();
+        let slot = match (network.mode, &self.net) {
+            (crate::net::NetworkMode::None, _) => None,
+            (crate::net::NetworkMode::Egress, None) => return Err(LaunchError::NetworkOff),
+            (crate::net::NetworkMode::Egress, Some(net)) => Some(net.reserve(None)?),
+        };
+        network.address = slot.as_ref().map(|s| s.address());
         let spec = SandboxSpec {
             image: base.image.name.clone(),
             layers: base.layers.clone(),
@@ -1061,12 +1135,19 @@ impl Daemon {
             },
             lifetime: launch.lifetime,
             log_from,
+            network,
         };
         let defaults = self.exec_defaults(&base.image, &spec)?;
-        let sb = match warm {
+        let mut sb = match warm {
             Some(prep) => sandbox::start(&self.rt, prep, &spec, defaults),
             None => sandbox::create(&self.rt, &id, &spec, defaults),
         }?;
+        if let (Some(net), Some(slot)) = (&self.net, slot) {
+            if let Err(e) = sb.attach_network(net, slot) {
+                let _ = sb.destroy(&self.rt.store);
+                return Err(e.into());
+            }
+        }
         // One row, written once the sandbox is up. A crash before this leaves
         // a sandbox dir and cgroup without a row: the start-up sweep ends its
         // processes and removes both.
@@ -1239,6 +1320,11 @@ impl Daemon {
         }
         if let Err(e) = lock(&self.db).host_stopped() {
             tracing::warn!("record this host's stop: {}", crate::error::chain(&e));
+        }
+        // Sandboxes that outlive the daemon have no network until the next
+        // start: nothing would enforce their policy meanwhile.
+        if let Some(net) = &self.net {
+            net.stop();
         }
     }
 
@@ -1431,5 +1517,6 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
         restored: s.spec.restored.clone(),
         seccomp: if s.spec.seccomp_unconfined { "unconfined" } else { "default" }.into(),
         lifetime: s.lifetime(),
+        network: s.network_spec(),
     }
 }

@@ -59,6 +59,9 @@ impl LaunchSpec {
             && !self.seccomp_unconfined
             && self.userns != Some(true)
             && self.limits.disk.is_none()
+            // A ready sandbox was set up without a network (its
+            // resolv.conf is bound at setup).
+            && self.network.as_ref().is_none_or(|n| n.mode == crate::net::NetworkMode::None)
     }
 }
 
@@ -199,6 +202,7 @@ impl Daemon {
             userns: None,
             lifetime: Default::default(),
             log_from: 0,
+            network: Default::default(),
         };
         let defaults = self.exec_defaults(image, &spec)?;
         Ok(crate::sandbox::create(&self.rt, &id, &spec, defaults)?)

@@ -316,9 +316,16 @@ pub(crate) fn own_log(
     db.exec_records(sandbox, from, Some(upto), output)
 }
 
+/// What a snapshot keeps of its sandbox's spec beside its files: whether
+/// it ran in a user namespace, and its network (mode and policy; a
+/// sandbox started from it gets an address of its own).
 pub(crate) fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
     if sb.spec.userns.is_some() {
         info["userns"] = serde_json::Value::Bool(true);
+    }
+    if sb.spec.network.mode != crate::net::NetworkMode::None {
+        let net = crate::net::NetworkSpec { address: None, ..sb.network_spec() };
+        info["network"] = serde_json::to_value(net).unwrap_or_default();
     }
 }
 
@@ -988,6 +995,7 @@ impl Daemon {
             rung: Rung::Snapshot,
             captured_in_userns,
             fell: Vec::new(),
+            network: serde_json::from_value::<crate::net::NetworkSpec>(row.info["network"].clone()).ok(),
         })
     }
 
@@ -1063,6 +1071,7 @@ impl Daemon {
                         snapshot: base.snapshot.clone(),
                         captured_in_userns: base.captured_in_userns,
                         fell: Vec::new(),
+                        network: base.network.clone(),
                     };
                     self.launch(&child, launch.clone()).map_err(ResumeError::from).inspect_err(|_| {
                         let _ = lock(&self.db).delete_unused_work_context(&wc);
@@ -1498,6 +1507,8 @@ impl Daemon {
                 seccomp_unconfined: sb.spec.seccomp_unconfined,
                 userns: Some(sb.spec.userns.is_some()),
                 userns_map: sb.spec.userns,
+                // Its network and policy (its address is given again).
+                network: Some(crate::net::NetworkSpec { address: None, ..sb.network_spec() }),
             };
             Ok(self.launch_reserved(&base, launch, Some(sb.id.clone()))?)
         })();

@@ -297,6 +297,12 @@ pub fn start(
             .collect::<Result<_, SandboxError>>()?,
         seccomp: !spec.seccomp_unconfined,
         userns: root_tree.is_some(),
+        resolv_conf: match (spec.network.mode, spec.network.address) {
+            (crate::net::NetworkMode::Egress, Some(a)) => {
+                Some(crate::net::Network::resolv_conf(crate::net::gateway_of(a)))
+            }
+            _ => None,
+        },
     };
     let fds: Vec<i32> = root_tree.iter().map(|t| t.as_raw_fd()).collect();
     // A warm shim has the refill thread's nice 19. Woken by its setup at
@@ -330,6 +336,7 @@ pub fn start(
         gone: super::Gone::default(),
         capture_cg: Default::default(),
         activity: super::activity::Activity::new(spec.lifetime),
+        net: None,
     })
 }
 
@@ -404,6 +411,7 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
         gone: super::Gone::default(),
         capture_cg: Default::default(),
         activity: super::activity::Activity::new(row.spec.lifetime),
+        net: None,
     })
 }
 

@@ -117,6 +117,10 @@ impl Sandbox {
         self.kill();
         kill_and_reap(self.shim_pid, self.pidfd.as_fd())?;
         t.mark("kill");
+        if let Some(net) = &self.net {
+            net.detach();
+            t.mark("network");
+        }
         self.cgroup.remove(Duration::from_secs(KILL_TIMEOUT_SECS)).map_err(SandboxError::Cgroup)?;
         self.remove_capture_cgroup(Duration::from_secs(KILL_TIMEOUT_SECS))?;
         t.mark("cgroup");

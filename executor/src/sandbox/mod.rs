@@ -268,6 +268,41 @@ pub struct Sandbox {
     capture_cg: std::sync::Mutex<Option<SandboxCgroup>>,
     /// Its lifetime and use, for the daemon's reaper.
     activity: activity::Activity,
+    /// Its veth, nft rules and resolver (`egress`), undone when its
+    /// processes are stopped.
+    net: Option<crate::net::Attachment>,
+}
+
+impl Sandbox {
+    /// Give it the network its spec asks for, in the slot reserved for it.
+    pub fn attach_network(
+        &mut self,
+        net: &std::sync::Arc<crate::net::Network>,
+        slot: crate::net::Reservation,
+    ) -> Result<(), crate::net::NetError> {
+        self.net = Some(net.attach(slot, &self.pidfd, &self.spec.network.policy)?);
+        Ok(())
+    }
+
+    pub fn network(&self) -> Option<&crate::net::Attachment> {
+        self.net.as_ref()
+    }
+
+    /// Its network spec as it is now (a live policy change included).
+    pub fn network_spec(&self) -> crate::net::NetworkSpec {
+        let mut spec = self.spec.network.clone();
+        if let Some(a) = &self.net {
+            spec.policy = a.policy();
+            spec.address = Some(a.address());
+        }
+        spec
+    }
+
+    /// A TCP connection to its `127.0.0.1:port`, made inside its network
+    /// namespace (a server on its loopback is reached too).
+    pub fn connect_port(&self, port: u16, timeout: std::time::Duration) -> std::io::Result<std::net::TcpStream> {
+        crate::net::connect_in(&self.pidfd, port, timeout)
+    }
 }
 
 /// The capture cgroup beside sandbox cgroup `cg` (see
