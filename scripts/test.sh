@@ -81,6 +81,24 @@ leftovers() {
 		found=1
 	done
 
+	# The network worlds of tests/network.rs (two namespaces each), and what a
+	# networked daemon makes, were one ever run in the machine's own network
+	# namespace by mistake: stv* veths and the nft table inet strata.
+	for dir in /run/netns/"$MARKER"*; do
+		[[ -e $dir ]] || continue
+		echo "leftover network namespace: ${dir##*/}" >&2
+		found=1
+	done
+	for dir in /sys/class/net/stv*; do
+		[[ -e $dir ]] || continue
+		echo "leftover sandbox veth: ${dir##*/}" >&2
+		found=1
+	done
+	if command -v nft >/dev/null 2>&1 && nft list tables inet 2>/dev/null | grep -qx 'table inet strata'; then
+		echo "leftover nft table: inet strata" >&2
+		found=1
+	fi
+
 	# Any live strata or strata-shim built in this tree was started by a test
 	# (cargo and the test binaries have exited by the time this runs).
 	# Shims run from the daemon's read-only overlay (exe "/strata-shim"):
@@ -114,6 +132,9 @@ reclaim() {
 	awk -v m="$MARKER" '$5 ~ m {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m"; done
 	for dir in /sys/fs/cgroup/"$MARKER"* /sys/fs/cgroup/*/"$MARKER"* /sys/fs/cgroup/*/*/"$MARKER"*; do
 		[[ -d $dir ]] && find "$dir" -depth -type d -exec rmdir {} \; 2>/dev/null
+	done
+	for dir in /run/netns/"$MARKER"*; do
+		[[ -e $dir ]] && ip netns del "${dir##*/}"
 	done
 	return 0
 }

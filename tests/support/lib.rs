@@ -5,6 +5,7 @@
 //! was left behind.
 
 pub mod corpus;
+pub mod networld;
 pub mod pg;
 pub mod registry;
 

@@ -16,6 +16,9 @@
 //! - `input` / `i<n>`: of the host itself a sandbox reaches its resolver
 //!   (DNS on its gateway address) and nothing else: not the API, the E2B
 //!   port, PostgreSQL or a registry, on any address of the host.
+//! - `output`: the host's own processes do not open connections into a
+//!   sandbox either (its ports are reached through the daemon, which
+//!   connects inside the sandbox's namespace); replies pass.
 //! - `postrouting`: the sandboxes' range is masqueraded out of the host.
 //!
 //! Denied traffic is rejected (administratively prohibited), so a client
@@ -79,6 +82,11 @@ pub fn base(table: &str, range: Cidr, always_denied: &[Cidr]) -> String {
          \t\tiifname \"{IFPREFIX}*\" ct state established,related accept\n\
          \t\tiifname vmap @host_in\n\
          \t\tiifname \"{IFPREFIX}*\" drop\n\
+         \t}}\n\
+         \tchain output {{\n\
+         \t\ttype filter hook output priority filter; policy accept;\n\
+         \t\toifname \"{IFPREFIX}*\" ct state established,related accept\n\
+         \t\toifname \"{IFPREFIX}*\" {REJECT}\n\
          \t}}\n\
          \tchain postrouting {{\n\
          \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
