@@ -4,21 +4,11 @@
 
 use std::process::Command;
 
-use strata_tests::{repo_root, TestEnv};
+use strata_tests::{e2b_python as sdk_python, repo_root, TestEnv};
 
 /// A loopback port nothing listens on now.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// The venv's python: `STRATA_E2B_PYTHON`, else made by scripts/e2b-venv.sh.
-fn sdk_python() -> String {
-    if let Ok(p) = std::env::var("STRATA_E2B_PYTHON") {
-        return p;
-    }
-    let out = Command::new(repo_root().join("scripts/e2b-venv.sh")).output().expect("run scripts/e2b-venv.sh");
-    assert!(out.status.success(), "scripts/e2b-venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 /// A daemon serving E2B's API on a free loopback port, keys `key-one` and

@@ -379,3 +379,40 @@ fn egress_works_in_a_user_namespace_and_a_daemon_without_networking_refuses_it()
     assert_eq!(stdout(&sh(&off, &ok, "ls /sys/class/net")).trim(), "lo");
     off.finish();
 }
+
+#[test]
+fn the_e2b_sdk_gets_its_network_options_and_port_urls() {
+    let python = e2b_python();
+    let world = NetWorld::new();
+    let dir = tempfile::Builder::new().prefix("strata-test-e2bnet-").tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "key-one\n").unwrap();
+    // The world's host namespace is the test's own: any port is free.
+    let addr = "127.0.0.1:40080";
+    let env =
+        world.daemon(&["--e2b-listen", addr, "--e2b-api-keys", keys.to_str().unwrap(), "--e2b-domain", "strata.test"]);
+    let image = image("e2b");
+    env.cli_ok(&["image", "import", image.to_str().unwrap(), "--name", "base"]);
+    let url = format!("http://{addr}");
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", world.host.display()))
+        .arg(&python)
+        .arg(repo_root().join("tests/e2b/sdk_network_test.py"))
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", "key-one")
+        .env("STRATA_BUSYBOX", "/bin/busybox")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .expect("run the SDK network script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("ALL E2B NETWORK CHECKS PASSED"),
+        "the SDK network checks failed ({}):\n{stdout}\n{}\ndaemon log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        env.daemon_log()
+    );
+    env.finish();
+}

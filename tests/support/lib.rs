@@ -52,6 +52,17 @@ pub fn image(name: &str) -> PathBuf {
     dir
 }
 
+/// The E2B SDK venv's python: `STRATA_E2B_PYTHON`, else made by
+/// scripts/e2b-venv.sh (the pinned SDK from PyPI).
+pub fn e2b_python() -> String {
+    if let Ok(p) = std::env::var("STRATA_E2B_PYTHON") {
+        return p;
+    }
+    let out = Command::new(repo_root().join("scripts/e2b-venv.sh")).output().expect("run scripts/e2b-venv.sh");
+    assert!(out.status.success(), "scripts/e2b-venv.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
 /// `--database` for a fresh PostgreSQL database when the suite runs on

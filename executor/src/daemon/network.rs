@@ -54,6 +54,11 @@ impl Classify for NetworkOpError {
 }
 
 impl Daemon {
+    /// Whether sandboxes may have a network here (`--network on`).
+    pub fn networked(&self) -> bool {
+        self.net.is_some()
+    }
+
     /// Replace a live sandbox's egress policy: new connections follow it at
     /// once, open ones keep going; kept in its spec (restarts, suspends,
     /// forks).

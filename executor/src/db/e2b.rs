@@ -23,6 +23,10 @@ pub struct E2bSpec {
     pub auto_pause: bool,
     /// Seconds of life a create or connect gives when it names none.
     pub timeout: u64,
+    /// What its port URLs need in `e2b-traffic-access-token`
+    /// (`network.allowPublicTraffic: false`); none: they are public.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_token: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

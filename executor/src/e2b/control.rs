@@ -40,7 +40,7 @@ impl ApiError {
     pub fn new(status: u16, message: impl Into<String>) -> ApiError {
         ApiError { status, message: message.into() }
     }
-    fn bad(message: impl Into<String>) -> ApiError {
+    pub(super) fn bad(message: impl Into<String>) -> ApiError {
         ApiError::new(400, message)
     }
     fn not_found(id: &str) -> ApiError {
@@ -64,7 +64,7 @@ impl<E: Classify> From<E> for ApiError {
     }
 }
 
-type Result<T> = std::result::Result<T, ApiError>;
+pub(super) type Result<T> = std::result::Result<T, ApiError>;
 
 fn body(req: &Req) -> Result<serde_json::Map<String, Value>> {
     if req.body.iter().all(u8::is_ascii_whitespace) {
@@ -235,6 +235,7 @@ impl E2b {
             "clientID": self.client_id(),
             "envdVersion": ENVD_VERSION,
             "envdAccessToken": row.token,
+            "trafficAccessToken": row.spec.traffic_token,
             "alias": row.template,
             "domain": self.domain,
         })
@@ -304,13 +305,9 @@ impl E2b {
             Some(Value::String(t)) if !t.is_empty() => t.clone(),
             _ => return Err(ApiError::bad("templateID is required")),
         };
+        let net = super::network::create_options(&b, self.d.networked())?;
         // What E2B offers and Strata does not: refused, not ignored.
-        if flag(&b, "allow_internet_access")? {
-            return Err(ApiError::bad(
-                "allow_internet_access: sandboxes here have no internet access (their own loopback only)",
-            ));
-        }
-        for key in ["network", "mcp", "iam"] {
+        for key in ["mcp", "iam"] {
             if b.get(key).is_some_and(|v| !v.is_null()) {
                 return Err(ApiError::bad(format!("{key} is not supported by Strata's E2B API")));
             }
@@ -330,11 +327,12 @@ impl E2b {
             env: strings(b.get("envVars"), "envVars")?,
             auto_pause,
             timeout: timeout(b.get("timeout"), DEFAULT_TIMEOUT)?,
+            traffic_token: net.private.then(|| random_hex(16)),
         };
         let snapshot = lock(&self.d.db).e2b_snapshots(owner)?.into_iter().find(|s| s.id == template);
         let info = match snapshot {
             // A snapshot of this key's: a new sandbox forked from it.
-            Some(s) => self.d.fork(&s.id, Self::launch(&spec))?.remove(0),
+            Some(s) => self.d.fork(&s.id, LaunchRequest { network: net.request, ..Self::launch(&spec) })?.remove(0),
             None => {
                 if self.d.get_image(&template).is_err() {
                     return Err(ApiError::new(
@@ -347,6 +345,7 @@ impl E2b {
                     env: Self::env(&spec),
                     timeout: Some(spec.timeout),
                     on_timeout: Some(Self::on_timeout(&spec)),
+                    network: net.request,
                     ..Default::default()
                 })?
             }
@@ -390,14 +389,16 @@ impl E2b {
         let (row, run) = self.sandbox(owner, id)?;
         let info = run.here(id, "is paused; connect to it first")?;
         let spec = E2bSpec { timeout: timeout(b.get("timeout"), row.spec.timeout)?, ..row.spec.clone() };
+        // Each fork has a traffic token of its own, if its parent has one.
+        let token = || spec.traffic_token.as_ref().map(|_| random_hex(16));
         let snap = self.d.checkpoint(&info.id, crate::model::BlobCompression::default(), false)?;
         let results: Vec<Value> = (0..count)
             .map(|_| {
-                let child = self
-                    .d
-                    .fork(snap.id.as_str(), Self::launch(&spec))
-                    .map_err(ApiError::from)
-                    .and_then(|mut made| self.record(owner, row.template.clone(), spec.clone(), &made.remove(0)));
+                let child =
+                    self.d.fork(snap.id.as_str(), Self::launch(&spec)).map_err(ApiError::from).and_then(|mut made| {
+                        let spec = E2bSpec { traffic_token: token(), ..spec.clone() };
+                        self.record(owner, row.template.clone(), spec, &made.remove(0))
+                    });
                 match child {
                     Ok(child) => json!({"sandbox": self.created(&child)}),
                     Err(e) => json!({"error": {"code": e.status, "message": e.message}}),
@@ -405,6 +406,16 @@ impl E2b {
             })
             .collect();
         Ok(Resp::json(201, Value::Array(results)))
+    }
+
+    /// `PUT /sandboxes/{id}/network`: its egress rules replaced (new
+    /// connections follow them at once).
+    pub fn update_network(&self, owner: &str, id: &str, req: &Req) -> Result<Resp> {
+        let request = super::network::update_request(&body(req)?)?;
+        let (_, run) = self.sandbox(owner, id)?;
+        let info = run.here(id, "is paused; connect to it first")?;
+        self.d.set_network(&info.id, request)?;
+        Ok(Resp::empty(204))
     }
 
     /// A resume's or fork's settings from what the create asked for.

@@ -5,7 +5,8 @@
 //! envd requests name their sandbox by the `E2b-Sandbox-Id` header (the
 //! SDK sends it when `E2B_SANDBOX_URL` points here) or by a `Host` of
 //! `49983-<id>.<domain>`; they must carry that sandbox's
-//! `X-Access-Token`. Control requests carry an API key (`X-API-KEY`, one
+//! `X-Access-Token`. Any other `<port>-<id>.<domain>` is that port of the
+//! sandbox, relayed (`proxy`). Control requests carry an API key (`X-API-KEY`, one
 //! of `--e2b-api-keys`); a key sees only what it made.
 //!
 //! This module sits beside `api`: it turns E2B's requests into the
@@ -15,7 +16,9 @@
 mod connect;
 mod control;
 pub mod fs;
+mod network;
 mod process;
+mod proxy;
 pub mod users;
 mod watch;
 
@@ -265,6 +268,7 @@ pub fn serve(
                     .header_read_timeout(HEADER_TIMEOUT)
                     .keep_alive(true)
                     .serve_connection(TokioIo::new(conn), svc)
+                    .with_upgrades()
                     .await;
             });
         }
@@ -289,6 +293,11 @@ fn respond(r: Resp) -> Response<Body> {
     out
 }
 
+/// `given == secret`, in time that does not depend on where they differ.
+fn same_secret(given: &str, secret: &str) -> bool {
+    given.len() == secret.len() && given.bytes().zip(secret.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
 /// Which API a path belongs to.
 fn is_envd(path: &str) -> bool {
     path.starts_with("/process.Process/")
@@ -299,6 +308,10 @@ fn is_envd(path: &str) -> bool {
 
 impl E2b {
     async fn answer(self: Arc<Self>, req: hyper::Request<Incoming>) -> Response<Body> {
+        // A sandbox's own port (any but envd's): relayed whole, streaming.
+        if let Some((port, id)) = self.host_target(req.headers()).filter(|(p, _)| *p != ENVD_PORT) {
+            return self.forward(req, port, id).await;
+        }
         let (parts, body) = req.into_parts();
         let mut req = Req {
             method: parts.method.to_string(),
@@ -373,10 +386,7 @@ impl E2b {
             Err(e) => return Err(fail(RpcError::internal(crate::error::chain(&e)))),
         };
         // Compared in constant time: the token is the sandbox's key.
-        let given = req.header("x-access-token").unwrap_or("");
-        let ok = given.len() == row.token.len()
-            && given.bytes().zip(row.token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-        if !ok {
+        if !same_secret(req.header("x-access-token").unwrap_or(""), &row.token) {
             let e = RpcError::new(Code::Unauthenticated, format!("sandbox {id}: a valid X-Access-Token is required"));
             return Err(fail(e));
         }
@@ -417,6 +427,7 @@ impl E2b {
                 self.connect(&owner, id, req)
             }
             ("POST", ["sandboxes", id, "snapshots"]) => self.snapshot(&owner, id, req),
+            ("PUT", ["sandboxes", id, "network"]) => self.update_network(&owner, id, req),
             ("GET", ["snapshots"]) => self.snapshots(&owner, req),
             ("DELETE", ["templates", id]) => self.delete_snapshot(&owner, id),
             _ => return Resp::error(404, &format!("no route {m} {} in Strata's E2B API", req.path)),
@@ -426,11 +437,17 @@ impl E2b {
 
     /// The sandbox a `Host: 49983-<id>.<domain>` names.
     fn host_sandbox(&self, req: &Req) -> Option<String> {
+        self.host_target(&req.headers).filter(|(port, _)| *port == ENVD_PORT).map(|(_, id)| id)
+    }
+
+    /// The port and sandbox a `Host: <port>-<id>.<domain>` names.
+    fn host_target(&self, headers: &hyper::HeaderMap) -> Option<(u16, String)> {
         let domain = self.domain.as_deref()?;
-        let host = req.header("host")?.split(':').next()?;
+        let host = headers.get(hyper::header::HOST)?.to_str().ok()?.split(':').next()?;
         let sub = host.strip_suffix(domain)?.strip_suffix('.')?;
         let (port, id) = sub.split_once('-')?;
-        (port == ENVD_PORT.to_string() && !id.contains('.')).then(|| id.to_string())
+        let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
+        (!id.is_empty() && !id.contains('.')).then(|| (port, id.to_string()))
     }
 
     fn processes(&self, sandbox: &str) -> Arc<Procs> {
