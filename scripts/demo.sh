@@ -112,7 +112,7 @@ echo "root:   $ROOT"
 echo "socket: $SOCK"
 echo "log:    $LOG"
 # Networking off: the demo's daemon leaves this host's forwarding and
-# nftables alone (scripts/demo-network.sh shows egress in a namespace world).
+# nftables alone (tests/network.rs shows egress, in a namespace world of its own).
 strata daemon --root "$ROOT" --socket "$SOCK" --network off >"$LOG" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 100); do

@@ -329,6 +329,10 @@ fn the_policy_survives_restart_fork_and_suspend_and_a_killed_daemon_leaves_no_li
     assert_eq!(forks[0]["network"]["policy"], av["network"]["policy"], "{}", forks[0]);
     assert_reaches(&env, f, ALLOWED);
     assert_blocked(&env, f, DENIED, PORT);
+    // An evaluation of that snapshot (untrusted code) has no network.
+    let body = json!({"name": "net", "version": "1", "argv": ["ls", "/sys/class/net"]});
+    let eval: Value = env.client().call("POST", &format!("/v1/snapshots/{s}/evaluate"), Some(&body)).unwrap();
+    assert_eq!(eval["output"]["stdout"], "lo\n", "{eval}");
 
     // Suspend then resume: the policy again, even after a live change.
     let body = json!({"allow_out": ["198.18.2.1"], "deny_out": ["0.0.0.0/0"]});

@@ -5,8 +5,8 @@
 //!
 //! An evaluation runs its command in a throwaway sandbox forked from the
 //! snapshot (its own empty upper: the snapshot's tree is never changed;
-//! loopback-only network like every sandbox; a deadline, so a daemon that
-//! dies mid-way still removes it after a restart), reads the JSON the
+//! a loopback-only network, whatever the snapshot's sandbox had; a
+//! deadline, so a daemon that dies mid-way still removes it after a restart), reads the JSON the
 //! command wrote to `$STRATA_RESULT` through the same confined resolution
 //! as `cp`, removes the sandbox and its lineage, and records the outcome.
 
@@ -132,6 +132,9 @@ impl Daemon {
         };
         let wc = self.new_lineage(None, base.image.id, start_kind, Some(&row.id))?;
         (base.work_context, base.observed_head, base.rung) = (wc.clone(), None, rung);
+        // Untrusted code against a sealed result: no network, whatever the
+        // snapshot's sandbox had.
+        base.network = None;
         // Removed by the reaper should this daemon die before it does.
         let launch = crate::types::LaunchRequest {
             timeout: Some(timeout + 60),
