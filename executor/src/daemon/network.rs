@@ -27,7 +27,7 @@ pub enum NetworkOpError {
     Gone(SandboxId),
     /// apply the policy: {0}
     Apply(#[from] crate::net::NetError),
-    /// nothing listens on port {port} of sandbox {id} ({source})
+    /// nothing listens on port {port} of sandbox {id}
     Connect {
         id: SandboxId,
         port: u16,
