@@ -7,6 +7,7 @@
 //!        strata-bench --cpu SOCKET IMAGE COUNT
 //!        strata-bench --cpu-spawn COUNT ARGV...
 //!        strata-bench --ab SOCKET_A SOCKET_B IMAGE COUNT [cycle]
+//!        strata-bench --net SOCKET IMAGE RUNS
 //! Prints one line per measurement: `name median_ms p90_ms min_ms` (names
 //! after PREFIX); the open loop, `PREFIXopen_create_exec_rm p50 p90 p99`:
 //! COUNT create -> exec `true` -> rm, started RATE a second whatever the
@@ -25,7 +26,9 @@
 //! With `cycle`, each is a create -> exec `true` -> rm instead, followed by
 //! an untimed 10 ms pause so that its teardown (after the answer) is done
 //! before the other daemon's cycle; the daemon's CPU then includes the
-//! shims it reaped, and the shim column means nothing.
+//! shims it reaped, and the shim column means nothing. `--net` times
+//! create -> exec `true` -> rm with `network: none` and with `egress`,
+//! alternating (scripts/bench-network.sh runs it in a namespace world).
 
 use std::time::Instant;
 
@@ -40,11 +43,43 @@ fn stats(name: &str, mut v: Vec<f64>) {
 
 /// One create -> exec `true` -> rm.
 fn cycle(c: &mut Client, image: &str) {
-    let v: Value = c.call("POST", "/v1/sandboxes", Some(&json!({"image": image, "wait": 60}))).unwrap();
+    cycle_with(c, json!({"image": image, "wait": 60}));
+}
+
+/// One create (of `body`) -> exec `true` -> rm; the create's and the
+/// whole cycle's ms.
+fn cycle_with(c: &mut Client, body: Value) -> (f64, f64) {
+    let t0 = Instant::now();
+    let v: Value = c.call("POST", "/v1/sandboxes", Some(&body)).unwrap();
+    let created = ms(t0);
     let id = v["id"].as_str().unwrap().to_string();
     let r: Value = c.call("POST", &format!("/v1/sandboxes/{id}/exec"), Some(&json!({"argv": ["true"]}))).unwrap();
     assert_eq!(r["exit_code"], 0);
     c.request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    (created, ms(t0))
+}
+
+/// `--net`: RUNS cycles each without and with a network, in turn.
+fn net(args: &[String]) {
+    let mut c = Client::connect(args[2].as_ref()).expect("connect");
+    let runs: usize = args[4].parse().expect("RUNS");
+    let body = |mode: &str| json!({"image": args[3], "network": {"mode": mode}});
+    for _ in 0..3 {
+        cycle_with(&mut c, body("none"));
+        cycle_with(&mut c, body("egress"));
+    }
+    let (mut none, mut egress) = ((vec![], vec![]), (vec![], vec![]));
+    for _ in 0..runs {
+        for (mode, out) in [("none", &mut none), ("egress", &mut egress)] {
+            let (created, total) = cycle_with(&mut c, body(mode));
+            out.0.push(created);
+            out.1.push(total);
+        }
+    }
+    stats("net_none_create", none.0);
+    stats("net_egress_create", egress.0);
+    stats("net_none_create_exec_rm", none.1);
+    stats("net_egress_create_exec_rm", egress.1);
 }
 
 /// `--open-loop`: COUNT cycles started RATE a second.
@@ -188,6 +223,9 @@ fn main() {
     if args.len() == 7 && args[1] == "--open-loop" {
         return open_loop(&args);
     }
+    if args.len() == 5 && args[1] == "--net" {
+        return net(&args);
+    }
     if (6..=7).contains(&args.len()) && args[1] == "--ab" {
         return ab(&args);
     }
@@ -207,6 +245,7 @@ fn main() {
         eprintln!("       strata-bench --cpu SOCKET IMAGE COUNT");
         eprintln!("       strata-bench --cpu-spawn COUNT ARGV...");
         eprintln!("       strata-bench --ab SOCKET_A SOCKET_B IMAGE COUNT [cycle]");
+        eprintln!("       strata-bench --net SOCKET IMAGE RUNS");
         std::process::exit(2);
     }
     let (socket, image, busybox) = (&args[1], &args[2], &args[4]);

@@ -359,9 +359,11 @@ fn the_policy_survives_restart_fork_and_suspend_and_a_killed_daemon_leaves_no_li
 }
 
 #[test]
-fn egress_works_in_a_user_namespace_and_a_daemon_without_networking_refuses_it() {
+fn egress_works_in_a_user_namespace_an_operator_can_open_the_always_denied_and_a_daemon_without_networking_refuses_it()
+{
     let world = NetWorld::new();
-    let env = world.daemon(&[]);
+    // The operator opens the metadata address: policies decide again.
+    let env = world.daemon(&["--network-permit", "169.254.169.254/32"]);
     env.import_busybox();
     let body = json!({"image": "busybox:latest", "userns": true,
         "network": {"allow_out": ["198.18.1.1"], "deny_out": ["0.0.0.0/0"]}});
@@ -370,6 +372,10 @@ fn egress_works_in_a_user_namespace_and_a_daemon_without_networking_refuses_it()
     assert_eq!(v["network"]["mode"], "egress", "a policy alone means egress: {v}");
     assert_reaches(&env, id, ALLOWED);
     assert_blocked(&env, id, DENIED, PORT);
+    assert_blocked(&env, id, METADATA, PORT);
+    let (open, _) = egress(&env, &[], &[]);
+    assert_reaches(&env, &open, METADATA);
+    assert_blocked(&env, &open, HOST, HOST_SERVICE_PORT);
     env.finish();
 
     let off = TestEnv::start_with(&["--network", "off"]);

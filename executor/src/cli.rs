@@ -32,7 +32,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the daemon (as root).
-    Daemon(DaemonArgs),
+    Daemon(Box<DaemonArgs>),
     /// A capture worker the daemon starts (one JSON job on stdin); not
     /// for use by hand.
     #[command(hide = true)]
@@ -349,6 +349,11 @@ pub struct DaemonArgs {
     /// are refused.
     #[arg(long, default_value_t = crate::net::DEFAULT_CONNTRACK)]
     pub sandbox_conntrack: u32,
+    /// An always-denied destination (link-local, the metadata address,
+    /// the sandboxes' range) the operator opens to sandboxes whose policy
+    /// allows it (repeatable CIDR). The host's own addresses stay closed.
+    #[arg(long = "network-permit")]
+    pub network_permit: Vec<String>,
     /// This host's id in the catalog (default: the hostname); hosts sharing
     /// a catalog each need their own.
     #[arg(long)]
@@ -698,7 +703,12 @@ fn network_config(a: &DaemonArgs) -> anyhow::Result<Option<crate::net::NetConfig
     if a.sandbox_conntrack == 0 {
         anyhow::bail!("--sandbox-conntrack must be at least 1");
     }
-    Ok(Some(crate::net::NetConfig { range, upstream, conntrack: a.sandbox_conntrack, table: "strata".into() }))
+    let permit = a
+        .network_permit
+        .iter()
+        .map(|c| c.parse::<crate::net::Cidr>().with_context(|| format!("--network-permit {c:?}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(crate::net::NetConfig { range, upstream, conntrack: a.sandbox_conntrack, permit, table: "strata".into() }))
 }
 
 /// `IMAGE=N` of `--pool`.

@@ -33,10 +33,11 @@ pub use policy::{Cidr, NetworkMode, NetworkSpec, Policy, PolicyError, Target};
 pub const DEFAULT_RANGE: &str = "10.89.0.0/16";
 /// The default bound on a sandbox's tracked connections.
 pub const DEFAULT_CONNTRACK: u32 = 4096;
-/// Always denied, whatever a policy says: link-local (and the cloud
-/// metadata address in it). The sandboxes' own range is added; the host's
-/// addresses are closed by the input chain; IPv6 is not forwarded at all
-/// (so neither is `fd00:ec2::254`).
+/// Always denied, whatever a policy says unless the operator opens part
+/// of it (`--network-permit`): link-local (and the cloud metadata address
+/// in it). The sandboxes' own range is added; the host's addresses are
+/// closed by the input chain; IPv6 is not forwarded at all (so neither is
+/// `fd00:ec2::254`).
 pub const ALWAYS_DENIED: [&str; 1] = ["169.254.0.0/16"];
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +74,9 @@ pub struct NetConfig {
     /// Where the resolver forwards (default: the host's first nameserver).
     pub upstream: SocketAddr,
     pub conntrack: u32,
+    /// Always-denied destinations the operator opened (`--network-permit`):
+    /// a sandbox's own policy still decides whether it reaches them.
+    pub permit: Vec<Cidr>,
     /// The nft table's name (family inet).
     pub table: String,
 }
@@ -124,7 +128,7 @@ impl Network {
     pub fn start(cfg: NetConfig) -> Result<Arc<Network>, NetError> {
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(NetError::Forwarding)?;
         let denied: Vec<Cidr> = ALWAYS_DENIED.iter().filter_map(|c| c.parse().ok()).collect();
-        nft::apply(&nft::base(&cfg.table, cfg.range, &denied))?;
+        nft::apply(&nft::base(&cfg.table, cfg.range, &denied, &cfg.permit))?;
         let swept = link::sweep(nft::IFPREFIX, &[])?;
         if !swept.is_empty() {
             tracing::info!("network: removed {} links an earlier daemon left: {}", swept.len(), swept.join(" "));
@@ -136,10 +140,11 @@ impl Network {
             .build()
             .map_err(NetError::Runtime)?;
         tracing::info!(
-            "network: sandboxes in {}, resolver upstream {}, nft table inet {}",
+            "network: sandboxes in {}, resolver upstream {}, nft table inet {} (through {})",
             cfg.range,
             cfg.upstream,
-            cfg.table
+            cfg.table,
+            nft::engine()
         );
         let resolvers = rt.handle().clone();
         Ok(Arc::new(Network { cfg, used: Mutex::new(Slots::default()), rt: Some(rt), resolvers }))

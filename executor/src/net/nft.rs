@@ -1,8 +1,10 @@
 //! Strata's nftables table, written as `nft -f` scripts: one transaction
 //! each, so a sandbox's rules appear (or go) whole, and the kernel applies
-//! them atomically. `nft` is Debian's `nftables` package; its JSON or the
-//! `nftables` crate would only wrap the same binary, and the text here is
-//! what an operator reads back with `nft list table inet strata`.
+//! them atomically. They run through libnftables (what Debian's `nftables`
+//! package's `nft` is a front end of), loaded in the daemon, or `nft -f -`
+//! where it does not load; the `nftables` crate would only wrap the same
+//! binary's JSON, and the text here is what an operator reads back with
+//! `nft list table inet strata`.
 //!
 //! The table (family `inet`, one per daemon network namespace):
 //! - `forward`: replies to what a sandbox opened pass; nothing new enters
@@ -10,7 +12,8 @@
 //!   reaches another); a sandbox's own packets jump to its chain `f<n>`
 //!   through the verdict map `egress`, and a veth with no chain drops.
 //! - `f<n>`: its source address only (no spoofing), at most `conntrack`
-//!   tracked connections, the always-denied set, then its allowed CIDRs
+//!   tracked connections, the always-denied set (but what the operator
+//!   opened in `permit`), then its allowed CIDRs
 //!   `a<n>`, the addresses its allowed domains resolved to `d<n>`, its
 //!   denied CIDRs `x<n>` (allowed wins over denied), else accept.
 //! - `input` / `i<n>`: of the host itself a sandbox reaches its resolver
@@ -59,8 +62,12 @@ fn elements<'a>(cidrs: impl Iterator<Item = &'a Cidr>) -> String {
 
 /// The whole table, rebuilt from nothing (a daemon's start): the sandboxes
 /// it adopted get their part with [`add_sandbox`] after it.
-pub fn base(table: &str, range: Cidr, always_denied: &[Cidr]) -> String {
+pub fn base(table: &str, range: Cidr, always_denied: &[Cidr], permit: &[Cidr]) -> String {
     let deny = elements(always_denied.iter().chain(std::iter::once(&range)));
+    let permit = match elements(permit.iter()) {
+        e if e.is_empty() => String::new(),
+        e => format!(" elements = {{ {e} }};"),
+    };
     format!(
         "table inet {table}\n\
          delete table inet {table}\n\
@@ -68,6 +75,7 @@ pub fn base(table: &str, range: Cidr, always_denied: &[Cidr]) -> String {
          \tmap egress {{ type ifname : verdict; }}\n\
          \tmap host_in {{ type ifname : verdict; }}\n\
          \tset always_deny {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {deny} }}; }}\n\
+         \tset permit {{ type ipv4_addr; flags interval; auto-merge;{permit} }}\n\
          \tchain forward {{\n\
          \t\ttype filter hook forward priority filter; policy accept;\n\
          \t\toifname \"{IFPREFIX}*\" ct state established,related accept\n\
@@ -136,7 +144,7 @@ pub fn add_sandbox(table: &str, s: &SandboxRules<'_>) -> String {
     for rule in [
         format!("ip saddr != {ip} drop"),
         format!("ct count over {max} {REJECT}"),
-        format!("ip daddr @always_deny {REJECT}"),
+        format!("ip daddr @always_deny ip daddr != @permit {REJECT}"),
         format!("ip daddr @a{n} accept"),
         format!("ip daddr @d{n} accept"),
         format!("ip daddr @x{n} {REJECT}"),
@@ -188,8 +196,41 @@ pub fn add_resolved(table: &str, slot: u32, ips: &[Ipv4Addr]) -> String {
     format!("add element inet {table} d{slot} {{ {list} }}\n")
 }
 
-/// Run a script as one transaction.
+/// libnftables in this process, when it loads (one context, one
+/// transaction at a time).
+static LIBRARY: std::sync::OnceLock<Option<std::sync::Mutex<strata_shim::sys::Nftables>>> = std::sync::OnceLock::new();
+
+fn library() -> Option<&'static std::sync::Mutex<strata_shim::sys::Nftables>> {
+    LIBRARY.get_or_init(|| strata_shim::sys::Nftables::load().map(std::sync::Mutex::new)).as_ref()
+}
+
+/// How scripts run here: `libnftables` or `nft -f`.
+pub fn engine() -> &'static str {
+    if library().is_some() {
+        "libnftables"
+    } else {
+        "nft -f"
+    }
+}
+
+/// Run a script as one transaction: through libnftables where it loads,
+/// else by `nft -f -`.
 pub fn apply(script: &str) -> Result<(), NftError> {
+    if let Some(nft) = library() {
+        let script = std::ffi::CString::new(script).map_err(|_| NftError::Refused { stderr: "a NUL byte".into() })?;
+        let mut nft = nft.lock().unwrap_or_else(|p| p.into_inner());
+        return nft.run(&script).map_err(|stderr| NftError::Refused { stderr: brief(&stderr) });
+    }
+    spawn(script)
+}
+
+/// An error text's first lines, on one.
+fn brief(stderr: &str) -> String {
+    stderr.lines().filter(|l| !l.trim().is_empty()).take(6).collect::<Vec<_>>().join("; ")
+}
+
+/// `nft -f -` with `script` on its stdin.
+fn spawn(script: &str) -> Result<(), NftError> {
     let mut child = Command::new("nft")
         .args(["-f", "-"])
         .stdin(Stdio::piped())
@@ -204,9 +245,7 @@ pub fn apply(script: &str) -> Result<(), NftError> {
     if out.status.success() {
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stderr: String = stderr.lines().filter(|l| !l.trim().is_empty()).take(6).collect::<Vec<_>>().join("; ");
-    Err(NftError::Refused { stderr })
+    Err(NftError::Refused { stderr: brief(&String::from_utf8_lossy(&out.stderr)) })
 }
 
 #[cfg(test)]
