@@ -358,21 +358,34 @@ fn the_policy_survives_restart_fork_and_suspend_and_a_killed_daemon_leaves_no_li
     assert!(veths(&world).is_empty());
 }
 
+/// A user namespace on the host (the VM lane's store is a tmpfs, which
+/// 6.1 cannot idmap, so this one runs here only).
 #[test]
-fn egress_works_in_a_user_namespace_an_operator_can_open_the_always_denied_and_a_daemon_without_networking_refuses_it()
-{
+fn egress_works_in_a_user_namespace() {
     let world = NetWorld::new();
-    // The operator opens the metadata address: policies decide again.
-    let env = world.daemon(&["--network-permit", "169.254.169.254/32"]);
+    let env = world.daemon(&[]);
     env.import_busybox();
     let body = json!({"image": "busybox:latest", "userns": true,
         "network": {"allow_out": ["198.18.1.1"], "deny_out": ["0.0.0.0/0"]}});
     let v: Value = env.client().call("POST", "/v1/sandboxes", Some(&body)).unwrap();
     let id = v["id"].as_str().unwrap();
     assert_eq!(v["network"]["mode"], "egress", "a policy alone means egress: {v}");
+    assert!(v["userns"].is_object(), "{v}");
     assert_reaches(&env, id, ALLOWED);
     assert_blocked(&env, id, DENIED, PORT);
     assert_blocked(&env, id, METADATA, PORT);
+    env.finish();
+}
+
+#[test]
+fn an_operator_can_open_the_always_denied_and_a_daemon_without_networking_refuses_egress() {
+    let world = NetWorld::new();
+    // The operator opens the metadata address: policies decide again.
+    let env = world.daemon(&["--network-permit", "169.254.169.254/32"]);
+    env.import_busybox();
+    let (closed, _) = egress(&env, &["198.18.1.1"], &["0.0.0.0/0"]);
+    assert_reaches(&env, &closed, ALLOWED);
+    assert_blocked(&env, &closed, METADATA, PORT);
     let (open, _) = egress(&env, &[], &[]);
     assert_reaches(&env, &open, METADATA);
     assert_blocked(&env, &open, HOST, HOST_SERVICE_PORT);
