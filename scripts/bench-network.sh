@@ -53,6 +53,7 @@ cleanup() {
 		[[ -d $d ]] && find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
 	done
 	umount -R "$WORK/root" 2>/dev/null || true
+	[[ -n ${KEEP_LOG:-} ]] && cp "$WORK/daemon.log" "$KEEP_LOG"
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -76,7 +77,7 @@ ip -n "$I" addr add 198.18.1.1/32 dev lo
 nsenter --net="/run/netns/$I" "$WORK/netb" serve 5001 &
 SINK_PID=$!
 
-nsenter --net="/run/netns/$H" "$STRATA" --socket "$SOCK" daemon --root "$WORK/root" \
+STRATA_LOG=${STRATA_LOG:-info} nsenter --net="/run/netns/$H" "$STRATA" --socket "$SOCK" daemon --root "$WORK/root" \
 	--cgroup-parent strata-bench-net --dns-upstream 198.18.0.2:53 >"$WORK/daemon.log" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq 200); do
@@ -115,7 +116,7 @@ r=json.load(open('$WORK/bwrap.json'))['results']
 print(' '.join('%.3f' % (x['median']*1e3) for x in r))")
 
 echo "==> TCP from an egress sandbox and from the daemon's namespace" >&2
-ID=$("$STRATA" create busybox:latest --network egress)
+ID=$("$STRATA" create --image busybox:latest --network egress)
 "$STRATA" cp "$WORK/netb" "$ID:/bin/netb" >/dev/null
 in_sandbox() { "$STRATA" exec "$ID" -- netb "$@"; }
 in_host() { nsenter --net="/run/netns/$H" "$WORK/netb" "$@"; }

@@ -73,6 +73,22 @@ fn netns(step: &'static str) -> impl FnOnce(nix::Error) -> LinkError {
 fn on_thread<T: Send + 'static>(
     f: impl FnOnce(&tokio::runtime::Runtime) -> Result<T, LinkError> + Send + 'static,
 ) -> Result<T, LinkError> {
+    spawn_thread(f)?.wait()
+}
+
+/// Work on a netlink thread of its own, going on while the caller does
+/// something else; [`Pending::wait`] for its result.
+pub struct Pending<T>(std::thread::JoinHandle<Result<T, LinkError>>);
+
+impl<T> Pending<T> {
+    pub fn wait(self) -> Result<T, LinkError> {
+        self.0.join().map_err(|_| LinkError::Panicked)?
+    }
+}
+
+fn spawn_thread<T: Send + 'static>(
+    f: impl FnOnce(&tokio::runtime::Runtime) -> Result<T, LinkError> + Send + 'static,
+) -> Result<Pending<T>, LinkError> {
     let worker = std::thread::Builder::new()
         .name("netlink".into())
         .spawn(move || {
@@ -80,7 +96,7 @@ fn on_thread<T: Send + 'static>(
             f(&rt)
         })
         .map_err(io("spawn netlink thread"))?;
-    worker.join().map_err(|_| LinkError::Panicked)?
+    Ok(Pending(worker))
 }
 
 /// A connection in the calling thread's network namespace.
@@ -123,11 +139,12 @@ async fn address_and_up(handle: &Handle, name: &str, ip: Ipv4Addr) -> Result<u32
 /// Make the veth of the sandbox whose shim `pidfd` names: host end
 /// addressed and up here, `eth0` addressed and up there, with a default
 /// route through the host end. A host end left by an earlier daemon under
-/// the same name is replaced.
-pub fn create(pidfd: &OwnedFd, veth: &Veth) -> Result<(), LinkError> {
+/// the same name is replaced. Made on a thread of its own: the caller
+/// waits for it when it needs it.
+pub fn create(pidfd: &OwnedFd, veth: &Veth) -> Result<Pending<()>, LinkError> {
     let pidfd = pidfd.try_clone().map_err(io("duplicate pidfd"))?;
     let veth = veth.clone();
-    on_thread(move |rt| {
+    spawn_thread(move |rt| {
         // The sandbox's namespace as a file descriptor (what the peer's
         // IFLA_NET_NS_FD takes), got by entering it through the pidfd.
         let host_ns: OwnedFd = std::fs::File::open("/proc/thread-self/ns/net").map_err(io("open own netns"))?.into();

@@ -216,7 +216,10 @@ impl Network {
         let slot = r.slot;
         let (gateway, address) = self.pair(slot);
         let host = format!("{}{slot}", nft::IFPREFIX);
-        link::create(pidfd, &link::Veth { host: host.clone(), gateway, address })?;
+        let t0 = std::time::Instant::now();
+        // The link is made on its own thread while the rules go in here
+        // (they match the link by name, so neither waits for the other).
+        let making = link::create(pidfd, &link::Veth { host: host.clone(), gateway, address })?;
         let undo_link = |e: NetError| {
             if let Err(d) = link::delete(&host) {
                 tracing::warn!("network: remove {host}: {}", crate::error::chain(&d));
@@ -224,7 +227,23 @@ impl Network {
             e
         };
         let rules = nft::SandboxRules { slot, address, gateway, policy, conntrack: self.cfg.conntrack };
-        nft::apply(&nft::add_sandbox(&self.cfg.table, &rules)).map_err(|e| undo_link(e.into()))?;
+        let ruled = nft::apply(&nft::add_sandbox(&self.cfg.table, &rules));
+        let ruled_at = t0.elapsed();
+        let linked = making.wait();
+        let linked_at = t0.elapsed();
+        let failed: Option<NetError> = match (linked, ruled) {
+            (Ok(()), Ok(())) => None,
+            (Ok(()), Err(e)) => Some(e.into()),
+            (Err(e), ruled) => {
+                if ruled.is_ok() {
+                    let _ = nft::apply(&nft::remove_sandbox(&self.cfg.table, slot));
+                }
+                Some(e.into())
+            }
+        };
+        if let Some(e) = failed {
+            return Err(undo_link(e));
+        }
         let undo = |e: NetError| {
             let _ = nft::apply(&nft::remove_sandbox(&self.cfg.table, slot));
             undo_link(e)
@@ -237,6 +256,12 @@ impl Network {
             dns::Context { slot, table: self.cfg.table.clone(), upstream: self.cfg.upstream, policy: shared.clone() };
         let dns = dns::serve(&self.resolvers, socket, cx);
         r.live = false;
+        tracing::debug!(
+            "network: {host} rules in {} µs, linked by {} µs, resolver by {} µs",
+            ruled_at.as_micros(),
+            linked_at.as_micros(),
+            t0.elapsed().as_micros()
+        );
         Ok(Attachment {
             net: self.clone(),
             slot,
