@@ -211,7 +211,7 @@ impl Client {
     /// A stream to a sandbox's TCP port (`strata port`): what arrived with
     /// the 101, and the connection.
     pub fn port(mut self, id: &str, port: u16) -> Result<(std::io::Cursor<Vec<u8>>, UnixStream), ClientError> {
-        let headers = [("connection", "Upgrade"), ("upgrade", crate::api::PORT_UPGRADE)];
+        let headers = [("connection", "Upgrade"), ("upgrade", crate::api::http::PORT_UPGRADE)];
         self.upgrade("GET", &format!("/v1/sandboxes/{id}/ports/{port}"), Vec::new(), &headers)
     }
 

@@ -8,6 +8,8 @@ pub const MAX_BODY: usize = 1 << 20;
 
 /// The `Upgrade` protocol of an attached exec (frames both ways after 101).
 pub const UPGRADE_PROTOCOL: &str = "strata-exec";
+/// The `Upgrade` protocol of a port stream (`GET /v1/sandboxes/{id}/ports/{port}`).
+pub const PORT_UPGRADE: &str = "tcp";
 
 #[derive(Debug, Default)]
 pub struct Request {

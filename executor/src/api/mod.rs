@@ -318,10 +318,10 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
                 .ok()
                 .filter(|p| *p > 0)
                 .ok_or_else(|| ApiError::new(ErrorKind::InvalidArgument, format!("port {p:?}: use 1-65535")))?;
-            if !req.header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case(PORT_UPGRADE)) {
+            if !req.header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case(http::PORT_UPGRADE)) {
                 return Err(ApiError::new(
                     ErrorKind::InvalidArgument,
-                    format!("a port stream needs Connection: Upgrade and Upgrade: {PORT_UPGRADE}"),
+                    format!("a port stream needs Connection: Upgrade and Upgrade: {}", http::PORT_UPGRADE),
                 ));
             }
             A::Port(id(s), port)
@@ -595,9 +595,6 @@ pub fn exec_result(out: crate::sandbox::ExecOutput) -> Result<Vec<u8>, ApiError>
 /// handed back ([`Reply::Exec`], [`Reply::Attach`]) for the server to run
 /// its own way. Every other request may block (files, SQLite, locks, the
 /// network).
-/// The `Upgrade` protocol of a port stream.
-pub const PORT_UPGRADE: &str = "tcp";
-
 pub fn answers_at_once(req: &http::Request) -> bool {
     req.method == "POST"
         && req.body.len() <= 64 << 10

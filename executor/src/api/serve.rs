@@ -691,7 +691,7 @@ fn port(stream: std::net::TcpStream, upgrade: hyper::upgrade::OnUpgrade) -> Resp
     });
     let mut r = respond(101, Vec::new());
     r.headers_mut().insert(CONNECTION, HeaderValue::from_static("Upgrade"));
-    r.headers_mut().insert(UPGRADE, HeaderValue::from_static(super::PORT_UPGRADE));
+    r.headers_mut().insert(UPGRADE, HeaderValue::from_static(super::http::PORT_UPGRADE));
     r
 }
 

@@ -142,7 +142,7 @@ pub enum LaunchError {
     Defaults(String),
     /// {0}
     Network(crate::net::PolicyError),
-    /// this daemon runs with --network off: network egress is not available
+    /// this daemon runs with --network off: network egress is not available (ask for network none, or start the daemon with --network on)
     NetworkOff,
     /// network the sandbox: {0}
     Attach(#[from] crate::net::NetError),
@@ -730,11 +730,24 @@ impl Daemon {
             return;
         };
         let attached = net.reserve(sb.spec.network.address).and_then(|slot| {
-            sb.spec.network.address = Some(slot.address());
-            sb.attach_network(net, slot)
+            // Its resolv.conf names the gateway of the address it had: any
+            // other would leave it resolving through nothing.
+            if Some(slot.address()) != sb.spec.network.address {
+                return Ok(false);
+            }
+            sb.attach_network(net, slot).map(|()| true)
         });
-        if let Err(e) = attached {
-            tracing::warn!("sandbox {} keeps running without its network: {}", sb.id, crate::error::chain(&e));
+        match attached {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                "sandbox {} keeps running without its network: its address {:?} is not in {} now",
+                sb.id,
+                sb.spec.network.address,
+                net.config().range
+            ),
+            Err(e) => {
+                tracing::warn!("sandbox {} keeps running without its network: {}", sb.id, crate::error::chain(&e))
+            }
         }
     }
 

@@ -316,16 +316,19 @@ pub(crate) fn own_log(
     db.exec_records(sandbox, from, Some(upto), output)
 }
 
-/// What a snapshot keeps of its sandbox's spec beside its files: whether
-/// it ran in a user namespace, and its network (mode and policy; a
-/// sandbox started from it gets an address of its own).
 pub(crate) fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
     if sb.spec.userns.is_some() {
         info["userns"] = serde_json::Value::Bool(true);
     }
+}
+
+/// A checkpoint or suspend keeps its sandbox's network (mode and policy: a
+/// sandbox started from it gets an address of its own). A baseline does
+/// not: it is a repository's state, and new work from it starts with the
+/// network its create asks for, not the publisher's.
+fn mark_network(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
     if sb.spec.network.mode != crate::net::NetworkMode::None {
-        let net = crate::net::NetworkSpec { address: None, ..sb.network_spec() };
-        info["network"] = serde_json::to_value(net).unwrap_or_default();
+        info["network"] = serde_json::to_value(sb.network_kept()).unwrap_or_default();
     }
 }
 
@@ -801,6 +804,7 @@ impl Daemon {
         });
         merge_stats(&mut info, stats);
         mark_userns(&mut info, sb);
+        mark_network(&mut info, sb);
         let layer = LayerRow::content(own_layer_id(&sealed.diff_id)?, sealed.size, sealed.entries);
         let mut row = SnapshotRow::new(image.id, parent.clone(), &layer, &sb.id, info);
         row.id = id.clone();
@@ -1284,6 +1288,7 @@ impl Daemon {
                 merge_stats(&mut info, &c.stats);
             }
             mark_userns(&mut info, sb);
+            mark_network(&mut info, sb);
             let mut row = SnapshotRow::new(image_id, parent, &layer, &sb.id, info);
             row.id = snap_id; // the id its layer is named by
             let mut db = lock(&self.db);
@@ -1508,7 +1513,7 @@ impl Daemon {
                 userns: Some(sb.spec.userns.is_some()),
                 userns_map: sb.spec.userns,
                 // Its network and policy (its address is given again).
-                network: Some(crate::net::NetworkSpec { address: None, ..sb.network_spec() }),
+                network: Some(sb.network_kept()),
             };
             Ok(self.launch_reserved(&base, launch, Some(sb.id.clone()))?)
         })();

@@ -203,10 +203,10 @@ pub fn delete(name: &str) -> Result<bool, LinkError> {
     on_thread(move |rt| rt.block_on(async { delete_in(&connect()?, &name).await }))
 }
 
-/// Delete every link of this namespace whose name starts with `prefix`
-/// but those in `keep`; the names deleted.
-pub fn sweep(prefix: &str, keep: &[String]) -> Result<Vec<String>, LinkError> {
-    let (prefix, keep) = (prefix.to_string(), keep.to_vec());
+/// Delete every link of this namespace named `prefix` and a number; the
+/// names deleted.
+pub fn sweep(prefix: &str) -> Result<Vec<String>, LinkError> {
+    let prefix = prefix.to_string();
     on_thread(move |rt| {
         rt.block_on(async {
             let handle = connect()?;
@@ -217,7 +217,7 @@ pub fn sweep(prefix: &str, keep: &[String]) -> Result<Vec<String>, LinkError> {
                     if let LinkAttribute::IfName(n) = a {
                         let ours =
                             n.strip_prefix(prefix.as_str()).is_some_and(|r| r.bytes().all(|b| b.is_ascii_digit()));
-                        if ours && !keep.contains(n) {
+                        if ours {
                             names.push(n.clone());
                         }
                     }

@@ -129,7 +129,7 @@ impl Network {
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(NetError::Forwarding)?;
         let denied: Vec<Cidr> = ALWAYS_DENIED.iter().filter_map(|c| c.parse().ok()).collect();
         nft::apply(&nft::base(&cfg.table, cfg.range, &denied, &cfg.permit))?;
-        let swept = link::sweep(nft::IFPREFIX, &[])?;
+        let swept = link::sweep(nft::IFPREFIX)?;
         if !swept.is_empty() {
             tracing::info!("network: removed {} links an earlier daemon left: {}", swept.len(), swept.join(" "));
         }
@@ -155,7 +155,7 @@ impl Network {
         if let Err(e) = nft::apply(&nft::remove_table(&self.cfg.table)) {
             tracing::warn!("network: remove table: {}", crate::error::chain(&e));
         }
-        if let Err(e) = link::sweep(nft::IFPREFIX, &[]) {
+        if let Err(e) = link::sweep(nft::IFPREFIX) {
             tracing::warn!("network: remove links: {}", crate::error::chain(&e));
         }
     }

@@ -298,6 +298,12 @@ impl Sandbox {
         spec
     }
 
+    /// Its network as a snapshot keeps it: mode and policy, no address (a
+    /// sandbox started from it gets its own).
+    pub fn network_kept(&self) -> crate::net::NetworkSpec {
+        crate::net::NetworkSpec { address: None, ..self.network_spec() }
+    }
+
     /// A TCP connection to its `127.0.0.1:port`, made inside its network
     /// namespace (a server on its loopback is reached too).
     pub fn connect_port(&self, port: u16, timeout: std::time::Duration) -> std::io::Result<std::net::TcpStream> {
