@@ -287,7 +287,8 @@ fn sandbox_chains(world: &NetWorld) -> Vec<String> {
 #[test]
 fn the_policy_survives_restart_fork_and_suspend_and_a_killed_daemon_leaves_no_link_or_rule() {
     let world = NetWorld::new();
-    let mut env = world.daemon(&[]);
+    // No warm shims: every link and chain counted here is a sandbox's.
+    let mut env = world.daemon(&["--warm-pool", "0"]);
     env.import_busybox();
     let (a, av) = egress(&env, &["198.18.1.1"], &["0.0.0.0/0"]);
     let (b, _) = egress(&env, &[], &[]);
@@ -354,6 +355,71 @@ fn the_policy_survives_restart_fork_and_suspend_and_a_killed_daemon_leaves_no_li
     env.start_daemon();
     assert_eq!(veths(&world).len(), 3, "the three running sandboxes networked again");
     assert_reaches(&env, rid, DENIED);
+    env.finish();
+    assert!(veths(&world).is_empty());
+}
+
+/// The host end of the veth of the sandbox at `address` (the default range).
+fn interface_of(address: Ipv4Addr) -> String {
+    format!("stv{}", (u32::from(address) - u32::from(Ipv4Addr::new(10, 89, 0, 0))) / 2)
+}
+
+/// Wait until the daemon's namespace holds `n` sandbox veths.
+fn settle_veths(world: &NetWorld, n: usize) -> Vec<String> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let v = veths(world);
+        if v.len() == n || t0.elapsed() > Duration::from_secs(20) {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_egress_create_takes_a_wired_warm_shim_and_fills_its_policy_and_a_kill_leaks_none() {
+    let world = NetWorld::new();
+    let mut env = world.daemon(&["--warm-pool", "2"]);
+    env.import_busybox();
+    // Two warm shims wired ahead of any create (and two plain ones).
+    let wired = settle_veths(&world, 2);
+    assert_eq!(wired.len(), 2, "{wired:?}");
+    assert_eq!(sandbox_chains(&world).len(), 2, "{:?}", sandbox_chains(&world));
+
+    // The create takes one of them, and its policy is what holds there.
+    let (id, v) = egress(&env, &["198.18.1.1"], &["0.0.0.0/0"]);
+    let took = interface_of(address(&v));
+    assert!(wired.contains(&took), "{took} is not one of the wired {wired:?}");
+    assert_reaches(&env, &id, ALLOWED);
+    assert_blocked(&env, &id, DENIED, PORT);
+    assert_blocked(&env, &id, METADATA, PORT);
+    // The empty policy of a second one, once the pool is full again:
+    // everything but the always-denied.
+    let wired = settle_veths(&world, 3);
+    let (open, v) = egress(&env, &[], &[]);
+    assert!(wired.contains(&interface_of(address(&v))), "{wired:?}: {v}");
+    assert_reaches(&env, &open, DENIED);
+    assert_blocked(&env, &open, METADATA, PORT);
+    // A `none` create never takes a wired shim.
+    let none: Value =
+        env.client().call("POST", "/v1/sandboxes", Some(&json!({"image": "busybox:latest"}))).unwrap();
+    let links = sh(&env, none["id"].as_str().unwrap(), "ls /sys/class/net");
+    assert_eq!(stdout(&links), "lo\n", "{links}");
+
+    // The pool refills; a kill -9 then a start leaves the two sandboxes'
+    // veths and two new wired ones, nothing of the dead daemon's pool.
+    assert_eq!(settle_veths(&world, 4).len(), 4, "{:?}", veths(&world));
+    env.kill_daemon();
+    env.start_daemon();
+    let after = settle_veths(&world, 4);
+    assert_eq!(after.len(), 4, "{after:?}");
+    assert_eq!(sandbox_chains(&world).len(), 4, "{:?}", sandbox_chains(&world));
+    assert_reaches(&env, &id, ALLOWED);
+    assert_blocked(&env, &id, DENIED, PORT);
+    let st = env.stop_daemon();
+    assert!(st.success());
+    assert!(veths(&world).is_empty(), "a stop tears the wired warm shims down: {:?}", veths(&world));
+    env.start_daemon();
     env.finish();
     assert!(veths(&world).is_empty());
 }

@@ -24,6 +24,7 @@ pub mod requests;
 pub mod results;
 pub mod snapshots;
 pub mod teardown;
+mod warm;
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -465,20 +466,9 @@ impl Drop for SnapshotPin<'_> {
     }
 }
 
-/// Prepared shims waiting for a `create` (see `sandbox::Prepared`).
-#[derive(Default)]
-struct WarmPool {
-    ready: Mutex<Vec<sandbox::Prepared>>,
-    wake: std::sync::Condvar,
-    stop: std::sync::atomic::AtomicBool,
-    /// The refill thread; joined at shutdown so a shim it is preparing is
-    /// torn down before the daemon exits.
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-}
-
 pub struct Daemon {
     pub cfg: DaemonConfig,
-    warm: WarmPool,
+    warm: warm::WarmPool,
     pub(crate) ready: ready::ReadyPools,
     teardown: teardown::Teardowns,
     exec_log: execlog::ExecLog,
@@ -609,7 +599,7 @@ impl Daemon {
         let host_cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let d = Daemon {
             cfg,
-            warm: WarmPool::default(),
+            warm: warm::WarmPool::default(),
             ready: Default::default(),
             teardown: Default::default(),
             exec_log: Default::default(),
@@ -735,7 +725,7 @@ impl Daemon {
             if Some(slot.address()) != sb.spec.network.address {
                 return Ok(false);
             }
-            sb.attach_network(net, slot).map(|()| true)
+            sb.attach_network(net, crate::net::Slot::Reserved(slot)).map(|()| true)
         });
         match attached {
             Ok(true) => {}
@@ -1115,17 +1105,32 @@ impl Daemon {
             Some(id) => self.last_exec_record(id.as_str())?,
             None => 0,
         };
-        let warm = if cold { None } else { self.take_warm() };
-        tracing::debug!("create: {} shim", if warm.is_some() { "warm" } else { "cold" });
+        // Its network: as asked, else as its base's sandbox had it.
+        let mut network = launch.network.or_else(|| base.network.clone()).unwrap_or_default();
+        let egress = network.mode == crate::net::NetworkMode::Egress;
+        if egress && self.net.is_none() {
+            return Err(LaunchError::NetworkOff);
+        }
+        let (warm, wired) = match if cold { None } else { self.take_warm(egress) } {
+            Some((p, w)) => (Some(p), w),
+            None => (None, None),
+        };
+        tracing::debug!(
+            "create: {} shim",
+            match (&warm, &wired) {
+                (Some(_), Some(_)) => "warm wired",
+                (Some(_), None) => "warm",
+                _ => "cold",
+            }
+        );
         let id = fixed_id.or_else(|| warm.as_ref().map(|w| w.id.clone())).unwrap_or_else(SandboxId::random);
         let hostname = launch.hostname.unwrap_or_else(|| id.as_str()[..12].to_string());
-        // Its network: as asked, else as its base's sandbox had it; an
-        // `egress` one gets its slot now (its resolv.conf names it).
-        let mut network = launch.network.or_else(|| base.network.clone()).unwrap_or_default();
-        let slot = match (network.mode, &self.net) {
-            (crate::net::NetworkMode::None, _) => None,
-            (crate::net::NetworkMode::Egress, None) => return Err(LaunchError::NetworkOff),
-            (crate::net::NetworkMode::Egress, Some(net)) => Some(net.reserve(None)?),
+        // An `egress` one gets its slot now (its resolv.conf names it): the
+        // warm shim's, wired already, or one reserved here.
+        let slot = match (wired, &self.net) {
+            (Some(w), _) => Some(crate::net::Slot::Wired(w)),
+            (None, Some(net)) if egress => Some(crate::net::Slot::Reserved(net.reserve(None)?)),
+            _ => None,
         };
         network.address = slot.as_ref().map(|s| s.address());
         let spec = SandboxSpec {
@@ -1209,21 +1214,6 @@ impl Daemon {
         Err(LaunchError::NoUsernsRange)
     }
 
-    /// A warm shim that is still alive; dead ones are torn down (their
-    /// drop) and the pool refills.
-    fn take_warm(&self) -> Option<sandbox::Prepared> {
-        loop {
-            let w = lock(&self.warm.ready).pop();
-            self.warm.wake.notify_one();
-            match w {
-                Some(p) if !p.is_alive() => {
-                    tracing::warn!("warm pool: shim of {} is gone; not used", p.id);
-                }
-                w => return w,
-            }
-        }
-    }
-
     /// Start the background blob writer (suspended sandboxes' snapshots)
     /// and queue the blobs a previous daemon left pending.
     pub fn start_blob_writer(self: &Arc<Self>) {
@@ -1255,43 +1245,6 @@ impl Daemon {
         }
     }
 
-    /// Keep `cfg.warm_pool` prepared shims ready, on a background thread.
-    pub fn start_warm_pool(self: &Arc<Self>) {
-        if self.cfg.warm_pool == 0 {
-            return;
-        }
-        let d = self.clone();
-        let spawned = std::thread::Builder::new().name("warm-pool".into()).spawn(move || {
-            use std::sync::atomic::Ordering;
-            // Refilling is background work: it must not compete with the
-            // creates and execs it exists to speed up (2-core hosts).
-            let _ = strata_shim::sys::set_thread_nice(19);
-            loop {
-                {
-                    let mut ready = lock(&d.warm.ready);
-                    while ready.len() >= d.cfg.warm_pool && !d.warm.stop.load(Ordering::Acquire) {
-                        ready = d.warm.wake.wait(ready).unwrap_or_else(|p| p.into_inner());
-                    }
-                }
-                if d.warm.stop.load(Ordering::Acquire) {
-                    return;
-                }
-                match sandbox::prepare(&d.rt, &SandboxId::random(), None, None) {
-                    Ok(p) if !d.warm.stop.load(Ordering::Acquire) => lock(&d.warm.ready).push(p),
-                    Ok(_) => return, // dropped: torn down
-                    Err(e) => {
-                        tracing::warn!("warm pool: {}", crate::error::chain(&e));
-                        std::thread::sleep(std::time::Duration::from_secs(1));
-                    }
-                }
-            }
-        });
-        match spawned {
-            Ok(h) => *lock(&self.warm.thread) = Some(h),
-            Err(e) => tracing::error!("start warm pool thread: {e}"),
-        }
-    }
-
     /// Stop refilling and tear down every warm shim. Live sandboxes keep
     /// running; the next daemon re-adopts them.
     pub fn shutdown(&self) {
@@ -1310,18 +1263,7 @@ impl Daemon {
                 }
             }
         }
-        {
-            // Under the lock: the refill thread checks `stop` and starts
-            // waiting atomically with respect to this, so no wake-up is lost.
-            let _ready = lock(&self.warm.ready);
-            self.warm.stop.store(true, std::sync::atomic::Ordering::Release);
-        }
-        self.warm.wake.notify_all();
-        if let Some(h) = lock(&self.warm.thread).take() {
-            let _ = h.join();
-        }
-        let drained: Vec<_> = lock(&self.warm.ready).drain(..).collect();
-        drop(drained);
+        self.stop_warm_pool();
         // Leave no empty parent cgroup behind; with live sandboxes it is
         // not empty and stays (they are re-adopted at the next start).
         if lock(&self.pool).live.is_empty() {

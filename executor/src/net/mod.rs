@@ -205,14 +205,11 @@ impl Network {
         format!("# Strata: the daemon's resolver for this sandbox\nnameserver {gateway}\noptions ndots:0\n")
     }
 
-    /// Network the sandbox whose shim `pidfd` names: its veth, its nft
-    /// part, its resolver. Undone in reverse on failure.
-    pub fn attach(
-        self: &Arc<Self>,
-        mut r: Reservation,
-        pidfd: &OwnedFd,
-        policy: &Policy,
-    ) -> Result<Attachment, NetError> {
+    /// Wire the sandbox whose shim `pidfd` names into its reserved slot:
+    /// its veth and its nft part (with `policy` in its sets), no resolver
+    /// yet. Undone in reverse on failure, and when the [`Wired`] is dropped
+    /// before [`Network::attach`] takes it.
+    pub fn wire(self: &Arc<Self>, mut r: Reservation, pidfd: &OwnedFd, policy: &Policy) -> Result<Wired, NetError> {
         let slot = r.slot;
         let (gateway, address) = self.pair(slot);
         let host = format!("{}{slot}", nft::IFPREFIX);
@@ -220,57 +217,52 @@ impl Network {
         // The link is made on its own thread while the rules go in here
         // (they match the link by name, so neither waits for the other).
         let making = link::create(pidfd, &link::Veth { host: host.clone(), gateway, address })?;
-        let undo_link = |e: NetError| {
-            if let Err(d) = link::delete(&host) {
-                tracing::warn!("network: remove {host}: {}", crate::error::chain(&d));
-            }
-            e
-        };
         let rules = nft::SandboxRules { slot, address, gateway, policy, conntrack: self.cfg.conntrack };
         let ruled = nft::apply(&nft::add_sandbox(&self.cfg.table, &rules));
         let ruled_at = t0.elapsed();
         let linked = making.wait();
-        let linked_at = t0.elapsed();
-        let failed: Option<NetError> = match (linked, ruled) {
-            (Ok(()), Ok(())) => None,
-            (Ok(()), Err(e)) => Some(e.into()),
-            (Err(e), ruled) => {
-                if ruled.is_ok() {
-                    let _ = nft::apply(&nft::remove_sandbox(&self.cfg.table, slot));
-                }
-                Some(e.into())
-            }
-        };
-        if let Some(e) = failed {
-            return Err(undo_link(e));
-        }
-        let undo = |e: NetError| {
-            let _ = nft::apply(&nft::remove_sandbox(&self.cfg.table, slot));
-            undo_link(e)
-        };
-        let socket = std::net::UdpSocket::bind(SocketAddr::from((gateway, 53)))
-            .and_then(|s| s.set_nonblocking(true).map(|()| s))
-            .map_err(|e| undo(NetError::Resolver(gateway, e)))?;
-        let shared = Arc::new(RwLock::new(policy.clone()));
-        let cx =
-            dns::Context { slot, table: self.cfg.table.clone(), upstream: self.cfg.upstream, policy: shared.clone() };
-        let dns = dns::serve(&self.resolvers, socket, cx);
+        // From here the slot is the Wired's: its drop undoes what was made.
         r.live = false;
+        let wired = Wired { net: self.clone(), slot, applied: policy.clone(), undone: AtomicBool::new(false) };
+        match (linked, ruled) {
+            (Ok(()), Ok(())) => {}
+            (Ok(()), Err(e)) => return Err(e.into()),
+            (Err(e), _) => return Err(e.into()),
+        }
         tracing::debug!(
-            "network: {host} rules in {} µs, linked by {} µs, resolver by {} µs",
+            "network: {host} rules in {} µs, linked by {} µs",
             ruled_at.as_micros(),
-            linked_at.as_micros(),
             t0.elapsed().as_micros()
         );
-        Ok(Attachment {
-            net: self.clone(),
-            slot,
-            address,
-            gateway,
-            policy: shared,
-            dns,
-            detached: AtomicBool::new(false),
-        })
+        Ok(wired)
+    }
+
+    /// Network the sandbox whose shim `pidfd` names: wired now if its slot
+    /// is only reserved (a warm shim's may be wired already, with the
+    /// empty policy), its sets filled with `policy`, its resolver started.
+    pub fn attach(self: &Arc<Self>, slot: Slot, pidfd: &OwnedFd, policy: &Policy) -> Result<Attachment, NetError> {
+        let wired = match slot {
+            Slot::Reserved(r) => self.wire(r, pidfd, policy)?,
+            Slot::Wired(w) => w,
+        };
+        let (gateway, address) = self.pair(wired.slot);
+        if wired.applied != *policy {
+            let rules =
+                nft::SandboxRules { slot: wired.slot, address, gateway, policy, conntrack: self.cfg.conntrack };
+            nft::apply(&nft::update_sandbox(&self.cfg.table, &rules))?;
+        }
+        let socket = std::net::UdpSocket::bind(SocketAddr::from((gateway, 53)))
+            .and_then(|s| s.set_nonblocking(true).map(|()| s))
+            .map_err(|e| NetError::Resolver(gateway, e))?;
+        let shared = Arc::new(RwLock::new(policy.clone()));
+        let cx = dns::Context {
+            slot: wired.slot,
+            table: self.cfg.table.clone(),
+            upstream: self.cfg.upstream,
+            policy: shared.clone(),
+        };
+        let dns = dns::serve(&self.resolvers, socket, cx);
+        Ok(Attachment { wired, address, gateway, policy: shared, dns })
     }
 }
 
@@ -280,7 +272,7 @@ pub fn gateway_of(address: Ipv4Addr) -> Ipv4Addr {
 }
 
 /// A slot taken for a sandbox being made; given back if dropped before
-/// [`Network::attach`] turns it into an [`Attachment`].
+/// [`Network::wire`] makes its veth and rules.
 pub struct Reservation {
     net: Arc<Network>,
     slot: u32,
@@ -305,16 +297,67 @@ impl Drop for Reservation {
     }
 }
 
-/// A networked sandbox's part of the host: undone by [`Attachment::detach`]
-/// (or its drop).
-pub struct Attachment {
+/// What a sandbox being made networks into: a slot only reserved (the
+/// veth and rules are made when its shim is up), or one a warm shim was
+/// wired into ahead of it (see `daemon`'s warm pool).
+pub enum Slot {
+    Reserved(Reservation),
+    Wired(Wired),
+}
+
+impl Slot {
+    pub fn address(&self) -> Ipv4Addr {
+        match self {
+            Slot::Reserved(r) => r.address(),
+            Slot::Wired(w) => w.net.pair(w.slot).1,
+        }
+    }
+}
+
+/// A slot with its veth made and its nft part in (holding `applied`),
+/// and no resolver yet: undone (rules, link, slot) when dropped, or by
+/// its [`Attachment`]'s detach.
+pub struct Wired {
     net: Arc<Network>,
     slot: u32,
+    applied: Policy,
+    undone: AtomicBool,
+}
+
+impl Wired {
+    fn interface(&self) -> String {
+        format!("{}{}", nft::IFPREFIX, self.slot)
+    }
+
+    /// Once (later calls do nothing).
+    fn undo(&self) {
+        if self.undone.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Err(e) = nft::apply(&nft::remove_sandbox(&self.net.cfg.table, self.slot)) {
+            tracing::warn!("network: remove rules of {}: {}", self.interface(), crate::error::chain(&e));
+        }
+        if let Err(e) = link::delete(&self.interface()) {
+            tracing::warn!("network: remove {}: {}", self.interface(), crate::error::chain(&e));
+        }
+        self.net.release(self.slot);
+    }
+}
+
+impl Drop for Wired {
+    fn drop(&mut self) {
+        self.undo();
+    }
+}
+
+/// A networked sandbox's part of the host: its wired slot and its
+/// resolver, undone by [`Attachment::detach`] (or its drop).
+pub struct Attachment {
+    wired: Wired,
     address: Ipv4Addr,
     gateway: Ipv4Addr,
     policy: Arc<RwLock<Policy>>,
     dns: tokio::task::AbortHandle,
-    detached: AtomicBool,
 }
 
 impl Attachment {
@@ -327,7 +370,7 @@ impl Attachment {
     }
 
     pub fn interface(&self) -> String {
-        format!("{}{}", nft::IFPREFIX, self.slot)
+        self.wired.interface()
     }
 
     pub fn policy(&self) -> Policy {
@@ -338,31 +381,23 @@ impl Attachment {
     /// keep going), and names resolved under the old one are forgotten.
     pub fn set_policy(&self, policy: &Policy) -> Result<(), NetError> {
         let mut held = self.policy.write().unwrap_or_else(|p| p.into_inner());
+        let net = &self.wired.net;
         let rules = nft::SandboxRules {
-            slot: self.slot,
+            slot: self.wired.slot,
             address: self.address,
             gateway: self.gateway,
             policy,
-            conntrack: self.net.cfg.conntrack,
+            conntrack: net.cfg.conntrack,
         };
-        nft::apply(&nft::update_sandbox(&self.net.cfg.table, &rules))?;
+        nft::apply(&nft::update_sandbox(&net.cfg.table, &rules))?;
         *held = policy.clone();
         Ok(())
     }
 
     /// Undo [`Network::attach`]; once (later calls do nothing).
     pub fn detach(&self) {
-        if self.detached.swap(true, Ordering::SeqCst) {
-            return;
-        }
         self.dns.abort();
-        if let Err(e) = nft::apply(&nft::remove_sandbox(&self.net.cfg.table, self.slot)) {
-            tracing::warn!("network: remove rules of {}: {}", self.interface(), crate::error::chain(&e));
-        }
-        if let Err(e) = link::delete(&self.interface()) {
-            tracing::warn!("network: remove {}: {}", self.interface(), crate::error::chain(&e));
-        }
-        self.net.release(self.slot);
+        self.wired.undo();
     }
 }
 

@@ -84,6 +84,12 @@ struct PreparedParts {
 }
 
 impl Prepared {
+    /// Its shim's pidfd (while it has one): what a warm shim's network is
+    /// wired into ahead of its create.
+    pub fn pidfd(&self) -> Option<&OwnedFd> {
+        self.parts.as_ref()?.shim.as_ref().map(|(_, fd)| fd)
+    }
+
     /// Whether its shim still runs and its connection is open: a warm shim
     /// can die while it waits (killed, out of memory, a failed exec), and
     /// one handed out dead failed the create it was given to.

@@ -278,7 +278,7 @@ impl Sandbox {
     pub fn attach_network(
         &mut self,
         net: &std::sync::Arc<crate::net::Network>,
-        slot: crate::net::Reservation,
+        slot: crate::net::Slot,
     ) -> Result<(), crate::net::NetError> {
         self.net = Some(net.attach(slot, &self.pidfd, &self.spec.network.policy)?);
         Ok(())
