@@ -47,7 +47,7 @@ impl Daemon {
         loop {
             let w = {
                 let mut ready = lock(&self.warm.ready);
-                match ready.wired.pop().filter(|_| egress) {
+                match ready.wired.pop_if(|_| egress) {
                     Some((p, wired)) => Some((p, Some(wired))),
                     None => ready.plain.pop().map(|p| (p, None)),
                 }
