@@ -402,8 +402,7 @@ fn an_egress_create_takes_a_wired_warm_shim_and_fills_its_policy_and_a_kill_leak
     assert_blocked(&env, &open, METADATA, PORT);
     // A `none` create never takes (nor throws away) a wired shim.
     let before = settle_veths(&world, 4);
-    let none: Value =
-        env.client().call("POST", "/v1/sandboxes", Some(&json!({"image": "busybox:latest"}))).unwrap();
+    let none: Value = env.client().call("POST", "/v1/sandboxes", Some(&json!({"image": "busybox:latest"}))).unwrap();
     let links = sh(&env, none["id"].as_str().unwrap(), "ls /sys/class/net");
     assert_eq!(stdout(&links), "lo\n", "{links}");
     let after = veths(&world);

@@ -8,7 +8,9 @@
 //! The verbs live in files of their own: `snapshots` (checkpoint, suspend,
 //! resume, fork, rollback, diff, logs, export, snapshot rm), `lineage`,
 //! `baseline`, `distribution` (push and pull), `gc` (retention and the
-//! collector); `copy.rs` at the crate root holds `cp`.
+//! collector); `copy.rs` at the crate root holds `cp`. Background work
+//! has files too: `warm` (the warm pool, plain and wired shims),
+//! `teardown`, `execlog`, `ready` (ready pools).
 
 pub mod baseline;
 pub mod distribution;

@@ -247,8 +247,7 @@ impl Network {
         };
         let (gateway, address) = self.pair(wired.slot);
         if wired.applied != *policy {
-            let rules =
-                nft::SandboxRules { slot: wired.slot, address, gateway, policy, conntrack: self.cfg.conntrack };
+            let rules = nft::SandboxRules { slot: wired.slot, address, gateway, policy, conntrack: self.cfg.conntrack };
             nft::apply(&nft::update_sandbox(&self.cfg.table, &rules))?;
         }
         let socket = std::net::UdpSocket::bind(SocketAddr::from((gateway, 53)))
