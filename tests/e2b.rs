@@ -27,7 +27,50 @@ fn e2b_daemon(keys_dir: &std::path::Path) -> (TestEnv, String) {
     ]);
     let dir = strata_tests::image("e2b");
     env.cli_ok(&["image", "import", dir.to_str().unwrap(), "--name", "base"]);
+    // Plain images: a plain Debian has no `user` account and names no
+    // User; its variant names `nobody` and /tmp as User and WorkingDir.
+    let debian = strata_tests::image("debian-git");
+    env.cli_ok(&["image", "import", debian.to_str().unwrap(), "--name", "plain"]);
+    let variant = keys_dir.join("plain-nobody");
+    with_config(&debian, &variant, |c| {
+        c["config"]["User"] = "nobody".into();
+        c["config"]["WorkingDir"] = "/tmp".into();
+    });
+    env.cli_ok(&["image", "import", variant.to_str().unwrap(), "--name", "plain-nobody"]);
     (env, format!("http://{addr}"))
+}
+
+/// A copy at `dst` of the one-manifest OCI layout `src` whose image config
+/// `edit` changed (new config, manifest and index digests; the layers
+/// shared).
+fn with_config(src: &std::path::Path, dst: &std::path::Path, edit: impl Fn(&mut serde_json::Value)) {
+    use serde_json::Value;
+    use sha2::{Digest, Sha256};
+    let blob = |d: &Value| src.join("blobs/sha256").join(d.as_str().unwrap().trim_start_matches("sha256:"));
+    let read = |p: std::path::PathBuf| -> Value { serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap() };
+    let put = |v: &Value| -> (String, usize) {
+        let bytes = serde_json::to_vec(v).unwrap();
+        let hex = hex::encode(Sha256::digest(&bytes));
+        std::fs::write(dst.join("blobs/sha256").join(&hex), &bytes).unwrap();
+        (format!("sha256:{hex}"), bytes.len())
+    };
+    std::fs::create_dir_all(dst.join("blobs/sha256")).unwrap();
+    for e in std::fs::read_dir(src.join("blobs/sha256")).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join("blobs/sha256").join(e.file_name())).unwrap();
+    }
+    std::fs::copy(src.join("oci-layout"), dst.join("oci-layout")).unwrap();
+    let mut index = read(src.join("index.json"));
+    let mut manifest = read(blob(&index["manifests"][0]["digest"]));
+    let mut config = read(blob(&manifest["config"]["digest"]));
+    edit(&mut config);
+    let (digest, size) = put(&config);
+    manifest["config"]["digest"] = digest.into();
+    manifest["config"]["size"] = size.into();
+    let (digest, size) = put(&manifest);
+    index["manifests"][0]["digest"] = digest.into();
+    index["manifests"][0]["size"] = size.into();
+    std::fs::write(dst.join("index.json"), serde_json::to_vec(&index).unwrap()).unwrap();
 }
 
 #[test]

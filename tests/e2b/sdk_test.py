@@ -21,6 +21,7 @@ from e2b import (
     CommandExitException,
     FilesystemEventType,
     FileType,
+    InvalidArgumentException,
     NotFoundException,
     PtySize,
     Sandbox,
@@ -81,7 +82,41 @@ step("commands.run: envs, cwd, the default user and root")
 r = sbx.commands.run('echo "$FOO-$FROM_CREATE"; pwd; id -un; echo $HOME', envs={"FOO": "bar"}, cwd="/tmp")
 assert r.stdout.split() == ["bar-yes", "/tmp", "user", "/home/user"], r.stdout
 assert sbx.commands.run("pwd").stdout.strip() == "/home/user"
+sbx.commands.run("mkdir -p work/deeper")
+assert sbx.commands.run("pwd", cwd="work/deeper").stdout.strip() == "/home/user/work/deeper"
+assert sbx.commands.run("pwd", cwd="~/work").stdout.strip() == "/home/user/work"
 assert sbx.commands.run("id -u", user="root").stdout.strip() == "0"
+
+step("any image: no `user` account runs as root in its home; an image's User and WorkingDir lead")
+plain = Sandbox.create(template="plain")
+try:
+    r = plain.commands.run('id -un; pwd; echo $HOME')
+    assert r.stdout.split() == ["root", "/root", "/root"], r.stdout
+    plain.files.write("/tmp/by-default", "x")
+    assert plain.files.get_info("/tmp/by-default").owner == "root"
+    e = raises(InvalidArgumentException, plain.commands.run, "true", user="user")
+    assert "not in the sandbox's /etc/passwd" in str(e), e
+finally:
+    plain.kill()
+step("a connect to a running sandbox never shortens its deadline, only extends it")
+lasting = Sandbox.create(template="plain", timeout=600)
+try:
+    before = lasting.get_info().end_at
+    Sandbox.connect(lasting.sandbox_id, timeout=30)
+    kept = lasting.get_info().end_at
+    assert kept >= before, (before, kept)
+    Sandbox.connect(lasting.sandbox_id, timeout=1200)
+    extended = lasting.get_info().end_at
+    assert (extended - before).total_seconds() > 500, (before, extended)
+finally:
+    lasting.kill()
+nobody = Sandbox.create(template="plain-nobody")
+try:
+    r = nobody.commands.run("id -un; pwd")
+    assert r.stdout.split() == ["nobody", "/tmp"], r.stdout
+    assert nobody.commands.run("id -un", user="root").stdout.strip() == "root"
+finally:
+    nobody.kill()
 
 step("a background command, listed, then killed")
 h = sbx.commands.run("sleep 300", background=True)

@@ -74,6 +74,19 @@ impl Daemon {
         Ok(sandbox_info(&sb))
     }
 
+    /// [`Daemon::set_timeout`] only where it moves the deadline later: a
+    /// sandbox whose deadline is further off (or that has none) keeps it,
+    /// as E2B's connect does ("the timeout will update only if the new
+    /// timeout is longer than the existing one").
+    pub fn extend_timeout(&self, id: &str, req: TimeoutRequest) -> Result<SandboxInfo, SandboxOpError> {
+        let sb = self.sandbox(id)?;
+        let asked = now_ms().saturating_add(i64::try_from(req.timeout.saturating_mul(1000)).unwrap_or(i64::MAX));
+        match sb.lifetime().deadline_ms {
+            Some(d) if d < asked => self.set_timeout(id, req),
+            _ => Ok(sandbox_info(&sb)),
+        }
+    }
+
     /// Start the reaper thread; it ends once [`Daemon::shutdown`] began.
     pub fn start_reaper(self: &Arc<Self>) {
         let d = self.clone();

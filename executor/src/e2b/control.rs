@@ -556,7 +556,8 @@ impl E2b {
     }
 
     /// `POST /v2/sandboxes/{id}/connect` (and `/sandboxes/{id}/resume`):
-    /// 200 if it runs (its deadline renewed when a timeout is given), 201
+    /// 200 if it runs (its deadline moved later when a timeout is given
+    /// that ends after it; never earlier), 201
     /// once resumed from its work context.
     pub fn connect(&self, owner: &str, id: &str, req: &Req) -> Result<Resp> {
         let b = body(req)?;
@@ -570,7 +571,7 @@ impl E2b {
         }
         if let Run::Running(info) = run {
             if b.get("timeout").is_some_and(|v| !v.is_null()) {
-                self.d.set_timeout(
+                self.d.extend_timeout(
                     &info.id,
                     crate::types::TimeoutRequest { timeout: t, on_timeout: Some(Self::on_timeout(&row.spec)) },
                 )?;

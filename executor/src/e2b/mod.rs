@@ -505,17 +505,21 @@ impl E2b {
             return fail(RpcError::new(Code::Unavailable, format!("sandbox {id} was not found (not running)")));
         }
         // The user: `Authorization: Basic base64(user:)`, `?username=`,
-        // else E2B's default.
+        // else the default (`Accounts::default_user`).
         let name = req
             .header("authorization")
             .and_then(|a| a.strip_prefix("Basic "))
             .and_then(|b| field::bytes(&json!({"a": b}), "a").ok())
             .map(|b| String::from_utf8_lossy(&b).split(':').next().unwrap_or("").to_string())
             .or_else(|| req.query("username"))
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| users::DEFAULT_USER.to_string());
-        let Some(user) = tree.accounts.user(&name) else {
-            return fail(RpcError::invalid(format!("user {name:?} is not in the sandbox's /etc/passwd")));
+            .filter(|n| !n.is_empty());
+        let d = &sb.defaults;
+        let user = match name {
+            None => tree.accounts.default_user(d.image_user.then_some((d.uid, d.gid))),
+            Some(name) => match tree.accounts.user(&name) {
+                Some(u) => u,
+                None => return fail(RpcError::invalid(format!("user {name:?} is not in the sandbox's /etc/passwd"))),
+            },
         };
         let env = Envd { e2b: self, sb, tree: &tree, user: &user, req };
         let Some((service, method, streaming, msgs)) = rpc else {

@@ -260,7 +260,13 @@ impl Procs {
         let exec = ExecRequest {
             argv: std::iter::once(req.cmd.clone()).chain(req.args.iter().cloned()).collect(),
             env,
-            cwd: Some(req.cwd.clone().unwrap_or_else(|| user.home.clone())),
+            // No cwd asked: the image's working directory, else the home;
+            // a relative one is under the home, as envd's paths are.
+            cwd: Some(match &req.cwd {
+                Some(c) => super::fs::absolute(c, user)?,
+                None if sb.defaults.image_cwd => sb.defaults.cwd.clone(),
+                None => user.home.clone(),
+            }),
             user: Some(format!("{}:{}", user.uid, user.gid)),
             timeout: None,
             tty: req.pty.is_some(),

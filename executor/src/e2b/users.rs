@@ -15,6 +15,10 @@ pub const DEFAULT_USER: &str = "user";
 
 const MAX_FILE: u64 = 4 << 20;
 
+fn root() -> User {
+    User { name: "root".into(), uid: 0, gid: 0, home: "/root".into() }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct User {
     pub name: String,
@@ -70,11 +74,21 @@ impl Accounts {
 
     /// A user by name; `root` exists even without a passwd.
     pub fn user(&self, name: &str) -> Option<User> {
-        self.users
-            .iter()
-            .find(|u| u.name == name)
-            .cloned()
-            .or_else(|| (name == "root").then(|| User { name: "root".into(), uid: 0, gid: 0, home: "/root".into() }))
+        self.users.iter().find(|u| u.name == name).cloned().or_else(|| (name == "root").then(root))
+    }
+
+    /// Who a request that names no user runs as: the image's configured
+    /// `User` (`image`: its uid and gid, named as the passwd names that
+    /// uid, else by the number, with `/` as home), else [`DEFAULT_USER`]
+    /// where the passwd has it (E2B's templates), else root.
+    pub fn default_user(&self, image: Option<(u32, u32)>) -> User {
+        if let Some((uid, gid)) = image {
+            return match self.users.iter().find(|u| u.uid == uid) {
+                Some(u) => User { gid, ..u.clone() },
+                None => User { name: uid.to_string(), uid, gid, home: "/".into() },
+            };
+        }
+        self.user(DEFAULT_USER).or_else(|| self.user("root")).unwrap_or_else(root)
     }
 
     pub fn user_name(&self, uid: u32) -> String {
@@ -97,6 +111,16 @@ mod tests {
             "root:x:0:\nuser:x:1000:\n",
         );
         assert_eq!(a.user("user").unwrap().home, "/home/user");
+        // No user named: the image's, else `user`, else root.
+        assert_eq!(a.default_user(None).name, "user");
+        assert_eq!(a.default_user(Some((0, 0))).name, "root");
+        assert_eq!(a.default_user(Some((1000, 5))).gid, 5);
+        let odd = a.default_user(Some((4242, 4242)));
+        assert_eq!((odd.name.as_str(), odd.home.as_str()), ("4242", "/"));
+        let plain = Accounts::parse("root:x:0:0:root:/root:/bin/sh\n", "");
+        assert_eq!(plain.default_user(None), User { name: "root".into(), uid: 0, gid: 0, home: "/root".into() });
+        assert_eq!(Accounts::default().default_user(None).name, "root");
+        assert!(plain.user("user").is_none(), "a user named but absent stays an error");
         assert_eq!(a.user("user").unwrap().uid, 1000);
         assert!(a.user("ghost").is_none());
         assert_eq!(a.user_name(1000), "user");

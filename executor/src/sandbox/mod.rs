@@ -124,6 +124,11 @@ pub struct ExecDefaults {
     pub cwd: String,
     pub uid: u32,
     pub gid: u32,
+    /// Whether the image's config names a `User` (E2B's default user
+    /// follows it then) and a `WorkingDir` other than `/` (E2B's default
+    /// cwd follows it).
+    pub image_user: bool,
+    pub image_cwd: bool,
 }
 
 pub const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -184,9 +189,13 @@ impl ExecDefaults {
             merge_env(&[DEFAULT_PATH.to_string()], &config.env)
         };
         let env = merge_env(&base, create_env);
+        // `/` is what a config without one means too (and what many
+        // image builders write for it).
+        let image_cwd = config.working_dir.as_deref().is_some_and(|w| !w.is_empty() && w != "/");
         let cwd = config.working_dir.clone().filter(|w| !w.is_empty()).unwrap_or_else(|| "/".into());
-        let (uid, gid) = parse_user(config.user.as_deref().unwrap_or(""), |n| passwd_lookup(layers, n))?;
-        Ok(ExecDefaults { env, cwd, uid, gid })
+        let user = config.user.as_deref().unwrap_or("");
+        let (uid, gid) = parse_user(user, |n| passwd_lookup(layers, n))?;
+        Ok(ExecDefaults { env, cwd, uid, gid, image_user: !user.is_empty(), image_cwd })
     }
 }
 
@@ -599,6 +608,10 @@ mod tests {
         let d = ExecDefaults::new(&cfg, &["B=2".into()], &[]).unwrap();
         assert_eq!(d.env, vec![DEFAULT_PATH.to_string(), "A=1".into(), "B=2".into()]);
         assert_eq!((d.cwd.as_str(), d.uid, d.gid), ("/w", 0, 0));
+        assert!(d.image_cwd && !d.image_user, "a WorkingDir, no User: {d:?}");
+        let cfg = ImageConfig { user: Some("0:0".into()), ..Default::default() };
+        let d = ExecDefaults::new(&cfg, &[], &[]).unwrap();
+        assert!(d.image_user && !d.image_cwd && d.cwd == "/", "{d:?}");
     }
 
     #[test]
