@@ -53,11 +53,31 @@ impl Daemon {
     /// Refused (409) once the old one came and the sandbox is going: a
     /// scheduler told "renewed" can count on it.
     pub fn set_timeout(&self, id: &str, req: TimeoutRequest) -> Result<SandboxInfo, SandboxOpError> {
+        self.renew_deadline(id, req, false)
+    }
+
+    /// [`Daemon::set_timeout`] only where it moves the deadline later: a
+    /// sandbox whose deadline is further off (or that has none) keeps it,
+    /// as E2B's connect does ("the timeout will update only if the new
+    /// timeout is longer than the existing one"). A bad timeout is refused
+    /// either way.
+    pub fn extend_timeout(&self, id: &str, req: TimeoutRequest) -> Result<SandboxInfo, SandboxOpError> {
+        self.renew_deadline(id, req, true)
+    }
+
+    fn renew_deadline(&self, id: &str, req: TimeoutRequest, only_later: bool) -> Result<SandboxInfo, SandboxOpError> {
         let sb = self.sandbox(id)?;
         let old = sb.lifetime();
         // Unset, the action stays the sandbox's.
         let new = lifetime(Some(req.timeout), req.on_timeout, old.idle_timeout, old.on_timeout)
             .map_err(SandboxOpError::Invalid)?;
+        let later = match (old.deadline_ms, new.deadline_ms) {
+            (Some(was), Some(now)) => now > was,
+            _ => false,
+        };
+        if only_later && !later {
+            return Ok(sandbox_info(&sb));
+        }
         if sb.gone().is_set() || !sb.renew(new) {
             return Err(SandboxOpError::Expiring(sb.id.clone()));
         }
@@ -72,19 +92,6 @@ impl Daemon {
         }
         tracing::info!("sandbox {}: deadline renewed, {} s from now ({})", sb.id, req.timeout, new.on_timeout);
         Ok(sandbox_info(&sb))
-    }
-
-    /// [`Daemon::set_timeout`] only where it moves the deadline later: a
-    /// sandbox whose deadline is further off (or that has none) keeps it,
-    /// as E2B's connect does ("the timeout will update only if the new
-    /// timeout is longer than the existing one").
-    pub fn extend_timeout(&self, id: &str, req: TimeoutRequest) -> Result<SandboxInfo, SandboxOpError> {
-        let sb = self.sandbox(id)?;
-        let asked = now_ms().saturating_add(i64::try_from(req.timeout.saturating_mul(1000)).unwrap_or(i64::MAX));
-        match sb.lifetime().deadline_ms {
-            Some(d) if d < asked => self.set_timeout(id, req),
-            _ => Ok(sandbox_info(&sb)),
-        }
     }
 
     /// Start the reaper thread; it ends once [`Daemon::shutdown`] began.

@@ -36,6 +36,16 @@ struct Ready {
     wired: Vec<(Prepared, crate::net::Wired)>,
 }
 
+#[derive(Debug, thiserror::Error)]
+enum WarmError {
+    #[error("start a warm shim")]
+    Sandbox(#[from] crate::sandbox::SandboxError),
+    #[error("the warm shim of {0} has no pidfd")]
+    NoPidfd(SandboxId),
+    #[error("wire a warm shim into the network")]
+    Net(#[from] crate::net::NetError),
+}
+
 /// A warm shim handed to a create, with its wired slot if it has one.
 pub(crate) type Warm = (Prepared, Option<crate::net::Wired>);
 
@@ -95,7 +105,7 @@ impl Daemon {
                     Ok((p, None)) => lock(&d.warm.ready).plain.push(p),
                     Ok((p, Some(w))) => lock(&d.warm.ready).wired.push((p, w)),
                     Err(e) => {
-                        tracing::warn!("warm pool: {e}");
+                        tracing::warn!("warm pool: {}", crate::error::chain(&e));
                         std::thread::sleep(std::time::Duration::from_secs(1));
                     }
                 }
@@ -109,14 +119,11 @@ impl Daemon {
 
     /// One warm shim; `wire`d into a slot of the range with the empty
     /// policy.
-    fn prepare_warm(&self, wire: bool) -> Result<Warm, String> {
-        let p = sandbox::prepare(&self.rt, &SandboxId::random(), None, None).map_err(|e| crate::error::chain(&e))?;
+    fn prepare_warm(&self, wire: bool) -> Result<Warm, WarmError> {
+        let p = sandbox::prepare(&self.rt, &SandboxId::random(), None, None)?;
         let Some(net) = self.net.as_ref().filter(|_| wire) else { return Ok((p, None)) };
-        let pidfd = p.pidfd().ok_or_else(|| format!("shim of {} has no pidfd", p.id))?;
-        let wired = net
-            .reserve(None)
-            .and_then(|r| net.wire(r, pidfd, &crate::net::Policy::default()))
-            .map_err(|e| crate::error::chain(&e))?;
+        let pidfd = p.pidfd().ok_or_else(|| WarmError::NoPidfd(p.id.clone()))?;
+        let wired = net.wire(net.reserve(None)?, pidfd, &crate::net::Policy::default())?;
         Ok((p, Some(wired)))
     }
 

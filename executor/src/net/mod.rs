@@ -221,13 +221,16 @@ impl Network {
         let ruled = nft::apply(&nft::add_sandbox(&self.cfg.table, &rules));
         let ruled_at = t0.elapsed();
         let linked = making.wait();
-        // From here the slot is the Wired's: its drop undoes what was made.
+        // From here the slot is the Wired's: it undoes what was made.
         r.live = false;
         let wired = Wired { net: self.clone(), slot, applied: policy.clone(), undone: AtomicBool::new(false) };
-        match (linked, ruled) {
-            (Ok(()), Ok(())) => {}
-            (Ok(()), Err(e)) => return Err(e.into()),
-            (Err(e), _) => return Err(e.into()),
+        if let Err(e) = linked {
+            wired.undo_parts(ruled.is_ok(), false);
+            return Err(e.into());
+        }
+        if let Err(e) = ruled {
+            wired.undo_parts(false, true);
+            return Err(e.into());
         }
         tracing::debug!(
             "network: {host} rules in {} µs, linked by {} µs",
@@ -261,7 +264,7 @@ impl Network {
             policy: shared.clone(),
         };
         let dns = dns::serve(&self.resolvers, socket, cx);
-        Ok(Attachment { wired, address, gateway, policy: shared, dns })
+        Ok(Attachment { wired, policy: shared, dns })
     }
 }
 
@@ -330,14 +333,24 @@ impl Wired {
 
     /// Once (later calls do nothing).
     fn undo(&self) {
+        self.undo_parts(true, true);
+    }
+
+    /// Remove its rules and link, as far as they were made, and give its
+    /// slot back; once.
+    fn undo_parts(&self, rules: bool, link: bool) {
         if self.undone.swap(true, Ordering::SeqCst) {
             return;
         }
-        if let Err(e) = nft::apply(&nft::remove_sandbox(&self.net.cfg.table, self.slot)) {
-            tracing::warn!("network: remove rules of {}: {}", self.interface(), crate::error::chain(&e));
+        if rules {
+            if let Err(e) = nft::apply(&nft::remove_sandbox(&self.net.cfg.table, self.slot)) {
+                tracing::warn!("network: remove rules of {}: {}", self.interface(), crate::error::chain(&e));
+            }
         }
-        if let Err(e) = link::delete(&self.interface()) {
-            tracing::warn!("network: remove {}: {}", self.interface(), crate::error::chain(&e));
+        if link {
+            if let Err(e) = link::delete(&self.interface()) {
+                tracing::warn!("network: remove {}: {}", self.interface(), crate::error::chain(&e));
+            }
         }
         self.net.release(self.slot);
     }
@@ -353,19 +366,17 @@ impl Drop for Wired {
 /// resolver, undone by [`Attachment::detach`] (or its drop).
 pub struct Attachment {
     wired: Wired,
-    address: Ipv4Addr,
-    gateway: Ipv4Addr,
     policy: Arc<RwLock<Policy>>,
     dns: tokio::task::AbortHandle,
 }
 
 impl Attachment {
     pub fn address(&self) -> Ipv4Addr {
-        self.address
+        self.wired.net.pair(self.wired.slot).1
     }
 
     pub fn gateway(&self) -> Ipv4Addr {
-        self.gateway
+        self.wired.net.pair(self.wired.slot).0
     }
 
     pub fn interface(&self) -> String {
@@ -383,8 +394,8 @@ impl Attachment {
         let net = &self.wired.net;
         let rules = nft::SandboxRules {
             slot: self.wired.slot,
-            address: self.address,
-            gateway: self.gateway,
+            address: self.address(),
+            gateway: self.gateway(),
             policy,
             conntrack: net.cfg.conntrack,
         };
