@@ -16,7 +16,10 @@
 #     taking turns, medians) to the internet's server from an egress
 #     sandbox, from the daemon's namespace (the host's side: the same route
 #     minus veth, rules and NAT), and from the sandbox's namespace entered
-#     by nsenter (the network path without the sandbox's confinement).
+#     by nsenter (the network path without the sandbox's confinement), and
+#     from a second egress sandbox whose veth the script puts back on the
+#     kernel's default path (`ethtool -K gro off` on its host end: no
+#     NAPI, so none threaded), to show what the daemon's fast path gives.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,7 +27,7 @@ cd "$REPO_ROOT"
 RUNS=${1:-50}
 [[ $RUNS -ge 30 ]] || { echo "RUNS must be >= 30" >&2; exit 2; }
 [[ $(id -u) -eq 0 ]] || { echo "run as root: sudo scripts/bench-network.sh" >&2; exit 1; }
-for tool in bwrap hyperfine umoci gcc nft ip nsenter python3; do
+for tool in bwrap hyperfine umoci gcc nft ip nsenter python3 ethtool; do
 	command -v "$tool" >/dev/null || { echo "$tool missing: run scripts/install-deps.sh" >&2; exit 1; }
 done
 if ! command -v cargo >/dev/null; then PATH="$HOME/.cargo/bin:$PATH"; fi
@@ -40,7 +43,7 @@ WORK=$(mktemp -d /tmp/strata-bench-net.XXXXXX)
 H=strata-bench-net-$$-h
 I=strata-bench-net-$$-i
 SOCK=$WORK/strata.sock
-DAEMON_PID= SINK_PID=
+DAEMON_PID='' SINK_PID=''
 cleanup() {
 	if [[ -n $DAEMON_PID ]]; then
 		for id in $(STRATA_SOCKET=$SOCK "$STRATA" ps 2>/dev/null | awk 'NR > 1 {print $1}'); do
@@ -129,17 +132,26 @@ HOST_CONNECT=$(in_host connect 198.18.1.1 5001 200)
 # median of its five; the ratio is the median of the rounds' ratios.
 SHIM_PID=$("$STRATA" inspect "$ID" | python3 -c 'import json,sys; print(json.load(sys.stdin)["shim_pid"])')
 in_netns() { nsenter --net="/proc/$SHIM_PID/ns/net" "$WORK/netb" "$@"; }
-SB=() HOSTS=() NS=()
+ID2=$("$STRATA" create --image busybox:latest --network egress)
+"$STRATA" cp "$WORK/netb" "$ID2:/bin/netb" >/dev/null
+# The host end is the link whose index the sandbox's eth0 names as its peer.
+PEER=$("$STRATA" exec "$ID2" -- cat /sys/class/net/eth0/iflink)
+LINK2=$(ip -n "$H" -o link show | awk -F': ' -v i="$PEER" '$1 == i {split($2, a, "@"); print a[1]}')
+ip netns exec "$H" ethtool -K "$LINK2" gro off
+SB=() HOSTS=() NS=() SLOW=()
 for _ in 1 2 3 4 5; do
 	SB+=("$(in_sandbox send 198.18.1.1 5001 3)")
 	HOSTS+=("$(in_host send 198.18.1.1 5001 3)")
 	NS+=("$(in_netns send 198.18.1.1 5001 3)")
+	SLOW+=("$("$STRATA" exec "$ID2" -- netb send 198.18.1.1 5001 3)")
 done
-read -r SB_TPUT HOST_TPUT NS_TPUT RATIO < <(python3 -c "
+read -r SB_TPUT HOST_TPUT NS_TPUT SLOW_TPUT RATIO SLOW_RATIO < <(python3 -c "
 import statistics as s
-sb, host, ns = [$(IFS=,; echo "${SB[*]}")], [$(IFS=,; echo "${HOSTS[*]}")], [$(IFS=,; echo "${NS[*]}")]
-print('%.1f %.1f %.1f %.0f%%' % (s.median(sb), s.median(host), s.median(ns), 100 * s.median([a / b for a, b in zip(sb, host)])))")
+sb, host, ns, slow = [$(IFS=,; echo "${SB[*]}")], [$(IFS=,; echo "${HOSTS[*]}")], [$(IFS=,; echo "${NS[*]}")], [$(IFS=,; echo "${SLOW[*]}")]
+ratio = lambda xs: 100 * s.median([a / b for a, b in zip(xs, host)])
+print('%.1f %.1f %.1f %.1f %.0f%% %.0f%%' % (s.median(sb), s.median(host), s.median(ns), s.median(slow), ratio(sb), ratio(slow)))")
 "$STRATA" rm "$ID" >/dev/null
+"$STRATA" rm "$ID2" >/dev/null
 
 p50() { echo "${R[$1]%% *}"; }
 cat <<EOF
@@ -160,4 +172,5 @@ cat <<EOF
 | connect, p50 / p90 ms (200) | ${SB_CONNECT/ / \/ } | ${HOST_CONNECT/ / \/ } | |
 | throughput MB/s (3 s, median of 5 rounds) | $SB_TPUT | $HOST_TPUT | $RATIO |
 | the same from the sandbox's namespace, outside its cgroup and seccomp (nsenter) | $NS_TPUT | | |
+| the same from a sandbox whose veth is on the kernel's default path (GRO off, no NAPI thread) | $SLOW_TPUT | | $SLOW_RATIO |
 EOF

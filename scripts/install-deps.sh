@@ -36,7 +36,7 @@ PACKAGES=(
 	hyperfine iproute2 python3 jq tar gzip shellcheck
 	qemu-system-x86 xz-utils debootstrap
 	docker-registry apache2-utils e2fsprogs socat python3-venv
-	postgresql-15 nftables dnsmasq-base iperf3
+	postgresql-15 nftables dnsmasq-base iperf3 ethtool
 )
 
 installed() {

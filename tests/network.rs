@@ -385,6 +385,11 @@ fn an_egress_create_takes_a_wired_warm_shim_and_fills_its_policy_and_a_kill_leak
     let wired = settle_veths(&world, 2);
     assert_eq!(wired.len(), 2, "{wired:?}");
     assert_eq!(sandbox_chains(&world).len(), 2, "{:?}", sandbox_chains(&world));
+    // Each on the fast path: GRO on (else the veth has no NAPI to thread)
+    // and its NAPI in a kernel thread.
+    for l in &wired {
+        assert_eq!(world.host_link_attr(l, "threaded"), "1", "{l}");
+    }
 
     // The create takes one of them, and its policy is what holds there.
     let (id, v) = egress(&env, &["198.18.1.1"], &["0.0.0.0/0"]);

@@ -354,6 +354,11 @@ pub struct DaemonArgs {
     /// allows it (repeatable CIDR). The host's own addresses stay closed.
     #[arg(long = "network-permit")]
     pub network_permit: Vec<String>,
+    /// GRO and a kernel NAPI thread on each sandbox veth's host end: what a
+    /// sandbox sends is forwarded on another core beside it (`off`: the
+    /// kernel's default, forwarded in the sender's softirq).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub network_napi_thread: String,
     /// This host's id in the catalog (default: the hostname); hosts sharing
     /// a catalog each need their own.
     #[arg(long)]
@@ -708,7 +713,14 @@ fn network_config(a: &DaemonArgs) -> anyhow::Result<Option<crate::net::NetConfig
         .iter()
         .map(|c| c.parse::<crate::net::Cidr>().with_context(|| format!("--network-permit {c:?}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(Some(crate::net::NetConfig { range, upstream, conntrack: a.sandbox_conntrack, permit, table: "strata".into() }))
+    Ok(Some(crate::net::NetConfig {
+        range,
+        upstream,
+        conntrack: a.sandbox_conntrack,
+        permit,
+        table: "strata".into(),
+        napi_thread: a.network_napi_thread == "on",
+    }))
 }
 
 /// `IMAGE=N` of `--pool`.

@@ -1,6 +1,6 @@
 //! The raw syscalls Strata needs that `nix` does not wrap: `clone3` into new
 //! namespaces, the new mount API (`fsopen`/`fsconfig`/`fsmount`/`move_mount`),
-//! idmapped mounts, pidfds, loopback bring-up, capability sets, tty and
+//! idmapped mounts, pidfds, loopback bring-up, GRO, capability sets, tty and
 //! loop-device ioctls; and libnftables, loaded at run time.
 //!
 //! This is the one module of the workspace that contains `unsafe`; every block
@@ -470,8 +470,8 @@ pub struct OverlayMount<'a> {
 
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
-    #[error("fsopen overlay")]
-    FsOpen(#[source] Errno),
+    #[error("fsopen {0}")]
+    FsOpen(&'static str, #[source] Errno),
     #[error("fsconfig {key}={value}: {detail}")]
     FsConfig {
         key: String,
@@ -480,14 +480,15 @@ pub enum MountError {
         #[source]
         source: Errno,
     },
-    #[error("create overlay superblock: {detail}")]
+    #[error("create {fstype} superblock: {detail}")]
     Create {
+        fstype: &'static str,
         detail: String,
         #[source]
         source: Errno,
     },
-    #[error("fsmount overlay")]
-    FsMount(#[source] Errno),
+    #[error("fsmount {0}")]
+    FsMount(&'static str, #[source] Errno),
     #[error("move overlay mount to {0}")]
     Move(PathBuf, #[source] Errno),
     #[error("overlay option string is {len} bytes for {lowers} lowers; this kernel lacks lowerdir+ (needs >= 6.8) and the legacy limit is one page")]
@@ -528,20 +529,24 @@ const FSMOUNT_CLOEXEC: libc::c_uint = 1;
 const MOUNT_ATTR_RDONLY: libc::c_uint = 0x1;
 const MOUNT_ATTR_NOSUID: libc::c_uint = 0x2;
 const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
+const MOUNT_ATTR_NOEXEC: libc::c_uint = 0x8;
 
-/// An overlay file system context (`fsopen(2)`) being configured.
-struct OverlayContext(OwnedFd);
+/// A file system context (`fsopen(2)`) being configured.
+struct FsContext {
+    fd: OwnedFd,
+    fstype: &'static str,
+}
 
-impl OverlayContext {
-    fn open() -> Result<OverlayContext, MountError> {
-        let fstype = c"overlay";
+impl FsContext {
+    fn open(fstype: &'static CStr) -> Result<FsContext, MountError> {
+        let name = fstype.to_str().unwrap_or("?");
         // SAFETY: fstype is a valid NUL-terminated string.
         let fd = unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC) };
         if fd < 0 {
-            return Err(MountError::FsOpen(Errno::last()));
+            return Err(MountError::FsOpen(name, Errno::last()));
         }
         // SAFETY: fsopen returned a new descriptor that we alone own.
-        Ok(OverlayContext(unsafe { OwnedFd::from_raw_fd(fd as RawFd) }))
+        Ok(FsContext { fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) }, fstype: name })
     }
 
     fn set(&self, key: &str, value: &CStr) -> Result<(), MountError> {
@@ -558,13 +563,13 @@ impl OverlayContext {
         let v = value.map_or(std::ptr::null(), CStr::as_ptr);
         // SAFETY: the key is NUL-terminated, the value NUL-terminated or
         // null (a flag), and both outlive the call.
-        let r = unsafe { libc::syscall(libc::SYS_fsconfig, self.0.as_raw_fd(), cmd, k.as_ptr(), v, 0) };
+        let r = unsafe { libc::syscall(libc::SYS_fsconfig, self.fd.as_raw_fd(), cmd, k.as_ptr(), v, 0) };
         if r < 0 {
             let source = Errno::last();
             return Err(MountError::FsConfig {
                 key: key.into(),
                 value: value.map(|v| v.to_string_lossy().into_owned()).unwrap_or_default(),
-                detail: fs_context_log(&self.0),
+                detail: fs_context_log(&self.fd),
                 source,
             });
         }
@@ -577,7 +582,7 @@ impl OverlayContext {
         let r = unsafe {
             libc::syscall(
                 libc::SYS_fsconfig,
-                self.0.as_raw_fd(),
+                self.fd.as_raw_fd(),
                 FSCONFIG_CMD_CREATE,
                 std::ptr::null::<libc::c_char>(),
                 std::ptr::null::<libc::c_void>(),
@@ -586,12 +591,12 @@ impl OverlayContext {
         };
         if r < 0 {
             let source = Errno::last();
-            return Err(MountError::Create { detail: fs_context_log(&self.0), source });
+            return Err(MountError::Create { fstype: self.fstype, detail: fs_context_log(&self.fd), source });
         }
         // SAFETY: plain syscall on our fs context fd.
-        let mfd = unsafe { libc::syscall(libc::SYS_fsmount, self.0.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) };
+        let mfd = unsafe { libc::syscall(libc::SYS_fsmount, self.fd.as_raw_fd(), FSMOUNT_CLOEXEC, attrs) };
         if mfd < 0 {
-            return Err(MountError::FsMount(Errno::last()));
+            return Err(MountError::FsMount(self.fstype, Errno::last()));
         }
         // SAFETY: fsmount returned a new descriptor that we alone own.
         Ok(unsafe { OwnedFd::from_raw_fd(mfd as RawFd) })
@@ -602,7 +607,7 @@ impl OverlayContext {
 /// call per lower, no length limit; kernel >= 6.8) and falls back to the
 /// legacy option string with lowers relative to `layers_dir` on older kernels.
 pub fn mount_overlay(m: &OverlayMount<'_>) -> Result<(), MountError> {
-    let ctx = OverlayContext::open()?;
+    let ctx = FsContext::open(c"overlay")?;
     // Before 6.5 overlayfs had no fs_context parameters of its own: the
     // kernel's legacy wrapper accepts any key (even `lowerdir+`) and only
     // FSCONFIG_CMD_CREATE fails. A key no kernel knows tells the two apart:
@@ -655,7 +660,7 @@ pub fn readonly_overlay(lowers: &[&Path]) -> Result<OwnedFd, MountError> {
         }
         list.extend_from_slice(b);
     }
-    let ctx = OverlayContext::open()?;
+    let ctx = FsContext::open(c"overlay")?;
     let list = CString::new(list).map_err(|e| {
         use std::os::unix::ffi::OsStringExt;
         MountError::BadPath(std::ffi::OsString::from_vec(e.into_vec()).into())
@@ -705,6 +710,51 @@ fn mount_overlay_legacy(m: &OverlayMount<'_>) -> Result<(), MountError> {
     };
     let _ = nix::unistd::chdir(&old);
     r.map_err(|e| MountError::Legacy(m.target.into(), e))
+}
+
+/// A sysfs of the calling thread's network namespace, mounted nowhere
+/// (`fsmount(2)` without `move_mount`): its files are reached by `openat`
+/// on the returned descriptor, and no mount namespace sees it. sysfs shows
+/// the network devices of the namespace that made it, so this is how a
+/// process whose /sys was mounted elsewhere (one started by `nsenter
+/// --net`) reaches its own devices' attributes.
+pub fn detached_sysfs() -> Result<OwnedFd, MountError> {
+    FsContext::open(c"sysfs")?.mount(MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC)
+}
+
+/// `ETHTOOL_SGRO` of `<linux/ethtool.h>` (the legacy one-feature ioctl:
+/// the rust-netlink `ethtool` crate reads features but cannot set them).
+const ETHTOOL_SGRO: u32 = 0x2c;
+
+/// `struct ethtool_value`.
+#[repr(C)]
+struct EthtoolValue {
+    cmd: u32,
+    data: u32,
+}
+
+/// Turn generic receive offload on or off for the link `name` of the
+/// calling thread's network namespace (`ethtool -K NAME gro on|off`).
+pub fn set_gro(name: &str, on: bool) -> Result<(), Errno> {
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+    if name.len() >= libc::IFNAMSIZ || name.as_bytes().contains(&0) {
+        return Err(Errno::EINVAL);
+    }
+    let sock = socket(AddressFamily::Inet, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)?;
+    let mut value = EthtoolValue { cmd: ETHTOOL_SGRO, data: u32::from(on) };
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *dst = *src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+    // SAFETY: SIOCETHTOOL reads the ifreq we own (a NUL-terminated name,
+    // checked above, and a pointer to an ethtool_value that outlives the
+    // call); ETHTOOL_SGRO only reads that value.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCETHTOOL as _, &mut req) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
 }
 
 /// Bring `lo` up in the current network namespace.

@@ -227,6 +227,15 @@ impl NetWorld {
             .collect()
     }
 
+    /// A sysfs attribute of a link of the daemon's namespace (`ip netns
+    /// exec` mounts a sysfs of that namespace for the command it runs).
+    pub fn host_link_attr(&self, link: &str, attr: &str) -> String {
+        let ns = &self.names[0];
+        let path = format!("/sys/class/net/{link}/{attr}");
+        let out = Command::new("ip").args(["netns", "exec", ns, "cat", &path]).output().expect("ip netns exec");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
     /// The nft tables of the daemon's namespace (`inet strata` when a
     /// networked daemon runs there).
     pub fn host_tables(&self) -> Vec<String> {

@@ -15,6 +15,7 @@
 //! policy then).
 
 pub mod dns;
+pub mod fastpath;
 pub mod link;
 pub mod nft;
 pub mod policy;
@@ -56,6 +57,8 @@ pub enum NetError {
     Resolver(Ipv4Addr, #[source] std::io::Error),
     #[error("start the resolver runtime")]
     Runtime(#[source] std::io::Error),
+    #[error("the veths' fast path")]
+    FastPath(#[from] fastpath::FastPathError),
 }
 
 impl crate::error::Classify for NetError {
@@ -79,6 +82,8 @@ pub struct NetConfig {
     pub permit: Vec<Cidr>,
     /// The nft table's name (family inet).
     pub table: String,
+    /// GRO on and a NAPI thread for each host end ([`fastpath`]).
+    pub napi_thread: bool,
 }
 
 impl NetConfig {
@@ -102,6 +107,7 @@ impl NetConfig {
 /// runtime the resolvers run on.
 pub struct Network {
     cfg: NetConfig,
+    fast: fastpath::FastPath,
     used: Mutex<Slots>,
     /// Taken at drop: a runtime may not be dropped on an async thread.
     rt: Option<tokio::runtime::Runtime>,
@@ -129,6 +135,7 @@ impl Network {
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(NetError::Forwarding)?;
         let denied: Vec<Cidr> = ALWAYS_DENIED.iter().filter_map(|c| c.parse().ok()).collect();
         nft::apply(&nft::base(&cfg.table, cfg.range, &denied, &cfg.permit))?;
+        let fast = fastpath::FastPath::open(cfg.napi_thread)?;
         let swept = link::sweep(nft::IFPREFIX)?;
         if !swept.is_empty() {
             tracing::info!("network: removed {} links an earlier daemon left: {}", swept.len(), swept.join(" "));
@@ -140,14 +147,15 @@ impl Network {
             .build()
             .map_err(NetError::Runtime)?;
         tracing::info!(
-            "network: sandboxes in {}, resolver upstream {}, nft table inet {} (through {})",
+            "network: sandboxes in {}, resolver upstream {}, nft table inet {} (through {}), veths {}",
             cfg.range,
             cfg.upstream,
             cfg.table,
-            nft::engine()
+            nft::engine(),
+            if fast.is_on() { "with GRO and a NAPI thread" } else { "on the softirq path" }
         );
         let resolvers = rt.handle().clone();
-        Ok(Arc::new(Network { cfg, used: Mutex::new(Slots::default()), rt: Some(rt), resolvers }))
+        Ok(Arc::new(Network { cfg, fast, used: Mutex::new(Slots::default()), rt: Some(rt), resolvers }))
     }
 
     /// Remove the table and every sandbox link (a daemon's stop).
@@ -232,6 +240,7 @@ impl Network {
             wired.undo_parts(false, true);
             return Err(e.into());
         }
+        self.fast.tune(&host);
         tracing::debug!(
             "network: {host} rules in {} µs, linked by {} µs",
             ruled_at.as_micros(),
