@@ -148,3 +148,41 @@ for name, rounds in results.items():
     total = [sum(r) for r in rounds]
     cols = [ms(total, 50), ms(total, 90)] + [ms([r[i] for r in rounds], 50) for i in range(3)]
     print(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cols) + " |")
+
+# Metrics: one sandbox, its metrics read RUNS times each way, interleaved.
+sbx = Sandbox.create()
+e2b_raw("GET", f"/sandboxes/{sbx.sandbox_id}")  # the kept-alive connection
+strata_id = next(s["id"] for s in api("GET", "/v1/sandboxes") if s["state"] == "running")
+reads = {
+    "E2B SDK 2.63.0: `sandbox.get_metrics()`": lambda: sbx.get_metrics(),
+    "E2B API without the SDK: `GET /sandboxes/{id}/metrics` (`http.client`, kept alive)": lambda: e2b_raw(
+        "GET", f"/sandboxes/{sbx.sandbox_id}/metrics"
+    ),
+    "Strata API: `GET /v1/sandboxes/{id}/metrics` (kept alive)": lambda: api("GET", f"/v1/sandboxes/{strata_id}/metrics"),
+    "Strata API: `GET /metrics` (Prometheus text, kept alive)": lambda: api_text("/metrics"),
+}
+
+
+def api_text(path):
+    api_conn.request("GET", path)
+    r = api_conn.getresponse()
+    out = r.read()
+    if r.status >= 300:
+        raise RuntimeError(f"GET {path}: {r.status} {out!r}")
+    return out
+
+
+timed = {name: [] for name in reads}
+for fn in reads.values():
+    fn()
+for _ in range(RUNS):
+    for name, fn in reads.items():
+        t0 = time.perf_counter()
+        fn()
+        timed[name].append(time.perf_counter() - t0)
+sbx.kill()
+print()
+print(f"| metrics read ({RUNS} rounds, interleaved) | p50 | p90 |")
+print("|---|---:|---:|")
+for name, xs in timed.items():
+    print(f"| {name} | {ms(xs, 50):.2f} | {ms(xs, 90):.2f} |")

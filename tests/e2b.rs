@@ -102,6 +102,15 @@ fn the_e2b_sdk_drives_strata_unmodified() {
     );
     assert_eq!(std::fs::read_to_string(&canary).unwrap(), "host secret");
     assert!(!canary.with_extension("written").exists(), "a write escaped to the host");
+    // The daemon counted the E2B requests by route pattern and status.
+    let text = String::from_utf8(env.client().request("GET", "/metrics", None::<&()>).unwrap()).unwrap();
+    for series in [
+        "strata_e2b_requests_total{route=\"POST /sandboxes\",status=\"201\"}",
+        "strata_e2b_requests_total{route=\"GET /sandboxes/{id}/metrics\",status=\"200\"}",
+        "strata_e2b_requests_total{route=\"GET /sandboxes/{id}\",status=\"404\"}",
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(series)), "no {series} in:\n{text}");
+    }
     // Every sandbox the script made is gone (killed, expired or its own).
     let listed = env.cli_ok(&["ps"]);
     assert!(listed.lines().count() <= 1, "sandboxes left: {listed}");

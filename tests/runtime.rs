@@ -539,6 +539,73 @@ fn limits_are_enforced() {
 }
 
 #[test]
+fn metrics_come_from_the_sandboxs_cgroup_and_its_disk() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox", "memory": 64 << 20, "cpus": 1, "disk": 64 << 20}));
+    // Some CPU, 8 MiB on its disk, 16 MiB in memory (a tmpfs file is
+    // charged to it as shmem).
+    let v = sh(
+        &env,
+        &id,
+        "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; \
+         dd if=/dev/urandom of=/data bs=1M count=8 2>/dev/null && sync && \
+         dd if=/dev/zero of=/dev/shm/m bs=1M count=16 2>/dev/null && echo done",
+    );
+    assert_eq!(stdout(&v), "done\n", "{v}");
+    let m: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}/metrics"), None::<&()>).unwrap();
+    let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k} in {m}"));
+    assert_eq!(n("cpu_count"), 1, "{m}");
+    assert!(n("cpu_usage_ns") > 50_000_000, "a busy loop used no CPU: {m}");
+    let pct = m["cpu_used_pct"].as_f64().unwrap();
+    assert!((0.0..=100.0).contains(&pct), "{m}");
+    assert_eq!(n("mem_total"), 64 << 20, "{m}");
+    assert!(n("mem_used") >= 16 << 20 && n("mem_used") <= 64 << 20, "16 MiB of shmem not charged: {m}");
+    // Its own sized filesystem: the cap less ext4's own, with the 8 MiB.
+    assert!(n("disk_total") <= 64 << 20 && n("disk_total") >= 48 << 20, "{m}");
+    assert!(n("disk_used") >= 8 << 20 && n("disk_used") <= n("disk_total"), "{m}");
+    let later: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}/metrics"), None::<&()>).unwrap();
+    assert!(later["timestamp"].as_i64() > m["timestamp"].as_i64().map(|t| t - 1), "{later}");
+    assert!(later["cpu_usage_ns"].as_u64() >= m["cpu_usage_ns"].as_u64(), "{later}");
+
+    // Without limits: the host's CPUs and memory, the daemon's filesystem.
+    let free = create(&env, json!({"image": "busybox"}));
+    let f: Value = env.client().call("GET", &format!("/v1/sandboxes/{free}/metrics"), None::<&()>).unwrap();
+    let host_cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    assert_eq!(f["cpu_count"].as_u64(), Some(host_cpus), "{f}");
+    assert!(f["mem_total"].as_u64().unwrap() > 64 << 20 && f["disk_total"].as_u64().unwrap() > 64 << 20, "{f}");
+
+    // The CLI: a table of the running ones, or JSON lines.
+    let table = env.cli_ok(&["stats"]);
+    assert!(table.starts_with("ID ") && table.contains(&id) && table.contains(&free), "{table}");
+    let line = env.cli_ok(&["stats", "--json", &id]);
+    let j: Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(j["id"], id.as_str());
+    assert_eq!(j["metrics"]["mem_total"], 64 << 20);
+    assert!(!env.cli(&["stats", "nosuch"]).status.success());
+
+    // The daemon's Prometheus text: sandboxes by state, requests by
+    // operation and status, execs, capture bytes, the store.
+    let _: Value = env.client().call("POST", &format!("/v1/sandboxes/{free}/checkpoint"), Some(&json!({}))).unwrap();
+    let text = String::from_utf8(env.client().request("GET", "/metrics", None::<&()>).unwrap()).unwrap();
+    let value = |series: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("strata_sandboxes{state=\"running\"}"), 2.0, "{text}");
+    assert!(value("strata_api_requests_total{operation=\"create_sandbox\",status=\"20") >= 2.0, "{text}");
+    assert!(value("strata_api_request_seconds_count{operation=\"create_sandbox\"}") >= 2.0, "{text}");
+    assert!(value("strata_exec_seconds_count") >= 1.0, "{text}");
+    assert!(value("strata_capture_bytes_total") > 0.0, "{text}");
+    assert!(value("strata_store_bytes{kind=\"image_layers\"}") > 0.0, "{text}");
+    assert_eq!(status_of(env.client().request("POST", "/metrics", None::<&()>)), 405);
+
+    assert_eq!(status_of(env.client().request("GET", "/v1/sandboxes/nosuch/metrics", None::<&()>)), 404);
+    assert_eq!(status_of(env.client().request("POST", &format!("/v1/sandboxes/{id}/metrics"), None::<&()>)), 405);
+    env.finish();
+}
+
+#[test]
 fn api_errors() {
     // No warm pool here: the test counts cgroups to prove nothing half-made.
     let env = TestEnv::start_with(&["--max-sandboxes", "1", "--warm-pool", "0"]);

@@ -10,6 +10,7 @@
 use std::time::{Duration, Instant};
 
 use cgroups_rs::cpu::CpuController;
+use cgroups_rs::cpuacct::CpuAcctController;
 use cgroups_rs::memory::MemController;
 use cgroups_rs::pid::PidController;
 use cgroups_rs::{Cgroup, CgroupPid, MaxValue};
@@ -297,6 +298,18 @@ pub enum Join {
     ByPid,
 }
 
+/// What a cgroup's processes have used: CPU time since it was made, and
+/// memory now.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub cpu_ns: u64,
+    /// Charged memory less the inactive page cache (what `docker stats`
+    /// shows; the kernel reclaims that cache first).
+    pub memory: u64,
+    /// The page cache in it.
+    pub memory_cache: u64,
+}
+
 /// One sandbox's cgroup.
 pub struct SandboxCgroup {
     cg: Cgroup,
@@ -307,6 +320,11 @@ fn controllers(v2: bool) -> Vec<String> {
     let list: &[&str] =
         if v2 { &["cpu", "memory", "pids"] } else { &["cpu", "cpuacct", "memory", "pids", "freezer", "devices"] };
     list.iter().map(|s| s.to_string()).collect()
+}
+
+/// `usage_usec` of a v2 `cpu.stat`.
+fn usage_usec(stat: &str) -> u64 {
+    stat.lines().find_map(|l| l.strip_prefix("usage_usec ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 
 /// Is this host on the unified (v2-only) hierarchy?
@@ -508,6 +526,30 @@ impl SandboxCgroup {
         self.cg.procs().into_iter().map(|p| p.pid).collect()
     }
 
+    /// Its CPU time and memory (zeros for a controller it lacks). v1:
+    /// `cpuacct.usage`, `memory.usage_in_bytes` and the hierarchical
+    /// `total_*` of `memory.stat`; v2: `cpu.stat`'s `usage_usec`,
+    /// `memory.current` and `memory.stat`.
+    pub fn usage(&self) -> Usage {
+        let v2 = self.cg.v2();
+        let cpu_ns = if v2 {
+            self.cg.controller_of::<CpuController>().map_or(0, |c| usage_usec(&c.cpu().stat) * 1000)
+        } else {
+            self.cg.controller_of::<CpuAcctController>().map_or(0, |c| c.cpuacct().usage)
+        };
+        let (memory, memory_cache) = self.cg.controller_of::<MemController>().map_or((0, 0), |m| {
+            let m = m.memory_stat();
+            let stat = |k: &str| m.stat.raw.get(k).copied().unwrap_or(0);
+            let (inactive, cache) = if v2 {
+                (stat("inactive_file"), stat("file"))
+            } else {
+                (stat("total_inactive_file"), stat("total_cache"))
+            };
+            (m.usage_in_bytes.saturating_sub(inactive), cache)
+        });
+        Usage { cpu_ns, memory, memory_cache }
+    }
+
     /// Remove the cgroup once its processes are gone. Killed processes take a
     /// moment to leave (they must be reaped first), so wait up to `budget`.
     pub fn remove(&self, budget: Duration) -> Result<(), CgroupError> {
@@ -555,6 +597,12 @@ impl SandboxCgroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn v2_cpu_stat_gives_its_usage() {
+        assert_eq!(usage_usec("usage_usec 1234\nuser_usec 1000\nsystem_usec 234\n"), 1234);
+        assert_eq!(usage_usec("user_usec 1000\n"), 0);
+    }
 
     #[test]
     fn cpu_quota_is_per_period() {

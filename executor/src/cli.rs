@@ -48,6 +48,14 @@ pub enum Command {
     Ps,
     /// Show one sandbox as JSON.
     Inspect { id: String },
+    /// Show sandboxes' CPU, memory and disk use now (all running ones
+    /// without ids).
+    Stats {
+        ids: Vec<String>,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Seal a sandbox's changes as a snapshot (it keeps running); prints its id.
     Checkpoint {
         id: String,
@@ -692,6 +700,50 @@ impl LaunchArgs {
     }
 }
 
+/// `strata stats`: one line (or JSON object) per sandbox.
+fn stats(cli: &Cli, ids: &[String], json: bool) -> anyhow::Result<i32> {
+    let mut c = client(cli)?;
+    let ids: Vec<String> = if ids.is_empty() {
+        let list: Vec<SandboxInfo> = c.call("GET", "/v1/sandboxes", NO_BODY)?;
+        list.into_iter().filter(|s| s.state == "running").map(|s| s.id).collect()
+    } else {
+        ids.to_vec()
+    };
+    if !json {
+        println!(
+            "{:<18} {:>6} {:>5} {:>21} {:>6} {:>21}",
+            "ID", "CPU %", "CPUS", "MEM USED / LIMIT", "MEM %", "DISK USED / TOTAL"
+        );
+    }
+    let mib = |b: u64| format!("{:.1}MiB", b as f64 / (1u64 << 20) as f64);
+    let mut failed = 0;
+    for id in ids {
+        let m: crate::types::SandboxMetrics = match c.call("GET", &format!("/v1/sandboxes/{id}/metrics"), NO_BODY) {
+            Ok(m) => m,
+            Err(e) => {
+                eprintln!("{id}: {e:#}");
+                failed += 1;
+                continue;
+            }
+        };
+        if json {
+            println!("{}", serde_json::to_string(&serde_json::json!({"id": id, "metrics": m}))?);
+            continue;
+        }
+        let mem_pct = if m.mem_total == 0 { 0.0 } else { m.mem_used as f64 / m.mem_total as f64 * 100.0 };
+        println!(
+            "{:<18} {:>6.2} {:>5} {:>21} {:>6.2} {:>21}",
+            id,
+            m.cpu_used_pct,
+            m.cpu_count,
+            format!("{} / {}", mib(m.mem_used), mib(m.mem_total)),
+            mem_pct,
+            format!("{} / {}", mib(m.disk_used), mib(m.disk_total)),
+        );
+    }
+    Ok(i32::from(failed > 0))
+}
+
 /// The daemon's `--network*` flags.
 fn network_config(a: &DaemonArgs) -> anyhow::Result<Option<crate::net::NetConfig>> {
     if a.network == "off" {
@@ -903,6 +955,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             println!("{}", serde_json::to_string_pretty(&info)?);
             Ok(0)
         }
+        Command::Stats { ids, json } => stats(&cli, ids, *json),
         Command::Rm { ids, no_wait } => {
             let mut c = client(&cli)?;
             let mut failed = 0;

@@ -87,6 +87,7 @@ pub fn run(
     daemon.start_exec_log();
     daemon.start_hydrator();
     daemon.start_reaper();
+    daemon.start_metrics();
     daemon.start_ready_pools();
     daemon.start_gc(gc_interval, cfg.retention, cfg.stale_after);
     daemon.start_heartbeat();

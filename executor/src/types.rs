@@ -111,6 +111,32 @@ pub struct NetworkRequest {
     pub deny_out: Vec<String>,
 }
 
+/// A sandbox's use at one moment (`GET /v1/sandboxes/{id}/metrics`,
+/// `strata stats`; E2B's `SandboxMetric` is made of it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SandboxMetrics {
+    /// When it was taken (unix ms).
+    pub timestamp: i64,
+    /// CPUs it may use: its `cpus` limit rounded up, else the host's.
+    pub cpu_count: u64,
+    /// Of those CPUs, the share it used since the sample before (at most
+    /// 5 s before; since its start for the first), 0-100.
+    pub cpu_used_pct: f64,
+    /// CPU time its processes used since it started.
+    pub cpu_usage_ns: u64,
+    /// Memory charged to it, less the inactive page cache.
+    pub mem_used: u64,
+    /// The page cache charged to it.
+    pub mem_cache: u64,
+    /// Its `memory` limit, else the host's memory.
+    pub mem_total: u64,
+    /// Used and total bytes of the filesystem its writes go to: its own
+    /// sized one with a `disk` limit, else the daemon's (what `df /` shows
+    /// inside it).
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct SandboxInfo {
     pub id: String,

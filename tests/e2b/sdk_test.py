@@ -7,6 +7,7 @@ first failing one ends the run with a traceback.
 """
 
 import asyncio
+import datetime
 import io
 import json
 import os
@@ -193,6 +194,48 @@ sbx.files.rename("/home/user/a.txt", "/home/user/c.txt")
 assert not sbx.files.exists("/home/user/a.txt") and sbx.files.read("/home/user/c.txt") == "alpha"
 sbx.files.remove("/home/user/d1")
 assert not sbx.files.exists("/home/user/d1")
+# A path that is not there is removed already (envd's os.RemoveAll).
+sbx.files.remove("/home/user/d1")
+sbx.files.remove("/home/user/no/such/dir")
+
+step("files: symlinks reported as symlinks, with their target")
+sbx.commands.run("ln -sfn c.txt /home/user/link")
+link = sbx.files.get_info("/home/user/link")
+assert link.type == FileType.SYMLINK and link.symlink_target == "c.txt", link
+assert {e.name: e for e in sbx.files.list("/home/user")}["link"].type == FileType.SYMLINK
+sbx.files.remove("/home/user/link")
+assert sbx.files.exists("/home/user/c.txt"), "removing a link leaves its target"
+
+step("files: user metadata kept as user.e2b.* xattrs, through get_info, list and rename")
+meta = {"owner": "alice", "build": "7"}
+w = sbx.files.write("/home/user/meta.txt", "m", metadata={"Owner": "alice", "build": "7"})
+assert w.metadata == meta, w.metadata
+assert sbx.files.get_info("/home/user/meta.txt").metadata == meta
+assert {e.name: e for e in sbx.files.list("/home/user")}["meta.txt"].metadata == meta
+moved = sbx.files.rename("/home/user/meta.txt", "/home/user/meta2.txt")
+assert moved.metadata == meta, moved
+assert sbx.files.get_info("/home/user/c.txt").metadata is None
+many = sbx.files.write_files(
+    [{"path": "/home/user/m1.txt", "data": "1"}, {"path": "/home/user/m2.txt", "data": "2"}], metadata={"batch": "b1"}
+)
+assert [x.metadata for x in many] == [{"batch": "b1"}, {"batch": "b1"}], many
+assert sbx.files.get_info("/home/user/m2.txt").metadata == {"batch": "b1"}
+raw = urllib.request.Request(
+    f"{API}/files?path=/home/user/bad.txt",
+    data=b"x",
+    method="POST",
+    headers={
+        "Content-Type": "application/octet-stream",
+        "X-Access-Token": sbx._envd_access_token,
+        "E2b-Sandbox-Id": sbx.sandbox_id,
+        "X-Metadata-k": "tab\there",
+    },
+)
+e = raises(urllib.error.HTTPError, urllib.request.urlopen, raw)
+assert e.code == 400, e
+assert not sbx.files.exists("/home/user/bad.txt"), "a refused upload writes nothing"
+for f in ["meta2.txt", "m1.txt", "m2.txt"]:
+    sbx.files.remove(f"/home/user/{f}")
 
 step("files: watch_dir events")
 wh = sbx.files.watch_dir("/home/user", recursive=True)
@@ -264,19 +307,58 @@ raises(NotFoundException, Sandbox.get_info, sbx.sandbox_id, api_key=OTHER_KEY)
 assert Sandbox.list(api_key=OTHER_KEY).next_items() == []
 assert not Sandbox.kill(sbx.sandbox_id, api_key=OTHER_KEY)
 
-step("list with a metadata filter")
+step("list: metadata filter, newest first, order=asc")
 mine = Sandbox.list(query=SandboxQuery(metadata={"run": RUN})).next_items()
-assert {s.sandbox_id for s in mine} == {sbx.sandbox_id, other.sandbox_id}, mine
+assert [s.sandbox_id for s in mine] == [other.sandbox_id, sbx.sandbox_id], mine
+oldest = Sandbox.list(query=SandboxQuery(metadata={"run": RUN}), order="asc").next_items()
+assert [s.sandbox_id for s in oldest] == [sbx.sandbox_id, other.sandbox_id], oldest
 only = Sandbox.list(query=SandboxQuery(metadata={"run": RUN, "other": "yes"})).next_items()
 assert [s.sandbox_id for s in only] == [other.sandbox_id], only
-step("list pages by x-next-token")
-pager = Sandbox.list(query=SandboxQuery(metadata={"run": RUN}), limit=1)
+for bad in ["order=sideways", "limit=0", "startedAfter=yesterday", "state=dead", "nextToken=garbage"]:
+    raw = urllib.request.Request(f"{API}/v2/sandboxes?{bad}", headers={"X-API-KEY": os.environ["E2B_API_KEY"]})
+    e = raises(urllib.error.HTTPError, urllib.request.urlopen, raw)
+    assert e.code == 400 and json.loads(e.read())["message"], (bad, e)
+
+step("list: by template and start time")
+assert {s.sandbox_id for s in Sandbox.list(query=SandboxQuery(metadata={"run": RUN}, template="base")).next_items()} == {
+    sbx.sandbox_id,
+    other.sandbox_id,
+}
+assert Sandbox.list(query=SandboxQuery(metadata={"run": RUN}, template="nosuch")).next_items() == []
+since = other.get_info().started_at
+later = Sandbox.list(query=SandboxQuery(metadata={"run": RUN}, started_after=since)).next_items()
+assert [s.sandbox_id for s in later] == [other.sandbox_id], later
+
+step("list pages by x-next-token, neither repeating nor skipping while sandboxes come and go")
+paged = [Sandbox.create(metadata={"run": RUN, "paged": "yes"}) for _ in range(3)]
+pager = Sandbox.list(query=SandboxQuery(metadata={"run": RUN, "paged": "yes"}), limit=2)
 first = pager.next_items()
-assert len(first) == 1 and pager.has_next, (first, pager.has_next)
+assert [s.sandbox_id for s in first] == [paged[2].sandbox_id, paged[1].sandbox_id] and pager.has_next, first
+# One made after the first page (it is newer: before the cursor) and
+# one of the first page killed.
+late = Sandbox.create(metadata={"run": RUN, "paged": "yes"})
+paged[2].kill()
 second = pager.next_items()
-assert len(second) == 1 and second[0].sandbox_id != first[0].sandbox_id and not pager.has_next
+assert [s.sandbox_id for s in second] == [paged[0].sandbox_id] and not pager.has_next, second
+for s in paged[:2] + [late]:
+    s.kill()
 
 other.kill()
+
+step("get_metrics: E2B's SandboxMetric from the sandbox's cgroup and disk")
+sbx.commands.run("head -c 50000000 /dev/urandom | md5sum; dd if=/dev/zero of=/home/user/fill bs=1M count=4")
+metrics = sbx.get_metrics()
+assert metrics, "no metrics"
+m = metrics[-1]
+assert m.cpu_count >= 1 and 0 <= m.cpu_used_pct <= 100, m
+assert 0 < m.mem_used <= m.mem_total and 0 < m.disk_used <= m.disk_total, m
+assert m.timestamp.tzinfo is not None and abs(m.timestamp.timestamp() - time.time()) < 60, m
+assert [x.timestamp for x in metrics] == sorted(x.timestamp for x in metrics)
+future = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+assert sbx.get_metrics(start=future) == []
+assert Sandbox.get_metrics(sbx.sandbox_id)
+raises(NotFoundException, Sandbox.get_metrics, "i00000000000000000000")
+sbx.commands.run("rm /home/user/fill")
 
 step("bad key, unknown sandbox")
 raises(AuthenticationException, Sandbox.create, api_key="not-a-key")
@@ -303,6 +385,13 @@ assert sbx.commands.run("echo back").stdout == "back\n"
 step("a snapshot, then a new sandbox from it")
 snap = sbx.create_snapshot()
 assert snap.snapshot_id in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+named = sbx.create_snapshot(name=f"kept-{RUN}")
+assert [s.snapshot_id for s in Sandbox.list_snapshots(name=f"kept-{RUN}").next_items()] == [named.snapshot_id]
+assert Sandbox.list_snapshots(name=f"nosuch-{RUN}").next_items() == []
+snaps = Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id, limit=1)
+assert [s.snapshot_id for s in snaps.next_items()] == [named.snapshot_id] and snaps.has_next, "newest first"
+assert [s.snapshot_id for s in snaps.next_items()] == [snap.snapshot_id] and not snaps.has_next
+assert Sandbox.delete_snapshot(named.snapshot_id)
 child = Sandbox.create(template=snap.snapshot_id)
 assert child.files.read("/home/user/keep.txt") == "kept"
 child.kill()

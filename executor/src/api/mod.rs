@@ -92,6 +92,8 @@ pub enum Reply {
     Stream(StreamOp),
     Json(u16, Vec<u8>),
     Empty(u16),
+    /// Prometheus metrics, OpenMetrics text.
+    Metrics(String),
     /// A buffered exec for the server to run and wait for its own way
     /// (`api::serve`: on its async worker for a while, then on a thread);
     /// its answer is [`exec_result`].
@@ -193,6 +195,8 @@ pub enum Action {
     SetTimeout(String, types::TimeoutRequest),
     /// `PUT /v1/sandboxes/{id}/network`: a new egress policy, live.
     SetNetwork(String, types::NetworkRequest),
+    /// `GET /v1/sandboxes/{id}/metrics`: its use now.
+    Metrics(String),
     /// `GET /v1/sandboxes/{id}/ports/{port}` with `Upgrade: tcp`: a
     /// stream to the sandbox's `127.0.0.1:port`.
     Port(String, u16),
@@ -229,9 +233,70 @@ pub enum Action {
     Lineage(String),
     ResumeLineage(String, types::LaunchRequest),
     RetireLineage(String),
+    /// `GET /metrics`: the daemon's Prometheus metrics.
+    Prometheus,
 }
 
 impl Action {
+    /// Its name in metrics (`strata_api_requests{operation=...}`).
+    pub fn name(&self) -> &'static str {
+        use Action as A;
+        match self {
+            A::Version => "version",
+            A::Info => "info",
+            A::DiskUsage => "disk_usage",
+            A::Drain(_) => "drain",
+            A::ListHosts => "list_hosts",
+            A::Promote(_) => "promote",
+            A::GetHost(_) => "get_host",
+            A::DrainHost(..) => "drain_host",
+            A::ListImages => "list_images",
+            A::PullImage(_) => "pull_image",
+            A::ImportImage(_) => "import_image",
+            A::GetImage(_) => "get_image",
+            A::RemoveImage(_) => "remove_image",
+            A::ListSandboxes => "list_sandboxes",
+            A::CreateSandbox(_) => "create_sandbox",
+            A::GetSandbox(_) => "get_sandbox",
+            A::RemoveSandbox(..) => "remove_sandbox",
+            A::Checkpoint(..) => "checkpoint",
+            A::Suspend(_) => "suspend",
+            A::Rollback(..) => "rollback",
+            A::SandboxDiff(_) => "sandbox_diff",
+            A::PublishBaseline(..) => "publish_baseline",
+            A::Copy(..) => "copy",
+            A::Pause(_) => "pause",
+            A::Unpause(_) => "unpause",
+            A::SetTimeout(..) => "set_timeout",
+            A::SetNetwork(..) => "set_network",
+            A::Metrics(_) => "metrics",
+            A::Port(..) => "port",
+            A::Exec(..) => "exec",
+            A::Attach(..) => "attach",
+            A::Logs(..) => "logs",
+            A::ListSnapshots(_) => "list_snapshots",
+            A::Evaluate(..) => "evaluate",
+            A::Evaluations(_) => "evaluations",
+            A::Label(..) => "label",
+            A::Retain(..) => "retain",
+            A::Patch(..) => "patch",
+            A::SealedResult(_) => "sealed_result",
+            A::PullSnapshot(_) => "pull_snapshot",
+            A::PushSnapshot(..) => "push_snapshot",
+            A::GetSnapshot(_) => "get_snapshot",
+            A::RemoveSnapshot(_) => "remove_snapshot",
+            A::SnapshotDiff(_) => "snapshot_diff",
+            A::Export(..) => "export",
+            A::Resume(..) => "resume",
+            A::Fork(..) => "fork",
+            A::Gc { .. } => "gc",
+            A::Lineage(_) => "lineage",
+            A::ResumeLineage(..) => "resume_lineage",
+            A::RetireLineage(_) => "retire_lineage",
+            A::Prometheus => "prometheus",
+        }
+    }
+
     /// Whether it makes something a retry must not make twice (what an
     /// `Idempotency-Key` applies to).
     pub fn creates(&self) -> bool {
@@ -257,6 +322,16 @@ impl Action {
 
 /// Parse a request: its route, method, headers and body. No I/O.
 pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
+    // Where Prometheus looks by default, outside the versioned API.
+    if req.path == "/metrics" {
+        if req.method != "GET" {
+            return Err(ApiError {
+                allow: Some("GET"),
+                ..ApiError::new(ErrorKind::MethodNotAllowed, format!("method {} not allowed on /metrics", req.method))
+            });
+        }
+        return Ok(Action::Prometheus);
+    }
     let Some((rest, segs)) = segments(&req.path) else {
         return Err(ApiError::new(
             ErrorKind::NotFound,
@@ -337,12 +412,13 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             "unpause" => A::Unpause(id(s)),
             "timeout" => A::SetTimeout(id(s), body(req)?),
             "exec" => exec_action(id(s), req)?,
-            "logs" | "diff" => return Err(not_allowed("GET")),
+            "logs" | "diff" | "metrics" => return Err(not_allowed("GET")),
             _ => return Err(no_route(req)),
         },
         (["sandboxes", s, op], "GET") => match *op {
             "logs" => A::Logs(id(s), flag(req, "output")?),
             "diff" => A::SandboxDiff(id(s)),
+            "metrics" => A::Metrics(id(s)),
             "checkpoint" | "suspend" | "rollback" | "baseline" | "copy" | "pause" | "unpause" | "timeout" | "exec" => {
                 return Err(not_allowed("POST"))
             }
@@ -538,6 +614,8 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::Unpause(id) => done(d.unpause_sandbox(&id)),
         A::SetTimeout(id, b) => json(200, &d.set_timeout(&id, b)?),
         A::SetNetwork(id, b) => json(200, &d.set_network(&id, b)?),
+        A::Metrics(id) => json(200, &d.sandbox_metrics(&id)?),
+        A::Prometheus => Ok(Reply::Metrics(d.prometheus())),
         A::Port(id, port) => Ok(Reply::Port(d.connect_port(&id, port)?)),
         A::Exec(id, req, stdin) => Ok(Reply::Exec { sandbox: d.sandbox(&id)?, req, stdin }),
         A::Attach(id, req) => Ok(Reply::Attach { sandbox: d.sandbox(&id)?, req }),
@@ -612,12 +690,23 @@ fn segments(path: &str) -> Option<(&str, Vec<&str>)> {
 pub fn route(d: &Daemon, req: &http::Request) -> Result<Reply, ApiError> {
     // Ready pools refill only while no request is in flight.
     let _in_flight = d.request_started();
+    let started = std::time::Instant::now();
     let action = parse(req)?;
+    let name = action.name();
     let run = |action| execute(d, action).map_err(|e| placed(d, &req.path, e));
-    match idempotency_key(req)? {
-        Some(key) if action.creates() => idempotent(d, key, req, action, run),
-        _ => run(action),
-    }
+    let r = match idempotency_key(req) {
+        Ok(Some(key)) if action.creates() => idempotent(d, key, req, action, run),
+        Ok(_) => run(action),
+        Err(e) => Err(e),
+    };
+    let status = match &r {
+        Ok(Reply::Json(s, _) | Reply::Empty(s)) => *s,
+        Ok(Reply::Port(_) | Reply::Attach { .. }) => 101,
+        Ok(_) => 200,
+        Err(e) => e.status(),
+    };
+    d.telemetry.request(name, status, started.elapsed());
+    r
 }
 
 /// A 404 about a sandbox this host does not run but the catalog places on

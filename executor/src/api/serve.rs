@@ -592,6 +592,14 @@ async fn answer(
     match routed {
         Ok(Reply::Json(status, b)) => respond(status, b),
         Ok(Reply::Empty(status)) => respond(status, Vec::new()),
+        Ok(Reply::Metrics(text)) => {
+            let mut r = Response::new(Body::whole(text.into_bytes()));
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            );
+            r
+        }
         Ok(Reply::Stream(op)) => stream(d, op),
         Ok(Reply::Exec { sandbox, req, stdin }) => {
             match logged(&request, run_exec(&d, inline, &sandbox, &req, stdin)) {

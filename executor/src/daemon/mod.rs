@@ -20,12 +20,14 @@ pub mod gc;
 pub mod host;
 pub mod lifetime;
 pub mod lineage;
+pub mod metrics;
 pub mod network;
 pub mod ready;
 pub mod requests;
 pub mod results;
 pub mod snapshots;
 pub mod teardown;
+pub mod telemetry;
 mod warm;
 
 use std::collections::{HashMap, HashSet};
@@ -514,6 +516,10 @@ pub struct Daemon {
     pub(crate) host_layers: Mutex<Option<(std::time::Instant, fleet::HostLayers)>>,
     /// Sandbox networking, if on.
     pub(crate) net: Option<Arc<crate::net::Network>>,
+    /// Each live sandbox's recent metrics (`metrics.rs`).
+    pub(crate) metrics: metrics::History,
+    /// The daemon's Prometheus metrics (`telemetry.rs`).
+    pub telemetry: telemetry::Telemetry,
     _lock: Flock<File>,
 }
 
@@ -626,6 +632,8 @@ impl Daemon {
             removing_stopped: Default::default(),
             host_layers: Mutex::new(None),
             net,
+            metrics: metrics::History::default(),
+            telemetry: telemetry::Telemetry::default(),
             _lock: flock,
         };
         d.recover()?;

@@ -810,6 +810,7 @@ impl Daemon {
         row.id = id.clone();
         (row.blob_digest, row.blob_size, row.compression) =
             (Some(format!("sha256:{blob_hex}").parse()?), blob_size, compression);
+        self.telemetry.captured(blob_size);
         // Layer and blob are on disk before any row names them. The tars
         // are spent: deleted first, so the sync does not write them out.
         for spent in [&tar, &ahead, &sealed.tar] {
@@ -1105,6 +1106,7 @@ impl Daemon {
         req: &crate::sandbox::ExecRequest,
         s: &crate::sandbox::ExecSummary,
     ) {
+        self.telemetry.exec(s.duration);
         let rec = crate::db::ExecRecord {
             id: 0,
             sandbox_id: sb.id.to_string(),

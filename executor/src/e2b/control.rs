@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::listing::{Paging, SandboxFilter};
 use super::{E2b, Req, Resp};
 use crate::daemon::lock;
 use crate::db::{E2bSandbox, E2bSnapshot, E2bSpec};
@@ -26,7 +27,7 @@ pub const DEFAULT_TIMEOUT: u64 = 300;
 pub const MAX_TIMEOUT: u64 = 86_400;
 /// Most forks one call makes (E2B's).
 pub const MAX_FORKS: u64 = 20;
-/// Most sandboxes one list page holds.
+/// Most sandboxes (or snapshots) one list page holds.
 pub const MAX_PAGE: usize = 100;
 
 /// A control API error: status and message, as E2B's `Error` body.
@@ -434,57 +435,52 @@ impl E2b {
         Ok(Resp::json(200, self.detail(&row, &run)))
     }
 
-    /// `GET /v2/sandboxes` (and `/sandboxes`): filtered by metadata and
-    /// state, paged by `nextToken` (the last id of the page before).
+    /// `GET /v2/sandboxes` (and `/sandboxes`): filtered by metadata,
+    /// state, template and start time, newest first (`order=asc`: oldest),
+    /// paged by `limit` and `nextToken` (see [`super::listing`]).
     pub fn list(&self, owner: &str, req: &Req) -> Result<Resp> {
-        let mut wanted = BTreeMap::new();
-        if let Some(m) = req.query("metadata") {
-            for (k, v) in super::form_decode(&m) {
-                wanted.insert(super::percent_decode(&k), super::percent_decode(&v));
-            }
-        }
-        let states: Vec<String> =
-            req.query("state").map(|s| s.split(',').map(|s| s.trim().to_string()).collect()).unwrap_or_default();
-        if let Some(bad) = states.iter().find(|s| !matches!(s.as_str(), "running" | "paused")) {
-            return Err(ApiError::bad(format!("state {bad:?}: running or paused")));
-        }
-        let limit = match req.query("limit") {
-            None => MAX_PAGE,
-            Some(l) => l
-                .parse::<usize>()
-                .ok()
-                .filter(|l| (1..=MAX_PAGE).contains(l))
-                .ok_or_else(|| ApiError::bad(format!("limit {l:?} must be between 1 and {MAX_PAGE}")))?,
-        };
-        let after = req.query("nextToken");
+        let filter = SandboxFilter::parse(req)?;
+        let paging = Paging::parse(req)?;
         let rows = lock(&self.d.db).e2b_sandboxes(owner)?;
-        let mut page = Vec::new();
-        let mut more = None;
+        let mut kept = Vec::new();
         for row in rows {
+            if !filter.keeps(&row.template, row.started_at, &row.spec.metadata) {
+                continue;
+            }
             let Ok((row, run)) = self.locate(owner, row) else { continue };
-            let state = if matches!(run, Run::Paused) { "paused" } else { "running" };
-            if !states.is_empty() && !states.iter().any(|s| s == state) {
-                continue;
+            if filter.keeps_state(if matches!(run, Run::Paused) { "paused" } else { "running" }) {
+                kept.push((row, run));
             }
-            if wanted.iter().any(|(k, v)| row.spec.metadata.get(k) != Some(v)) {
-                continue;
-            }
-            page.push((row, run));
         }
-        page.sort_by(|a, b| a.0.id.cmp(&b.0.id));
-        if let Some(a) = &after {
-            page.retain(|(r, _)| r.id.as_str() > a.as_str());
-        }
-        if page.len() > limit {
-            page.truncate(limit);
-            more = page.last().map(|(r, _)| r.id.clone());
-        }
+        let (page, next) = paging.page(kept, |(r, _)| (r.started_at, r.id.as_str()));
         let list: Vec<Value> = page.iter().map(|(r, run)| self.detail(r, run)).collect();
         let mut resp = Resp::json(200, Value::Array(list));
-        if let Some(token) = more {
+        if let Some(token) = next {
             resp.headers.push(("x-next-token", token));
         }
         Ok(resp)
+    }
+
+    /// `GET /sandboxes/{id}/metrics`: E2B's `SandboxMetric`s from `start`
+    /// to `end` (unix seconds, both optional), one each 5 s while it ran
+    /// on this daemon (see `daemon::metrics`) and one taken now; none for
+    /// a paused sandbox.
+    pub fn metrics(&self, owner: &str, id: &str, req: &Req) -> Result<Resp> {
+        let secs = |k: &str| -> Result<Option<i64>> {
+            req.query(k)
+                .map(|v| {
+                    v.parse::<i64>().map_err(|_| ApiError::bad(format!("{k} {v:?} is not a unix time in seconds")))
+                })
+                .transpose()
+        };
+        let (start, end) = (secs("start")?.map(|s| s * 1000), secs("end")?.map(|e| e * 1000 + 999));
+        let (_, run) = self.sandbox(owner, id)?;
+        if matches!(run, Run::Paused) {
+            return Ok(Resp::json(200, json!([])));
+        }
+        let info = run.here(id, "is paused")?;
+        let samples = self.d.sandbox_metrics_between(&info.id, start, end)?;
+        Ok(Resp::json(200, Value::Array(samples.iter().map(e2b_metric).collect())))
     }
 
     /// `DELETE /sandboxes/{id}`: the sandbox, its processes and its work
@@ -617,13 +613,20 @@ impl E2b {
     /// `GET /snapshots` (`sandboxID` filter).
     pub fn snapshots(&self, owner: &str, req: &Req) -> Result<Resp> {
         let of = req.query("sandboxID");
-        let list: Vec<Value> = lock(&self.d.db)
+        let name = req.query("name");
+        let paging = Paging::parse(req)?;
+        let kept: Vec<E2bSnapshot> = lock(&self.d.db)
             .e2b_snapshots(owner)?
-            .iter()
+            .into_iter()
             .filter(|s| of.as_deref().is_none_or(|o| s.sandbox == o))
-            .map(snapshot_json)
+            .filter(|s| name.as_deref().is_none_or(|n| snapshot_named(s, n)))
             .collect();
-        Ok(Resp::json(200, Value::Array(list)))
+        let (page, next) = paging.page(kept, |s| (s.created_at, s.id.as_str()));
+        let mut resp = Resp::json(200, Value::Array(page.iter().map(snapshot_json).collect()));
+        if let Some(token) = next {
+            resp.headers.push(("x-next-token", token));
+        }
+        Ok(resp)
     }
 
     /// `DELETE /templates/{id}`: one of this key's snapshots.
@@ -644,6 +647,28 @@ impl E2b {
         }
         Ok(Resp::empty(204))
     }
+}
+
+/// Whether `s` answers to `name`: its name, with or without the tag
+/// (`my-snapshot` names `my-snapshot:latest`), or its id.
+fn snapshot_named(s: &E2bSnapshot, name: &str) -> bool {
+    s.id == name
+        || s.name.as_deref().is_some_and(|n| n == name || n.split_once(':').is_some_and(|(base, _)| base == name))
+}
+
+/// E2B's `SandboxMetric`.
+fn e2b_metric(m: &crate::types::SandboxMetrics) -> Value {
+    json!({
+        "timestamp": time(m.timestamp),
+        "timestampUnix": m.timestamp.div_euclid(1000),
+        "cpuCount": m.cpu_count,
+        "cpuUsedPct": m.cpu_used_pct,
+        "memUsed": m.mem_used,
+        "memTotal": m.mem_total,
+        "memCache": m.mem_cache,
+        "diskUsed": m.disk_used,
+        "diskTotal": m.disk_total,
+    })
 }
 
 fn snapshot_json(s: &E2bSnapshot) -> Value {

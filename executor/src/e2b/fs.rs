@@ -26,6 +26,32 @@ use super::users::{Accounts, User};
 
 const RESOLVE: u64 = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV;
 
+/// Where a file's user metadata lives: its `user.e2b.<key>` xattrs (as
+/// envd keeps what `files.write(metadata=...)` sends).
+const META_PREFIX: &str = "user.e2b.";
+/// Most metadata keys one upload may set.
+pub const MAX_META_KEYS: usize = 64;
+/// Longest metadata value.
+pub const MAX_META_VALUE: usize = 4096;
+
+/// File metadata from an upload's `X-Metadata-<key>` headers: keys
+/// lowercased, HTTP token characters only; values printable ASCII.
+pub type Metadata = std::collections::BTreeMap<String, String>;
+
+/// Check one metadata pair as envd does (400 otherwise).
+pub fn check_metadata(key: &str, value: &str) -> Result<(), RpcError> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if key.is_empty() || !key.bytes().all(token) {
+        return Err(RpcError::invalid(format!("metadata key {key:?}: use HTTP token characters")));
+    }
+    if value.len() > MAX_META_VALUE || !value.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(RpcError::invalid(format!(
+            "metadata value of {key:?}: printable ASCII, at most {MAX_META_VALUE} bytes"
+        )));
+    }
+    Ok(())
+}
+
 /// Deepest listing `ListDir` walks (`depth`).
 pub const MAX_LIST_DEPTH: u64 = 32;
 /// Most entries one listing returns.
@@ -112,24 +138,31 @@ fn permissions(st: &FileStat) -> String {
 
 /// RFC 3339 (UTC, nanoseconds) of a unix time.
 pub fn rfc3339(secs: i64, nanos: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let (h, mi, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
-    if nanos == 0 {
-        format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
-    } else {
-        format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{nanos:09}Z")
+    use time::format_description::well_known::Rfc3339;
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(secs) * 1_000_000_000 + i128::from(nanos));
+    t.ok().and_then(|t| t.format(&Rfc3339).ok()).unwrap_or_default()
+}
+
+/// The user metadata of `name` in `dir` (its `user.e2b.*` xattrs); none for
+/// what is not a regular file or directory (a device is never opened, and
+/// Linux keeps no user xattrs on symlinks), or what cannot be read.
+fn metadata_of(dir: BorrowedFd<'_>, name: &[u8], st: &FileStat) -> Metadata {
+    let mut out = Metadata::new();
+    if !matches!(kind(st), SFlag::S_IFREG | SFlag::S_IFDIR) {
+        return out;
     }
+    let Ok(name) = CString::new(name) else { return out };
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let Ok(fd) = openat(dir, &name, flags, 0) else { return out };
+    let f = std::fs::File::from(fd);
+    let Ok(names) = xattr::FileExt::list_xattr(&f) else { return out };
+    for n in names {
+        let Some(key) = n.to_str().and_then(|n| n.strip_prefix(META_PREFIX)) else { continue };
+        if let Ok(Some(v)) = xattr::FileExt::get_xattr(&f, &n) {
+            out.insert(key.to_string(), String::from_utf8_lossy(&v).into_owned());
+        }
+    }
+    out
 }
 
 impl Tree {
@@ -198,6 +231,10 @@ impl Tree {
         if kind(&st) == SFlag::S_IFLNK {
             let target = nix::fcntl::readlinkat(Some(dir.as_raw_fd()), name).map_err(|e| rpc_error(path, e))?;
             v["symlinkTarget"] = json!(String::from_utf8_lossy(target.as_bytes()));
+        }
+        let meta = metadata_of(dir, name, &st);
+        if !meta.is_empty() {
+            v["metadata"] = json!(meta);
         }
         Ok(v)
     }
@@ -312,11 +349,18 @@ impl Tree {
         self.entry(tdir.as_fd(), tname.as_bytes(), to.trim_end_matches('/'))
     }
 
-    /// Remove a file, a symlink (not what it names) or a whole tree.
+    /// Remove a file, a symlink (not what it names) or a whole tree. A
+    /// path that is not there is removed already, as envd answers it
+    /// (`os.RemoveAll`).
     pub fn remove(&self, path: &str) -> Result<(), RpcError> {
-        let (dir, name) = self.parent(path)?;
-        let st = fstatat(Some(dir.as_raw_fd()), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-            .map_err(|e| rpc_error(path, e))?;
+        let (dir, name) = match self.parent(path) {
+            Err(e) if e.code == Code::NotFound => return Ok(()),
+            r => r?,
+        };
+        let st = match fstatat(Some(dir.as_raw_fd()), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Err(Errno::ENOENT) => return Ok(()),
+            r => r.map_err(|e| rpc_error(path, e))?,
+        };
         let parent = nix::sys::stat::fstat(dir.as_raw_fd()).map_err(|e| rpc_error(path, e))?;
         if st.st_dev != parent.st_dev {
             // A mount point (/dev, /proc, a scratch or cache mount).
@@ -359,7 +403,9 @@ impl Tree {
 
     /// Write `data` as the regular file `path` (replacing its contents;
     /// parents made as needed). A symlink there is refused, not followed.
-    pub fn write(&self, path: &str, data: &[u8]) -> Result<Value, RpcError> {
+    /// Write `data` to `path` (made with its parents if missing), with
+    /// `meta` as its user metadata.
+    pub fn write(&self, path: &str, data: &[u8], meta: &Metadata) -> Result<Value, RpcError> {
         let (parent, _) = split(path)?;
         if matches!(self.dir(parent), Err(ref e) if e.code == Code::NotFound) {
             self.make_dir(parent)?;
@@ -376,8 +422,22 @@ impl Tree {
         let io = |e: std::io::Error| rpc_error(path, e.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO));
         f.set_len(0).map_err(io)?;
         f.write_all(data).map_err(io)?;
+        for (k, v) in meta {
+            xattr::FileExt::set_xattr(&f, format!("{META_PREFIX}{k}"), v.as_bytes()).map_err(|e| {
+                match e.raw_os_error() {
+                    Some(libc::EOPNOTSUPP) => {
+                        RpcError::invalid(format!("{path}: this sandbox's filesystem keeps no user metadata (xattrs)"))
+                    }
+                    _ => io(e),
+                }
+            })?;
+        }
         let (_, base) = split(path)?;
-        Ok(json!({"name": base, "type": "file", "path": path}))
+        let mut v = json!({"name": base, "type": "file", "path": path});
+        if !meta.is_empty() {
+            v["metadata"] = json!(meta);
+        }
+        Ok(v)
     }
 
     /// An `O_PATH` descriptor of a directory (for watches).

@@ -16,6 +16,7 @@
 mod connect;
 mod control;
 pub mod fs;
+mod listing;
 mod network;
 mod process;
 mod proxy;
@@ -415,24 +416,36 @@ impl E2b {
         let segs: Vec<String> = req.path.split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
         let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
         let m = req.method.as_str();
-        let r = match (m, segs.as_slice()) {
-            ("POST", ["v2", "sandboxes"] | ["sandboxes"]) => self.create(&owner, req),
-            ("GET", ["v2", "sandboxes"] | ["sandboxes"]) => self.list(&owner, req),
-            ("GET", ["sandboxes", id]) => self.get(&owner, id),
-            ("DELETE", ["sandboxes", id]) => self.kill(&owner, id),
-            ("POST", ["sandboxes", id, "timeout"]) => self.set_timeout(&owner, id, req),
-            ("POST", ["sandboxes", id, "pause"]) => self.pause(&owner, id, req),
-            ("POST", ["sandboxes", id, "fork"]) => self.fork(&owner, id, req),
-            ("POST", ["v2", "sandboxes", id, "connect"] | ["sandboxes", id, "connect" | "resume"]) => {
-                self.connect(&owner, id, req)
+        let (route, r) = match (m, segs.as_slice()) {
+            ("POST", ["v2", "sandboxes"] | ["sandboxes"]) => ("POST /sandboxes", self.create(&owner, req)),
+            ("GET", ["v2", "sandboxes"] | ["sandboxes"]) => ("GET /sandboxes", self.list(&owner, req)),
+            ("GET", ["sandboxes", id]) => ("GET /sandboxes/{id}", self.get(&owner, id)),
+            ("DELETE", ["sandboxes", id]) => ("DELETE /sandboxes/{id}", self.kill(&owner, id)),
+            ("POST", ["sandboxes", id, "timeout"]) => {
+                ("POST /sandboxes/{id}/timeout", self.set_timeout(&owner, id, req))
             }
-            ("POST", ["sandboxes", id, "snapshots"]) => self.snapshot(&owner, id, req),
-            ("PUT", ["sandboxes", id, "network"]) => self.update_network(&owner, id, req),
-            ("GET", ["snapshots"]) => self.snapshots(&owner, req),
-            ("DELETE", ["templates", id]) => self.delete_snapshot(&owner, id),
-            _ => return Resp::error(404, &format!("no route {m} {} in Strata's E2B API", req.path)),
+            ("POST", ["sandboxes", id, "pause"]) => ("POST /sandboxes/{id}/pause", self.pause(&owner, id, req)),
+            ("POST", ["sandboxes", id, "fork"]) => ("POST /sandboxes/{id}/fork", self.fork(&owner, id, req)),
+            ("POST", ["v2", "sandboxes", id, "connect"] | ["sandboxes", id, "connect" | "resume"]) => {
+                ("POST /sandboxes/{id}/connect", self.connect(&owner, id, req))
+            }
+            ("POST", ["sandboxes", id, "snapshots"]) => {
+                ("POST /sandboxes/{id}/snapshots", self.snapshot(&owner, id, req))
+            }
+            ("PUT", ["sandboxes", id, "network"]) => {
+                ("PUT /sandboxes/{id}/network", self.update_network(&owner, id, req))
+            }
+            ("GET", ["sandboxes", id, "metrics"]) => ("GET /sandboxes/{id}/metrics", self.metrics(&owner, id, req)),
+            ("GET", ["snapshots"]) => ("GET /snapshots", self.snapshots(&owner, req)),
+            ("DELETE", ["templates", id]) => ("DELETE /templates/{id}", self.delete_snapshot(&owner, id)),
+            _ => {
+                self.d.telemetry.e2b("unknown", 404);
+                return Resp::error(404, &format!("no route {m} {} in Strata's E2B API", req.path));
+            }
         };
-        r.unwrap_or_else(Resp::from)
+        let resp = r.unwrap_or_else(Resp::from);
+        self.d.telemetry.e2b(route, resp.status);
+        resp
     }
 
     /// The sandbox a `Host: 49983-<id>.<domain>` names.
@@ -730,12 +743,13 @@ impl Envd<'_> {
             }
             "POST" => {
                 let ctype = req.header("content-type").unwrap_or("");
+                let meta = upload_metadata(&req.headers)?;
                 let mut written = Vec::new();
                 if let Some(boundary) = multipart_boundary(ctype) {
                     for (name, data) in multipart(&req.body, &boundary)? {
                         let path = req.query("path").filter(|_| name.is_empty()).unwrap_or(name);
                         let p = fs::absolute(&path, self.user)?;
-                        written.push(self.tree.write(&p, data)?);
+                        written.push(self.tree.write(&p, data, &meta)?);
                     }
                 } else {
                     let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
@@ -752,7 +766,7 @@ impl Envd<'_> {
                     } else {
                         req.body.to_vec()
                     };
-                    written.push(self.tree.write(&p, &data)?);
+                    written.push(self.tree.write(&p, &data, &meta)?);
                 }
                 if written.is_empty() {
                     return Err(RpcError::invalid("no file in the request"));
@@ -762,6 +776,24 @@ impl Envd<'_> {
             m => Ok(Resp::error(405, &format!("method {m} not allowed on /files (GET, POST)"))),
         }
     }
+}
+
+/// An upload's `X-Metadata-<key>: <value>` headers, keys lowercased (the
+/// same for every file of the upload).
+fn upload_metadata(headers: &hyper::HeaderMap) -> Result<fs::Metadata, RpcError> {
+    let mut meta = fs::Metadata::new();
+    for (name, value) in headers {
+        // hyper gives header names lowercased.
+        let Some(key) = name.as_str().strip_prefix("x-metadata-") else { continue };
+        let value =
+            value.to_str().map_err(|_| RpcError::invalid(format!("metadata value of {key:?}: printable ASCII")))?;
+        fs::check_metadata(key, value)?;
+        meta.insert(key.to_string(), value.to_string());
+    }
+    if meta.len() > fs::MAX_META_KEYS {
+        return Err(RpcError::invalid(format!("{} metadata keys; at most {}", meta.len(), fs::MAX_META_KEYS)));
+    }
+    Ok(meta)
 }
 
 fn multipart_boundary(ctype: &str) -> Option<String> {

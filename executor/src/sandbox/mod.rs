@@ -415,6 +415,11 @@ impl Sandbox {
         self.cgroup.path()
     }
 
+    /// What its cgroup has used ([`crate::cgroups::SandboxCgroup::usage`]).
+    pub fn usage(&self) -> crate::cgroups::Usage {
+        self.cgroup.usage()
+    }
+
     /// Where its capture workers run (`crate::worker`): beside its own
     /// cgroup (which a capture freezes), with its CPU quota.
     pub fn capture_cgroup_path(&self) -> String {
