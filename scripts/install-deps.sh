@@ -116,4 +116,39 @@ else
 	log "schemathesis found: $FUZZ_VENV/bin/st"
 fi
 
+# The E2B JavaScript SDK's test (tests/e2b.rs) needs Node >= 20.18, which
+# Debian 12 does not ship (its nodejs is 18). Where the host has none that
+# qualifies, take the node binary of the npm registry's `node-linux-<arch>`
+# package (the one the `node` npm package installs), with Debian's npm to
+# fetch it, into /usr/local/lib/strata-node, linked from /usr/local/bin.
+NODE_VERSION=20.20.2
+node_ok() {
+	command -v node >/dev/null 2>&1 &&
+		node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 18) ? 0 : 1)'
+}
+if node_ok && command -v npm >/dev/null 2>&1; then
+	log "node found: $(command -v node) ($(node --version))"
+else
+	command -v npm >/dev/null 2>&1 || { log "apt-get install npm"; apt-get install -y --no-install-recommends npm; }
+	case $(uname -m) in
+	x86_64) node_arch=x64 ;;
+	aarch64) node_arch=arm64 ;;
+	*) node_arch= ;;
+	esac
+	if [[ -n $node_arch ]]; then
+		log "installing node $NODE_VERSION from the npm registry (node-linux-$node_arch)"
+		node_tmp=$(mktemp -d)
+		(cd "$node_tmp" && npm pack --silent "node-linux-$node_arch@$NODE_VERSION" >/dev/null && tar -xzf ./*.tgz)
+		rm -rf /usr/local/lib/strata-node
+		mkdir -p /usr/local/lib/strata-node
+		cp -a "$node_tmp/package/." /usr/local/lib/strata-node/
+		ln -sfn /usr/local/lib/strata-node/bin/node /usr/local/bin/node
+		rm -rf "$node_tmp"
+		hash -r
+		node_ok || log "warning: node $NODE_VERSION did not install; the E2B JS SDK test will check nothing"
+	else
+		log "warning: no node-linux package for $(uname -m); the E2B JS SDK test will check nothing"
+	fi
+fi
+
 log "dependencies ready"

@@ -118,7 +118,8 @@ fn the_e2b_sdk_drives_strata_unmodified() {
 }
 
 /// The JavaScript SDK (pinned, from npm; needs Node >= 20.18, which Debian
-/// 12 does not ship: without it the test says so and checks nothing, and
+/// 12 does not ship and scripts/install-deps.sh installs from the npm
+/// registry: without one the test says so and checks nothing, and
 /// scripts/test.sh prints which it was).
 #[test]
 fn the_e2b_js_sdk_drives_strata_unmodified() {
