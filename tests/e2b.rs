@@ -156,3 +156,59 @@ fn the_e2b_js_sdk_drives_strata_unmodified() {
     assert!(listed.lines().count() <= 1, "sandboxes left: {listed}");
     env.finish();
 }
+
+/// A TCP connection to `dst` from the loopback address `src`.
+fn connect_from(src: std::net::Ipv4Addr, dst: std::net::SocketAddrV4) -> std::net::TcpStream {
+    use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+    bind(fd.as_raw_fd(), &SockaddrIn::from(std::net::SocketAddrV4::new(src, 0))).unwrap();
+    connect(fd.as_raw_fd(), &SockaddrIn::from(dst)).unwrap();
+    std::net::TcpStream::from(fd)
+}
+
+/// The status of `GET /v2/sandboxes` asked on `conn` (0: no answer).
+fn list_status(conn: &mut std::net::TcpStream) -> u16 {
+    use std::io::{Read, Write};
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let req = "GET /v2/sandboxes HTTP/1.1\r\nHost: strata\r\nX-API-KEY: key-one\r\nConnection: close\r\n\r\n";
+    if conn.write_all(req.as_bytes()).is_err() {
+        return 0;
+    }
+    let mut head = [0u8; 12];
+    match conn.read_exact(&mut head) {
+        Ok(()) => std::str::from_utf8(&head[9..12]).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+#[test]
+fn one_client_cannot_hold_the_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "key-one\n").unwrap();
+    let port = free_port();
+    let addr = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port);
+    let env = TestEnv::start_with(&["--e2b-listen", &addr.to_string(), "--e2b-api-keys", keys.to_str().unwrap()]);
+    let (one, two) = (std::net::Ipv4Addr::new(127, 0, 0, 1), std::net::Ipv4Addr::new(127, 0, 0, 2));
+    // One client opens 2,000 connections and keeps them.
+    let mut held: Vec<std::net::TcpStream> = (0..2000).map(|_| connect_from(one, addr)).collect();
+    // Another is served at once, on a new connection.
+    let t0 = std::time::Instant::now();
+    assert_eq!(list_status(&mut connect_from(two, addr)), 200);
+    assert!(t0.elapsed() < std::time::Duration::from_secs(2), "the second client waited {:?}", t0.elapsed());
+    // The first has at most its cap (256 by default) served; the rest of
+    // its connections were closed at once.
+    let served = held.iter_mut().map(list_status).filter(|s| *s == 200).count();
+    assert!((1..=256).contains(&served), "{served} of the first client's 2,000 connections were served");
+    // Its connections closed, it gets new ones.
+    drop(held);
+    let t0 = std::time::Instant::now();
+    while list_status(&mut connect_from(one, addr)) != 200 {
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "the first client stays locked out");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let log = env.daemon_log();
+    assert_eq!(log.matches("client 127.0.0.1 has 256 connections open").count(), 1, "logged once:\n{log}");
+    env.finish();
+}

@@ -389,6 +389,21 @@ pub struct DaemonArgs {
     /// creates with this domain.
     #[arg(long)]
     pub e2b_domain: Option<String>,
+    /// Connections one E2B client (source address) may keep open at once;
+    /// past it its new ones are closed.
+    #[arg(long, default_value_t = crate::e2b::clients::DEFAULT_CONNECTIONS, value_parser = at_least_one)]
+    pub e2b_client_connections: usize,
+    /// Requests one E2B client may have in flight at once; past it they
+    /// are answered 429.
+    #[arg(long, default_value_t = crate::e2b::clients::DEFAULT_REQUESTS, value_parser = at_least_one)]
+    pub e2b_client_requests: usize,
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?}: a whole number, at least 1")),
+    }
 }
 
 fn parse_database(s: &str) -> Result<String, String> {
@@ -1424,6 +1439,10 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
             crate::e2b::E2bConfig {
                 keys: crate::e2b::read_keys(keys).with_context(|| format!("read --e2b-api-keys {}", keys.display()))?,
                 domain: a.e2b_domain.clone(),
+                clients: crate::e2b::ClientLimits {
+                    connections: a.e2b_client_connections,
+                    requests: a.e2b_client_requests,
+                },
             },
         )),
         _ => None,

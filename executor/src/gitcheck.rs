@@ -19,9 +19,11 @@
 //! recursion, protocols). `.gitattributes` in the tree can name a filter
 //! or a diff driver, but with no configuration defining one there is
 //! nothing to run. Before that, the repository's git directory must hold
-//! no symlink and no `objects/info/alternates` or `commondir` (nothing
-//! that leads git out of the layer), and only extensions git reads as
-//! data (`objectformat`).
+//! only regular files and directories (no symlink, which could lead git
+//! out of the layer; no FIFO, socket or device, on which a read would
+//! never end), no `objects/info/alternates` or `commondir`, and only
+//! extensions git reads as data (`objectformat`); and every git child is
+//! killed after 30 s.
 //!
 //! What it checks (DESIGN.md, "Lineage invariants"): the canonical remote
 //! ref resolves; HEAD is at its commit with the canonical branch checked
@@ -70,8 +72,10 @@ pub enum GitCheckError {
     Failed { args: String, status: String, stderr: String },
 }
 
-/// How long one git command may run.
-const GIT_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long one git command may run: its inputs are files of the layer
+/// (checked by type first), so only a repository far larger than a task's
+/// takes this long.
+const GIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where the host's git is looked for (a fixed list: not the daemon's PATH).
 const GIT_PATHS: [&str; 3] = ["/usr/bin/git", "/usr/local/bin/git", "/bin/git"];
@@ -133,10 +137,11 @@ impl Repo {
             Ok(_) => return refuse(".git is not a directory (a linked worktree or a submodule's checkout)".into()),
             Err(_) => return refuse("not a git repository (no .git directory)".into()),
         }
-        // Nothing in the git directory may lead out of the layer.
-        if let Some(link) = first_symlink(&gitdir)? {
-            let rel = link.strip_prefix(work).unwrap_or(&link).display().to_string();
-            return refuse(format!("{rel} is a symlink; a baseline's git directory holds none"));
+        // Nothing in the git directory may lead out of the layer, nor hold
+        // a read: only files and directories, checked before any git runs.
+        if let Some((path, kind)) = first_special(&gitdir)? {
+            let rel = path.strip_prefix(work).unwrap_or(&path).display().to_string();
+            return refuse(format!("{rel} is {kind}; a baseline's git directory holds only files and directories"));
         }
         for name in ["objects/info/alternates", "objects/info/http-alternates", "commondir"] {
             if fs::symlink_metadata(gitdir.join(name)).is_ok() {
@@ -425,19 +430,34 @@ fn path_arg(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
-/// The first symlink under `dir` (not following any), if there is one.
-fn first_symlink(dir: &Path) -> Result<Option<PathBuf>, GitCheckError> {
+/// The first entry under `dir` (not following any) that is neither a
+/// regular file nor a directory, with what it is: a symlink could lead git
+/// out of the layer, and a FIFO, socket or device would hold git (and the
+/// publish) on a read that never ends.
+fn first_special(dir: &Path) -> Result<Option<(PathBuf, &'static str)>, GitCheckError> {
+    use std::os::unix::fs::FileTypeExt;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in fs::read_dir(&d).map_err(io("read", &d))? {
             let e = e.map_err(io("read", &d))?;
             let t = e.file_type().map_err(io("read", &e.path()))?;
-            if t.is_symlink() {
-                return Ok(Some(e.path()));
-            }
-            if t.is_dir() {
+            let kind = if t.is_dir() {
                 stack.push(e.path());
-            }
+                continue;
+            } else if t.is_file() {
+                continue;
+            } else if t.is_symlink() {
+                "a symlink"
+            } else if t.is_fifo() {
+                "a FIFO"
+            } else if t.is_socket() {
+                "a socket"
+            } else if t.is_block_device() || t.is_char_device() {
+                "a device"
+            } else {
+                "not a regular file"
+            };
+            return Ok(Some((e.path(), kind)));
         }
     }
     Ok(None)
@@ -587,6 +607,41 @@ mod tests {
         git(&app, &["config", "core.repositoryformatversion", "1"]);
         let c = run(&app, t.path()).unwrap_err();
         assert!(c.detail.contains("extensions.partialclone"), "{c:?}");
+    }
+
+    #[test]
+    fn fifos_sockets_and_devices_in_the_git_directory_are_refused_before_git_runs() {
+        let t = tempfile::tempdir().unwrap();
+        let app = clean_repo(t.path());
+        let object = {
+            let dir = fs::read_dir(app.join(".git/objects"))
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| p.file_name().is_some_and(|n| n.len() == 2))
+                .unwrap();
+            fs::read_dir(dir).unwrap().next().unwrap().unwrap().path()
+        };
+        let config = app.join(".git/config");
+        for (path, kind) in [(&config, "a FIFO"), (&object, "a FIFO"), (&app.join(".git/sock"), "a socket")] {
+            let saved = path.exists().then(|| fs::read(path).unwrap());
+            let _ = fs::remove_file(path);
+            let _listener;
+            if kind == "a FIFO" {
+                nix::unistd::mkfifo(path.as_path(), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+            } else {
+                _listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+            }
+            let started = Instant::now();
+            let c = run(&app, t.path()).unwrap_err();
+            let rel = path.strip_prefix(&app).unwrap().display().to_string();
+            assert!(c.detail.contains(&format!("{rel} is {kind}")), "{c:?}");
+            assert!(started.elapsed() < Duration::from_secs(5), "held {:?}", started.elapsed());
+            fs::remove_file(path).unwrap();
+            if let Some(bytes) = saved {
+                fs::write(path, bytes).unwrap();
+            }
+        }
+        assert!(failed(&run(&app, t.path()).unwrap()).is_empty(), "the repository is whole again");
     }
 
     #[test]

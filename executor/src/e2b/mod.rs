@@ -13,6 +13,7 @@
 //! daemon's operations and never touches a sandbox's files or processes
 //! but through them (`fs` resolves every path as `strata cp` does).
 
+pub mod clients;
 mod connect;
 mod control;
 pub mod fs;
@@ -27,6 +28,9 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::Read;
 use std::net::TcpListener;
+
+pub use clients::ClientLimits;
+use clients::Clients;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -75,6 +79,8 @@ pub struct E2bConfig {
     /// For `Host: 49983-<id>.<domain>` routing, and the `domain` a create
     /// answers.
     pub domain: Option<String>,
+    /// What one client (source address) may hold at once.
+    pub clients: ClientLimits,
 }
 
 /// Read `--e2b-api-keys`: one key per line; blank lines and `#` comments
@@ -108,6 +114,8 @@ pub struct E2b {
     pruned: Mutex<std::time::Instant>,
     /// File transfers in flight at once (each may hold its file in memory).
     transfers: Arc<tokio::sync::Semaphore>,
+    /// Each client's connections and requests.
+    clients: Arc<Clients>,
 }
 
 /// A request, read whole.
@@ -232,12 +240,13 @@ pub fn serve(
         lifecycle: Mutex::new(HashMap::new()),
         pruned: Mutex::new(std::time::Instant::now()),
         transfers: Arc::new(tokio::sync::Semaphore::new(MAX_TRANSFERS)),
+        clients: Clients::new(cfg.clients),
     });
     let result = rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
         loop {
-            let (conn, _) = tokio::select! {
+            let (conn, peer) = tokio::select! {
                 r = listener.accept() => match r {
                     Ok(c) => c,
                     Err(e) => {
@@ -254,13 +263,16 @@ pub fn serve(
                 tracing::warn!("e2b: {MAX_CONNECTIONS} connections open; closing a new one");
                 continue;
             };
+            // And past its own cap (clients.rs), so that one client cannot
+            // hold them all.
+            let Some(mine) = e2b.clients.connection(peer.ip()) else { continue };
             let _ = conn.set_nodelay(true);
             let e2b = e2b.clone();
             tokio::spawn(async move {
-                let _open = open;
+                let _open = (open, mine);
                 let svc = service_fn(move |req| {
                     let e2b = e2b.clone();
-                    async move { Ok::<_, Infallible>(e2b.answer(req).await) }
+                    async move { Ok::<_, Infallible>(e2b.answer(req, peer.ip()).await) }
                 });
                 // A head must be whole 30 s after the connection opens or
                 // its last response (an idle kept-alive connection closes).
@@ -308,7 +320,14 @@ fn is_envd(path: &str) -> bool {
 }
 
 impl E2b {
-    async fn answer(self: Arc<Self>, req: hyper::Request<Incoming>) -> Response<Body> {
+    async fn answer(self: Arc<Self>, req: hyper::Request<Incoming>, client: std::net::IpAddr) -> Response<Body> {
+        // Held until the answer's head (a stream's body goes on without).
+        let Some(_request) = self.clients.request(client) else {
+            return respond(Resp::error(
+                429,
+                &format!("too many requests in flight from {client}; wait for some to end"),
+            ));
+        };
         // A sandbox's own port (any but envd's): relayed whole, streaming.
         if let Some((port, id)) = self.host_target(req.headers()).filter(|(p, _)| *p != ENVD_PORT) {
             return self.forward(req, port, id).await;
