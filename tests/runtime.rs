@@ -539,12 +539,12 @@ fn limits_are_enforced() {
 }
 
 #[test]
-fn metrics_come_from_the_sandboxs_cgroup_and_its_disk() {
+fn metrics_come_from_the_sandboxs_cgroup() {
     let env = TestEnv::start();
     env.import_busybox();
-    let id = create(&env, json!({"image": "busybox", "memory": 64 << 20, "cpus": 1, "disk": 64 << 20}));
-    // Some CPU, 8 MiB on its disk, 16 MiB in memory (a tmpfs file is
-    // charged to it as shmem).
+    let id = create(&env, json!({"image": "busybox", "memory": 64 << 20, "cpus": 1}));
+    // Some CPU, 8 MiB written, 16 MiB in memory (a tmpfs file is charged
+    // to it as shmem).
     let v = sh(
         &env,
         &id,
@@ -561,8 +561,7 @@ fn metrics_come_from_the_sandboxs_cgroup_and_its_disk() {
     assert!((0.0..=100.0).contains(&pct), "{m}");
     assert_eq!(n("mem_total"), 64 << 20, "{m}");
     assert!(n("mem_used") >= 16 << 20 && n("mem_used") <= 64 << 20, "16 MiB of shmem not charged: {m}");
-    // Its own sized filesystem: the cap less ext4's own, with the 8 MiB.
-    assert!(n("disk_total") <= 64 << 20 && n("disk_total") >= 48 << 20, "{m}");
+    // No disk cap: the daemon's filesystem, holding the 8 MiB.
     assert!(n("disk_used") >= 8 << 20 && n("disk_used") <= n("disk_total"), "{m}");
     let later: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}/metrics"), None::<&()>).unwrap();
     assert!(later["timestamp"].as_i64() > m["timestamp"].as_i64().map(|t| t - 1), "{later}");
@@ -573,7 +572,8 @@ fn metrics_come_from_the_sandboxs_cgroup_and_its_disk() {
     let f: Value = env.client().call("GET", &format!("/v1/sandboxes/{free}/metrics"), None::<&()>).unwrap();
     let host_cpus = std::thread::available_parallelism().unwrap().get() as u64;
     assert_eq!(f["cpu_count"].as_u64(), Some(host_cpus), "{f}");
-    assert!(f["mem_total"].as_u64().unwrap() > 64 << 20 && f["disk_total"].as_u64().unwrap() > 64 << 20, "{f}");
+    assert!(f["mem_total"].as_u64().unwrap() > 64 << 20, "{f}");
+    assert_eq!(f["disk_total"], m["disk_total"], "both on the daemon's filesystem");
 
     // The CLI: a table of the running ones, or JSON lines.
     let table = env.cli_ok(&["stats"]);
@@ -602,6 +602,21 @@ fn metrics_come_from_the_sandboxs_cgroup_and_its_disk() {
 
     assert_eq!(status_of(env.client().request("GET", "/v1/sandboxes/nosuch/metrics", None::<&()>)), 404);
     assert_eq!(status_of(env.client().request("POST", &format!("/v1/sandboxes/{id}/metrics"), None::<&()>)), 405);
+    env.finish();
+}
+
+#[test]
+fn metrics_of_a_sandbox_with_a_disk_cap_are_its_own_filesystems() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox", "disk": 64 << 20}));
+    let v = sh(&env, &id, "dd if=/dev/urandom of=/data bs=1M count=8 2>/dev/null && sync && echo done");
+    assert_eq!(stdout(&v), "done\n", "{v}");
+    let m: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}/metrics"), None::<&()>).unwrap();
+    let n = |k: &str| m[k].as_u64().unwrap_or_else(|| panic!("{k} in {m}"));
+    // The cap less ext4's own, with the 8 MiB in it.
+    assert!(n("disk_total") <= 64 << 20 && n("disk_total") >= 48 << 20, "{m}");
+    assert!(n("disk_used") >= 8 << 20 && n("disk_used") <= n("disk_total"), "{m}");
     env.finish();
 }
 
