@@ -465,6 +465,62 @@ fn a_compacted_chain_pushed_alone_still_carries_its_whole_log() {
     b.finish();
 }
 
+/// Suspend `sandbox` on `env`; the snapshot's id.
+fn suspend(env: &TestEnv, sandbox: &str) -> String {
+    post(env, &format!("/v1/sandboxes/{sandbox}/suspend"), json!({}))["id"].as_str().unwrap().to_string()
+}
+
+/// Resume lineage `wc` on `env`, write `line` in it and suspend it: the new head.
+fn advance(env: &TestEnv, wc: &str, line: &str) -> String {
+    let id = post(env, &format!("/v1/lineages/{wc}/resume"), json!({}))["id"].as_str().unwrap().to_string();
+    sh(env, &id, &format!("echo {line} >> /root/log"));
+    suspend(env, &id)
+}
+
+fn push_pull(from: &TestEnv, to: &TestEnv, snap: &str, reference: &str) -> Value {
+    post(from, &format!("/v1/snapshots/{snap}/push"), json!({"reference": reference, "insecure": true}));
+    post(to, "/v1/snapshots/pull", json!({"reference": reference, "insecure": true}))
+}
+
+#[test]
+fn a_pulled_checkpoint_appends_to_a_local_lineage_only_after_its_head() {
+    let reg = registry::Registry::start();
+    // A folds every chain into one layer: a checkpoint is pushed alone,
+    // naming a predecessor B may not have.
+    let a = TestEnv::start_with(&["--compact-depth", "1"]);
+    let b = TestEnv::start();
+    a.import_busybox();
+    let id = create(&a, json!({"image": "busybox", "work_context": "wc"}));
+    sh(&a, &id, "echo s1 > /root/log");
+    let s1 = suspend(&a, &id);
+    let head = |env: &TestEnv| get(env, "/v1/lineages/wc")["head"].as_str().map(String::from);
+    // A lineage new to B: the pull brings it, its head the pulled one.
+    push_pull(&a, &b, &s1, &format!("{}/strata/wc:s1", reg.addr()));
+    assert_eq!(head(&b).as_deref(), Some(s1.as_str()));
+    // A's next, over s1 (B's head): appended.
+    let a2 = advance(&a, "wc", "a2");
+    push_pull(&a, &b, &a2, &format!("{}/strata/wc:a2", reg.addr()));
+    assert_eq!(head(&b).as_deref(), Some(a2.as_str()));
+
+    // B moves on by itself (sequence 3); A, meanwhile, to 3 and 4 over a2.
+    let b3 = advance(&b, "wc", "b3");
+    let _a3 = advance(&a, "wc", "a3");
+    let a4 = advance(&a, "wc", "a4");
+    let pulled = push_pull(&a, &b, &a4, &format!("{}/strata/wc:a4", reg.addr()));
+    // a4 claims sequence 4, past B's head, but follows a3, not B's b3: it
+    // is pulled (forkable) and lands outside the lineage.
+    assert_eq!(head(&b).as_deref(), Some(b3.as_str()), "a registry moved B's head: {pulled}");
+    let got = get(&b, &format!("/v1/snapshots/{a4}"));
+    let why = got["info"]["outside_lineage"].as_str().unwrap_or_default();
+    assert!(why.contains(&format!("but the head here is {b3}")), "{got}");
+    let resumed = post(&b, "/v1/lineages/wc/resume", json!({}))["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&b, &resumed, "cat /root/log")), "s1\na2\nb3\n");
+    let fork = post(&b, &format!("/v1/snapshots/{a4}/fork"), json!({}))[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&b, &fork, "cat /root/log")), "s1\na2\na3\na4\n");
+    a.finish();
+    b.finish();
+}
+
 #[test]
 fn df_shows_the_store_by_owner_and_what_gc_would_reclaim() {
     let env = TestEnv::start_with(&["--retention", "0s", "--gc-interval", "0s"]);

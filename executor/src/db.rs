@@ -1455,9 +1455,12 @@ impl Db {
     /// Record a pulled chain in one transaction: its image (found or
     /// inserted), layers, lineages and snapshots (root first, same ids).
     /// Snapshots the host has are checked, not rewritten. A pulled
-    /// checkpoint becomes its lineage's head only if it is further along
-    /// than the host's head; a baseline is ready unless its key already has
-    /// a ready one. The first snapshot's parent is kept only if the host
+    /// checkpoint's lineage metadata is a claim: it becomes its lineage's
+    /// head only through the fence a local append meets (the head here is
+    /// the predecessor it names, and it is further along), or as the first
+    /// row of a lineage the pull brought; otherwise it lands outside the
+    /// lineage (`info.outside_lineage` says why). A baseline is ready unless
+    /// its key already has a ready one. The first snapshot's parent is kept only if the host
     /// has it (a compacted layer needs nothing below it).
     pub fn record_pull(
         &mut self,
@@ -1503,6 +1506,8 @@ impl Db {
             }
         };
         let mut inserted = Vec::new();
+        // Lineages this pull made on this host.
+        let mut fresh: Vec<String> = Vec::new();
         for p in snaps.iter_mut() {
             let pulled = p.layer.id.to_string();
             let here: Option<(Option<String>, SnapshotState)> = tx
@@ -1555,12 +1560,16 @@ impl Db {
             p.row.diff_id = p.layer.diff_id.clone();
             match (&p.row.work_context, p.row.sequence, &p.row.baseline) {
                 (Some(wc), Some(seq), _) => {
-                    tx.execute(
-                        "INSERT INTO work_contexts (id, image_id, start_kind, start_id, state, created_at, \
-                         used_at) VALUES (?1, ?2, ?3, ?4, 'active', ?5, ?5) ON CONFLICT DO NOTHING",
-                        params![wc, image_id, p.start_kind, p.start_id, now()],
-                    )
-                    .map_err(q("pulled lineage"))?;
+                    let made = tx
+                        .execute(
+                            "INSERT INTO work_contexts (id, image_id, start_kind, start_id, state, created_at, \
+                             used_at) VALUES (?1, ?2, ?3, ?4, 'active', ?5, ?5) ON CONFLICT DO NOTHING",
+                            params![wc, image_id, p.start_kind, p.start_id, now()],
+                        )
+                        .map_err(q("pulled lineage"))?;
+                    if made > 0 {
+                        fresh.push(wc.clone());
+                    }
                     let other: Option<String> = tx
                         .query_row(
                             "SELECT id FROM snapshots WHERE work_context = ?1 AND sequence = ?2",
@@ -1573,7 +1582,36 @@ impl Db {
                         return Ok(Err(PullConflict::Diverged { work_context: wc.clone(), sequence: seq, here }));
                     }
                     let (head, head_seq, state) = lineage_head_in(&tx, wc)?;
-                    if state == LineageState::Active && seq > head_seq {
+                    // What its metadata says its lineage's head was when it
+                    // was appended there: a claim, checked against this
+                    // host's head.
+                    let claimed = p.row.predecessor_id.clone();
+                    // The fenced append a local checkpoint takes: the head
+                    // here must be its predecessor. A lineage this pull
+                    // brought to the host has nothing here to protect: its
+                    // first row becomes its head whatever it claims.
+                    let outside = if seq <= head_seq {
+                        Some(format!("its sequence {seq} is not past the head's here ({head_seq})"))
+                    } else if head.is_none() && fresh.contains(wc) {
+                        None
+                    } else {
+                        let show = |h: &Option<SnapshotId>| h.as_ref().map_or("none".to_string(), |h| h.to_string());
+                        fence(wc, &claimed, &head, state).map(|f| match f {
+                            Fence::Retired { .. } => format!("work context {wc} is retired here"),
+                            Fence::Moved { .. } => format!(
+                                "it follows {} in work context {wc}, but the head here is {}",
+                                show(&claimed),
+                                show(&head)
+                            ),
+                        })
+                    };
+                    if let Some(why) = outside {
+                        if let Some(o) = p.row.info.as_object_mut() {
+                            o.insert("outside_lineage".into(), why.into());
+                        }
+                        p.row.state = SnapshotState::Superseded;
+                        insert_pulled_row(&tx, &p.row, self.host.as_deref())?;
+                    } else {
                         if let Some(h) = &head {
                             tx.execute(
                                 "UPDATE snapshots SET state = 'superseded', retired_at = ?2 WHERE id = ?1",
@@ -1588,9 +1626,6 @@ impl Db {
                             params![wc, p.row.id, seq, now()],
                         )
                         .map_err(q("advance head"))?;
-                    } else {
-                        p.row.state = SnapshotState::Superseded;
-                        insert_pulled_row(&tx, &p.row, self.host.as_deref())?;
                     }
                 }
                 (_, _, Some(_)) => {
