@@ -323,7 +323,18 @@ fn exec_with_a_tty() {
 
 #[test]
 fn default_limits_apply_and_maximums_refuse() {
-    let env = TestEnv::start_with(&["--max-pids", "4096", "--default-memory", "256m", "--max-memory", "512m"]);
+    // No warm pool: its refill makes sandbox dirs of its own at any time,
+    // and the count below is of what the refused creates left.
+    let env = TestEnv::start_with(&[
+        "--max-pids",
+        "4096",
+        "--default-memory",
+        "256m",
+        "--max-memory",
+        "512m",
+        "--warm-pool",
+        "0",
+    ]);
     env.import_busybox();
     let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
     let memory = |id: &str| cgroup_file(&env, id, if v2 { "memory.max" } else { "memory.limit_in_bytes" });
