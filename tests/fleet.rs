@@ -710,3 +710,59 @@ fn an_e2b_sandbox_is_changed_only_where_it_runs_and_a_lost_one_is_removed_when_i
     a.finish();
     b.finish();
 }
+
+/// The last restore of lineage `wc`, as `env` reads it.
+fn last_restore(env: &TestEnv, wc: &str) -> Value {
+    let l: Value = env.client().call("GET", &format!("/v1/lineages/{wc}"), None::<&()>).unwrap();
+    l["restores"].as_array().unwrap().last().unwrap().clone()
+}
+
+#[test]
+fn the_ladder_passes_a_head_the_fleet_registry_cannot_give() {
+    strata_tests::require_root();
+    let url = pg::database();
+    let mut reg = registry::Registry::start();
+    let fleet = format!("{}/fleet", reg.addr());
+    let extra = ["--registry", &fleet, "--insecure-registry", BEAT[0], BEAT[1], BEAT[2], BEAT[3]];
+    let a = TestEnv::start_in_fleet(&url, "host-a", &extra);
+    let b = TestEnv::start_in_fleet(&url, "host-b", &extra);
+    a.import_busybox();
+    // The lineage begins on A; B resumes it once (which brings it the
+    // image's layers) and lets it go.
+    let s = create(&a, json!({"image": "busybox", "work_context": "ladder"}));
+    sh(&a, &s, "echo one > /root/n");
+    post(&a, &format!("/v1/sandboxes/{s}/suspend"), json!({}));
+    let first = post(&b, "/v1/lineages/ladder/resume", json!({}))["id"].as_str().unwrap().to_string();
+    assert_eq!(stdout(&sh(&b, &first, "cat /root/n")), "one\n");
+    b.cli_ok(&["rm", &first]);
+    // A moves the head on; its layer is on A and in the fleet registry.
+    let on_a = post(&a, "/v1/lineages/ladder/resume", json!({}))["id"].as_str().unwrap().to_string();
+    sh(&a, &on_a, "echo two > /root/n");
+    let head = post(&a, &format!("/v1/sandboxes/{on_a}/suspend"), json!({}));
+    let (s2, blob) = (head["id"].as_str().unwrap().to_string(), head["blob_digest"].as_str().unwrap().to_string());
+
+    // The registry down, then a blob that does not match its digest: each
+    // time B passes the head (recording why) and starts from the image.
+    let corrupt = |reg: &mut registry::Registry, round: usize| {
+        if round == 0 {
+            reg.stop();
+        } else {
+            reg.restart();
+            let data = reg.blob_data(&blob);
+            let len = std::fs::metadata(&data).unwrap().len() as usize;
+            std::fs::write(&data, vec![0x5a; len]).unwrap();
+        }
+    };
+    for round in 0..2 {
+        corrupt(&mut reg, round);
+        let id = post(&b, "/v1/lineages/ladder/resume", json!({}))["id"].as_str().unwrap().to_string();
+        assert_eq!(stdout(&sh(&b, &id, "cat /root/n 2>/dev/null || echo none")), "none\n", "round {round}");
+        let r = last_restore(&b, "ladder");
+        assert_eq!(r["rung"], "image", "round {round}: {r}");
+        let fell = r["fell"][0].as_str().unwrap_or_default();
+        assert!(fell.starts_with(&format!("head {s2}: ")) && fell.contains("registry"), "round {round}: {r}");
+        b.cli_ok(&["rm", &id]);
+    }
+    a.finish();
+    b.finish();
+}

@@ -8,9 +8,11 @@
 //! - `resume --work-context ID` follows the ladder: the lineage's head, else
 //!   the snapshot it began from (its baseline or fork origin), else the
 //!   image. A rung that cannot be restored (layers missing, hydration
-//!   failing, a fork origin whose lineage was retired) is passed, and why
-//!   is recorded with the restore (`lineage show`). It never falls to
-//!   another lineage's head;
+//!   failing, layers the fleet registry cannot give: it is down, a blob is
+//!   missing or does not match its digest; a fork origin whose lineage was
+//!   retired) is passed, and why is recorded with the restore (`lineage
+//!   show`); only "no rung left" is an error. It never falls to another
+//!   lineage's head;
 //! - `fork` gives each child a new lineage whose origin is the snapshot;
 //! - every activation is recorded (`restores`), and the sandbox observes
 //!   the lineage's head then: its appends are fenced on it.
@@ -183,9 +185,15 @@ impl Daemon {
                 return Ok(Err(e.to_string()));
             }
         }
+        // A rung whose layers cannot be had passes: a pulled one that does
+        // not unpack, or one the fleet registry cannot give (down, a blob
+        // missing or not matching its digest). A catalog failure does not.
+        use crate::daemon::fleet::FleetError;
+        use crate::daemon::snapshots::SnapshotLookupError as L;
         let base = match self.snapshot_base(&row) {
             Ok(base) => base,
-            Err(e @ crate::daemon::snapshots::SnapshotLookupError::Hydrate(_)) => return Ok(Err(e.to_string())),
+            Err(e @ L::Hydrate(_)) => return Ok(Err(e.to_string())),
+            Err(L::Fleet(f)) if matches!(*f, FleetError::Unavailable { .. }) => return Ok(Err(f.to_string())),
             Err(e) => return Err(e.into()),
         };
         let store = &self.rt.store;
