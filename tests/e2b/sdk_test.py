@@ -251,13 +251,26 @@ time.sleep(0.2)
 assert ("wd/later", FilesystemEventType.CREATE) in {(e.name, e.type) for e in wh.get_new_events()}
 wh.stop()
 
+step("files: watch_dir with include_entry: each event carries its entry, when the path is there")
+we = sbx.files.watch_dir("/home/user", include_entry=True)
+sbx.files.write("/home/user/e.txt", "12345")
+sbx.commands.run("touch /home/user/gone && rm /home/user/gone")
+time.sleep(0.3)
+got = we.get_new_events()
+made = [e for e in got if e.name == "e.txt" and e.type == FilesystemEventType.CREATE]
+assert made and made[0].entry is not None and made[0].entry.size == 5, got
+assert made[0].entry.path == "/home/user/e.txt" and made[0].entry.type == FileType.FILE, made[0].entry
+assert all(e.entry is None for e in got if e.name == "gone" and e.type == FilesystemEventType.REMOVE), got
+we.stop()
+sbx.files.remove("/home/user/e.txt")
+
 step("files: watch_dir as a stream (the async SDK's WatchDir)")
 
 
 async def watch_stream():
     a = await AsyncSandbox.connect(sbx.sandbox_id)
     got = []
-    handle = await a.files.watch_dir("/home/user", on_event=got.append)
+    handle = await a.files.watch_dir("/home/user", on_event=got.append, include_entry=True)
     await a.files.write("/home/user/streamed.txt", "s")
     for _ in range(50):
         if any(e.name == "streamed.txt" for e in got):
@@ -265,6 +278,8 @@ async def watch_stream():
         await asyncio.sleep(0.1)
     await handle.stop()
     assert ("streamed.txt", FilesystemEventType.CREATE) in {(e.name, e.type) for e in got}, got
+    created = next(e for e in got if e.name == "streamed.txt" and e.type == FilesystemEventType.CREATE)
+    assert created.entry is not None and created.entry.name == "streamed.txt", created
 
 
 asyncio.run(watch_stream())

@@ -179,22 +179,28 @@ impl Tree {
     /// access checks, its ownership of what it creates; no root
     /// overrides), as envd, running as that user, would.
     pub fn as_user<T: Send>(&self, user: &User, f: impl FnOnce(&Tree) -> T + Send) -> Result<T, RpcError> {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                self.become_user(user)?;
+                Ok(f(self))
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    /// Make the calling thread act on files as `user` from now on (its
+    /// file system ids; root's file capabilities dropped): for a thread of
+    /// its own, as [`Tree::as_user`] makes one.
+    pub fn become_user(&self, user: &User) -> Result<(), RpcError> {
         if self.size.is_some_and(|size| user.uid >= size || user.gid >= size) {
             return Err(RpcError::new(
                 Code::PermissionDenied,
                 format!("user {} ({}:{}) is outside the sandbox's user namespace", user.name, user.uid, user.gid),
             ));
         }
-        let (uid, gid) = (user.uid + self.shift, user.gid + self.shift);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                strata_shim::sys::act_on_files_as(uid, gid)
-                    .map_err(|e| RpcError::internal(format!("act as {}: {e}", user.name)))?;
-                Ok(f(self))
-            })
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        })
+        strata_shim::sys::act_on_files_as(user.uid + self.shift, user.gid + self.shift)
+            .map_err(|e| RpcError::internal(format!("act as {}: {e}", user.name)))
     }
 
     /// A directory of the sandbox, for `*at` calls.

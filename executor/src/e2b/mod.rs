@@ -693,7 +693,8 @@ impl Envd<'_> {
             "Remove" => t.remove(&self.path(m, "path")?).map(|()| json!({})),
             "CreateWatcher" => {
                 let p = self.path(m, "path")?;
-                let id = self.e2b.watchers.create(self.sb.id.as_str(), t, &p, field::bool(m, "recursive")?)?;
+                let (recursive, entry) = (field::bool(m, "recursive")?, field::bool(m, "includeEntry")?);
+                let id = self.e2b.watchers.create(self.sb.id.as_str(), t, &p, recursive, entry)?;
                 Ok(json!({"watcherId": id}))
             }
             "GetWatcherEvents" => {
@@ -713,13 +714,19 @@ impl Envd<'_> {
     fn watch_stream(&self, m: &Value) -> Result<process::Frames, RpcError> {
         let path = self.path(m, "path")?;
         let sandbox = self.sb.id.to_string();
-        let id = self.e2b.watchers.create(&sandbox, self.tree, &path, field::bool(m, "recursive")?)?;
+        let (recursive, entry) = (field::bool(m, "recursive")?, field::bool(m, "includeEntry")?);
+        let id = self.e2b.watchers.create(&sandbox, self.tree, &path, recursive, entry)?;
         let (tx, rx) = mpsc::channel(64);
         let _ = tx.try_send(connect::message(&json!({"start": {}})));
-        let (e2b, shim_pid, userns) = (self.e2b.clone(), self.sb.shim_pid, self.sb.spec.userns);
+        let (e2b, shim_pid, userns, user) =
+            (self.e2b.clone(), self.sb.shim_pid, self.sb.spec.userns, self.user.clone());
         std::thread::spawn(move || {
             let ended = (|| -> Result<(), RpcError> {
+                // The root opened as the daemon (its /proc/<shim>/root); then
+                // this thread acts as the caller, as envd would, for the
+                // directories it adds and the entries it reads.
                 let tree = fs::Tree::open(shim_pid, userns)?;
+                tree.become_user(&user)?;
                 let mut quiet = std::time::Instant::now();
                 loop {
                     std::thread::sleep(WATCH_POLL);

@@ -29,6 +29,8 @@ const MAX_PENDING: usize = 10_000;
 struct Watcher {
     sandbox: String,
     recursive: bool,
+    /// Whether its events carry the entry they are about (`include_entry`).
+    include_entry: bool,
     /// The watched directory's path in the sandbox.
     base: String,
     /// Its watches, each with its directory relative to `base`.
@@ -161,7 +163,14 @@ impl State {
 }
 
 impl Watchers {
-    pub fn create(&self, sandbox: &str, tree: &Tree, path: &str, recursive: bool) -> Result<String, RpcError> {
+    pub fn create(
+        &self,
+        sandbox: &str,
+        tree: &Tree,
+        path: &str,
+        recursive: bool,
+        include_entry: bool,
+    ) -> Result<String, RpcError> {
         let top = tree.watch_dir(path)?;
         let mut st = lock(&self.state);
         if st.watchers.values().filter(|w| w.sandbox == sandbox).count() >= MAX_WATCHERS {
@@ -182,6 +191,7 @@ impl Watchers {
             Watcher {
                 sandbox: sandbox.to_string(),
                 recursive,
+                include_entry,
                 base: base.clone(),
                 dirs: HashMap::new(),
                 pending: Vec::new(),
@@ -210,14 +220,29 @@ impl Watchers {
         Ok(id)
     }
 
-    /// The events since the last poll.
+    /// The events since the last poll; with `include_entry`, each event
+    /// of a path that is there now carries its entry (looked up at the
+    /// poll: a path removed or renamed away has none).
     pub fn events(&self, sandbox: &str, tree: &Tree, id: &str) -> Result<Vec<Value>, RpcError> {
         let mut st = lock(&self.state);
         if st.watchers.get(id).is_none_or(|w| w.sandbox != sandbox) {
             return Err(RpcError::not_found(format!("watcher {id:?} not found")));
         }
         st.drain(sandbox, tree)?;
-        Ok(st.watchers.get_mut(id).map(|w| std::mem::take(&mut w.pending)).unwrap_or_default())
+        let Some(w) = st.watchers.get_mut(id) else { return Ok(Vec::new()) };
+        let mut events = std::mem::take(&mut w.pending);
+        if w.include_entry {
+            for ev in &mut events {
+                if matches!(ev["type"].as_str(), Some("EVENT_TYPE_REMOVE" | "EVENT_TYPE_RENAME")) {
+                    continue;
+                }
+                let path = format!("{}/{}", w.base, ev["name"].as_str().unwrap_or_default());
+                if let Ok(entry) = tree.stat(&path) {
+                    ev["entry"] = entry;
+                }
+            }
+        }
+        Ok(events)
     }
 
     pub fn remove(&self, sandbox: &str, id: &str) -> Result<(), RpcError> {
