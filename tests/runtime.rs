@@ -161,6 +161,25 @@ fn kernel_interfaces_are_masked_or_read_only() {
     assert_eq!(stdout(&sh(&env, &id, "cat /proc/sys/kernel/hostname")), "masked\n");
     let v = sh(&env, &id, "umount /proc/kcore 2>&1; echo rc=$?; umount /proc/sys 2>&1; echo rc=$?");
     assert!(!stdout(&v).contains("rc=0"), "a mask was lifted: {v}");
+    // A boot id of its own, read-only, new with each start: not the
+    // host's, not another sandbox's, not the one before a suspend.
+    let boot_id = |id: &str| stdout(&sh(&env, id, "cat /proc/sys/kernel/random/boot_id"));
+    let host = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let first = boot_id(&id);
+    let shape = |b: &str| {
+        let parts: Vec<usize> = b.trim_end().split('-').map(str::len).collect();
+        parts == [8, 4, 4, 4, 12] && b.as_bytes()[14] == b'4' && b.ends_with('\n')
+    };
+    assert!(shape(&first), "not a UUID: {first:?}");
+    assert_ne!(first, host);
+    let v = sh(&env, &id, "(echo x > /proc/sys/kernel/random/boot_id) 2>&1; echo rc=$?; umount /proc/sys/kernel/random/boot_id 2>&1; echo rc=$?");
+    assert!(!stdout(&v).contains("rc=0") && boot_id(&id) == first, "the boot id changed from inside: {v}");
+    let other = create(&env, json!({"image": "busybox"}));
+    assert!(![first.clone(), host.clone()].contains(&boot_id(&other)));
+    let snap = env.cli_ok(&["suspend", &id]).trim().to_string();
+    let resumed: Value = env.client().call("POST", &format!("/v1/snapshots/{snap}/resume"), Some(&json!({}))).unwrap();
+    let again = boot_id(resumed["id"].as_str().unwrap());
+    assert!(shape(&again) && ![first, host].contains(&again), "{again:?}");
     env.finish();
 }
 

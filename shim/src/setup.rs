@@ -54,6 +54,8 @@ pub enum SetupError {
     Extra(String, #[source] Errno),
     #[error(transparent)]
     Seccomp(#[from] crate::seccomp::SeccompError),
+    #[error("give the sandbox its boot id at /proc/sys/kernel/random/boot_id")]
+    BootId(#[source] std::io::Error),
     #[error("bind the daemon's resolver at /etc/resolv.conf")]
     ResolvConf(#[source] std::io::Error),
     #[error("/proc, /dev and /sys were staged at {staged}, but the root is to be mounted at {rootfs}")]
@@ -357,7 +359,8 @@ fn kernel_filesystems(base: &Path, userns: bool) -> Result<(), SetupError> {
     Ok(())
 }
 
-/// Cover [`MASKED_PATHS`] and make [`READONLY_PATHS`] read-only, below
+/// Cover [`MASKED_PATHS`], make [`READONLY_PATHS`] read-only and give the
+/// sandbox its own boot id ([`bind_boot_id`]), below
 /// `base` (the paths are the sandbox's, `base` where its /proc, /dev and
 /// /sys are now); a path this kernel does not have is skipped.
 fn mask_kernel_paths(base: &Path) -> Result<(), SetupError> {
@@ -384,6 +387,46 @@ fn mask_kernel_paths(base: &Path) -> Result<(), SetupError> {
         let ro = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | nosuid_nodev_noexec;
         mount(None::<&str>, &path, None::<&str>, ro, None::<&str>).map_err(err(p))?;
     }
+    bind_boot_id(base)
+}
+
+/// The kernel's boot id as the sandbox reads it.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// A random (version 4) UUID, as the kernel writes a boot id.
+fn new_boot_id() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(format!("{}-{}-{}-{}-{}\n", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]))
+}
+
+/// Give the sandbox a boot id of its own, new with each shim: each start,
+/// resume, fork or rollback is a boot to the programs inside (E2B's
+/// clients tell a filesystem-only resume by a new one), and the host's id
+/// is not disclosed. Written to the sandbox's /dev tmpfs, bound read-only
+/// over [`BOOT_ID`], and unlinked (the bind keeps it), as resolv.conf is.
+fn bind_boot_id(base: &Path) -> Result<(), SetupError> {
+    let err = SetupError::BootId;
+    let target = base.join(BOOT_ID.trim_start_matches('/'));
+    if std::fs::symlink_metadata(&target).is_err() {
+        return Ok(());
+    }
+    let staged = base.join("dev/.strata-boot_id");
+    std::fs::write(&staged, new_boot_id().map_err(err)?).map_err(err)?;
+    let perr = |e: Errno| SetupError::BootId(e.into());
+    mount(Some(&staged), &target, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(perr)?;
+    let ro = MsFlags::MS_BIND
+        | MsFlags::MS_REMOUNT
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV
+        | MsFlags::MS_NOEXEC;
+    mount(None::<&str>, &target, None::<&str>, ro, None::<&str>).map_err(perr)?;
+    std::fs::remove_file(&staged).map_err(err)?;
     Ok(())
 }
 
