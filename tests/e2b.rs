@@ -212,3 +212,107 @@ fn one_client_cannot_hold_the_listener() {
     assert_eq!(log.matches("client 127.0.0.1 has 256 connections open").count(), 1, "logged once:\n{log}");
     env.finish();
 }
+
+/// A memory cgroup of the test's own (under a name of the suite's) that
+/// caps what the daemon may use; removed when dropped (after the daemon
+/// it held has gone).
+struct MemoryCap {
+    dir: std::path::PathBuf,
+    v2: bool,
+}
+
+impl MemoryCap {
+    fn new(name: &str, bytes: u64) -> MemoryCap {
+        let v2 = std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+        let dir = if v2 { format!("/sys/fs/cgroup/{name}") } else { format!("/sys/fs/cgroup/memory/{name}") };
+        let dir = std::path::PathBuf::from(dir);
+        std::fs::create_dir(&dir).unwrap();
+        let limit = if v2 { "memory.max" } else { "memory.limit_in_bytes" };
+        std::fs::write(dir.join(limit), bytes.to_string()).unwrap();
+        MemoryCap { dir, v2 }
+    }
+    fn admit(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string()).unwrap();
+    }
+    /// (peak bytes, OOM kills) so far.
+    fn peak_and_oom_kills(&self) -> (u64, u64) {
+        let read = |f: &str| std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+        let peak = read(if self.v2 { "memory.peak" } else { "memory.max_usage_in_bytes" }).trim().parse().unwrap_or(0);
+        let events = read(if self.v2 { "memory.events" } else { "memory.oom_control" });
+        let kills = events.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|n| n.trim().parse().ok());
+        (peak, kills.unwrap_or(0))
+    }
+}
+
+impl Drop for MemoryCap {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        eprintln!("could not remove {}", self.dir.display());
+    }
+}
+
+/// `/files` streams: a daemon capped at 256 MiB of memory takes a 1 GiB
+/// file up (octet-stream and multipart) and gives it back down, and an
+/// upload past the sandbox's disk is envd's 507 and leaves nothing.
+#[test]
+fn a_1_gib_file_streams_through_a_daemon_capped_at_256_mib() {
+    let python = sdk_python();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, "key-one\n").unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let cap;
+    let env = {
+        let env = TestEnv::start_with(&[
+            "--e2b-listen",
+            &addr,
+            "--e2b-api-keys",
+            keys.to_str().unwrap(),
+            "--e2b-disk",
+            "1200m",
+        ]);
+        cap = MemoryCap::new(&format!("{}-daemon", env.cgroup_parent), 256 << 20);
+        cap.admit(env.daemon.as_ref().unwrap().id());
+        env
+    };
+    let image = strata_tests::image("e2b");
+    env.cli_ok(&["image", "import", image.to_str().unwrap(), "--name", "base"]);
+    let url = format!("http://{addr}");
+    let out = Command::new(&python)
+        .arg(repo_root().join("tests/e2b/large_files.py"))
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", "key-one")
+        .env("STRATA_WORK", dir.path())
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .expect("run tests/e2b/large_files.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (peak, kills) = cap.peak_and_oom_kills();
+    // The cgroup's peak is mostly page cache (reclaimed at the cap); the
+    // daemon's own high-water mark is what a buffered file would raise.
+    let pid = env.daemon.as_ref().unwrap().id();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hwm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    println!("daemon: cgroup peak {} MiB, resident high-water {} MiB, OOM kills {kills}", peak >> 20, hwm_kib >> 10);
+    assert!(
+        out.status.success() && stdout.contains("LARGE FILES PASSED"),
+        "the large-file checks failed ({}):\n{stdout}\n{}\ndaemon log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        env.daemon_log()
+    );
+    assert_eq!(kills, 0, "the daemon's cgroup saw OOM kills");
+    assert!(hwm_kib < 128 << 10, "the daemon's resident memory reached {hwm_kib} KiB");
+    env.finish();
+}

@@ -397,6 +397,10 @@ pub struct DaemonArgs {
     /// are answered 429.
     #[arg(long, default_value_t = crate::e2b::clients::DEFAULT_REQUESTS, value_parser = at_least_one)]
     pub e2b_client_requests: usize,
+    /// Disk cap of every sandbox E2B clients start (e.g. 10g; as a
+    /// create's `disk`: needs loop devices). Default none.
+    #[arg(long, value_parser = crate::units::parse_bytes)]
+    pub e2b_disk: Option<u64>,
 }
 
 fn at_least_one(s: &str) -> Result<usize, String> {
@@ -1443,6 +1447,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
                     connections: a.e2b_client_connections,
                     requests: a.e2b_client_requests,
                 },
+                disk: a.e2b_disk,
             },
         )),
         _ => None,

@@ -237,7 +237,8 @@ assert not sbx.files.exists("/home/user/bad.txt"), "a refused upload writes noth
 for f in ["meta2.txt", "m1.txt", "m2.txt"]:
     sbx.files.remove(f"/home/user/{f}")
 
-step("files: watch_dir events")
+step("files: watch_dir events (a missing directory is NotFound, as envd answers; one made after the watch is followed)")
+raises(NotFoundException, sbx.files.watch_dir, "/home/user/not-yet")
 wh = sbx.files.watch_dir("/home/user", recursive=True)
 sbx.files.write("/home/user/w.txt", "x")
 sbx.commands.run("mkdir -p /home/user/wd && sleep 0.2 && touch /home/user/wd/inner && rm /home/user/c.txt")
@@ -380,8 +381,11 @@ raises(AuthenticationException, Sandbox.create, api_key="not-a-key")
 raises(NotFoundException, Sandbox.get_info, "i00000000000000000000")
 raises(NotFoundException, Sandbox.connect, "i00000000000000000000")
 
-step("pause, then connect: files still there")
+step("pause, then connect: files still there, and a new boot id (a filesystem-only resume boots)")
 sbx.files.write("/home/user/keep.txt", "kept")
+BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
+boot_before = sbx.commands.run(BOOT_ID, user="root").stdout.strip()
+assert len(boot_before) == 36 and boot_before != open("/proc/sys/kernel/random/boot_id").read().strip(), boot_before
 e = raises(Exception, sbx.pause, mode="full")
 assert "memory snapshots are not supported" in str(e), e
 assert sbx.pause()
@@ -396,6 +400,8 @@ sbx.connect()
 assert sbx.get_info().state.value == "running"
 assert sbx.files.read("/home/user/keep.txt") == "kept"
 assert sbx.commands.run("echo back").stdout == "back\n"
+boot_after = sbx.commands.run(BOOT_ID, user="root").stdout.strip()
+assert len(boot_after) == 36 and boot_after != boot_before, (boot_before, boot_after)
 
 step("a snapshot, then a new sandbox from it")
 snap = sbx.create_snapshot()

@@ -333,7 +333,7 @@ impl E2b {
         let snapshot = lock(&self.d.db).e2b_snapshots(owner)?.into_iter().find(|s| s.id == template);
         let info = match snapshot {
             // A snapshot of this key's: a new sandbox forked from it.
-            Some(s) => self.d.fork(&s.id, LaunchRequest { network: net.request, ..Self::launch(&spec) })?.remove(0),
+            Some(s) => self.d.fork(&s.id, LaunchRequest { network: net.request, ..self.launch(&spec) })?.remove(0),
             None => {
                 if self.d.get_image(&template).is_err() {
                     return Err(ApiError::new(
@@ -347,6 +347,7 @@ impl E2b {
                     timeout: Some(spec.timeout),
                     on_timeout: Some(Self::on_timeout(&spec)),
                     network: net.request,
+                    disk: self.disk,
                     ..Default::default()
                 })?
             }
@@ -396,7 +397,7 @@ impl E2b {
         let results: Vec<Value> = (0..count)
             .map(|_| {
                 let child =
-                    self.d.fork(snap.id.as_str(), Self::launch(&spec)).map_err(ApiError::from).and_then(|mut made| {
+                    self.d.fork(snap.id.as_str(), self.launch(&spec)).map_err(ApiError::from).and_then(|mut made| {
                         let spec = E2bSpec { traffic_token: token(), ..spec.clone() };
                         self.record(owner, row.template.clone(), spec, &made.remove(0))
                     });
@@ -420,8 +421,9 @@ impl E2b {
     }
 
     /// A resume's or fork's settings from what the create asked for.
-    fn launch(spec: &E2bSpec) -> LaunchRequest {
+    fn launch(&self, spec: &E2bSpec) -> LaunchRequest {
         LaunchRequest {
+            disk: self.disk,
             env: Self::env(spec),
             timeout: Some(spec.timeout),
             on_timeout: Some(Self::on_timeout(spec)),
@@ -575,7 +577,7 @@ impl E2b {
             return Ok(Resp::json(200, self.created(&row)));
         }
         let info =
-            self.d.resume_lineage(&row.work_context, LaunchRequest { timeout: Some(t), ..Self::launch(&row.spec) })?;
+            self.d.resume_lineage(&row.work_context, LaunchRequest { timeout: Some(t), ..self.launch(&row.spec) })?;
         let row = E2bSandbox { sandbox: Some(info.id.clone()), started_at: now_ms(), ..row };
         if let Err(e) = lock(&self.d.db).set_e2b_sandbox_run(id, Some(&info.id), row.started_at) {
             let _ = self.d.remove_sandbox(&info.id);

@@ -388,48 +388,74 @@ impl Tree {
             .map_err(|e| rpc_error(path, e.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO)))
     }
 
-    /// A regular file's bytes (at most `limit`).
-    pub fn read(&self, path: &str, limit: u64) -> Result<Vec<u8>, RpcError> {
+    /// The regular file `path`, opened to read, and its size.
+    pub fn open_file(&self, path: &str) -> Result<(std::fs::File, u64), RpcError> {
         let fd = openat2(self.root.as_fd(), &cstr(path.as_bytes())?, libc::O_RDONLY | libc::O_NONBLOCK, 0, RESOLVE)
             .map_err(|e| rpc_error(path, e))?;
         let st = nix::sys::stat::fstat(fd.as_raw_fd()).map_err(|e| rpc_error(path, e))?;
         if kind(&st) != SFlag::S_IFREG {
             return Err(RpcError::invalid(format!("{path}: not a regular file")));
         }
-        let mut data = Vec::new();
-        std::fs::File::from(fd)
-            .take(limit + 1)
-            .read_to_end(&mut data)
-            .map_err(|e| rpc_error(path, e.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO)))?;
-        if data.len() as u64 > limit {
-            return Err(RpcError::new(Code::ResourceExhausted, format!("{path}: larger than {limit} bytes")));
-        }
-        Ok(data)
+        Ok((std::fs::File::from(fd), st.st_size as u64))
     }
 
-    /// Write `data` as the regular file `path` (replacing its contents;
-    /// parents made as needed). A symlink there is refused, not followed.
-    /// Write `data` to `path` (made with its parents if missing), with
-    /// `meta` as its user metadata.
-    pub fn write(&self, path: &str, data: &[u8], meta: &Metadata) -> Result<Value, RpcError> {
+    /// Write what `src` gives as the regular file `path` (its contents
+    /// replaced; it and its parents made as needed), with `meta` as its
+    /// user metadata. A symlink there is refused, not followed; an
+    /// existing file keeps its owner and mode. A file made here is
+    /// removed again if the write fails. Errors of `src` are the
+    /// client's: a stalled one is `DeadlineExceeded`, others
+    /// `InvalidArgument`; a full disk is `ResourceExhausted`.
+    pub fn write_from(&self, path: &str, src: &mut dyn Read, meta: &Metadata) -> Result<Value, RpcError> {
         let (parent, _) = split(path)?;
         if matches!(self.dir(parent), Err(ref e) if e.code == Code::NotFound) {
             self.make_dir(parent)?;
         }
         let (dir, name) = self.parent(path)?;
-        // Never through a symlink; an existing file keeps its owner and mode.
-        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK;
-        let fd = openat(dir.as_fd(), &name, flags, 0o644).map_err(|e| rpc_error(path, e))?;
+        let flags = libc::O_WRONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+        let (fd, made) = match openat(dir.as_fd(), &name, flags | libc::O_CREAT | libc::O_EXCL, 0o644) {
+            Ok(fd) => (fd, true),
+            Err(Errno::EEXIST) => (openat(dir.as_fd(), &name, flags, 0).map_err(|e| rpc_error(path, e))?, false),
+            Err(e) => return Err(rpc_error(path, e)),
+        };
         let mut f = std::fs::File::from(fd);
+        let written = self.fill(path, &mut f, src, meta);
+        if written.is_err() && made {
+            let _ =
+                nix::unistd::unlinkat(Some(dir.as_raw_fd()), name.as_c_str(), nix::unistd::UnlinkatFlags::NoRemoveDir);
+        }
+        written?;
+        let (_, base) = split(path)?;
+        let mut v = json!({"name": base, "type": "file", "path": path});
+        if !meta.is_empty() {
+            v["metadata"] = json!(meta);
+        }
+        Ok(v)
+    }
+
+    /// [`Tree::write_from`]'s copy into the opened `f`, then its metadata.
+    fn fill(&self, path: &str, f: &mut std::fs::File, src: &mut dyn Read, meta: &Metadata) -> Result<(), RpcError> {
         let st = nix::sys::stat::fstat(f.as_raw_fd()).map_err(|e| rpc_error(path, e))?;
         if kind(&st) != SFlag::S_IFREG {
             return Err(RpcError::invalid(format!("{path}: not a regular file")));
         }
         let io = |e: std::io::Error| rpc_error(path, e.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO));
         f.set_len(0).map_err(io)?;
-        f.write_all(data).map_err(io)?;
+        let mut buf = vec![0u8; 256 << 10];
+        loop {
+            let n = match src.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    return Err(RpcError::new(Code::DeadlineExceeded, format!("{path}: {e}")))
+                }
+                Err(e) => return Err(RpcError::invalid(format!("{path}: {e}"))),
+            };
+            f.write_all(&buf[..n]).map_err(io)?;
+        }
         for (k, v) in meta {
-            xattr::FileExt::set_xattr(&f, format!("{META_PREFIX}{k}"), v.as_bytes()).map_err(|e| {
+            xattr::FileExt::set_xattr(&*f, format!("{META_PREFIX}{k}"), v.as_bytes()).map_err(|e| {
                 match e.raw_os_error() {
                     Some(libc::EOPNOTSUPP) => {
                         RpcError::invalid(format!("{path}: this sandbox's filesystem keeps no user metadata (xattrs)"))
@@ -438,12 +464,7 @@ impl Tree {
                 }
             })?;
         }
-        let (_, base) = split(path)?;
-        let mut v = json!({"name": base, "type": "file", "path": path});
-        if !meta.is_empty() {
-            v["metadata"] = json!(meta);
-        }
-        Ok(v)
+        Ok(())
     }
 
     /// An `O_PATH` descriptor of a directory (for watches).

@@ -21,12 +21,12 @@ mod listing;
 mod network;
 mod process;
 mod proxy;
+mod transfer;
 pub mod users;
 mod watch;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::io::Read;
 use std::net::TcpListener;
 
 pub use clients::ClientLimits;
@@ -54,23 +54,19 @@ use crate::daemon::{lock, Daemon};
 
 /// The port envd listens on in an E2B sandbox (part of its host names).
 pub const ENVD_PORT: u16 = 49983;
-/// Largest `/files` upload (held whole in memory; RPC and control bodies
-/// are at most [`connect::MAX_MESSAGE`]).
-pub const MAX_BODY: usize = 256 << 20;
 /// How often a `WatchDir` stream looks for events.
 const WATCH_POLL: Duration = Duration::from_millis(50);
 /// Quiet time after which a `WatchDir` stream sends a keepalive.
 const WATCH_KEEPALIVE: Duration = Duration::from_secs(5);
 /// How often state of sandboxes that went is looked for.
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
-/// Largest file `GET /files` returns.
-pub const MAX_READ: u64 = 256 << 20;
 /// How long a request head may take (and a kept-alive connection idle).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections the listener keeps open at once.
 pub const MAX_CONNECTIONS: usize = 1024;
-/// `/files` transfers served at once (more wait).
-pub const MAX_TRANSFERS: usize = 4;
+/// `/files` transfers served at once (more wait); each holds about a
+/// megabyte (transfer.rs).
+pub const MAX_TRANSFERS: usize = 32;
 
 #[derive(Debug, Clone)]
 pub struct E2bConfig {
@@ -81,6 +77,9 @@ pub struct E2bConfig {
     pub domain: Option<String>,
     /// What one client (source address) may hold at once.
     pub clients: ClientLimits,
+    /// The disk cap of the sandboxes E2B clients start (`--e2b-disk`;
+    /// E2B's templates carry a disk size, here one holds for all).
+    pub disk: Option<u64>,
 }
 
 /// Read `--e2b-api-keys`: one key per line; blank lines and `#` comments
@@ -105,6 +104,8 @@ pub struct E2b {
     /// sha256 hex of each API key.
     keys: Vec<String>,
     domain: Option<String>,
+    /// [`E2bConfig::disk`].
+    disk: Option<u64>,
     /// E2B processes, by the Strata sandbox they run in.
     procs: Mutex<HashMap<String, Arc<Procs>>>,
     watchers: watch::Watchers,
@@ -125,6 +126,8 @@ pub struct Req {
     query: Vec<(String, String)>,
     headers: hyper::HeaderMap,
     pub body: Bytes,
+    /// A `/files` request's body, unread (`body` is empty then).
+    transfer: Option<transfer::Transfer>,
 }
 
 impl Req {
@@ -235,6 +238,7 @@ pub fn serve(
         d,
         keys: cfg.keys.iter().map(|k| hash(k)).collect(),
         domain: cfg.domain,
+        disk: cfg.disk,
         procs: Mutex::new(HashMap::new()),
         watchers: watch::Watchers::default(),
         lifecycle: Mutex::new(HashMap::new()),
@@ -339,6 +343,7 @@ impl E2b {
             query: form_decode(parts.uri.query().unwrap_or("")),
             headers: parts.headers,
             body: Bytes::new(),
+            transfer: None,
         };
         // Who may ask is settled on the head: no body is read for a caller
         // without a key or token.
@@ -347,12 +352,18 @@ impl E2b {
             Ok(a) => a,
             Err(r) => return respond(r),
         };
-        // File transfers (whole in memory) take one of a few permits.
-        let (limit, _permit) = if req.path == "/files" {
-            (MAX_BODY, Some(self.transfers.clone().acquire_owned().await))
-        } else {
-            (connect::MAX_MESSAGE, None)
-        };
+        // File transfers stream on a thread of their own (transfer.rs),
+        // each with one of a few permits.
+        if req.path == "/files" {
+            let permit = self.transfers.clone().acquire_owned().await.ok();
+            req.transfer = Some(transfer::Transfer::new(body, permit));
+            let this = self.clone();
+            return match tokio::task::spawn_blocking(move || this.route(&req, admitted)).await {
+                Ok(r) => respond(r),
+                Err(e) => respond(Resp::error(500, &format!("file transfer: {e}"))),
+            };
+        }
+        let limit = connect::MAX_MESSAGE;
         req.body = match tokio::time::timeout(Duration::from_secs(300), Limited::new(body, limit).collect()).await {
             Err(_) => return respond(Resp::error(408, "request body not received within 300 s")),
             Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
@@ -555,10 +566,7 @@ impl E2b {
         };
         let env = Envd { e2b: self, sb, tree: &tree, user: &user, req };
         let Some((service, method, streaming, msgs)) = rpc else {
-            return tree
-                .as_user(&user, |_| env.files())
-                .and_then(|r| r)
-                .unwrap_or_else(|e| Resp::error(e.code.status(), &e.message));
+            return tree.as_user(&user, |_| env.files()).and_then(|r| r).unwrap_or_else(transfer::refused);
         };
         let first = msgs.first().cloned().unwrap_or_else(|| json!({}));
         let timeout = req.header("connect-timeout-ms").and_then(|t| t.parse::<u64>().ok()).filter(|t| *t > 0);
@@ -755,130 +763,11 @@ impl Envd<'_> {
         });
         Ok(rx)
     }
-
-    /// `GET /files?path=` (the file's bytes) and `POST /files` (multipart
-    /// parts named by their filename, or one octet-stream body at `path`,
-    /// gzip allowed).
-    fn files(&self) -> Result<Resp, RpcError> {
-        let req = self.req;
-        match req.method.as_str() {
-            "GET" => {
-                let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
-                let data = self.tree.read(&p, MAX_READ)?;
-                Ok(Resp::bytes(200, "application/octet-stream", data))
-            }
-            "POST" => {
-                let ctype = req.header("content-type").unwrap_or("");
-                let meta = upload_metadata(&req.headers)?;
-                let mut written = Vec::new();
-                if let Some(boundary) = multipart_boundary(ctype) {
-                    for (name, data) in multipart(&req.body, &boundary)? {
-                        let path = req.query("path").filter(|_| name.is_empty()).unwrap_or(name);
-                        let p = fs::absolute(&path, self.user)?;
-                        written.push(self.tree.write(&p, data, &meta)?);
-                    }
-                } else {
-                    let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
-                    let data = if req.header("content-encoding").is_some_and(|e| e.eq_ignore_ascii_case("gzip")) {
-                        let mut out = Vec::new();
-                        flate2::read::GzDecoder::new(&req.body[..])
-                            .take(MAX_BODY as u64 + 1)
-                            .read_to_end(&mut out)
-                            .map_err(|e| RpcError::invalid(format!("gzip body: {e}")))?;
-                        if out.len() > MAX_BODY {
-                            return Err(RpcError::new(Code::ResourceExhausted, "the unpacked file is too large"));
-                        }
-                        out
-                    } else {
-                        req.body.to_vec()
-                    };
-                    written.push(self.tree.write(&p, &data, &meta)?);
-                }
-                if written.is_empty() {
-                    return Err(RpcError::invalid("no file in the request"));
-                }
-                Ok(Resp::json(200, Value::Array(written)))
-            }
-            m => Ok(Resp::error(405, &format!("method {m} not allowed on /files (GET, POST)"))),
-        }
-    }
-}
-
-/// An upload's `X-Metadata-<key>: <value>` headers, keys lowercased (the
-/// same for every file of the upload).
-fn upload_metadata(headers: &hyper::HeaderMap) -> Result<fs::Metadata, RpcError> {
-    let mut meta = fs::Metadata::new();
-    for (name, value) in headers {
-        // hyper gives header names lowercased.
-        let Some(key) = name.as_str().strip_prefix("x-metadata-") else { continue };
-        let value =
-            value.to_str().map_err(|_| RpcError::invalid(format!("metadata value of {key:?}: printable ASCII")))?;
-        fs::check_metadata(key, value)?;
-        meta.insert(key.to_string(), value.to_string());
-    }
-    if meta.len() > fs::MAX_META_KEYS {
-        return Err(RpcError::invalid(format!("{} metadata keys; at most {}", meta.len(), fs::MAX_META_KEYS)));
-    }
-    Ok(meta)
-}
-
-fn multipart_boundary(ctype: &str) -> Option<String> {
-    let (kind, params) = ctype.split_once(';')?;
-    if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
-        return None;
-    }
-    params.split(';').find_map(|p| {
-        let (k, v) = p.trim().split_once('=')?;
-        k.eq_ignore_ascii_case("boundary").then(|| v.trim_matches('"').to_string())
-    })
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// The file parts of a multipart body: (filename, bytes).
-fn multipart<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<(String, &'a [u8])>, RpcError> {
-    let delim = format!("--{boundary}");
-    let bad = |why: &str| RpcError::invalid(format!("multipart body: {why}"));
-    let mut rest = &body[find(body, delim.as_bytes()).ok_or_else(|| bad("no boundary"))? + delim.len()..];
-    let mut parts = Vec::new();
-    let next = format!("\r\n--{boundary}");
-    loop {
-        if rest.starts_with(b"--") {
-            return Ok(parts);
-        }
-        rest = rest.strip_prefix(b"\r\n").ok_or_else(|| bad("boundary not followed by a line end"))?;
-        let head_end = find(rest, b"\r\n\r\n").ok_or_else(|| bad("part headers do not end"))?;
-        let head = String::from_utf8_lossy(&rest[..head_end]).into_owned();
-        let data_start = &rest[head_end + 4..];
-        let end = find(data_start, next.as_bytes()).ok_or_else(|| bad("part does not end"))?;
-        let filename =
-            head.lines().find(|l| l.to_ascii_lowercase().starts_with("content-disposition:")).and_then(|l| {
-                let i = l.find("filename=\"")? + 10;
-                let tail = &l[i..];
-                Some(tail[..tail.find('"')?].replace("%22", "\"").replace("\\\\", "\\"))
-            });
-        if let Some(f) = filename {
-            parts.push((f, &data_start[..end]));
-        }
-        rest = &data_start[end + next.len()..];
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn multipart_parts_are_read_by_filename() {
-        let body = b"--b1\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/a/x.txt\"\r\nContent-Type: text/plain\r\n\r\nhello\r\n--b1\r\nContent-Disposition: form-data; name=\"file\"; filename=\"y\"\r\n\r\n\r\nline\r\n\r\n--b1--\r\n";
-        let parts = multipart(body, "b1").unwrap();
-        assert_eq!(parts, vec![("/a/x.txt".to_string(), &b"hello"[..]), ("y".to_string(), &b"\r\nline\r\n"[..])]);
-        assert!(multipart(b"--b1\r\nbroken", "b1").is_err());
-        assert_eq!(multipart_boundary("multipart/form-data; boundary=abc").as_deref(), Some("abc"));
-        assert_eq!(multipart_boundary("application/octet-stream"), None);
-    }
 
     #[test]
     fn queries_decode_as_forms_and_metadata_twice() {

@@ -1,0 +1,248 @@
+//! envd's `/files`: `GET ?path=` (the file's bytes) and `POST` (multipart
+//! parts named by their filename, or one octet-stream body at `?path=`,
+//! gzip allowed), streamed between the connection and the sandbox's file:
+//! a transfer holds a few chunks in memory whatever the file's size
+//! ([`CHUNK`] × [`QUEUE`]), and an upload is bounded by the sandbox's disk
+//! (507 once it is full, as envd answers).
+//!
+//! A transfer runs on a blocking thread of its own while the connection's
+//! task goes on reading the body (a handler blocking that task would stall
+//! the very body it reads): the thread pulls chunks through the runtime's
+//! handle, each within [`IDLE`]. A file an upload made is removed again if
+//! the upload fails (envd leaves it half written); one it overwrote keeps
+//! what was written, as envd's does.
+
+use std::io::Read;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::{Buf, Bytes};
+use futures_util::StreamExt;
+use http_body_util::BodyDataStream;
+use hyper::body::Incoming;
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use super::connect::{Code, RpcError};
+use super::{fs, Envd, Resp};
+use crate::daemon::lock;
+
+/// How long an upload may send nothing before it is given up.
+pub const IDLE: Duration = Duration::from_secs(60);
+/// Bytes read or written at once.
+const CHUNK: usize = 256 << 10;
+/// Chunks of a download queued for a slow client.
+const QUEUE: usize = 4;
+
+/// What a `/files` request brings besides its head: its body, unread, and
+/// the transfer permit it holds until the transfer ends.
+pub struct Transfer {
+    body: Mutex<Option<Incoming>>,
+    permit: Mutex<Option<tokio::sync::OwnedSemaphorePermit>>,
+    rt: tokio::runtime::Handle,
+}
+
+impl Transfer {
+    /// Made on the connection's task (it takes that runtime's handle).
+    pub fn new(body: Incoming, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Transfer {
+        Transfer { body: Mutex::new(Some(body)), permit: Mutex::new(permit), rt: tokio::runtime::Handle::current() }
+    }
+
+    fn body(&self) -> Result<BodyDataStream<Incoming>, RpcError> {
+        let body = lock(&self.body).take().ok_or_else(|| RpcError::internal("the upload was read already"))?;
+        Ok(BodyDataStream::new(body))
+    }
+
+    /// `fut` on the runtime, within [`IDLE`].
+    fn wait<T>(&self, fut: impl std::future::Future<Output = T>) -> std::io::Result<T> {
+        // (The timer is made on the runtime: it needs its context.)
+        self.rt.block_on(async { tokio::time::timeout(IDLE, fut).await }).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the upload sent nothing for {} s", IDLE.as_secs()),
+            )
+        })
+    }
+}
+
+/// Where an upload's bytes come from: the whole body, or one file part.
+enum Source {
+    Body(BodyDataStream<Incoming>),
+    Part(Box<multer::Field<'static>>),
+}
+
+/// A [`Source`] as a [`Read`], chunk by chunk.
+struct Chunks<'a> {
+    transfer: &'a Transfer,
+    src: Source,
+    buf: Bytes,
+}
+
+impl<'a> Chunks<'a> {
+    fn new(transfer: &'a Transfer, src: Source) -> Chunks<'a> {
+        Chunks { transfer, src, buf: Bytes::new() }
+    }
+}
+
+impl Read for Chunks<'_> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.buf.is_empty() {
+            let next = match &mut self.src {
+                Source::Body(b) => self.transfer.wait(b.next())?.map(|r| r.map_err(|e| e.to_string())),
+                Source::Part(f) => self.transfer.wait(f.chunk())?.map_err(|e| e.to_string()).transpose(),
+            };
+            match next {
+                None => return Ok(0),
+                Some(Err(e)) => return Err(std::io::Error::other(format!("read the upload: {e}"))),
+                Some(Ok(b)) => self.buf = b,
+            }
+        }
+        let n = out.len().min(self.buf.len());
+        out[..n].copy_from_slice(&self.buf[..n]);
+        self.buf.advance(n);
+        Ok(n)
+    }
+}
+
+/// How a failed transfer is answered: envd's 507 for a full disk, 408
+/// for an upload that stalled, else the code's status.
+pub fn refused(e: RpcError) -> Resp {
+    let status = match e.code {
+        Code::ResourceExhausted => 507,
+        Code::DeadlineExceeded => 408,
+        c => c.status(),
+    };
+    Resp::error(status, &e.message)
+}
+
+impl Envd<'_> {
+    /// Serve `/files` (as the request's user: the caller switched to it).
+    pub(super) fn files(&self) -> Result<Resp, RpcError> {
+        let req = self.req;
+        let transfer = req.transfer.as_ref().ok_or_else(|| RpcError::internal("/files without its transfer"))?;
+        match req.method.as_str() {
+            "GET" => {
+                let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
+                let (file, size) = self.tree.open_file(&p)?;
+                Ok(download(file, size, lock(&transfer.permit).take()))
+            }
+            "POST" => {
+                let meta = upload_metadata(&req.headers)?;
+                let ctype = req.header("content-type").unwrap_or("");
+                let mut written = Vec::new();
+                if let Some(boundary) = multipart_boundary(ctype) {
+                    let mut parts = multer::Multipart::new(transfer.body()?, boundary);
+                    loop {
+                        let field = transfer
+                            .wait(parts.next_field())
+                            .map_err(|e| RpcError::new(Code::DeadlineExceeded, e.to_string()))?
+                            .map_err(|e| RpcError::invalid(format!("multipart body: {e}")))?;
+                        let Some(field) = field else { break };
+                        // Parts without a filename are form fields, not files.
+                        let Some(name) = field.file_name().map(String::from) else { continue };
+                        let path = req.query("path").filter(|_| name.is_empty()).unwrap_or(name);
+                        let p = fs::absolute(&path, self.user)?;
+                        let mut src = Chunks::new(transfer, Source::Part(Box::new(field)));
+                        written.push(self.tree.write_from(&p, &mut src, &meta)?);
+                    }
+                } else {
+                    let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
+                    let src = Chunks::new(transfer, Source::Body(transfer.body()?));
+                    let gzip = req.header("content-encoding").is_some_and(|e| e.eq_ignore_ascii_case("gzip"));
+                    written.push(if gzip {
+                        self.tree.write_from(&p, &mut flate2::read::GzDecoder::new(src), &meta)?
+                    } else {
+                        self.tree.write_from(&p, &mut { src }, &meta)?
+                    });
+                }
+                if written.is_empty() {
+                    return Err(RpcError::invalid("no file in the request"));
+                }
+                Ok(Resp::json(200, Value::Array(written)))
+            }
+            m => Ok(Resp::error(405, &format!("method {m} not allowed on /files (GET, POST)"))),
+        }
+    }
+}
+
+/// `file`'s `size` bytes as a streamed body, read by a thread of its own
+/// (which keeps the transfer's permit until the body is sent or dropped).
+/// A file that shrank meanwhile ends the body short of its length, which
+/// the client sees as a cut transfer, not as the file.
+fn download(file: std::fs::File, size: u64, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Resp {
+    let (tx, rx) = mpsc::channel::<Bytes>(QUEUE);
+    std::thread::spawn(move || {
+        let _permit = permit;
+        let mut file = file.take(size);
+        loop {
+            let mut buf = vec![0u8; CHUNK];
+            match file.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    buf.truncate(n);
+                    if tx.blocking_send(Bytes::from(buf)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::warn!("e2b: download cut short: {e}");
+                    return;
+                }
+            }
+        }
+    });
+    let mut r = Resp::frames(rx);
+    r.content_type = "application/octet-stream";
+    r.headers.push(("content-length", size.to_string()));
+    r
+}
+
+/// An upload's `X-Metadata-<key>: <value>` headers, keys lowercased (the
+/// same for every file of the upload).
+fn upload_metadata(headers: &hyper::HeaderMap) -> Result<fs::Metadata, RpcError> {
+    let mut meta = fs::Metadata::new();
+    for (name, value) in headers {
+        // hyper gives header names lowercased.
+        let Some(key) = name.as_str().strip_prefix("x-metadata-") else { continue };
+        let value =
+            value.to_str().map_err(|_| RpcError::invalid(format!("metadata value of {key:?}: printable ASCII")))?;
+        fs::check_metadata(key, value)?;
+        meta.insert(key.to_string(), value.to_string());
+    }
+    if meta.len() > fs::MAX_META_KEYS {
+        return Err(RpcError::invalid(format!("{} metadata keys; at most {}", meta.len(), fs::MAX_META_KEYS)));
+    }
+    Ok(meta)
+}
+
+/// The boundary of a `multipart/form-data` body, from its content type.
+fn multipart_boundary(ctype: &str) -> Option<String> {
+    let (kind, params) = ctype.split_once(';')?;
+    if !kind.trim().eq_ignore_ascii_case("multipart/form-data") {
+        return None;
+    }
+    params.split(';').find_map(|p| {
+        let (k, v) = p.trim().split_once('=')?;
+        k.eq_ignore_ascii_case("boundary").then(|| v.trim_matches('"').to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_form_data_bodies_are_multipart() {
+        assert_eq!(multipart_boundary("multipart/form-data; boundary=abc").as_deref(), Some("abc"));
+        assert_eq!(multipart_boundary("multipart/form-data; boundary=\"a b\"").as_deref(), Some("a b"));
+        assert_eq!(multipart_boundary("application/octet-stream"), None);
+    }
+
+    #[test]
+    fn a_full_disk_is_507_and_a_stalled_upload_408() {
+        assert_eq!(refused(RpcError::new(Code::ResourceExhausted, "full")).status, 507);
+        assert_eq!(refused(RpcError::new(Code::DeadlineExceeded, "slow")).status, 408);
+        assert_eq!(refused(RpcError::not_found("gone")).status, 404);
+    }
+}
