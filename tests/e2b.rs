@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use strata_tests::{e2b_python as sdk_python, repo_root, TestEnv};
+use strata_tests::{assert_script_passed, e2b_python as sdk_python, e2b_script, repo_root, TestEnv};
 
 /// A loopback port nothing listens on now.
 fn free_port() -> u16 {
@@ -81,25 +81,12 @@ fn the_e2b_sdk_drives_strata_unmodified() {
     let canary = keys_dir.path().join("canary");
     std::fs::write(&canary, "host secret").unwrap();
     let (env, url) = e2b_daemon(keys_dir.path());
-    let out = Command::new(&python)
-        .arg(repo_root().join("tests/e2b/sdk_test.py"))
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", "key-one")
+    let out = e2b_script(Command::new(&python), "sdk_test.py", &url)
         .env("STRATA_OTHER_KEY", "key-two")
         .env("STRATA_HOST_CANARY", &canary)
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
         .output()
         .expect("run the SDK test script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("ALL E2B SDK CHECKS PASSED"),
-        "the SDK checks failed ({}):\n{stdout}\n{}\ndaemon log:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        env.daemon_log()
-    );
+    assert_script_passed(&out, "ALL E2B SDK CHECKS PASSED", &env);
     assert_eq!(std::fs::read_to_string(&canary).unwrap(), "host secret");
     assert!(!canary.with_extension("written").exists(), "a write escaped to the host");
     // The daemon counted the E2B requests by route pattern and status.
@@ -283,17 +270,10 @@ fn a_1_gib_file_streams_through_a_daemon_capped_at_256_mib() {
     let image = strata_tests::image("e2b");
     env.cli_ok(&["image", "import", image.to_str().unwrap(), "--name", "base"]);
     let url = format!("http://{addr}");
-    let out = Command::new(&python)
-        .arg(repo_root().join("tests/e2b/large_files.py"))
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", "key-one")
+    let out = e2b_script(Command::new(&python), "large_files.py", &url)
         .env("STRATA_WORK", dir.path())
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
         .output()
         .expect("run tests/e2b/large_files.py");
-    let stdout = String::from_utf8_lossy(&out.stdout);
     let (peak, kills) = cap.peak_and_oom_kills();
     // The cgroup's peak is mostly page cache (reclaimed at the cap); the
     // daemon's own high-water mark is what a buffered file would raise.
@@ -305,13 +285,7 @@ fn a_1_gib_file_streams_through_a_daemon_capped_at_256_mib() {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
     println!("daemon: cgroup peak {} MiB, resident high-water {} MiB, OOM kills {kills}", peak >> 20, hwm_kib >> 10);
-    assert!(
-        out.status.success() && stdout.contains("LARGE FILES PASSED"),
-        "the large-file checks failed ({}):\n{stdout}\n{}\ndaemon log:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        env.daemon_log()
-    );
+    assert_script_passed(&out, "LARGE FILES PASSED", &env);
     assert_eq!(kills, 0, "the daemon's cgroup saw OOM kills");
     assert!(hwm_kib < 128 << 10, "the daemon's resident memory reached {hwm_kib} KiB");
     env.finish();

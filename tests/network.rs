@@ -489,25 +489,12 @@ fn the_e2b_sdk_gets_its_network_options_and_port_urls() {
     let image = image("e2b");
     env.cli_ok(&["image", "import", image.to_str().unwrap(), "--name", "base"]);
     let url = format!("http://{addr}");
-    let out = Command::new("nsenter")
-        .arg(format!("--net={}", world.host.display()))
-        .arg(&python)
-        .arg(repo_root().join("tests/e2b/sdk_network_test.py"))
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", "key-one")
+    let mut python_in_world = Command::new("nsenter");
+    python_in_world.arg(format!("--net={}", world.host.display())).arg(&python);
+    let out = e2b_script(python_in_world, "sdk_network_test.py", &url)
         .env("STRATA_BUSYBOX", "/bin/busybox")
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
         .output()
         .expect("run the SDK network script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("ALL E2B NETWORK CHECKS PASSED"),
-        "the SDK network checks failed ({}):\n{stdout}\n{}\ndaemon log:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr),
-        env.daemon_log()
-    );
+    assert_script_passed(&out, "ALL E2B NETWORK CHECKS PASSED", &env);
     env.finish();
 }

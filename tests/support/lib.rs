@@ -628,3 +628,30 @@ pub fn capture_cgroup_cpu(cg: &str) -> Option<(f64, String)> {
     let quota = std::fs::read_to_string(base.join(format!("cpu/{cg}.capture/cpu.cfs_quota_us"))).ok()?;
     Some((ns / 1e9, quota.trim().to_string()))
 }
+
+/// `python` (a command that runs the SDK venv's Python) set to run
+/// `tests/e2b/<script>` against the E2B listener at `url` with the key
+/// `key-one`, none of the caller's E2B debug or domain settings leaking in.
+pub fn e2b_script(mut python: Command, script: &str, url: &str) -> Command {
+    python
+        .arg(repo_root().join("tests/e2b").join(script))
+        .env("E2B_API_URL", url)
+        .env("E2B_SANDBOX_URL", url)
+        .env("E2B_API_KEY", "key-one")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN");
+    python
+}
+
+/// Assert that a script run by [`e2b_script`] succeeded and printed
+/// `marker`; else fail with its output and `env`'s daemon log.
+pub fn assert_script_passed(out: &Output, marker: &str, env: &TestEnv) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(marker),
+        "the script did not print {marker:?} ({}):\n{stdout}\n{}\ndaemon log:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        env.daemon_log()
+    );
+}

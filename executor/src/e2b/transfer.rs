@@ -27,7 +27,8 @@ use super::connect::{Code, RpcError};
 use super::{fs, Envd, Resp};
 use crate::daemon::lock;
 
-/// How long an upload may send nothing before it is given up.
+/// How long a transfer may move nothing (an upload's client sending, a
+/// download's reading) before it is given up.
 pub const IDLE: Duration = Duration::from_secs(60);
 /// Bytes read or written at once.
 const CHUNK: usize = 256 << 10;
@@ -124,7 +125,7 @@ impl Envd<'_> {
             "GET" => {
                 let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
                 let (file, size) = self.tree.open_file(&p)?;
-                Ok(download(file, size, lock(&transfer.permit).take()))
+                Ok(download(file, size, transfer))
             }
             "POST" => {
                 let meta = upload_metadata(&req.headers)?;
@@ -166,11 +167,13 @@ impl Envd<'_> {
 }
 
 /// `file`'s `size` bytes as a streamed body, read by a thread of its own
-/// (which keeps the transfer's permit until the body is sent or dropped).
-/// A file that shrank meanwhile ends the body short of its length, which
-/// the client sees as a cut transfer, not as the file.
-fn download(file: std::fs::File, size: u64, permit: Option<tokio::sync::OwnedSemaphorePermit>) -> Resp {
+/// (which keeps the transfer's permit until the body is sent, dropped, or
+/// its client has read nothing for [`IDLE`]). A file that shrank
+/// meanwhile, or a client given up, ends the body short of its length,
+/// which the client sees as a cut transfer, not as the file.
+fn download(file: std::fs::File, size: u64, transfer: &Transfer) -> Resp {
     let (tx, rx) = mpsc::channel::<Bytes>(QUEUE);
+    let (permit, rt) = (lock(&transfer.permit).take(), transfer.rt.clone());
     std::thread::spawn(move || {
         let _permit = permit;
         let mut file = file.take(size);
@@ -180,8 +183,13 @@ fn download(file: std::fs::File, size: u64, permit: Option<tokio::sync::OwnedSem
                 Ok(0) => return,
                 Ok(n) => {
                     buf.truncate(n);
-                    if tx.blocking_send(Bytes::from(buf)).is_err() {
-                        return;
+                    match rt.block_on(async { tokio::time::timeout(IDLE, tx.send(Bytes::from(buf))).await }) {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => return,
+                        Err(_) => {
+                            tracing::warn!("e2b: a download's client read nothing for {} s; cut", IDLE.as_secs());
+                            return;
+                        }
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
