@@ -290,3 +290,39 @@ fn a_1_gib_file_streams_through_a_daemon_capped_at_256_mib() {
     assert!(hwm_kib < 128 << 10, "the daemon's resident memory reached {hwm_kib} KiB");
     env.finish();
 }
+
+/// envd's process table survives the daemon: commands started through
+/// the SDK keep running and writing while the daemon is killed, and after
+/// each restart `commands.list()` shows them and `connect(pid)` streams
+/// their output (tests/e2b/restart.py).
+#[test]
+fn e2b_commands_outlive_a_daemon_restart() {
+    let python = sdk_python();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut env, url) = e2b_daemon(dir.path());
+    let phase = |name: &str, env: &TestEnv| {
+        let out = e2b_script(Command::new(&python), "restart.py", &url)
+            .arg(name)
+            .env("STRATA_WORK", dir.path())
+            .output()
+            .expect("run tests/e2b/restart.py");
+        assert_script_passed(&out, &format!("{} DONE", name.to_uppercase()), env);
+    };
+    phase("before", &env);
+    let recorded = env.catalog().e2b_process_sandboxes().unwrap();
+    assert_eq!(recorded.len(), 1, "the commands are not in the catalog; daemon log:\n{}", env.daemon_log());
+    let rows = env.catalog().e2b_processes(&recorded[0]).unwrap();
+    assert!(rows.iter().all(|r| !r.config.to_string().contains("s3cret")), "an env reached the catalog: {rows:?}");
+    for next in ["after", "again"] {
+        env.kill_daemon();
+        // Long enough for `sleep 1` to end and the flood to fill its pipe
+        // with no daemon reading.
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        env.start_daemon();
+        phase(next, &env);
+    }
+    // The table is empty again: every command ended or was killed.
+    let left = env.catalog().e2b_process_sandboxes().unwrap();
+    assert!(left.is_empty(), "process rows left for {left:?}");
+    env.finish();
+}

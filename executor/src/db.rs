@@ -22,7 +22,7 @@ mod manifests;
 mod postgres;
 mod results;
 pub mod sql;
-pub use e2b::{E2bSandbox, E2bSnapshot, E2bSpec};
+pub use e2b::{E2bProcess, E2bSandbox, E2bSnapshot, E2bSpec};
 pub use hosts::{now_ms, Beat, DownHost, HostClaim, HostRow, Place};
 pub use manifests::ManifestDelete;
 pub use results::{Evaluation, StoreUsage, MAX_LABEL_KEY, MAX_LABEL_VALUE};
@@ -530,6 +530,8 @@ const MIGRATIONS: &[&str] = &[
     MIGRATION_17,
     // 18: manifests to delete from the fleet registry (`db/manifests.rs`).
     manifests::MIGRATION_18,
+    // 19: envd's process table (`db/e2b.rs`).
+    e2b::MIGRATION_19,
 ];
 
 pub struct Db {
@@ -1380,6 +1382,8 @@ impl Db {
                 .map_err(q("mark blob pending"))?;
         }
         if release {
+            tx.execute("DELETE FROM e2b_processes WHERE sandbox = ?1", params![sandbox.as_str()])
+                .map_err(q("delete its e2b processes"))?;
             tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![sandbox.as_str()])
                 .map_err(q("delete sandbox"))?;
         } else {
@@ -2671,7 +2675,11 @@ impl Db {
     }
 
     pub fn delete_sandbox(&self, id: &SandboxId) -> Result<(), DbError> {
-        self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", params![id.as_str()]).map_err(q("delete sandbox"))?;
+        let tx = self.conn.transaction(false).map_err(q("begin delete sandbox"))?;
+        tx.execute("DELETE FROM e2b_processes WHERE sandbox = ?1", params![id.as_str()])
+            .map_err(q("delete its e2b processes"))?;
+        tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id.as_str()]).map_err(q("delete sandbox"))?;
+        tx.commit().map_err(q("commit delete sandbox"))?;
         Ok(())
     }
 
@@ -3011,6 +3019,37 @@ mod tests {
         assert_eq!(db.stale_lineages(i64::MAX).unwrap(), vec!["plain".to_string()]);
         db.delete_e2b_sandbox("iabc").unwrap();
         assert_eq!(db.stale_lineages(i64::MAX).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn the_e2b_process_table_round_trips_and_goes_with_its_sandbox() {
+        let mut db = Db::open_in_memory().unwrap();
+        let img =
+            db.insert_image(&"a".parse().unwrap(), &digest('e'), &digest('c'), &ImageConfig::default(), &[]).unwrap();
+        let id = SandboxId::random();
+        db.insert_running_sandbox(&id, img, &crate::spec::SandboxSpec::default(), 42, 7).unwrap();
+        let row = |pid: u32| E2bProcess {
+            sandbox: id.to_string(),
+            pid,
+            exec_id: (1 << 51) + u64::from(pid),
+            tag: Some("t".into()),
+            config: serde_json::json!({"cmd": "/bin/bash", "args": ["-c", "x"]}),
+            argv: vec!["/bin/bash".into(), "-c".into(), "x".into()],
+            cwd: "/home/user".into(),
+            stdin: true,
+            pty: false,
+            deadline: Some(now_ms()),
+        };
+        db.insert_e2b_process(&row(7)).unwrap();
+        db.insert_e2b_process(&row(3)).unwrap();
+        // A pid reused by a later command replaces the row.
+        db.insert_e2b_process(&E2bProcess { tag: None, ..row(7) }).unwrap();
+        assert_eq!(db.e2b_processes(id.as_str()).unwrap(), vec![row(3), E2bProcess { tag: None, ..row(7) }]);
+        assert_eq!(db.e2b_process_sandboxes().unwrap(), vec![id.to_string()]);
+        db.delete_e2b_process(id.as_str(), 3).unwrap();
+        assert_eq!(db.e2b_processes(id.as_str()).unwrap().len(), 1);
+        db.delete_sandbox(&id).unwrap();
+        assert!(db.e2b_process_sandboxes().unwrap().is_empty(), "rows outlived their sandbox");
     }
 
     #[test]

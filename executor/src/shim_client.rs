@@ -55,11 +55,29 @@ pub struct ShimClient {
     alive: Arc<AtomicBool>,
     /// The shim takes a status fd with an exec ([`ExecSpec::status_fd`]).
     status_fd: bool,
+    /// The shim keeps a command's stdio for a later daemon ([`ExecSpec::keep`]).
+    keep: bool,
+}
+
+/// A kept command a reattaching daemon got back ([`ShimClient::reattach`]).
+pub struct Reattached {
+    pub pid: i32,
+    pub tty: bool,
+    /// stdout's and stderr's read ends then, if still open, stdin's write
+    /// end; with `tty`, the pty master.
+    pub fds: Vec<OwnedFd>,
+    pub stdin: bool,
+    /// Its events from now on (its exit).
+    pub rx: Receiver<Delivery>,
 }
 
 fn event_id(ev: &ShimEvent) -> u64 {
     match ev {
-        ShimEvent::Started { id, .. } | ShimEvent::StartFailed { id, .. } | ShimEvent::Exited { id, .. } => *id,
+        ShimEvent::Started { id, .. }
+        | ShimEvent::StartFailed { id, .. }
+        | ShimEvent::Exited { id, .. }
+        | ShimEvent::Reattached { id, .. }
+        | ShimEvent::NotRunning { id } => *id,
         ShimEvent::Ready | ShimEvent::ReadyWith { .. } | ShimEvent::SetupFailed { .. } | ShimEvent::Hello { .. } => {
             CONTROL_ID
         }
@@ -109,6 +127,7 @@ impl ShimClient {
     /// that can do `features` (what [`setup`] returned, or its `Hello`).
     pub fn start(sock: OwnedFd, features: &[String]) -> ShimClient {
         let status_fd = features.iter().any(|f| f == proto::FEATURE_STATUS_FD);
+        let keep = features.iter().any(|f| f == proto::FEATURE_KEEP);
         let sock = Arc::new(sock);
         let pending: Pending = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
@@ -118,7 +137,7 @@ impl ShimClient {
             .spawn(move || reader(s, p, a))
             .map_err(|e| tracing::error!("spawn shim reader thread: {e}"))
             .ok();
-        ShimClient { sock, pending, alive, status_fd }
+        ShimClient { sock, pending, alive, status_fd, keep }
     }
 
     /// Re-attach to a live shim after a daemon restart; returns the exec ids it
@@ -148,6 +167,46 @@ impl ShimClient {
         self.status_fd
     }
 
+    /// Whether the shim keeps commands for a later daemon ([`ExecSpec::keep`]).
+    pub fn keeps(&self) -> bool {
+        self.keep
+    }
+
+    /// Take back a command started with [`ExecSpec::keep`] (by an earlier
+    /// daemon, or this one): `None` if it no longer runs.
+    pub fn reattach(&self, id: u64, timeout: Duration) -> Result<Option<Reattached>, ShimError> {
+        let rx = self.register(id, &ShimRequest::Reattach { id }, &[])?;
+        match rx.recv_timeout(timeout) {
+            Ok(Delivery { event: ShimEvent::Reattached { pid, tty, stdin, .. }, fds }) => {
+                let want = if tty { 1 } else { 2 + usize::from(stdin) };
+                if fds.len() != want {
+                    lock(&self.pending).remove(&id);
+                    return Err(ShimError::Unexpected(Box::new(ShimEvent::Reattached { id, pid, tty, stdin })));
+                }
+                Ok(Some(Reattached { pid, tty, fds, stdin, rx }))
+            }
+            Ok(Delivery { event: ShimEvent::NotRunning { .. }, .. }) => {
+                lock(&self.pending).remove(&id);
+                Ok(None)
+            }
+            Ok(Delivery { event, .. }) => {
+                lock(&self.pending).remove(&id);
+                Err(ShimError::Unexpected(Box::new(event)))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                lock(&self.pending).remove(&id);
+                Err(ShimError::Timeout(timeout))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(ShimError::Gone),
+        }
+    }
+
+    /// Close the shim's copy of a kept command's stdin.
+    pub fn close_stdin(&self, id: u64) -> Result<(), ShimError> {
+        proto::send(&*self.sock, &ShimRequest::CloseStdin { id }, &[])?;
+        Ok(())
+    }
+
     /// Ask the shim to start a command whose end it writes to `status`
     /// (the write end of a pipe, sent after the three stdio fds): no event
     /// about it comes on the connection.
@@ -175,13 +234,18 @@ impl ShimClient {
     /// Ask the shim to start a command. Events about it arrive on the returned
     /// channel; it disconnects if the shim goes away.
     pub fn exec(&self, spec: ExecSpec, fds: &[RawFd]) -> Result<Receiver<Delivery>, ShimError> {
+        let id = spec.id;
+        self.register(id, &ShimRequest::Exec(spec), fds)
+    }
+
+    /// Send `req` about exec `id`, its events routed to the channel returned.
+    fn register(&self, id: u64, req: &ShimRequest, fds: &[RawFd]) -> Result<Receiver<Delivery>, ShimError> {
         if !self.is_alive() {
             return Err(ShimError::Gone);
         }
         let (tx, rx) = channel();
-        let id = spec.id;
         lock(&self.pending).insert(id, tx);
-        if let Err(e) = proto::send(&*self.sock, &ShimRequest::Exec(spec), fds) {
+        if let Err(e) = proto::send(&*self.sock, req, fds) {
             lock(&self.pending).remove(&id);
             return Err(e.into());
         }

@@ -106,16 +106,32 @@ pub struct ExecSpec {
     /// [`ShimEvent::ReadyWith`] or [`ShimEvent::Hello`]).
     #[serde(default)]
     pub status_fd: bool,
+    /// The shim keeps copies of the daemon's ends of this command's stdio
+    /// (with `tty`, of the pty master it allocates) while the command
+    /// runs, and hands them to a daemon that asks with
+    /// [`ShimRequest::Reattach`]: the command outlives a daemon restart
+    /// without its output pipes closing under it (no EPIPE) and is
+    /// attached to again. Without `tty`, after the three stdio fds come
+    /// the daemon's ends: stdout's and stderr's read ends, then, if the
+    /// daemon keeps the command's stdin open, stdin's write end (5 or 6
+    /// fds in all; no status fd). Only sent to a shim that listed
+    /// [`FEATURE_KEEP`].
+    #[serde(default)]
+    pub keep: bool,
 }
 
 /// What this shim build understands beyond the first protocol; reported
 /// in [`ShimEvent::ReadyWith`] and [`ShimEvent::Hello`], so a daemon newer
 /// than its shim (an older `--shim` file, or a shim kept running across a
 /// daemon upgrade) asks it only what it can do.
-pub const FEATURES: &[&str] = &[FEATURE_STATUS_FD];
+pub const FEATURES: &[&str] = &[FEATURE_STATUS_FD, FEATURE_KEEP];
 
 /// [`ExecSpec::status_fd`].
 pub const FEATURE_STATUS_FD: &str = "status-fd";
+
+/// [`ExecSpec::keep`], [`ShimRequest::Reattach`] and
+/// [`ShimRequest::CloseStdin`].
+pub const FEATURE_KEEP: &str = "keep";
 
 /// [`FEATURES`] as a message carries them.
 pub fn features() -> Vec<String> {
@@ -134,6 +150,18 @@ pub enum ShimRequest {
     },
     /// Sent by a daemon after it (re)connects; answered with [`ShimEvent::Hello`].
     Hello,
+    /// The daemon's ends of a command started with [`ExecSpec::keep`]:
+    /// answered with [`ShimEvent::Reattached`] (and from then on the
+    /// command's events come on this connection), or with
+    /// [`ShimEvent::NotRunning`].
+    Reattach {
+        id: u64,
+    },
+    /// Close the shim's copy of a kept command's stdin (the daemon closed
+    /// its own): the command reads EOF once no copy is left.
+    CloseStdin {
+        id: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -179,6 +207,19 @@ pub enum ShimEvent {
     Exited {
         id: u64,
         status: ExitStatus,
+    },
+    /// A kept command, still running: the fds are its stdout's and
+    /// stderr's read ends then, with `stdin`, stdin's write end; with
+    /// `tty`, the pty master alone.
+    Reattached {
+        id: u64,
+        pid: i32,
+        tty: bool,
+        stdin: bool,
+    },
+    /// No command of that id runs (it ended, or was never kept).
+    NotRunning {
+        id: u64,
     },
     Hello {
         running: Vec<u64>,

@@ -4,7 +4,10 @@
 //! Single-threaded `poll` over: a signalfd for SIGCHLD, the listening socket,
 //! and each daemon connection. A daemon restart just means a new connection;
 //! commands keep running, and exits whose connection is gone are reported to
-//! the newest one.
+//! the newest one. For a command started with `keep` the shim also holds
+//! copies of the daemon's ends of its stdio, so it never writes into a
+//! pipe nobody holds while no daemon runs, and hands them to the next
+//! daemon that asks (`Reattach`); they close when it is reaped.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -54,6 +57,19 @@ struct Running {
     conn: u64,
     /// [`ExecSpec::status_fd`]: where its exit goes instead of `conn`.
     status: Option<OwnedFd>,
+    /// [`ExecSpec::keep`]: copies of the daemon's ends, for a daemon that
+    /// reattaches (dropped, so closed, when the command is reaped).
+    kept: Option<Kept>,
+}
+
+/// What the shim keeps of a command started with [`ExecSpec::keep`].
+struct Kept {
+    pid: i32,
+    tty: bool,
+    /// stdout's and stderr's read ends, or the pty master.
+    outputs: Vec<OwnedFd>,
+    /// stdin's write end, while the daemon keeps it open.
+    stdin: Option<OwnedFd>,
 }
 
 struct Supervisor {
@@ -158,6 +174,12 @@ impl Supervisor {
                 let running = self.running.values().map(|r| r.id).collect();
                 self.send(token, &ShimEvent::Hello { running, features: proto::features() }, &[]);
             }
+            ShimRequest::Reattach { id } => self.reattach(token, id),
+            ShimRequest::CloseStdin { id } => {
+                if let Some(k) = self.running.values_mut().find(|r| r.id == id).and_then(|r| r.kept.as_mut()) {
+                    k.stdin = None;
+                }
+            }
             ShimRequest::Setup(_) => {
                 self.send(token, &ShimEvent::StartFailed { id: 0, message: "already set up".into() }, &[]);
             }
@@ -166,11 +188,31 @@ impl Supervisor {
 
     fn exec(&mut self, token: u64, spec: ExecSpec, mut fds: Vec<OwnedFd>) {
         let id = spec.id;
-        let status = if spec.status_fd && !spec.tty && fds.len() == 4 { fds.pop() } else { None };
+        // The daemon's ends of a kept command: stdout's, stderr's, stdin's.
+        let mut ends = if spec.keep && !spec.tty && fds.len() > 3 { fds.split_off(3) } else { Vec::new() };
+        let status = if spec.status_fd && !spec.keep && !spec.tty && fds.len() == 4 { fds.pop() } else { None };
+        if spec.keep && !spec.tty && !(2..=3).contains(&ends.len()) {
+            let message = format!("a kept exec takes 5 or 6 fds, got {}", fds.len() + ends.len());
+            return self.send(token, &ShimEvent::StartFailed { id, message }, &[]);
+        }
         match start(&spec, fds, &mut self.stack) {
             Ok((pid, master)) => {
                 let quiet = status.is_some();
-                self.running.insert(pid, Running { id, conn: token, status });
+                let kept = match (spec.keep, &master) {
+                    (false, _) => None,
+                    (true, Some(m)) => match m.try_clone() {
+                        Ok(m) => Some(Kept { pid, tty: true, outputs: vec![m], stdin: None }),
+                        Err(e) => {
+                            eprintln!("strata-shim: keep the pty master of exec {id}: {e}");
+                            None
+                        }
+                    },
+                    (true, None) => {
+                        let stdin = (ends.len() == 3).then(|| ends.remove(2));
+                        Some(Kept { pid, tty: false, outputs: ends, stdin })
+                    }
+                };
+                self.running.insert(pid, Running { id, conn: token, status, kept });
                 if !quiet {
                     let raw: Vec<RawFd> = master.iter().map(|m| m.as_raw_fd()).collect();
                     self.send(token, &ShimEvent::Started { id, pid }, &raw);
@@ -181,6 +223,20 @@ impl Supervisor {
                 None => self.send(token, &ShimEvent::StartFailed { id, message }, &[]),
             },
         }
+    }
+
+    /// Hand a reattaching daemon its ends of a kept command; its events go
+    /// to this connection from now on.
+    fn reattach(&mut self, token: u64, id: u64) {
+        let found = self.running.values_mut().find(|r| r.id == id && r.kept.is_some());
+        let Some(r) = found else {
+            return self.send(token, &ShimEvent::NotRunning { id }, &[]);
+        };
+        r.conn = token;
+        let k = r.kept.as_ref().expect("kept");
+        let raw: Vec<RawFd> = k.outputs.iter().chain(&k.stdin).map(|f| f.as_raw_fd()).collect();
+        let ev = ShimEvent::Reattached { id, pid: k.pid, tty: k.tty, stdin: k.stdin.is_some() };
+        self.send(token, &ev, &raw);
     }
 
     /// Reap every exited child: our commands and any orphan reparented to us.

@@ -1362,6 +1362,13 @@ impl Daemon {
         Ok((status, timed_out))
     }
 
+    /// A live sandbox of this host by id, not marked in use (for the
+    /// daemon's own work on it, which must not count as activity).
+    pub fn live_sandbox(&self, id: &str) -> Option<Arc<Sandbox>> {
+        let id: SandboxId = id.parse().ok()?;
+        lock(&self.pool).live.get(&id).cloned()
+    }
+
     /// A live sandbox by id, in use until the handle is dropped: no idle
     /// suspend cuts into the call that looked it up, and its idle timeout
     /// starts again when the call ends.

@@ -2,6 +2,8 @@
 //! sandboxes an E2B client made, and the snapshots it took. A row outlives
 //! the Strata sandbox running it: pausing suspends that sandbox into the
 //! row's work context and clears `sandbox`; resuming sets the new one.
+//! Migration 19 adds envd's process table ([`E2bProcess`]), so a daemon
+//! restart keeps it.
 
 use std::collections::BTreeMap;
 
@@ -53,6 +55,48 @@ pub struct E2bSnapshot {
     pub sandbox: String,
     pub name: Option<String>,
     pub created_at: i64,
+}
+
+/// Migration 19, one text for both engines: the commands E2B clients
+/// started (envd's process table), one row per running command of a live
+/// Strata sandbox, removed when it ends or its sandbox goes.
+pub(super) const MIGRATION_19: &str = r#"
+    CREATE TABLE e2b_processes (
+        sandbox  TEXT NOT NULL,
+        pid      BIGINT NOT NULL,
+        exec_id  BIGINT NOT NULL,
+        tag      TEXT,
+        config   TEXT NOT NULL,
+        argv     TEXT NOT NULL,
+        cwd      TEXT NOT NULL,
+        stdin    BIGINT NOT NULL CHECK (stdin IN (0, 1)),
+        pty      BIGINT NOT NULL CHECK (pty IN (0, 1)),
+        deadline BIGINT,
+        PRIMARY KEY (sandbox, pid)
+    );
+"#;
+
+/// A command an E2B client started (`process.Process/Start`), as a
+/// restarted daemon needs it to list it and reattach to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct E2bProcess {
+    /// The Strata sandbox it runs in.
+    pub sandbox: String,
+    /// Its pid in the sandbox (E2B's name for it).
+    pub pid: u32,
+    /// The shim's id of it.
+    pub exec_id: u64,
+    pub tag: Option<String>,
+    /// `ProcessConfig` as it was asked for (JSON).
+    pub config: serde_json::Value,
+    /// What the exec log records of it.
+    pub argv: Vec<String>,
+    pub cwd: String,
+    /// Its stdin was kept open for input.
+    pub stdin: bool,
+    pub pty: bool,
+    /// When its time runs out (unix ms), if it has a limit.
+    pub deadline: Option<i64>,
 }
 
 const COLUMNS: &str = "id, owner, token, template, work_context, spec, sandbox, started_at";
@@ -171,5 +215,87 @@ impl Db {
                 },
             )
             .map_err(q("e2b snapshots"))
+    }
+
+    pub fn insert_e2b_process(&self, p: &E2bProcess) -> Result<(), DbError> {
+        let config = p.config.to_string();
+        let argv =
+            serde_json::to_string(&p.argv).map_err(|source| DbError::Decode { what: "e2b process argv", source })?;
+        self.conn
+            .execute(
+                "INSERT INTO e2b_processes (sandbox, pid, exec_id, tag, config, argv, cwd, stdin, pty, deadline) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
+                 ON CONFLICT (sandbox, pid) DO UPDATE SET exec_id = ?3, tag = ?4, config = ?5, argv = ?6, \
+                 cwd = ?7, stdin = ?8, pty = ?9, deadline = ?10",
+                params![
+                    p.sandbox,
+                    i64::from(p.pid),
+                    p.exec_id as i64,
+                    p.tag,
+                    config,
+                    argv,
+                    p.cwd,
+                    i64::from(p.stdin),
+                    i64::from(p.pty),
+                    p.deadline
+                ],
+            )
+            .map_err(q("insert e2b process"))?;
+        Ok(())
+    }
+
+    /// The commands recorded as running in Strata sandbox `sandbox`, by pid.
+    pub fn e2b_processes(&self, sandbox: &str) -> Result<Vec<E2bProcess>, DbError> {
+        type Raw = (E2bProcess, String, String);
+        let rows: Vec<Raw> = self
+            .conn
+            .query(
+                "SELECT sandbox, pid, exec_id, tag, config, argv, cwd, stdin, pty, deadline FROM e2b_processes \
+                 WHERE sandbox = ?1 ORDER BY pid",
+                params![sandbox],
+                |r| {
+                    let (pid, exec_id, stdin, pty): (i64, i64, i64, i64) = (r.get(1)?, r.get(2)?, r.get(7)?, r.get(8)?);
+                    Ok((
+                        E2bProcess {
+                            sandbox: r.get(0)?,
+                            pid: pid as u32,
+                            exec_id: exec_id as u64,
+                            tag: r.get(3)?,
+                            config: serde_json::Value::Null,
+                            argv: Vec::new(),
+                            cwd: r.get(6)?,
+                            stdin: stdin != 0,
+                            pty: pty != 0,
+                            deadline: r.get(9)?,
+                        },
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                },
+            )
+            .map_err(q("e2b processes"))?;
+        rows.into_iter()
+            .map(|(mut p, config, argv)| {
+                let decode = |source| DbError::Decode { what: "e2b process", source };
+                p.config = serde_json::from_str(&config).map_err(decode)?;
+                p.argv = serde_json::from_str(&argv).map_err(decode)?;
+                Ok(p)
+            })
+            .collect()
+    }
+
+    /// The Strata sandboxes the process table has commands of.
+    pub fn e2b_process_sandboxes(&self) -> Result<Vec<String>, DbError> {
+        self.conn
+            .query("SELECT DISTINCT sandbox FROM e2b_processes ORDER BY sandbox", params![], |r| r.get(0))
+            .map_err(q("e2b process sandboxes"))
+    }
+
+    /// Forget a command (it ended, or no longer runs).
+    pub fn delete_e2b_process(&self, sandbox: &str, pid: u32) -> Result<(), DbError> {
+        self.conn
+            .execute("DELETE FROM e2b_processes WHERE sandbox = ?1 AND pid = ?2", params![sandbox, i64::from(pid)])
+            .map_err(q("delete e2b process"))?;
+        Ok(())
     }
 }

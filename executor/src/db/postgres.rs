@@ -212,6 +212,7 @@ pub(super) const PG_MIGRATIONS: &[(usize, &str)] = &[
     (16, super::MIGRATION_16),
     (17, super::MIGRATION_17),
     (18, super::manifests::MIGRATION_18),
+    (19, super::e2b::MIGRATION_19),
 ];
 
 /// The schema version a PostgreSQL catalog is at (0: empty).

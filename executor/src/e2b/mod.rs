@@ -246,6 +246,8 @@ pub fn serve(
         transfers: Arc::new(tokio::sync::Semaphore::new(MAX_TRANSFERS)),
         clients: Clients::new(cfg.clients),
     });
+    let restoring = e2b.clone();
+    std::thread::spawn(move || restoring.restore_processes());
     let result = rt.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -493,8 +495,27 @@ impl E2b {
         (!id.is_empty() && !id.contains('.')).then(|| (port, id.to_string()))
     }
 
-    fn processes(&self, sandbox: &str) -> Arc<Procs> {
-        lock(&self.procs).entry(sandbox.to_string()).or_default().clone()
+    /// Take back the commands a daemon before this one left running
+    /// (`Procs::restore`), in every sandbox the catalog has any for.
+    fn restore_processes(&self) {
+        let sandboxes = match lock(&self.d.db).e2b_process_sandboxes() {
+            Ok(s) => s,
+            Err(e) => return tracing::warn!("read the E2B process table: {}", crate::error::chain(&e)),
+        };
+        for id in sandboxes {
+            // Not an `InUse`: taking its commands back is not a use.
+            if let Some(sb) = self.d.live_sandbox(&id) {
+                self.processes(&sb);
+            }
+        }
+    }
+
+    /// The sandbox's process table; the first call after a daemon restart
+    /// takes back the commands the catalog records ([`Procs::restore`]).
+    fn processes(&self, sb: &Arc<crate::sandbox::Sandbox>) -> Arc<Procs> {
+        let procs = lock(&self.procs).entry(sb.id.to_string()).or_default().clone();
+        procs.restore(&self.d, sb);
+        procs
     }
 
     /// Forget the processes (and watchers) of a Strata sandbox that goes.
@@ -572,7 +593,7 @@ impl E2b {
         let timeout = req.header("connect-timeout-ms").and_then(|t| t.parse::<u64>().ok()).filter(|t| *t > 0);
         let r = match (service, method) {
             ("process.Process", "Start") => {
-                let procs = self.processes(sb.id.as_str());
+                let procs = self.processes(sb);
                 process::StartRequest::parse(&first)
                     .and_then(|s| procs.start(&self.d, sb, &user, s, timeout.map(Duration::from_millis)))
                     .map(Reply::Stream)
@@ -591,12 +612,12 @@ impl E2b {
     /// `process.Process` calls on a command already started.
     fn process_call(
         &self,
-        sb: &crate::sandbox::Sandbox,
+        sb: &Arc<crate::sandbox::Sandbox>,
         service: &str,
         method: &str,
         msgs: &[Value],
     ) -> Result<Reply, RpcError> {
-        let procs = self.processes(sb.id.as_str());
+        let procs = self.processes(sb);
         let first = msgs.first().cloned().unwrap_or_else(|| json!({}));
         let done = |r: Result<(), RpcError>| r.map(|()| Reply::Message(json!({})));
         match method {
@@ -615,7 +636,7 @@ impl E2b {
                 }
                 Ok(Reply::OneOfStream(json!({})))
             }
-            "CloseStdin" => done(procs.close_stdin(&first)),
+            "CloseStdin" => done(procs.close_stdin(sb, &first)),
             "SendSignal" => done(procs.signal(sb, &first)),
             "Update" => done(procs.update(&first)),
             _ => Err(RpcError::new(Code::Unimplemented, format!("{service}/{method} is not implemented"))),

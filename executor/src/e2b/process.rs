@@ -5,6 +5,18 @@
 //! (`Start`'s, then any `Connect`'s), then its end. A stream going away
 //! detaches; it does not kill the command (`SendSignal` does, and so does
 //! the sandbox going).
+//!
+//! The table outlives the daemon: each command is a catalog row
+//! (`e2b_processes`), and the shim keeps copies of the daemon's ends of
+//! its stdio, so a command writing while no daemon runs only waits for
+//! room in its pipe (never EPIPE). A restarted daemon's E2B listener takes
+//! each recorded command back from the shim as it starts, and a paused
+//! sandbox's at its first envd call ([`Procs::restore`]): `List` shows it with its pid, tag and config,
+//! and `Connect` streams its output from then on. What it wrote before
+//! is gone (a stream attached before the restart ended with it); while no
+//! daemon read it, a command that wrote more than its pipe holds (64 KiB)
+//! waited, as on a terminal nobody reads. A command that ended meanwhile
+//! is dropped from the table, its exit status unknown.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -21,7 +33,8 @@ use tokio::sync::mpsc;
 use super::connect::{self, field, Code, RpcError};
 use super::users::User;
 use crate::daemon::{lock, Daemon};
-use crate::sandbox::{ExecRequest, Sandbox};
+use crate::db::E2bProcess;
+use crate::sandbox::{ExecRequest, Sandbox, Spawned};
 use crate::stream::FrameKind;
 
 /// Frames queued per attached stream before the command's output waits
@@ -104,6 +117,9 @@ impl Proc {
 #[derive(Default)]
 pub struct Procs {
     by_pid: Mutex<BTreeMap<u32, Arc<Proc>>>,
+    /// The catalog's rows were taken back ([`Procs::restore`]); held while
+    /// that runs, so a call waits for it.
+    restored: Mutex<bool>,
 }
 
 /// What `Start` asks for, read from its message.
@@ -273,20 +289,101 @@ impl Procs {
             size: req.pty.unwrap_or((24, 80)),
             keep_output: 0,
         };
-        let spawned = sb.spawn(&exec).map_err(|e| {
+        let spawned = sb.spawn(&exec, req.stdin).map_err(|e| {
             let msg = crate::error::chain(&e);
             match e {
                 crate::sandbox::SandboxError::BadExec(_) => RpcError::invalid(msg),
                 _ => RpcError::new(Code::Unavailable, msg),
             }
         })?;
-        let proc = Arc::new(Proc {
+        let row = E2bProcess {
+            sandbox: sb.id.to_string(),
             pid: spawned.pid as u32,
+            exec_id: spawned.id,
             tag: req.tag.clone(),
             config: req.config.clone(),
+            argv: exec.argv.clone(),
+            cwd: exec.cwd.clone().unwrap_or_default(),
+            stdin: req.stdin,
+            pty: req.pty.is_some(),
+            deadline: timeout.map(|t| crate::db::now_ms() + t.as_millis() as i64),
+        };
+        if spawned.kept {
+            // Its environment stays out of the catalog (a shared database,
+            // and envs carry secrets): listed after a restart without it.
+            let mut stored = row.clone();
+            if let Some(c) = stored.config.as_object_mut() {
+                c.remove("envs");
+            }
+            // Not recorded: the command still runs, but a restart loses it.
+            if let Err(e) = lock(&d.db).insert_e2b_process(&stored) {
+                tracing::warn!(sandbox = %sb.id, pid = row.pid, "record an E2B process: {}", crate::error::chain(&e));
+            }
+        }
+        self.adopt(d, sb, row, spawned, timeout, true)?
+            .ok_or_else(|| RpcError::internal("the command ended before it started"))
+    }
+
+    /// Take back, once, the commands the catalog records as running in
+    /// `sb` (started before a daemon restart): each the shim still runs
+    /// is followed again; the others are forgotten.
+    pub fn restore(self: &Arc<Self>, d: &Arc<Daemon>, sb: &Arc<Sandbox>) {
+        let mut restored = lock(&self.restored);
+        // A frozen shim answers once thawed: taken back then.
+        if *restored || sb.run_state() != crate::sandbox::RunState::Running {
+            return;
+        }
+        *restored = true;
+        let rows = match lock(&d.db).e2b_processes(sb.id.as_str()) {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(sandbox = %sb.id, "read the E2B process table: {}", crate::error::chain(&e));
+                return;
+            }
+        };
+        for row in rows {
+            if lock(&self.by_pid).contains_key(&row.pid) {
+                continue;
+            }
+            match sb.reattach(row.exec_id, row.pid as i32) {
+                Ok(Some(spawned)) => {
+                    let left = row.deadline.map(|t| Duration::from_millis((t - crate::db::now_ms()).max(0) as u64));
+                    let pid = row.pid;
+                    if let Err(e) = self.adopt(d, sb, row, spawned, left, false) {
+                        tracing::warn!(sandbox = %sb.id, pid, "take back an E2B process: {}", e.message);
+                    }
+                }
+                Ok(None) => {
+                    if let Err(e) = lock(&d.db).delete_e2b_process(&row.sandbox, row.pid) {
+                        tracing::warn!(sandbox = %sb.id, "forget an E2B process: {}", crate::error::chain(&e));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %sb.id, pid = row.pid, "take back an E2B process: {}", crate::error::chain(&e))
+                }
+            }
+        }
+    }
+
+    /// Enter a started (or taken back) command in the table, and follow
+    /// its output on a thread until it ends; then its row goes. With
+    /// `attach`, the stream returned is attached before any output is read.
+    fn adopt(
+        self: &Arc<Self>,
+        d: &Arc<Daemon>,
+        sb: &Arc<Sandbox>,
+        row: E2bProcess,
+        spawned: Spawned,
+        timeout: Option<Duration>,
+        attach: bool,
+    ) -> Result<Option<Frames>, RpcError> {
+        let pty = row.pty;
+        let proc = Arc::new(Proc {
+            pid: row.pid,
+            tag: row.tag.clone(),
+            config: row.config.clone(),
             exec_id: spawned.id,
-            // Without `stdin: true` the command reads EOF (envd's default).
-            stdin: Mutex::new(spawned.stdin.filter(|_| req.stdin).map(|fd| {
+            stdin: Mutex::new(spawned.stdin.map(|fd| {
                 // Our end only (the command's end is its own descriptor).
                 let _ = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
                 File::from(fd)
@@ -298,11 +395,12 @@ impl Procs {
             master: spawned.master.map(File::from),
             attached: Mutex::new(Attached { streams: Vec::new(), ended: false }),
         });
-        let frames = proc.attach().ok_or_else(|| RpcError::internal("the command ended before it started"))?;
+        let frames = if attach { proc.attach() } else { None };
         lock(&self.by_pid).insert(proc.pid, proc.clone());
-        let (d, sb, procs, output) = (d.clone(), sb.clone(), self.clone(), spawned.output);
-        let pty = req.pty.is_some();
+        let exec = ExecRequest { argv: row.argv.clone(), cwd: Some(row.cwd.clone()), ..Default::default() };
+        let (d, sb, procs, output, this) = (d.clone(), sb.clone(), self.clone(), spawned.output, proc.clone());
         std::thread::spawn(move || {
+            let proc = this;
             let followed = d.follow(&sb, &exec, output, timeout, &mut |kind, data| {
                 let key = match (pty, kind) {
                     (true, _) => "pty",
@@ -316,6 +414,13 @@ impl Procs {
                 let mut by_pid = lock(&procs.by_pid);
                 if by_pid.get(&proc.pid).is_some_and(|p| Arc::ptr_eq(p, &proc)) {
                     by_pid.remove(&proc.pid);
+                }
+            }
+            // Ended: its row goes. Lost (the shim or the daemon going):
+            // it stays for a later daemon, or goes with the sandbox's row.
+            if followed.is_ok() {
+                if let Err(e) = lock(&d.db).delete_e2b_process(&row.sandbox, row.pid) {
+                    tracing::warn!(sandbox = %sb.id, "forget an E2B process: {}", crate::error::chain(&e));
                 }
             }
             let (end, error) = match followed {
@@ -383,8 +488,11 @@ impl Procs {
         write_within(w, &data, STDIN_WAIT)
     }
 
-    pub fn close_stdin(&self, m: &Value) -> Result<(), RpcError> {
-        lock(&self.get(m)?.stdin).take();
+    pub fn close_stdin(&self, sb: &Sandbox, m: &Value) -> Result<(), RpcError> {
+        let p = self.get(m)?;
+        if lock(&p.stdin).take().is_some() {
+            sb.close_stdin(p.exec_id).map_err(|e| RpcError::new(Code::Unavailable, crate::error::chain(&e)))?;
+        }
         Ok(())
     }
 

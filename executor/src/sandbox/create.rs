@@ -402,7 +402,7 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
         // frozen; it was not paused by anyone, so thaw it (idempotent).
         let _ = cgroup.thaw();
     }
-    let (shim, _running) = ShimClient::reconnect(&dirs.socket, SETUP_TIMEOUT, paused).map_err(AdoptError::Reconnect)?;
+    let (shim, running) = ShimClient::reconnect(&dirs.socket, SETUP_TIMEOUT, paused).map_err(AdoptError::Reconnect)?;
     Ok(Sandbox {
         id: row.id.clone(),
         spec: row.spec.clone(),
@@ -413,12 +413,25 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
         pidfd,
         cgroup,
         state: std::sync::Mutex::new(if paused { super::RunState::Paused } else { super::RunState::Running }),
-        next_exec: AtomicU64::new(1 << 32),
+        next_exec: AtomicU64::new(adopted_exec_ids(&running)),
         gone: super::Gone::default(),
         capture_cg: Default::default(),
         activity: super::activity::Activity::new(row.spec.lifetime),
         net: None,
     })
+}
+
+/// The first exec id an adopting daemon gives: past every id the shim
+/// still runs (commands kept across restarts keep theirs, see
+/// `Sandbox::reattach`), and past what earlier daemons gave, which a
+/// paused shim cannot tell yet (its `Hello` waits for the thaw): 2^32
+/// and up, counted from the clock in seconds times 2^20 (a daemon
+/// restarted within the second, or one that gave more than a million ids
+/// a second, relies on the shim's list).
+fn adopted_exec_ids(running: &[u64]) -> u64 {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let floor = (1u64 << 32).max(secs << 20);
+    running.iter().map(|id| id + 1).fold(floor, u64::max)
 }
 
 /// Clean up what a sandbox that cannot be adopted left behind: kill its shim

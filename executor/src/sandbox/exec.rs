@@ -26,6 +26,9 @@ use crate::stream::{self, FrameKind};
 /// and `truncated` is set.
 pub const MAX_BUFFERED_OUTPUT: usize = 16 << 20;
 
+/// How long [`Sandbox::reattach`] waits for the shim's answer.
+const REATTACH_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExecRequest {
     pub argv: Vec<String>,
@@ -97,6 +100,22 @@ pub struct Spawned {
     /// With a tty: the pty master (input, window size).
     pub master: Option<OwnedFd>,
     pub output: SpawnedOutput,
+    /// The shim keeps it for a later daemon ([`Sandbox::reattach`]).
+    pub kept: bool,
+}
+
+/// A spawned command on a pty: the master for input and size, a copy of
+/// it for the output.
+fn spawned_tty(
+    id: u64,
+    pid: i32,
+    master: OwnedFd,
+    rx: Receiver<Delivery>,
+    kept: bool,
+) -> Result<Spawned, SandboxError> {
+    let out = master.try_clone().map_err(|source| SandboxError::Io { step: "dup pty master", source })?;
+    let output = SpawnedOutput { id, rx, outputs: vec![(out, FrameKind::Stdout)] };
+    Ok(Spawned { id, pid, stdin: None, master: Some(master), output, kept })
 }
 
 /// What [`Sandbox::follow`] reads: a spawned command's output and events.
@@ -230,6 +249,7 @@ impl Sandbox {
             rows: req.size.0,
             cols: req.size.1,
             status_fd: false,
+            keep: false,
         };
         // Refused here, with the limit, rather than by sendmsg (EMSGSIZE, a 500).
         let n = serde_json::to_vec(&spec).map_or(usize::MAX, |b| b.len());
@@ -400,24 +420,68 @@ impl Sandbox {
         self.attached_loop(id, rx, outputs, in_w, None, req, conn, ended)
     }
 
-    /// Start a command and leave it running: its pid, its input (stdin,
-    /// or the pty master with `tty`) and its output to [`Sandbox::follow`].
-    /// Nothing here kills it when a client goes away; its owner does.
-    pub fn spawn(&self, req: &ExecRequest) -> Result<Spawned, SandboxError> {
-        let spec = self.exec_spec(req)?;
+    /// Start a command and leave it running: its pid, its input (stdin if
+    /// `stdin`, else it reads EOF; the pty master with `tty`) and its
+    /// output to [`Sandbox::follow`]. Nothing here kills it when a client
+    /// goes away; its owner does. With a shim that keeps commands
+    /// ([`Spawned::kept`]), it outlives a daemon restart and
+    /// [`Sandbox::reattach`] gives it back.
+    pub fn spawn(&self, req: &ExecRequest, stdin: bool) -> Result<Spawned, SandboxError> {
+        let mut spec = self.exec_spec(req)?;
         let id = spec.id;
+        spec.keep = self.shim.keeps();
+        let kept = spec.keep;
         if req.tty {
             let rx = self.shim.exec(spec, &[]).map_err(SandboxError::Exec)?;
             let (pid, master) = self.wait_started(&rx)?;
             let master = master.ok_or_else(|| SandboxError::BadExec("shim sent no pty".into()))?;
-            let out = master.try_clone().map_err(|source| SandboxError::Io { step: "dup pty master", source })?;
-            let output = SpawnedOutput { id, rx, outputs: vec![(out, FrameKind::Stdout)] };
-            return Ok(Spawned { id, pid, stdin: None, master: Some(master), output });
+            return spawned_tty(id, pid, master, rx, kept);
         }
-        let Piped { rx, stdin, stdout, stderr } = self.start_piped(spec)?;
+        let (theirs, [in_w, out_r, err_r]) = stdio_pipes()?;
+        let mut fds: Vec<_> = theirs.iter().map(|f| f.as_raw_fd()).collect();
+        if kept {
+            fds.extend([out_r.as_raw_fd(), err_r.as_raw_fd()]);
+            fds.extend(stdin.then(|| in_w.as_raw_fd()));
+        }
+        let rx = self.shim.exec(spec, &fds).map_err(SandboxError::Exec)?;
+        drop(theirs);
         let (pid, _) = self.wait_started(&rx)?;
-        let output = SpawnedOutput { id, rx, outputs: vec![(stdout, FrameKind::Stdout), (stderr, FrameKind::Stderr)] };
-        Ok(Spawned { id, pid, stdin: Some(stdin), master: None, output })
+        let output = SpawnedOutput { id, rx, outputs: vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)] };
+        Ok(Spawned { id, pid, stdin: stdin.then_some(in_w), master: None, output, kept })
+    }
+
+    /// A command [`Sandbox::spawn`] started with the shim keeping it (by
+    /// this daemon or an earlier one), given back by the shim: `None` if it
+    /// no longer runs, or if the command of that id is not the one whose
+    /// pid was recorded.
+    pub fn reattach(&self, id: u64, pid: i32) -> Result<Option<Spawned>, SandboxError> {
+        if !self.shim.keeps() {
+            return Ok(None);
+        }
+        let Some(r) = self.shim.reattach(id, REATTACH_TIMEOUT).map_err(SandboxError::Exec)? else {
+            return Ok(None);
+        };
+        if r.pid != pid {
+            return Ok(None);
+        }
+        let mut fds = r.fds.into_iter();
+        if r.tty {
+            let master = fds.next().expect("one fd, checked by the client");
+            return spawned_tty(id, pid, master, r.rx, true).map(Some);
+        }
+        let (out_r, err_r, in_w) = (fds.next().expect("checked"), fds.next().expect("checked"), fds.next());
+        let output =
+            SpawnedOutput { id, rx: r.rx, outputs: vec![(out_r, FrameKind::Stdout), (err_r, FrameKind::Stderr)] };
+        Ok(Some(Spawned { id, pid, stdin: in_w, master: None, output, kept: true }))
+    }
+
+    /// Close a spawned command's stdin: the caller dropped its end; this
+    /// closes the copy a keeping shim holds.
+    pub fn close_stdin(&self, id: u64) -> Result<(), SandboxError> {
+        if self.shim.keeps() {
+            self.shim.close_stdin(id).map_err(SandboxError::Exec)?;
+        }
+        Ok(())
     }
 
     /// Copy a spawned command's output to `sink` until it has exited and
