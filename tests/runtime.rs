@@ -1355,6 +1355,72 @@ fn a_snapshot_is_never_removed_under_a_resume_in_flight() {
     env.finish();
 }
 
+/// A lineage closed with its outcome is terminal: no resume, append or
+/// fork, its checkpoints retired and collected after retention; a second
+/// close, a close as `retired` or `active`, and an unknown lineage are
+/// refused with what is wrong.
+#[test]
+fn a_closed_lineage_is_terminal_and_keeps_its_outcome() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    let mut c = env.client();
+    let none = None::<&()>;
+    let refused = |r: Result<Vec<u8>, ClientError>| match r {
+        Err(ClientError::Api { status, message, .. }) => (status, message),
+        other => panic!("not refused: {other:?}"),
+    };
+    let a = create(&env, json!({"image": "busybox", "work_context": "task-done"}));
+    sh(&env, &a, "echo work > /root/out");
+    let s1 = env.cli_ok(&["checkpoint", &a]).trim().to_string();
+    let out = env.cli_ok(&["lineage", "close", "task-done", "--as", "completed"]);
+    assert!(out.contains("work context task-done (completed)"), "{out}");
+    let l: Value = c.call("GET", "/v1/lineages/task-done", none).unwrap();
+    assert_eq!((l["state"].as_str(), l["checkpoints"][0]["state"].as_str()), (Some("completed"), Some("retired")));
+    assert!(l["retired_at"].as_i64().is_some(), "{l}");
+    // Terminal: nothing continues it, not even its own live sandbox.
+    for (path, body) in [
+        ("/v1/lineages/task-done/resume".to_string(), json!({})),
+        (format!("/v1/sandboxes/{a}/checkpoint"), json!({})),
+        (format!("/v1/snapshots/{s1}/resume"), json!({})),
+        (format!("/v1/snapshots/{s1}/fork"), json!({})),
+        ("/v1/lineages/task-done/close".to_string(), json!({"outcome": "failed"})),
+    ] {
+        let (status, message) = refused(c.request("POST", &path, Some(&body)));
+        assert_eq!(status, 409, "{path}: {message}");
+        assert!(message.contains("task-done") && message.contains("completed"), "{path}: {message}");
+    }
+    // What a close may say, and to whom.
+    let other = create(&env, json!({"image": "busybox", "work_context": "task-other"}));
+    for (path, body, status) in [
+        ("/v1/lineages/task-other/close", json!({"outcome": "retired"}), 400),
+        ("/v1/lineages/task-other/close", json!({"outcome": "active"}), 400),
+        ("/v1/lineages/task-other/close", json!({"outcome": "done"}), 400),
+        ("/v1/lineages/task-other/close", json!({"outcome": "failed", "why": "x"}), 400),
+        ("/v1/lineages/nope/close", json!({"outcome": "failed"}), 404),
+    ] {
+        assert_eq!(refused(c.request("POST", path, Some(&body))).0, status, "{path} {body}");
+    }
+    assert_eq!(status_of(c.request("GET", "/v1/lineages/task-other/close", none)), 405);
+    assert_eq!(env.client().call::<Value>("GET", "/v1/lineages/task-other", none).unwrap()["state"], "active");
+    let l: Value = c.call("POST", "/v1/lineages/task-other/close", Some(&json!({"outcome": "cancelled"}))).unwrap();
+    assert_eq!(l["state"], "cancelled");
+    // A retired lineage cannot be closed after the fact.
+    create(&env, json!({"image": "busybox", "work_context": "task-old"}));
+    env.cli_ok(&["lineage", "retire", "task-old"]);
+    let (status, message) =
+        refused(c.request("POST", "/v1/lineages/task-old/close", Some(&json!({"outcome": "failed"}))));
+    assert_eq!(status, 409);
+    assert!(message.contains("is retired"), "{message}");
+    // Retention counts from the close: its checkpoint is collected.
+    for id in [&a, &other] {
+        env.cli_ok(&["rm", id]);
+    }
+    env.cli_ok(&["gc", "--retention", "0s"]);
+    assert_eq!(status_of(c.request("GET", &format!("/v1/snapshots/{s1}"), none)), 404);
+    assert_eq!(env.client().call::<Value>("GET", "/v1/lineages/task-done", none).unwrap()["state"], "completed");
+    env.finish();
+}
+
 #[test]
 fn lineages_fence_appends_and_restore_by_the_ladder() {
     let env = TestEnv::start();

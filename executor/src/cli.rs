@@ -568,6 +568,14 @@ pub enum LineageCmd {
     Show { id: String },
     /// Retire a finished lineage: its checkpoints leave restore eligibility.
     Retire { id: String },
+    /// Close a lineage with its work's outcome: terminal, as a retirement
+    /// is, with the outcome on record.
+    Close {
+        id: String,
+        /// completed, cancelled or failed.
+        #[arg(long = "as", value_name = "OUTCOME")]
+        outcome: crate::model::LineageState,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -1066,6 +1074,13 @@ pub fn run(cli: Cli) -> Result<i32> {
         Command::Lineage(LineageCmd::Retire { id }) => {
             let l: crate::types::LineageInfo =
                 client(&cli)?.call("POST", &format!("/v1/lineages/{id}/retire"), NO_BODY)?;
+            print_lineage(&l);
+            Ok(0)
+        }
+        Command::Lineage(LineageCmd::Close { id, outcome }) => {
+            let body = crate::types::CloseLineageRequest { outcome: *outcome };
+            let l: crate::types::LineageInfo =
+                client(&cli)?.call("POST", &format!("/v1/lineages/{id}/close"), Some(&body))?;
             print_lineage(&l);
             Ok(0)
         }

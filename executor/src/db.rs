@@ -532,6 +532,32 @@ const MIGRATIONS: &[&str] = &[
     manifests::MIGRATION_18,
     // 19: envd's process table (`db/e2b.rs`).
     e2b::MIGRATION_19,
+    // 20: a lineage ends retired, or closed as completed, cancelled or
+    // failed (`retired_at`: when it ended). SQLite cannot alter a CHECK:
+    // rebuild (foreign keys are off while migrating; the references to
+    // `work_contexts` resolve to the new table once it takes the name).
+    r#"
+    CREATE TABLE work_contexts_new (
+        id          TEXT PRIMARY KEY CHECK (length(id) BETWEEN 1 AND 64),
+        image_id    INTEGER NOT NULL REFERENCES images(id) ON DELETE RESTRICT,
+        start_kind  TEXT NOT NULL CHECK (start_kind IN ('image', 'baseline', 'fork')),
+        start_id    TEXT,
+        head_id     TEXT REFERENCES snapshots(id) ON DELETE RESTRICT,
+        head_seq    INTEGER NOT NULL DEFAULT 0,
+        state       TEXT NOT NULL CHECK (state IN ('active', 'retired', 'completed', 'cancelled', 'failed')),
+        created_at  INTEGER NOT NULL,
+        used_at     INTEGER NOT NULL,
+        retired_at  INTEGER,
+        CHECK ((start_kind = 'image') = (start_id IS NULL)),
+        CHECK ((state = 'active') = (retired_at IS NULL))
+    );
+    INSERT INTO work_contexts_new (id, image_id, start_kind, start_id, head_id, head_seq, state, created_at,
+            used_at, retired_at)
+        SELECT id, image_id, start_kind, start_id, head_id, head_seq, state, created_at, used_at, retired_at
+        FROM work_contexts;
+    DROP TABLE work_contexts;
+    ALTER TABLE work_contexts_new RENAME TO work_contexts;
+    "#,
 ];
 
 pub struct Db {
@@ -729,8 +755,8 @@ pub struct RestoreRow {
 pub enum Fence {
     /// Another activation advanced the head since this sandbox observed it.
     Moved { work_context: String, observed: Option<SnapshotId>, head: Option<SnapshotId> },
-    /// The lineage is retired.
-    Retired { work_context: String },
+    /// The lineage has ended (retired, or closed as `state`).
+    Ended { work_context: String, state: LineageState },
 }
 
 impl std::fmt::Display for Fence {
@@ -744,7 +770,7 @@ impl std::fmt::Display for Fence {
                 show(observed),
                 show(head)
             ),
-            Fence::Retired { work_context } => write!(f, "work context {work_context} is retired"),
+            Fence::Ended { work_context, state } => write!(f, "work context {work_context} is {state}"),
         }
     }
 }
@@ -807,7 +833,7 @@ fn lineage_head_in(conn: &Conn, wc: &str) -> Result<(Option<SnapshotId>, i64, Li
 /// `observed` meets, given the lineage's `head` and `state`.
 fn fence(wc: &str, observed: &Option<SnapshotId>, head: &Option<SnapshotId>, state: LineageState) -> Option<Fence> {
     if state != LineageState::Active {
-        Some(Fence::Retired { work_context: wc.into() })
+        Some(Fence::Ended { work_context: wc.into(), state })
     } else if head != observed {
         Some(Fence::Moved { work_context: wc.into(), observed: observed.clone(), head: head.clone() })
     } else {
@@ -1601,7 +1627,7 @@ impl Db {
                     } else {
                         let show = |h: &Option<SnapshotId>| h.as_ref().map_or("none".to_string(), |h| h.to_string());
                         fence(wc, &claimed, &head, state).map(|f| match f {
-                            Fence::Retired { .. } => format!("work context {wc} is retired here"),
+                            Fence::Ended { state, .. } => format!("work context {wc} is {state} here"),
                             Fence::Moved { .. } => format!(
                                 "it follows {} in work context {wc}, but the head here is {}",
                                 show(&claimed),
@@ -2240,14 +2266,32 @@ impl Db {
     }
 
     fn retire(&mut self, id: &str, stale_before: Option<i64>) -> Result<bool, DbError> {
+        self.end(id, LineageState::Retired, stale_before)
+    }
+
+    /// Close an active lineage as `outcome` (completed, cancelled,
+    /// failed): its checkpoints leave restore position as a retirement's
+    /// do, and retention counts from now. `Err(state)`: it had ended
+    /// already, as `state`.
+    pub fn close_work_context(&mut self, id: &str, outcome: LineageState) -> Result<Result<(), LineageState>, DbError> {
+        if self.end(id, outcome, None)? {
+            return Ok(Ok(()));
+        }
+        let (_, _, state) = lineage_head_in(&self.conn, id)?;
+        Ok(Err(state))
+    }
+
+    /// End an active lineage as `state` (its checkpoints retired with
+    /// it); with `stale_before`, only as gc retires a stale one.
+    fn end(&mut self, id: &str, state: LineageState, stale_before: Option<i64>) -> Result<bool, DbError> {
         let tx = self.conn.transaction(true).map_err(q("begin retire"))?;
         let n = tx
             .execute(
-                "UPDATE work_contexts SET state = 'retired', retired_at = ?2 WHERE id = ?1 AND state = 'active' \
+                "UPDATE work_contexts SET state = ?4, retired_at = ?2 WHERE id = ?1 AND state = 'active' \
                  AND (CAST(?3 AS BIGINT) IS NULL OR (used_at <= ?3 \
                       AND NOT EXISTS (SELECT 1 FROM sandboxes WHERE json_extract(spec, '$.work_context') = ?1) \
                       AND id NOT IN (SELECT work_context FROM e2b_sandboxes)))",
-                params![id, now(), stale_before],
+                params![id, now(), stale_before, state],
             )
             .map_err(q("retire work context"))?;
         if n == 1 {
@@ -2744,6 +2788,52 @@ mod tests {
     }
 
     #[test]
+    fn migration_20_keeps_lineages_and_their_restores_and_admits_the_closed_states() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("strata.db");
+        {
+            let conn = rusqlite::Connection::open(&p).unwrap();
+            // As `migrate_sqlite` runs them: foreign keys off.
+            conn.pragma_update(None, "foreign_keys", "OFF").unwrap();
+            for sql in &MIGRATIONS[..19] {
+                conn.execute_batch(sql).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 19).unwrap();
+            let [m, c] = ["e", "c"].map(|h| format!("sha256:{}", h.repeat(64)));
+            conn.execute_batch(&format!(
+                "INSERT INTO images VALUES (1, 'img', '{m}', '{c}', '{{}}', 0);
+                 INSERT INTO work_contexts (id, image_id, start_kind, state, created_at, used_at, retired_at)
+                     VALUES ('w-active', 1, 'image', 'active', 1, 2, NULL), ('w-old', 1, 'image', 'retired', 1, 2, 3);
+                 INSERT INTO restores (work_context, sandbox_id, rung, created_at) VALUES ('w-active', 's', 'image', 5);"
+            ))
+            .unwrap();
+            // Version 19 knows no closed states.
+            assert!(conn
+                .execute("UPDATE work_contexts SET state = 'completed', retired_at = 4 WHERE id = 'w-active'", [])
+                .is_err());
+        }
+        let mut db = Db::open(&p).unwrap();
+        assert_eq!(db.schema_version().unwrap(), MIGRATIONS.len());
+        let old = db.work_context("w-old").unwrap().unwrap();
+        assert_eq!((old.state, old.retired_at, old.used_at), (LineageState::Retired, Some(3), 2));
+        assert_eq!(db.restores("w-active").unwrap().len(), 1, "the rebuild lost a restore");
+        assert_eq!(db.close_work_context("w-active", LineageState::Completed).unwrap(), Ok(()));
+        let done = db.work_context("w-active").unwrap().unwrap();
+        assert_eq!(done.state, LineageState::Completed);
+        assert!(done.retired_at.is_some());
+        assert_eq!(db.close_work_context("w-active", LineageState::Failed).unwrap(), Err(LineageState::Completed));
+        assert_eq!(db.close_work_context("w-old", LineageState::Failed).unwrap(), Err(LineageState::Retired));
+        // The CHECKs hold: an end needs its time, a state its name.
+        for bad in [
+            "UPDATE work_contexts SET retired_at = NULL WHERE id = 'w-active'",
+            "UPDATE work_contexts SET state = 'bogus' WHERE id = 'w-old'",
+            "UPDATE work_contexts SET state = 'active' WHERE id = 'w-old'",
+        ] {
+            assert!(db.conn.execute(bad, &[]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn migration_6_keeps_rows_and_names_layers() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("strata.db");
@@ -3038,7 +3128,7 @@ mod tests {
             cwd: "/home/user".into(),
             stdin: true,
             pty: false,
-            deadline: Some(now_ms()),
+            deadline: Some(1_700_000_000_000),
         };
         db.insert_e2b_process(&row(7)).unwrap();
         db.insert_e2b_process(&row(3)).unwrap();

@@ -160,7 +160,14 @@ vocabulary! {
     /// Whether a lineage takes new checkpoints.
     LineageState ("lineage state") {
         Active = "active",
+        /// Retired by `retire` or by gc (stale): its work is abandoned.
         Retired = "retired",
+        /// Closed by its owner (`close`): the task's work is done, ...
+        Completed = "completed",
+        /// ... was called off, ...
+        Cancelled = "cancelled",
+        /// ... or failed. All four are terminal.
+        Failed = "failed",
     }
 }
 

@@ -589,7 +589,8 @@ pub struct RollbackRequest {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LineageInfo {
     pub id: String,
-    /// `active` or `retired`.
+    /// `active`; or ended: `retired`, or closed as `completed`,
+    /// `cancelled` or `failed`.
     pub state: crate::model::LineageState,
     pub image: String,
     /// `image`, `baseline` or `fork`, and the snapshot for the latter two.
@@ -598,10 +599,19 @@ pub struct LineageInfo {
     pub head: Option<SnapshotId>,
     pub created_at: i64,
     pub used_at: i64,
+    /// When it ended (retired or closed).
     pub retired_at: Option<i64>,
     /// Its checkpoints, in append order.
     pub checkpoints: Vec<SnapshotInfo>,
     pub restores: Vec<crate::db::RestoreRow>,
+}
+
+/// `POST /v1/lineages/{id}/close`: how the lineage's work ended.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CloseLineageRequest {
+    /// `completed`, `cancelled` or `failed`.
+    pub outcome: crate::model::LineageState,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]

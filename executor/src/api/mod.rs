@@ -233,6 +233,7 @@ pub enum Action {
     Lineage(String),
     ResumeLineage(String, types::LaunchRequest),
     RetireLineage(String),
+    CloseLineage(String, types::CloseLineageRequest),
     /// `GET /metrics`: the daemon's Prometheus metrics.
     Prometheus,
 }
@@ -293,6 +294,7 @@ impl Action {
             A::Lineage(_) => "lineage",
             A::ResumeLineage(..) => "resume_lineage",
             A::RetireLineage(_) => "retire_lineage",
+            A::CloseLineage(..) => "close_lineage",
             A::Prometheus => "prometheus",
         }
     }
@@ -470,7 +472,8 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
         (["lineages", _], _) => return Err(not_allowed("GET")),
         (["lineages", s, "resume"], "POST") => A::ResumeLineage(id(s), body_or_default(req)?),
         (["lineages", s, "retire"], "POST") => A::RetireLineage(id(s)),
-        (["lineages", _, "resume" | "retire"], _) => return Err(not_allowed("POST")),
+        (["lineages", s, "close"], "POST") => A::CloseLineage(id(s), body(req)?),
+        (["lineages", _, "resume" | "retire" | "close"], _) => return Err(not_allowed("POST")),
         (["sandboxes" | "snapshots", _, op], _) if known_op(segs[0], op) => {
             return Err(not_allowed(if matches!(*op, "logs" | "diff" | "evaluations" | "result") {
                 "GET"
@@ -647,6 +650,7 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::Lineage(id) => json(200, &d.lineage(&id)?),
         A::ResumeLineage(id, b) => json(201, &d.resume_lineage(&id, b)?),
         A::RetireLineage(id) => json(200, &d.retire_lineage(&id)?),
+        A::CloseLineage(id, b) => json(200, &d.close_lineage(&id, b.outcome)?),
     }
 }
 

@@ -44,10 +44,12 @@ pub enum LineageError {
     NotFound(String),
     /// snapshot {id} is a {class}, not a checkpoint of a lineage
     NotACheckpoint { id: SnapshotId, class: crate::model::SnapshotClass },
-    /// snapshot {id} belongs to retired work context {work_context}: not restorable
-    RetiredSnapshot { id: SnapshotId, work_context: String },
-    /// work context {0} is retired
-    Retired(String),
+    /// snapshot {id} of work context {work_context} is {state}: not restorable
+    RetiredSnapshot { id: SnapshotId, work_context: String, state: String },
+    /// work context {0} is {1}
+    Ended(String, LineageState),
+    /// a lineage closes as completed, cancelled or failed, not {0} (retire it with POST /v1/lineages/ID/retire)
+    BadOutcome(LineageState),
     /// suspend refused: {0}
     Fenced(crate::db::Fence),
     /// count is for fork
@@ -65,7 +67,7 @@ pub enum LineageError {
 impl Classify for LineageError {
     fn kind(&self) -> ErrorKind {
         match self {
-            LineageError::BadId(_) | LineageError::Count => ErrorKind::InvalidArgument,
+            LineageError::BadId(_) | LineageError::Count | LineageError::BadOutcome(_) => ErrorKind::InvalidArgument,
             LineageError::NotFound(_) => ErrorKind::NotFound,
             LineageError::NoImageRow => ErrorKind::Internal,
             LineageError::Snapshot(e) => e.kind(),
@@ -109,7 +111,9 @@ impl Daemon {
         };
         let wc = self.work_context_row(wc)?;
         if wc.state != LineageState::Active || row.state == SnapshotState::Retired {
-            return Err(LineageError::RetiredSnapshot { id: row.id.clone(), work_context: wc.id });
+            // The lineage's end, or the snapshot's own retirement.
+            let state = if wc.state != LineageState::Active { wc.state.to_string() } else { "retired".into() };
+            return Err(LineageError::RetiredSnapshot { id: row.id.clone(), work_context: wc.id, state });
         }
         Ok(wc)
     }
@@ -131,7 +135,7 @@ impl Daemon {
         let launch = self.launch_spec(req)?;
         let wc = self.work_context_row(id)?;
         if wc.state != LineageState::Active {
-            return Err(LineageError::Retired(id.to_string()));
+            return Err(LineageError::Ended(id.to_string(), wc.state));
         }
         // Rungs 1 and 2: the head, else the snapshot the lineage began
         // from. A rung that cannot be restored (its row gone, a layer
@@ -229,6 +233,22 @@ impl Daemon {
     pub fn retire_lineage(&self, id: &str) -> Result<LineageInfo, LineageError> {
         self.work_context_row(id)?;
         lock(&self.db).retire_work_context(id)?;
+        self.lineage(id)
+    }
+
+    /// Close an active lineage with its work's outcome (`completed`,
+    /// `cancelled`, `failed`): terminal as a retirement is (no resume, no
+    /// append, its checkpoints out of restore position and collected after
+    /// retention from now), and the outcome stays on record. A lineage
+    /// that has ended already is 409 with its state.
+    pub fn close_lineage(&self, id: &str, outcome: LineageState) -> Result<LineageInfo, LineageError> {
+        if matches!(outcome, LineageState::Active | LineageState::Retired) {
+            return Err(LineageError::BadOutcome(outcome));
+        }
+        self.work_context_row(id)?;
+        if let Err(state) = lock(&self.db).close_work_context(id, outcome)? {
+            return Err(LineageError::Ended(id.to_string(), state));
+        }
         self.lineage(id)
     }
 }

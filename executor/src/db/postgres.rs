@@ -213,6 +213,27 @@ pub(super) const PG_MIGRATIONS: &[(usize, &str)] = &[
     (17, super::MIGRATION_17),
     (18, super::manifests::MIGRATION_18),
     (19, super::e2b::MIGRATION_19),
+    (
+        20,
+        r#"
+    -- A lineage ends retired, or closed as completed, cancelled or failed:
+    -- the two CHECKs naming `state` are replaced (by whatever names
+    -- PostgreSQL gave them).
+    DO $$
+    DECLARE c TEXT;
+    BEGIN
+        FOR c IN SELECT conname FROM pg_constraint
+                 WHERE conrelid = 'work_contexts'::regclass AND contype = 'c'
+                   AND pg_get_constraintdef(oid) LIKE '%state%'
+        LOOP
+            EXECUTE format('ALTER TABLE work_contexts DROP CONSTRAINT %I', c);
+        END LOOP;
+    END $$;
+    ALTER TABLE work_contexts ADD CONSTRAINT work_contexts_state
+        CHECK (state IN ('active', 'retired', 'completed', 'cancelled', 'failed'));
+    ALTER TABLE work_contexts ADD CONSTRAINT work_contexts_ended CHECK ((state = 'active') = (retired_at IS NULL));
+    "#,
+    ),
 ];
 
 /// The schema version a PostgreSQL catalog is at (0: empty).
