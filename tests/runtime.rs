@@ -1355,6 +1355,101 @@ fn a_snapshot_is_never_removed_under_a_resume_in_flight() {
     env.finish();
 }
 
+/// Every file under `dir` (not following links) holding `needle`.
+fn files_holding(dir: &Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return found };
+    for e in entries.flatten() {
+        let (p, Ok(m)) = (e.path(), e.metadata()) else { continue };
+        if m.is_dir() {
+            found.extend(files_holding(&p, needle));
+        } else if m.is_file()
+            && m.len() < 256 << 20
+            && std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
+        {
+            found.push(p);
+        }
+    }
+    found
+}
+
+/// Secret env reaches every command, after a daemon restart and a resume
+/// of its lineage too, and is never in the catalog, an exec record, a
+/// checkpoint or the API's answers: only in its lineage's root-only file,
+/// which goes when the lineage ends. A fork does not inherit it.
+#[test]
+fn secret_env_reaches_commands_and_is_kept_only_in_a_root_only_file() {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::fs::MetadataExt;
+    let mut env = TestEnv::start();
+    env.import_busybox();
+    const SECRET: &str = "hunter2-7f3a9c51";
+    // Commands compare digests: neither argv nor output carries the value.
+    let digest = |v: &str| format!("{}  -\n", hex::encode(Sha256::digest(v)));
+    let seen = |env: &TestEnv, id: &str| stdout(&sh(env, id, "printf %s \"$API_TOKEN\" | sha256sum"));
+    let body = json!({
+        "image": "busybox", "work_context": "task-secret", "env": ["PLAIN=visible"],
+        "secret_env": [format!("API_TOKEN={SECRET}")],
+    });
+    let a = create(&env, body);
+    assert_eq!(seen(&env, &a), digest(SECRET));
+    assert_eq!(stdout(&sh(&env, &a, "echo $PLAIN")), "visible\n");
+    let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{a}"), None::<&()>).unwrap();
+    assert_eq!(info["secret_env"], json!(["API_TOKEN"]));
+    let file = env.root.join("secrets/task-secret");
+    let m = std::fs::metadata(&file).unwrap();
+    assert_eq!((m.mode() & 0o777, m.uid()), (0o600, 0), "the secrets file");
+    assert_eq!(std::fs::metadata(file.parent().unwrap()).unwrap().mode() & 0o777, 0o700);
+    let s1 = env.cli_ok(&["checkpoint", &a]).trim().to_string();
+    // A restarted daemon adopts the sandbox with its secrets.
+    env.kill_daemon();
+    env.start_daemon();
+    assert_eq!(seen(&env, &a), digest(SECRET));
+    // A resume of the lineage finds them; one naming its own replaces them.
+    env.client().call::<Value>("POST", &format!("/v1/sandboxes/{a}/suspend"), Some(&json!({}))).unwrap();
+    let b = env.cli_ok(&["resume", "--work-context", "task-secret"]).trim().to_string();
+    assert_eq!(seen(&env, &b), digest(SECRET));
+    env.cli_ok(&["rm", &b]);
+    let out = std::process::Command::new(strata_bin())
+        .env("STRATA_SOCKET", &env.socket)
+        .env("API_TOKEN", "rotated-2")
+        .args(["resume", "--work-context", "task-secret", "--secret-env", "API_TOKEN"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let c = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert_eq!(seen(&env, &c), digest("rotated-2"));
+    // A fork is another task's lineage: none.
+    let f = env.cli_ok(&["fork", &s1]).trim().to_string();
+    assert_eq!(seen(&env, &f), digest(""));
+    let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{f}"), None::<&()>).unwrap();
+    assert_eq!(info["secret_env"], json!([]));
+    // Nowhere but its file: not the catalog (its rows, and for SQLite its
+    // files), exec records, layers, blobs or sandbox directories.
+    for value in [SECRET, "rotated-2"] {
+        let holding = files_holding(&env.root, value.as_bytes());
+        // The file holds the rotated value only (and the scan finds it).
+        let expected = if value == SECRET { vec![] } else { vec![file.clone()] };
+        assert_eq!(holding, expected, "where {value} is");
+        let rows = env.catalog().list_sandboxes().unwrap();
+        assert!(!format!("{rows:?}").contains(value), "a sandbox row holds {value}");
+    }
+    // A bad entry is refused without its value in the message.
+    let r = env.client().request(
+        "POST",
+        "/v1/sandboxes",
+        Some(&json!({"image": "busybox", "secret_env": ["X=\u{0}leak-me"]})),
+    );
+    match r {
+        Err(ClientError::Api { status: 400, message, .. }) => assert!(!message.contains("leak-me"), "{message}"),
+        other => panic!("a bad secret env: {other:?}"),
+    }
+    // The lineage's end takes the file with it.
+    env.cli_ok(&["lineage", "close", "task-secret", "--as", "completed"]);
+    assert!(!file.exists(), "the secrets outlived their lineage");
+    env.finish();
+}
+
 /// A lineage closed with its outcome is terminal: no resume, append or
 /// fork, its checkpoints retired and collected after retention; a second
 /// close, a close as `retired` or `active`, and an unknown lineage are

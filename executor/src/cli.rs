@@ -650,6 +650,11 @@ pub struct LaunchArgs {
     /// Environment for every exec, KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e')]
     pub env: Vec<String>,
+    /// Secret environment for every exec, never stored in the catalog:
+    /// KEY=VALUE, or KEY alone for the value of KEY in this command's own
+    /// environment (kept off the command line). Repeatable.
+    #[arg(long = "secret-env", value_name = "KEY[=VALUE]")]
+    pub secret_env: Vec<String>,
     #[arg(long)]
     pub hostname: Option<String>,
     /// Scratch tmpfs, PATH[:SIZE] (repeatable); never captured.
@@ -697,6 +702,18 @@ pub struct LaunchArgs {
     pub deny_out: Vec<String>,
 }
 
+/// `--secret-env` entries as the API takes them: a bare KEY is KEY's
+/// value in this process's environment (unset: sent as given, refused).
+fn secret_env(entries: &[String]) -> Vec<String> {
+    entries
+        .iter()
+        .map(|e| match std::env::var(e) {
+            Ok(v) if !e.contains('=') => format!("{e}={v}"),
+            _ => e.clone(),
+        })
+        .collect()
+}
+
 impl LaunchArgs {
     fn request(&self, count: Option<u32>) -> LaunchRequest {
         LaunchRequest {
@@ -705,6 +722,7 @@ impl LaunchArgs {
             cpus: self.cpus,
             disk: self.disk,
             env: self.env.clone(),
+            secret_env: secret_env(&self.secret_env),
             hostname: self.hostname.clone(),
             count,
             scratch: self.scratch.clone(),
@@ -944,6 +962,7 @@ pub fn run(cli: Cli) -> Result<i32> {
                 cpus: l.cpus,
                 disk: l.disk,
                 env: l.env,
+                secret_env: l.secret_env,
                 hostname: l.hostname,
                 scratch: l.scratch,
                 cache: l.cache,

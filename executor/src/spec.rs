@@ -57,6 +57,10 @@ pub struct SandboxSpec {
     /// Its network (`none`: loopback only), egress policy and address.
     #[serde(default)]
     pub network: crate::net::NetworkSpec,
+    /// The names of its secret env; the values are never in the spec
+    /// (`daemon/secrets.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_names: Vec<String>,
 }
 
 /// How long a sandbox lives (the scheduler's contract): a deadline after

@@ -53,6 +53,13 @@ pub struct CreateRequest {
     pub disk: Option<u64>,
     #[serde(default)]
     pub env: Vec<String>,
+    /// `KEY=VALUE`s its commands get as env that are never written to the
+    /// catalog, an exec record or an artifact: held in memory and in a
+    /// root-only file of its lineage (`ROOT/secrets/`), where a resume of
+    /// the lineage on this host finds them unless it names its own.
+    /// `GET` shows their names only.
+    #[serde(default)]
+    pub secret_env: Vec<String>,
     #[serde(default)]
     pub hostname: Option<String>,
     /// Scratch tmpfs mounts, `PATH[:SIZE]` (default 64 MiB); never captured.
@@ -168,6 +175,9 @@ pub struct SandboxInfo {
     /// Its network mode, egress policy and address.
     #[serde(default)]
     pub network: crate::net::NetworkSpec,
+    /// The names of its `secret_env` (never their values).
+    #[serde(default)]
+    pub secret_env: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
@@ -339,6 +349,13 @@ pub struct LaunchRequest {
     pub disk: Option<u64>,
     #[serde(default)]
     pub env: Vec<String>,
+    /// `KEY=VALUE`s its commands get as env that are never written to the
+    /// catalog, an exec record or an artifact: held in memory and in a
+    /// root-only file of its lineage (`ROOT/secrets/`), where a resume of
+    /// the lineage on this host finds them unless it names its own.
+    /// `GET` shows their names only.
+    #[serde(default)]
+    pub secret_env: Vec<String>,
     #[serde(default)]
     pub hostname: Option<String>,
     /// Fork only: how many sandboxes (1-64).

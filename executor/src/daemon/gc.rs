@@ -61,6 +61,7 @@ impl Daemon {
         for wc in stale {
             if lock(&self.db).retire_stale_work_context(&wc, cutoff(stale_after))? {
                 tracing::info!("gc: retired stale lineage {wc}");
+                self.forget_secrets(&wc);
                 report.retired.push(wc);
             }
         }

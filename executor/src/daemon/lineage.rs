@@ -233,6 +233,7 @@ impl Daemon {
     pub fn retire_lineage(&self, id: &str) -> Result<LineageInfo, LineageError> {
         self.work_context_row(id)?;
         lock(&self.db).retire_work_context(id)?;
+        self.forget_secrets(id);
         self.lineage(id)
     }
 
@@ -249,6 +250,7 @@ impl Daemon {
         if let Err(state) = lock(&self.db).close_work_context(id, outcome)? {
             return Err(LineageError::Ended(id.to_string(), state));
         }
+        self.forget_secrets(id);
         self.lineage(id)
     }
 }

@@ -25,6 +25,7 @@ pub mod network;
 pub mod ready;
 pub mod requests;
 pub mod results;
+pub mod secrets;
 pub mod snapshots;
 pub mod teardown;
 pub mod telemetry;
@@ -145,6 +146,8 @@ pub enum LaunchError {
     NoImageRow,
     /// {0}
     Defaults(String),
+    /// read or write the lineage's secret env file: {0}
+    Secrets(#[source] std::io::Error),
     /// {0}
     Network(crate::net::PolicyError),
     /// this daemon runs with --network off: network egress is not available (ask for network none, or start the daemon with --network on)
@@ -162,7 +165,7 @@ impl Classify for LaunchError {
         match self {
             LaunchError::Full { .. } | LaunchError::NoUsernsRange => ErrorKind::LimitReached,
             LaunchError::IdTaken(_) | LaunchError::Draining(_) => ErrorKind::Conflict,
-            LaunchError::StoreSize(_) => ErrorKind::of_host_failure(self),
+            LaunchError::StoreSize(_) | LaunchError::Secrets(_) => ErrorKind::of_host_failure(self),
             LaunchError::NoImageRow => ErrorKind::Internal,
             LaunchError::Sandbox(e) => e.kind(),
             LaunchError::Attach(e) => e.kind(),
@@ -384,6 +387,9 @@ pub struct LaunchSpec {
     /// Its deadline and idle timeout.
     pub lifetime: crate::spec::Lifetime,
     pub env: Vec<String>,
+    /// Given with the request; none: its lineage's on this host, if kept
+    /// (`secrets.rs`).
+    pub secret_env: Vec<String>,
     pub hostname: Option<String>,
     pub mounts: Vec<MountDecl>,
     /// `--seccomp unconfined`: no seccomp filter.
@@ -483,6 +489,8 @@ pub struct Daemon {
     pub(crate) sealing: Mutex<Sealing>,
     pub(crate) rt: Runtime,
     pub(crate) db: Mutex<Db>,
+    /// Each lineage's secret env on this host (`secrets.rs`).
+    pub(crate) secrets: secrets::Secrets,
     pub(crate) pool: Mutex<Pool>,
     /// Signalled when a slot may have come free (a sandbox went, a launch
     /// failed, a waiter left the queue).
@@ -606,6 +614,7 @@ impl Daemon {
         let net = cfg.network.clone().map(crate::net::Network::start).transpose()?;
         let host_cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let d = Daemon {
+            secrets: secrets::Secrets::new(&cfg.root),
             cfg,
             warm: warm::WarmPool::default(),
             ready: Default::default(),
@@ -751,14 +760,55 @@ impl Daemon {
         }
     }
 
-    fn defaults_for(&self, image_id: &i64, spec: &SandboxSpec) -> Result<ExecDefaults, LaunchError> {
-        let image = lock(&self.db).image_by_id(*image_id)?.ok_or(LaunchError::NoImageRow)?;
-        self.exec_defaults(&image, spec)
+    /// An adopted sandbox's defaults: its secrets from its lineage's file.
+    /// A launch's secret env: what it names, else what this host keeps of
+    /// its lineage.
+    pub(crate) fn secrets_for(&self, work_context: &str, given: &[String]) -> Result<Vec<String>, LaunchError> {
+        if given.is_empty() {
+            return Ok(self.secrets.read(work_context).map_err(LaunchError::Secrets)?.unwrap_or_default());
+        }
+        Ok(given.to_vec())
     }
 
-    fn exec_defaults(&self, image: &ImageRow, spec: &SandboxSpec) -> Result<ExecDefaults, LaunchError> {
+    /// A launch that named secret env was recorded: they are its lineage's
+    /// now (a launch that failed changed nothing). A write that fails
+    /// leaves the sandbox running with them, but a restart or a later
+    /// resume would not find them: said in the log.
+    pub(crate) fn keep_secrets(&self, work_context: &str, given: &[String]) {
+        if given.is_empty() {
+            return;
+        }
+        if let Err(e) = self.secrets.write(work_context, given) {
+            tracing::error!("lineage {work_context}: keep its secret env: {e} (a restart or resume will lack it)");
+        }
+    }
+
+    /// A lineage ended: this host's copy of its secrets goes.
+    pub(crate) fn forget_secrets(&self, work_context: &str) {
+        if let Err(e) = self.secrets.remove(work_context) {
+            tracing::warn!("lineage {work_context}: remove its secret env: {e}");
+        }
+    }
+
+    fn defaults_for(&self, image_id: &i64, spec: &SandboxSpec) -> Result<ExecDefaults, LaunchError> {
+        let image = lock(&self.db).image_by_id(*image_id)?.ok_or(LaunchError::NoImageRow)?;
+        let secrets = match (&spec.work_context, spec.secret_names.is_empty()) {
+            (Some(wc), false) => self.secrets.read(wc).map_err(LaunchError::Secrets)?.unwrap_or_default(),
+            _ => Vec::new(),
+        };
+        self.exec_defaults(&image, spec, &secrets)
+    }
+
+    /// What its commands start with: the image's env, the create's, then
+    /// its secrets.
+    fn exec_defaults(
+        &self,
+        image: &ImageRow,
+        spec: &SandboxSpec,
+        secrets: &[String],
+    ) -> Result<ExecDefaults, LaunchError> {
         let layers: Vec<PathBuf> = image.layers.iter().rev().map(|h| self.rt.store.layer_dir(h).join("fs")).collect();
-        ExecDefaults::new(&image.config, &spec.env, &layers).map_err(LaunchError::Defaults)
+        ExecDefaults::new(&image.config, &[&spec.env[..], secrets].concat(), &layers).map_err(LaunchError::Defaults)
     }
 
     pub fn max_sandboxes(&self) -> usize {
@@ -812,6 +862,7 @@ impl Daemon {
             cpus: req.cpus,
             disk: req.disk,
             env: req.env,
+            secret_env: req.secret_env,
             hostname: req.hostname,
             count: None,
             scratch: req.scratch,
@@ -859,6 +910,7 @@ impl Daemon {
             cpus,
             disk,
             env,
+            secret_env,
             hostname,
             scratch,
             cache,
@@ -900,14 +952,17 @@ impl Daemon {
                 return Err(LaunchError::DiskTooLarge { cap: d, total });
             }
         }
-        for e in &env {
+        for e in env.iter().chain(&secret_env) {
             if !e.contains('=') || e.starts_with('=') || e.contains('\0') {
-                return Err(LaunchError::Env(e.clone()));
+                // A secret's value is not repeated in the error.
+                let shown =
+                    if env.contains(e) { e.clone() } else { format!("{}=...", e.split('=').next().unwrap_or("")) };
+                return Err(LaunchError::Env(shown));
             }
         }
         // Every exec carries the sandbox's env to the shim: past this, every
         // exec would fail (it once did, with 500 EMSGSIZE).
-        let env_bytes = serde_json::to_vec(&env).map_or(usize::MAX, |b| b.len());
+        let env_bytes = serde_json::to_vec(&[&env[..], &secret_env[..]].concat()).map_or(usize::MAX, |b| b.len());
         if env_bytes > strata_shim::proto::MAX_SANDBOX_ENV {
             return Err(LaunchError::EnvTooLarge { bytes: env_bytes, max: strata_shim::proto::MAX_SANDBOX_ENV });
         }
@@ -934,6 +989,7 @@ impl Daemon {
             limits,
             lifetime,
             env,
+            secret_env,
             hostname,
             mounts,
             seccomp_unconfined,
@@ -1143,6 +1199,7 @@ impl Daemon {
             _ => None,
         };
         network.address = slot.as_ref().map(|s| s.address());
+        let secrets = self.secrets_for(&base.work_context, &launch.secret_env)?;
         let spec = SandboxSpec {
             image: base.image.name.clone(),
             layers: base.layers.clone(),
@@ -1164,8 +1221,9 @@ impl Daemon {
             lifetime: launch.lifetime,
             log_from,
             network,
+            secret_names: secrets::names(&secrets),
         };
-        let defaults = self.exec_defaults(&base.image, &spec)?;
+        let defaults = self.exec_defaults(&base.image, &spec, &secrets)?;
         let mut sb = match warm {
             Some(prep) => sandbox::start(&self.rt, prep, &spec, defaults),
             None => sandbox::create(&self.rt, &id, &spec, defaults),
@@ -1194,6 +1252,7 @@ impl Daemon {
             let _ = sb.destroy(&self.rt.store);
             return Err(e.into());
         }
+        self.keep_secrets(&base.work_context, &launch.secret_env);
         Ok(Arc::new(sb))
     }
 
@@ -1490,5 +1549,6 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
         seccomp: if s.spec.seccomp_unconfined { "unconfined" } else { "default" }.into(),
         lifetime: s.lifetime(),
         network: s.network_spec(),
+        secret_env: s.spec.secret_names.clone(),
     }
 }

@@ -203,8 +203,9 @@ impl Daemon {
             lifetime: Default::default(),
             log_from: 0,
             network: Default::default(),
+            secret_names: Vec::new(),
         };
-        let defaults = self.exec_defaults(image, &spec)?;
+        let defaults = self.exec_defaults(image, &spec, &[])?;
         Ok(crate::sandbox::create(&self.rt, &id, &spec, defaults)?)
     }
 
@@ -283,9 +284,11 @@ impl Daemon {
         spec.observed_head = base.observed_head.clone();
         spec.restored = Some(Restored { rung: base.rung, snapshot: None });
         spec.lifetime = launch.lifetime;
-        let claimed = self
-            .exec_defaults(&base.image, &spec)
-            .and_then(|defaults| sb.claim(spec, defaults).map_err(LaunchError::from));
+        let claimed = self.secrets_for(&base.work_context, &launch.secret_env).and_then(|secrets| {
+            spec.secret_names = super::secrets::names(&secrets);
+            self.exec_defaults(&base.image, &spec, &secrets)
+        });
+        let claimed = claimed.and_then(|defaults| sb.claim(spec, defaults).map_err(LaunchError::from));
         if let Err(e) = claimed {
             discard(self, &sb);
             return Err(e);
@@ -305,6 +308,7 @@ impl Daemon {
             discard(self, &sb);
             return Err(e.into());
         }
+        self.keep_secrets(&base.work_context, &launch.secret_env);
         tracing::info!("sandbox {}: from the ready pool of {}", sb.id, base.image.name);
         Ok(Arc::new(sb))
     }

@@ -1509,6 +1509,8 @@ impl Daemon {
                 // The rolled-back sandbox keeps its deadline.
                 lifetime: sb.lifetime(),
                 env: sb.spec.env.clone(),
+                // Its lineage's, from this host's file.
+                secret_env: Vec::new(),
                 hostname: Some(sb.spec.hostname.clone()),
                 mounts: sb.spec.mounts.clone(),
                 seccomp_unconfined: sb.spec.seccomp_unconfined,

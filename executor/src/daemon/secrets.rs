@@ -1,0 +1,86 @@
+//! Secret env (`secret_env`): values a sandbox's commands get that the
+//! daemon never writes to the catalog, an exec record or an artifact.
+//! They live in the sandbox's defaults in memory and in one file per
+//! lineage, `ROOT/secrets/<work context>` (the directory 0700, the file
+//! 0600, both root's), so a daemon restart re-adopting the sandbox and a
+//! later resume of the lineage on this host find them. A resume naming
+//! `secret_env` replaces them; a fork starts a lineage of its own without
+//! them. The file goes when the lineage ends (retire, close, gc) or when
+//! a launch that wrote it fails before its sandbox was recorded.
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::PathBuf;
+
+/// The secrets directory of one daemon root.
+pub struct Secrets {
+    dir: PathBuf,
+}
+
+impl Secrets {
+    pub fn new(root: &std::path::Path) -> Secrets {
+        Secrets { dir: root.join("secrets") }
+    }
+
+    /// Work context ids are `[A-Za-z0-9._-]`, not starting with `.` (checked
+    /// when a lineage is made): a file name, never a path.
+    fn path(&self, work_context: &str) -> PathBuf {
+        self.dir.join(work_context)
+    }
+
+    /// A lineage's secrets, if this host keeps any.
+    pub fn read(&self, work_context: &str) -> std::io::Result<Option<Vec<String>>> {
+        match std::fs::read(self.path(work_context)) {
+            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(std::io::Error::other),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Keep `env` as the lineage's secrets (written whole, then renamed
+    /// over the old file).
+    pub fn write(&self, work_context: &str, env: &[String]) -> std::io::Result<()> {
+        std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&self.dir)?;
+        let tmp = self.dir.join(format!(".{work_context}.tmp"));
+        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+        f.write_all(&serde_json::to_vec(env).map_err(std::io::Error::other)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, self.path(work_context))
+    }
+
+    /// Forget a lineage's secrets (it ended).
+    pub fn remove(&self, work_context: &str) -> std::io::Result<()> {
+        match std::fs::remove_file(self.path(work_context)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The names of `KEY=VALUE` entries.
+pub fn names(env: &[String]) -> Vec<String> {
+    env.iter().map(|e| e.split('=').next().unwrap_or("").to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn secrets_round_trip_in_a_root_only_file_and_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Secrets::new(dir.path());
+        assert_eq!(s.read("w").unwrap(), None);
+        s.write("w", &["A=1".into(), "B=x=y".into()]).unwrap();
+        assert_eq!(s.read("w").unwrap(), Some(vec!["A=1".to_string(), "B=x=y".to_string()]));
+        let mode = |p: PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(dir.path().join("secrets")), mode(dir.path().join("secrets/w"))), (0o700, 0o600));
+        s.write("w", &["A=2".into()]).unwrap();
+        assert_eq!(s.read("w").unwrap(), Some(vec!["A=2".to_string()]));
+        s.remove("w").unwrap();
+        s.remove("w").unwrap();
+        assert_eq!(s.read("w").unwrap(), None);
+        assert_eq!(names(&["A=1".into(), "B=x=y".into()]), vec!["A", "B"]);
+    }
+}
