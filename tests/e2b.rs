@@ -6,6 +6,9 @@ use std::process::Command;
 
 use strata_tests::{assert_script_passed, e2b_python as sdk_python, e2b_script, repo_root, TestEnv};
 
+/// The value of the envVar the daemon's policy keeps secret.
+const E2B_SECRET: &str = "e2b-secret-5c1e0a77";
+
 /// A loopback port nothing listens on now.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -24,6 +27,8 @@ fn e2b_daemon(keys_dir: &std::path::Path) -> (TestEnv, String) {
         keys.to_str().unwrap(),
         "--e2b-domain",
         "strata.test",
+        "--e2b-secret-env",
+        "STRATA_SECRET_*",
     ]);
     let dir = strata_tests::image("e2b");
     env.cli_ok(&["image", "import", dir.to_str().unwrap(), "--name", "base"]);
@@ -84,9 +89,14 @@ fn the_e2b_sdk_drives_strata_unmodified() {
     let out = e2b_script(Command::new(&python), "sdk_test.py", &url)
         .env("STRATA_OTHER_KEY", "key-two")
         .env("STRATA_HOST_CANARY", &canary)
+        .env("STRATA_E2B_SECRET", E2B_SECRET)
         .output()
         .expect("run the SDK test script");
     assert_script_passed(&out, "ALL E2B SDK CHECKS PASSED", &env);
+    // The secret envVar reached the commands (the script checked) and
+    // nothing the daemon wrote: the catalog, the store, its log.
+    let holding = strata_tests::files_holding(env.root.parent().unwrap(), E2B_SECRET.as_bytes());
+    assert!(holding.is_empty(), "the secret envVar is in {holding:?}");
     assert_eq!(std::fs::read_to_string(&canary).unwrap(), "host secret");
     assert!(!canary.with_extension("written").exists(), "a write escaped to the host");
     // The daemon counted the E2B requests by route pattern and status.

@@ -1355,24 +1355,6 @@ fn a_snapshot_is_never_removed_under_a_resume_in_flight() {
     env.finish();
 }
 
-/// Every file under `dir` (not following links) holding `needle`.
-fn files_holding(dir: &Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return found };
-    for e in entries.flatten() {
-        let (p, Ok(m)) = (e.path(), e.metadata()) else { continue };
-        if m.is_dir() {
-            found.extend(files_holding(&p, needle));
-        } else if m.is_file()
-            && m.len() < 256 << 20
-            && std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
-        {
-            found.push(p);
-        }
-    }
-    found
-}
-
 /// Secret env reaches every command, after a daemon restart and a resume
 /// of its lineage too, and is never in the catalog, an exec record, a
 /// checkpoint or the API's answers: only in its lineage's root-only file,

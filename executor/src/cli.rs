@@ -401,6 +401,11 @@ pub struct DaemonArgs {
     /// create's `disk`: needs loop devices). Default none.
     #[arg(long, value_parser = crate::units::parse_bytes)]
     pub e2b_disk: Option<u64>,
+    /// An E2B `envVars` name whose value is secret: kept out of the
+    /// catalog as a create's `secret_env` is (NAME, or PREFIX* for every
+    /// name it begins; repeatable). Default none.
+    #[arg(long, value_name = "NAME")]
+    pub e2b_secret_env: Vec<String>,
 }
 
 fn at_least_one(s: &str) -> Result<usize, String> {
@@ -1482,6 +1487,7 @@ fn run_daemon(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
                     requests: a.e2b_client_requests,
                 },
                 disk: a.e2b_disk,
+                secret_env: a.e2b_secret_env.clone(),
             },
         )),
         _ => None,

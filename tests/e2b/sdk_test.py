@@ -8,6 +8,7 @@ first failing one ends the run with a traceback.
 
 import asyncio
 import datetime
+import hashlib
 import io
 import json
 import os
@@ -34,6 +35,14 @@ RUN = str(os.getpid())
 API = os.environ["E2B_API_URL"]
 OTHER_KEY = os.environ["STRATA_OTHER_KEY"]
 CANARY = os.environ["STRATA_HOST_CANARY"]
+# An envVar the daemon's policy (--e2b-secret-env STRATA_SECRET_*) keeps
+# out of the catalog; commands compare its digest, never print it.
+SECRET = os.environ["STRATA_E2B_SECRET"]
+SECRET_SHA = "printf %s \"$STRATA_SECRET_TOKEN\" | sha256sum | cut -d' ' -f1"
+
+
+def has_secret(sandbox):
+    return sandbox.commands.run(SECRET_SHA).stdout.strip() == hashlib.sha256(SECRET.encode()).hexdigest()
 
 
 def step(name):
@@ -67,8 +76,11 @@ def envd_call(sandbox_id, token, method, body, host=None):
 
 
 step("create from the image template, with metadata and envs")
-sbx = Sandbox.create(metadata={"suite": "strata", "run": RUN}, envs={"FROM_CREATE": "yes"})
+sbx = Sandbox.create(
+    metadata={"suite": "strata", "run": RUN}, envs={"FROM_CREATE": "yes", "STRATA_SECRET_TOKEN": SECRET}
+)
 assert sbx.sandbox_id
+assert has_secret(sbx), "the secret envVar did not reach the command"
 info = sbx.get_info()
 assert info.state.value == "running", info.state
 assert info.metadata == {"suite": "strata", "run": RUN}, info.metadata
@@ -400,6 +412,7 @@ sbx.connect()
 assert sbx.get_info().state.value == "running"
 assert sbx.files.read("/home/user/keep.txt") == "kept"
 assert sbx.commands.run("echo back").stdout == "back\n"
+assert has_secret(sbx), "the resume lost the secret envVar"
 boot_after = sbx.commands.run(BOOT_ID, user="root").stdout.strip()
 assert len(boot_after) == 36 and boot_after != boot_before, (boot_before, boot_after)
 
@@ -423,6 +436,7 @@ assert len(forks) == 2 and all(isinstance(f, Sandbox) for f in forks), forks
 assert len({f.sandbox_id for f in forks} | {sbx.sandbox_id}) == 3
 for f in forks:
     assert f.files.read("/home/user/keep.txt") == "kept"
+    assert has_secret(f), "a fork lacks its parent's secret envVar"
     f.kill()
 
 step("set_timeout, then expiry: killed, or paused with on_timeout pause")

@@ -655,3 +655,21 @@ pub fn assert_script_passed(out: &Output, marker: &str, env: &TestEnv) {
         env.daemon_log()
     );
 }
+
+/// Every file under `dir` (not following links) holding `needle`.
+pub fn files_holding(dir: &Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return found };
+    for e in entries.flatten() {
+        let (p, Ok(m)) = (e.path(), e.metadata()) else { continue };
+        if m.is_dir() {
+            found.extend(files_holding(&p, needle));
+        } else if m.is_file()
+            && m.len() < 256 << 20
+            && std::fs::read(&p).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle))
+        {
+            found.push(p);
+        }
+    }
+    found
+}

@@ -323,9 +323,15 @@ impl E2b {
         if b.get("autoResume").and_then(|a| a.get("enabled")).is_some_and(|e| e == &Value::Bool(true)) {
             return Err(ApiError::bad("autoResume is not supported: connect to a paused sandbox to resume it"));
         }
+        // Secret envVars (the operator's policy) go to the sandbox only:
+        // never into the E2B row's spec, the catalog's sandbox row or an
+        // artifact (`daemon/secrets.rs`).
+        let (secret, env): (BTreeMap<_, _>, BTreeMap<_, _>) =
+            strings(b.get("envVars"), "envVars")?.into_iter().partition(|(k, _)| super::is_secret(&self.secret_env, k));
+        let secret_env: Vec<String> = secret.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let spec = E2bSpec {
             metadata: strings(b.get("metadata"), "metadata")?,
-            env: strings(b.get("envVars"), "envVars")?,
+            env,
             auto_pause,
             timeout: timeout(b.get("timeout"), DEFAULT_TIMEOUT)?,
             traffic_token: net.private.then(|| random_hex(16)),
@@ -333,7 +339,9 @@ impl E2b {
         let snapshot = lock(&self.d.db).e2b_snapshots(owner)?.into_iter().find(|s| s.id == template);
         let info = match snapshot {
             // A snapshot of this key's: a new sandbox forked from it.
-            Some(s) => self.d.fork(&s.id, LaunchRequest { network: net.request, ..self.launch(&spec) })?.remove(0),
+            Some(s) => {
+                self.d.fork(&s.id, LaunchRequest { network: net.request, secret_env, ..self.launch(&spec) })?.remove(0)
+            }
             None => {
                 if self.d.get_image(&template).is_err() {
                     return Err(ApiError::new(
@@ -344,6 +352,7 @@ impl E2b {
                 self.d.create_sandbox(CreateRequest {
                     image: template.clone(),
                     env: Self::env(&spec),
+                    secret_env,
                     timeout: Some(spec.timeout),
                     on_timeout: Some(Self::on_timeout(&spec)),
                     network: net.request,
@@ -394,13 +403,15 @@ impl E2b {
         // Each fork has a traffic token of its own, if its parent has one.
         let token = || spec.traffic_token.as_ref().map(|_| random_hex(16));
         let snap = self.d.checkpoint(&info.id, crate::model::BlobCompression::default(), false)?;
+        // A fork gets its parent's secret env, as E2B's gets its envVars.
+        let secret_env = self.d.secrets.read(&row.work_context).map_err(|e| ApiError::new(500, e.to_string()))?;
         let results: Vec<Value> = (0..count)
             .map(|_| {
-                let child =
-                    self.d.fork(snap.id.as_str(), self.launch(&spec)).map_err(ApiError::from).and_then(|mut made| {
-                        let spec = E2bSpec { traffic_token: token(), ..spec.clone() };
-                        self.record(owner, row.template.clone(), spec, &made.remove(0))
-                    });
+                let launch = LaunchRequest { secret_env: secret_env.clone().unwrap_or_default(), ..self.launch(&spec) };
+                let child = self.d.fork(snap.id.as_str(), launch).map_err(ApiError::from).and_then(|mut made| {
+                    let spec = E2bSpec { traffic_token: token(), ..spec.clone() };
+                    self.record(owner, row.template.clone(), spec, &made.remove(0))
+                });
                 match child {
                     Ok(child) => json!({"sandbox": self.created(&child)}),
                     Err(e) => json!({"error": {"code": e.status, "message": e.message}}),

@@ -80,6 +80,18 @@ pub struct E2bConfig {
     /// The disk cap of the sandboxes E2B clients start (`--e2b-disk`;
     /// E2B's templates carry a disk size, here one holds for all).
     pub disk: Option<u64>,
+    /// The operator's policy of which `envVars` are secret
+    /// (`--e2b-secret-env`): names, or prefixes ending in `*`. Those are
+    /// the sandbox's `secret_env`, never stored with its E2B row.
+    pub secret_env: Vec<String>,
+}
+
+/// Whether `name` is secret by `policy` (names, or `PREFIX*`).
+pub fn is_secret(policy: &[String], name: &str) -> bool {
+    policy.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => p == name,
+    })
 }
 
 /// Read `--e2b-api-keys`: one key per line; blank lines and `#` comments
@@ -106,6 +118,8 @@ pub struct E2b {
     domain: Option<String>,
     /// [`E2bConfig::disk`].
     disk: Option<u64>,
+    /// [`E2bConfig::secret_env`].
+    secret_env: Vec<String>,
     /// E2B processes, by the Strata sandbox they run in.
     procs: Mutex<HashMap<String, Arc<Procs>>>,
     watchers: watch::Watchers,
@@ -239,6 +253,7 @@ pub fn serve(
         keys: cfg.keys.iter().map(|k| hash(k)).collect(),
         domain: cfg.domain,
         disk: cfg.disk,
+        secret_env: cfg.secret_env,
         procs: Mutex::new(HashMap::new()),
         watchers: watch::Watchers::default(),
         lifecycle: Mutex::new(HashMap::new()),
