@@ -2205,6 +2205,53 @@ const CLEAN_REPO: &str = "set -e; export HOME=/root; git config --global user.em
     git remote add origin /remote.git; git push -q origin main; git fetch -q origin; \
     git branch -q --set-upstream-to=origin/main; mkdir build; echo cache > build/o";
 
+/// A baseline keeps the canonical history only: another task's branch, a
+/// stash, a commit only a reflog reaches, another remote's refs and the
+/// credentials in the config stay behind, in its layer and in new work.
+#[test]
+fn a_baseline_carries_only_the_canonical_history() {
+    let env = TestEnv::start();
+    env.import_image("debian-git");
+    let p = create(&env, json!({"image": "debian-git"}));
+    assert_eq!(sh(&env, &p, CLEAN_REPO)["exit_code"], 0);
+    let mess = "set -e; cd /src/app; export HOME=/root; git tag -a v1 -m release; \
+        git checkout -qb other-task; echo theirs > b; git add b; git commit -qm other-task-work; git tag off-branch; \
+        git rev-parse HEAD; git checkout -q main; echo dropped > a; git commit -qam dropped; git rev-parse HEAD; \
+        git reset -q --hard HEAD~1; echo stashed > a; git stash -q; git update-ref refs/remotes/upstream/main HEAD; \
+        git remote set-url origin https://bot:tok-SECRET-1@forge.invalid/app.git; \
+        git config http.extraheader 'Authorization: Bearer HDR-SECRET-2'; git pack-refs --all";
+    let v = sh(&env, &p, mess);
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let out = stdout(&v);
+    let shas: Vec<&str> = out.lines().collect();
+    assert_eq!(shas.len(), 2, "{out}");
+    let body = json!({"repo": "/src/app", "ref": "main", "owner": "acme"});
+    let b: Value = env.client().call("POST", &format!("/v1/sandboxes/{p}/baseline"), Some(&body)).unwrap();
+    let checks = b["baseline"]["evidence"]["checks"].as_array().unwrap();
+    assert!(checks.iter().any(|c| c["name"] == "canonical_history" && c["ok"] == true), "{checks:?}");
+    // Its layer: a git directory of the canonical branch alone.
+    let git = env.root.join("layers").join(b["layer"].as_str().unwrap()).join("fs/src/app/.git");
+    for gone in ["logs", "refs/stash", "refs/heads/other-task", "refs/remotes/upstream", "packed-refs", "hooks"] {
+        assert!(!git.join(gone).exists(), ".git/{gone} is in the baseline");
+    }
+    let config = std::fs::read_to_string(git.join("config")).unwrap();
+    assert!(!config.contains("SECRET") && config.contains("https://forge.invalid/app.git"), "{config}");
+    // New work from it sees exactly that.
+    let w = create(&env, json!({"image": "debian-git", "baseline": "acme/app@main"}));
+    let look = format!(
+        "cd /src/app; export HOME=/root; git for-each-ref --format='%(refname)'; echo --; git stash list; \
+         git reflog; git config --get http.extraheader; git log --format=%s; echo --; \
+         for c in {} {}; do git cat-file -e $c 2>/dev/null && echo has $c; done; git status --porcelain; cat a",
+        shas[0], shas[1]
+    );
+    assert_eq!(
+        stdout(&sh(&env, &w, &look)),
+        "refs/heads/main\nrefs/remotes/origin/main\nrefs/tags/v1\n--\none\n--\nv1\n",
+        "what new work sees of the repository"
+    );
+    env.finish();
+}
+
 #[test]
 fn baselines_are_validated_published_by_compare_and_swap_and_start_new_work() {
     let mut env = TestEnv::start();

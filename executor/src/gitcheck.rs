@@ -206,6 +206,17 @@ impl Repo {
 
     /// [`Repo::git_raw`] with another index file (`GIT_INDEX_FILE`).
     fn git_on(&self, args: &[&str], strict: bool, index: Option<&Path>) -> Result<(i32, Vec<u8>), GitCheckError> {
+        self.git_full(args, strict, index, None)
+    }
+
+    /// [`Repo::git_on`], `input` written to git's stdin.
+    fn git_full(
+        &self,
+        args: &[&str],
+        strict: bool,
+        index: Option<&Path>,
+        input: Option<Vec<u8>>,
+    ) -> Result<(i32, Vec<u8>), GitCheckError> {
         let mut cmd = Command::new(&self.git);
         cmd.args(args)
             .env_clear()
@@ -224,7 +235,7 @@ impl Repo {
             .env("GIT_TERMINAL_PROMPT", "0")
             .env("GIT_CONFIG_COUNT", PINNED.len().to_string())
             .current_dir(&self.scratch)
-            .stdin(Stdio::null())
+            .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for (i, (k, v)) in PINNED.iter().enumerate() {
@@ -236,6 +247,13 @@ impl Repo {
         let shown = args.join(" ");
         let mut child =
             cmd.spawn().map_err(|source| GitCheckError::Io { step: "run", path: self.git.clone(), source })?;
+        if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
+            // On a thread: git may write before it has read it all.
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let _ = stdin.write_all(&input);
+            });
+        }
         // Both pipes are drained on threads so a large output cannot block git.
         let out_t = drain(child.stdout.take());
         let err_t = drain(child.stderr.take());
@@ -380,6 +398,174 @@ impl Repo {
         Ok(checks)
     }
 
+    /// Write, at `out` (a new directory), the git directory a baseline
+    /// keeps instead of the repository's: the canonical branch `git_ref`
+    /// at `commit` (checked out, with its remote-tracking ref on `remote`)
+    /// and the tags reachable from it; the objects those reach, packed
+    /// anew by our git (nothing else of the object store: another task's
+    /// branch, a stash, what only a reflog reached); a config of ours
+    /// (the remote's URL without credentials; nothing else of the
+    /// repository's: no `http.extraheader`, no credential helper); a
+    /// fresh index of `commit`; and `shallow` and `info/exclude` copied as
+    /// data. No reflog, stash, hook, other ref or side file. Returns the
+    /// tags kept.
+    pub fn write_canonical(
+        &self,
+        git_ref: &str,
+        remote: &str,
+        commit: &str,
+        out: &Path,
+    ) -> Result<Vec<String>, GitCheckError> {
+        let failed = |what: &str| GitCheckError::Failed {
+            args: "write the canonical repository".into(),
+            status: "refused".into(),
+            stderr: what.into(),
+        };
+        if !is_hex_id(commit) {
+            return Err(failed("the commit is not an object id"));
+        }
+        // Tags whose commit the canonical one reaches (annotated: the tag
+        // object itself is kept and packed).
+        let (_, listed) = self.git_raw(
+            &["for-each-ref", &format!("--merged={commit}"), "--format=%(objectname) %(refname)", "refs/tags"],
+            true,
+        )?;
+        let mut tags = Vec::new();
+        for line in String::from_utf8_lossy(&listed).lines() {
+            let Some((id, name)) = line.split_once(' ') else { continue };
+            let Some(tag) = name.strip_prefix("refs/tags/") else { continue };
+            // A ref name git accepted, and a path under refs/tags/ here.
+            if is_hex_id(id) && !tag.split('/').any(|c| c.is_empty() || c.starts_with('.')) {
+                tags.push((id.to_string(), tag.to_string()));
+            }
+        }
+        let (_, url) = self.git_raw(
+            &[
+                "config",
+                "--file",
+                &path_arg(&self.gitdir.join("config")),
+                "--no-includes",
+                "--get",
+                &format!("remote.{remote}.url"),
+            ],
+            false,
+        )?;
+        let url = without_credentials(String::from_utf8_lossy(&url).trim());
+        let object_format = if commit.len() == 64 { "\n[extensions]\n\tobjectformat = sha256" } else { "" };
+        let version = if commit.len() == 64 { 1 } else { 0 };
+        let mut config = format!(
+            "[core]\n\trepositoryformatversion = {version}\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true{object_format}\n"
+        );
+        if let Some(url) = &url {
+            config.push_str(&format!(
+                "[remote \"{remote}\"]\n\turl = {url}\n\tfetch = +refs/heads/*:refs/remotes/{remote}/*\n"
+            ));
+        }
+        config.push_str(&format!("[branch \"{git_ref}\"]\n\tremote = {remote}\n\tmerge = refs/heads/{git_ref}\n"));
+        let write = |rel: &str, data: &[u8]| -> Result<(), GitCheckError> {
+            let p = out.join(rel);
+            if let Some(d) = p.parent() {
+                fs::create_dir_all(d).map_err(io("create", d))?;
+            }
+            fs::write(&p, data).map_err(io("write", &p))
+        };
+        for dir in ["objects/pack", "objects/info", "refs/heads", "refs/tags", "info"] {
+            fs::create_dir_all(out.join(dir)).map_err(io("create", out))?;
+        }
+        write("config", config.as_bytes())?;
+        write("HEAD", format!("ref: refs/heads/{git_ref}\n").as_bytes())?;
+        write(&format!("refs/heads/{git_ref}"), format!("{commit}\n").as_bytes())?;
+        write(&format!("refs/remotes/{remote}/{git_ref}"), format!("{commit}\n").as_bytes())?;
+        for (id, tag) in &tags {
+            write(&format!("refs/tags/{tag}"), format!("{id}\n").as_bytes())?;
+        }
+        for name in ["shallow", "info/exclude"] {
+            let src = self.gitdir.join(name);
+            if fs::symlink_metadata(&src).is_ok_and(|m| m.is_file()) {
+                fs::copy(&src, out.join(name)).map_err(io("copy", &src))?;
+            }
+        }
+        // The objects the kept refs reach, in one new pack.
+        let mut revs = format!("{commit}\n");
+        for (id, _) in &tags {
+            revs.push_str(&format!("{id}\n"));
+        }
+        let base = out.join("objects/pack/pack");
+        self.git_full(&["pack-objects", "--revs", "--quiet", &path_arg(&base)], true, None, Some(revs.into_bytes()))?;
+        // A fresh index of the commit (the repository's may name split
+        // index files or extensions of its own), refreshed against the tree.
+        let index = out.join("index");
+        self.git_on(&["read-tree", commit], true, Some(&index))?;
+        self.git_on(&["update-index", "-q", "--refresh"], false, Some(&index))?;
+        Ok(tags.into_iter().map(|(_, t)| t).collect())
+    }
+
+    /// Why this git directory is not one [`Repo::write_canonical`] could
+    /// have written for `git_ref` on `remote` (a pulled baseline's, which
+    /// is stored as it came and cannot be rewritten), or `None`: only the
+    /// files it writes; refs only under the canonical branch, its
+    /// remote-tracking ref and tags; objects in packs only, every one
+    /// reached from `commit` or a kept tag; a config of only the keys it
+    /// writes, the remote's URL without credentials.
+    pub fn canonical_shape(&self, git_ref: &str, remote: &str, commit: &str) -> Result<Option<String>, GitCheckError> {
+        let allowed_ref = |rel: &str| {
+            rel == format!("refs/heads/{git_ref}")
+                || rel == format!("refs/remotes/{remote}/{git_ref}")
+                || rel.starts_with("refs/tags/")
+        };
+        let mut stray = None;
+        walk(&self.gitdir, &mut |rel: &str, dir: bool| {
+            let ok = match rel {
+                "HEAD" | "config" | "index" | "shallow" | "info" | "info/exclude" | "objects" | "objects/pack"
+                | "objects/info" | "refs" | "refs/heads" | "refs/tags" | "refs/remotes" => true,
+                r if r.starts_with("objects/pack/pack-") => {
+                    !dir && [".pack", ".idx", ".rev"].iter().any(|x| r.ends_with(x))
+                }
+                r if dir => {
+                    format!("refs/heads/{git_ref}/").starts_with(&format!("{r}/"))
+                        || format!("refs/remotes/{remote}/{git_ref}/").starts_with(&format!("{r}/"))
+                        || r.starts_with("refs/tags/")
+                }
+                r => allowed_ref(r),
+            };
+            if !ok && stray.is_none() {
+                stray = Some(format!(".git/{rel}"));
+            }
+        })?;
+        if let Some(s) = stray {
+            return Ok(Some(format!("its repository holds {s}, which a baseline's never does")));
+        }
+        let (_, listed) = self
+            .git_raw(&["config", "--file", &path_arg(&self.gitdir.join("config")), "--no-includes", "--list"], true)?;
+        for line in String::from_utf8_lossy(&listed).lines() {
+            let (k, v) = line.split_once('=').unwrap_or((line, ""));
+            let ok = match k {
+                "core.repositoryformatversion" | "core.filemode" | "core.bare" | "core.logallrefupdates" => true,
+                "extensions.objectformat" => true,
+                k if k == format!("remote.{remote}.fetch") => true,
+                k if k == format!("remote.{remote}.url") => without_credentials(v).as_deref() == Some(v),
+                k => k == format!("branch.{git_ref}.remote") || k == format!("branch.{git_ref}.merge"),
+            };
+            if !ok {
+                return Ok(Some(format!("its repository's config sets {k}, which a baseline's never does")));
+            }
+        }
+        // Every object is reached from the kept refs.
+        let (_, all) = self.git_raw(&["cat-file", "--batch-all-objects", "--batch-check=%(objectname)"], true)?;
+        let (_, tags) = self.git_raw(&["for-each-ref", "--format=%(objectname)", "refs/tags"], true)?;
+        let tags = String::from_utf8_lossy(&tags).into_owned();
+        let mut args = vec!["rev-list", "--objects", commit];
+        args.extend(tags.lines().filter(|t| is_hex_id(t)));
+        let (_, reached) = self.git_raw(&args, true)?;
+        let reached: std::collections::HashSet<&[u8]> =
+            reached.split(|&b| b == b'\n').filter_map(|l| l.split(|&b| b == b' ').next()).collect();
+        let extra = all.split(|&b| b == b'\n').filter(|l| !l.is_empty() && !reached.contains(l)).count();
+        if extra > 0 {
+            return Ok(Some(format!("its repository holds {extra} object(s) the canonical refs do not reach")));
+        }
+        Ok(None)
+    }
+
     /// Is commit `a` an ancestor of commit `b`?
     pub fn ancestry(&self, a: &str, b: &str) -> Result<Ancestry, GitCheckError> {
         if !is_hex_id(a) || !is_hex_id(b) {
@@ -399,6 +585,49 @@ impl Repo {
 fn io(step: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> GitCheckError {
     let path = path.to_path_buf();
     move |source| GitCheckError::Io { step, path, source }
+}
+
+/// Call `f` with the path (relative to `dir`) of everything under `dir`,
+/// and whether it is a directory.
+fn walk(dir: &Path, f: &mut dyn FnMut(&str, bool)) -> Result<(), GitCheckError> {
+    fn go(root: &Path, dir: &Path, f: &mut dyn FnMut(&str, bool)) -> Result<(), GitCheckError> {
+        for e in fs::read_dir(dir).map_err(io("read", dir))? {
+            let e = e.map_err(io("read", dir))?;
+            let p = e.path();
+            let is_dir = e.file_type().map_err(io("stat", &p))?.is_dir();
+            f(&p.strip_prefix(root).unwrap_or(&p).to_string_lossy(), is_dir);
+            if is_dir {
+                go(root, &p, f)?;
+            }
+        }
+        Ok(())
+    }
+    go(dir, dir, f)
+}
+
+/// A remote URL as a baseline keeps it: `https://user:secret@host/...`
+/// loses its user information (a token, a password; over ssh the login
+/// stays, its password not); an scp-like `user@host:path` keeps its user
+/// (an ssh login, not a secret); a URL
+/// with a control character or whitespace, which could not be written
+/// back safely, is dropped.
+fn without_credentials(url: &str) -> Option<String> {
+    if url.is_empty() || url.chars().any(|c| c.is_control() || c.is_whitespace() || c == '"' || c == '\\') {
+        return None;
+    }
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+        let (user, host) = authority.rsplit_once('@').map_or((None, authority), |(u, h)| (Some(u), h));
+        // Over ssh the user is a login (kept, its password not); over
+        // http a user alone can be the token itself.
+        let login = match user {
+            Some(u) if scheme.contains("ssh") => format!("{}@", u.split(':').next().unwrap_or("")),
+            _ => String::new(),
+        };
+        let slash = if rest.contains('/') { "/" } else { "" };
+        return Some(format!("{scheme}://{login}{host}{slash}{path}"));
+    }
+    Some(url.to_string())
 }
 
 /// A full object id (sha1 or sha256), lowercase hex.
@@ -519,6 +748,86 @@ mod tests {
 
     fn failed(checks: &[Check]) -> Vec<(String, String)> {
         checks.iter().filter(|c| !c.ok).map(|c| (c.name.clone(), c.detail.clone())).collect()
+    }
+
+    /// `git ARGS` in `dir` (no identity needed); its stdout, or None.
+    fn read(dir: &Path, args: &[&str]) -> Option<String> {
+        let out = Command::new("git").args(args).current_dir(dir).env("GIT_CONFIG_NOSYSTEM", "1").output().unwrap();
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    #[test]
+    fn the_canonical_repository_keeps_the_branch_its_tags_and_nothing_else() {
+        let t = tempfile::tempdir().unwrap();
+        let app = clean_repo(t.path());
+        git(&app, &["tag", "-a", "v1", "-m", "release"]);
+        // Another task's branch, a commit only a reflog reaches, a stash,
+        // a tag off the branch, and credentials in the config.
+        git(&app, &["checkout", "-qb", "other-task"]);
+        fs::write(app.join("b"), "theirs\n").unwrap();
+        git(&app, &["add", "b"]);
+        git(&app, &["commit", "-qm", "another task's work"]);
+        git(&app, &["tag", "off-branch"]);
+        let other = read(&app, &["rev-parse", "HEAD"]).unwrap().trim().to_string();
+        git(&app, &["checkout", "-q", "main"]);
+        fs::write(app.join("a"), "dropped\n").unwrap();
+        git(&app, &["commit", "-qam", "reset away"]);
+        let dropped = read(&app, &["rev-parse", "HEAD"]).unwrap().trim().to_string();
+        git(&app, &["reset", "-q", "--hard", "HEAD~1"]);
+        fs::write(app.join("a"), "stashed\n").unwrap();
+        git(&app, &["stash", "-q"]);
+        git(&app, &["config", "remote.origin.url", "https://bot:tok-SECRET@forge.invalid/o/app.git"]);
+        git(&app, &["config", "http.extraheader", "Authorization: Bearer HDR-SECRET"]);
+        let scratch = tempfile::tempdir_in(t.path()).unwrap();
+        let repo = Repo::open(&app, scratch.path()).unwrap().unwrap();
+        let head = read(&app, &["rev-parse", "HEAD"]).unwrap().trim().to_string();
+        let why = repo.canonical_shape("main", "origin", &head).unwrap();
+        assert!(why.is_some(), "the repository as it was passed as canonical");
+        let out = t.path().join("canonical");
+        fs::create_dir(&out).unwrap();
+        assert_eq!(repo.write_canonical("main", "origin", &head, &out).unwrap(), vec!["v1".to_string()]);
+        // Swapped in: the repository is the canonical one, and clean.
+        fs::remove_dir_all(app.join(".git")).unwrap();
+        fs::rename(&out, app.join(".git")).unwrap();
+        let refs = read(&app, &["for-each-ref", "--format=%(refname)"]).unwrap();
+        assert_eq!(refs, "refs/heads/main\nrefs/remotes/origin/main\nrefs/tags/v1\n");
+        for gone in [&other, &dropped] {
+            assert!(read(&app, &["cat-file", "-e", gone]).is_none(), "{gone} is still there");
+        }
+        assert_eq!(read(&app, &["stash", "list"]).unwrap(), "");
+        assert!(!app.join(".git/logs").exists() && !app.join(".git/hooks").exists());
+        let config = fs::read_to_string(app.join(".git/config")).unwrap();
+        assert!(!config.contains("SECRET") && config.contains("url = https://forge.invalid/o/app.git"), "{config}");
+        assert!(read(&app, &["fsck", "--no-dangling"]).is_some(), "fsck failed");
+        assert_eq!(read(&app, &["status", "--porcelain"]).unwrap(), "");
+        let checks = run(&app, t.path()).unwrap();
+        assert!(failed(&checks).is_empty(), "{checks:?}");
+        // As written, it has the canonical shape; an object more, not.
+        let shape = |t: &Path| {
+            let scratch = tempfile::tempdir_in(t).unwrap();
+            Repo::open(&app, scratch.path()).unwrap().unwrap().canonical_shape("main", "origin", &head).unwrap()
+        };
+        assert_eq!(shape(t.path()), None);
+        fs::write(app.join("extra"), "smuggled\n").unwrap();
+        git(&app, &["hash-object", "-w", "extra"]);
+        fs::remove_file(app.join("extra")).unwrap();
+        assert!(shape(t.path()).is_some_and(|w| w.contains(".git/objects/")), "a loose object passed");
+    }
+
+    #[test]
+    fn urls_lose_their_credentials() {
+        for (url, kept) in [
+            ("https://bot:tok@forge.invalid/o/r.git", Some("https://forge.invalid/o/r.git")),
+            ("https://tok@forge.invalid", Some("https://forge.invalid")),
+            ("ssh://git@forge.invalid:22/r", Some("ssh://git@forge.invalid:22/r")),
+            ("ssh://git:pw@forge.invalid/r", Some("ssh://git@forge.invalid/r")),
+            ("git@forge.invalid:o/r.git", Some("git@forge.invalid:o/r.git")),
+            ("/srv/repos/r.git", Some("/srv/repos/r.git")),
+            ("https://forge.invalid/r\n[core]", None),
+            ("", None),
+        ] {
+            assert_eq!(without_credentials(url).as_deref(), kept, "{url}");
+        }
     }
 
     #[test]

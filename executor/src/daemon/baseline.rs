@@ -237,10 +237,12 @@ impl Daemon {
         let frozen = frozen.elapsed();
 
         // The evidence, read from that copy.
-        let (checks, commit) = match self.judge(&fs_dir.join(rel), &scratch, key, observed.as_deref())? {
+        let (mut checks, commit) = match self.judge(&fs_dir.join(rel), &scratch, key, observed.as_deref())? {
             Verdict::New { checks, commit } => (checks, commit),
             Verdict::Same(current) => return Ok(self.snapshot_info_locked(&lock(&self.db), &current)?),
         };
+        // What the baseline keeps of the repository: its canonical history.
+        checks.push(canonicalize(&fs_dir.join(rel), work, key, &commit)?);
         crate::failpoint::hit("baseline:validated");
 
         // Sealed: the layer's blob, in a worker charged to the sandbox.
@@ -408,13 +410,33 @@ impl Daemon {
             Verdict::New { commit, .. } if commit != b.commit => {
                 Ok(Some(format!("it claims commit {}, its tree is at {commit}", b.commit)))
             }
-            Verdict::New { .. } => match lock(&self.db).admit_baseline(id.as_str(), observed.as_deref())? {
-                Ok(()) => Ok(None),
-                Err(current) => Ok(Some(format!(
-                    "{} became the ready baseline while it was checked",
-                    current.as_deref().unwrap_or("none")
-                ))),
-            },
+            Verdict::New { commit, .. } => {
+                // Stored as it came: it must already be only the canonical
+                // history (a publishing host trims it; see `canonicalize`).
+                let scratch = work.join("git-shape");
+                std::fs::create_dir_all(&scratch)
+                    .map_err(|source| CaptureError::Io { step: "create the scratch dir", source })?;
+                let repo = match crate::gitcheck::Repo::open(&fs_dir.join(&rel), &scratch)? {
+                    Ok(repo) => repo,
+                    Err(c) => return Ok(Some(format!("{}: {}", c.name, c.detail))),
+                };
+                if let Some(why) = repo.canonical_shape(&key.git_ref, &key.remote, &commit)? {
+                    return Ok(Some(why));
+                }
+                self.admit_checked(id, observed.as_deref())
+            }
+        }
+    }
+
+    /// Make a checked pulled baseline its key's ready one, unless another
+    /// became ready meanwhile.
+    fn admit_checked(&self, id: &SnapshotId, observed: Option<&str>) -> Result<Option<String>, BaselineError> {
+        match lock(&self.db).admit_baseline(id.as_str(), observed)? {
+            Ok(()) => Ok(None),
+            Err(current) => Ok(Some(format!(
+                "{} became the ready baseline while it was checked",
+                current.as_deref().unwrap_or("none")
+            ))),
         }
     }
 
@@ -450,6 +472,65 @@ impl Daemon {
 }
 
 /// What [`Daemon::judge`] found.
+/// Replace the git directory of the copy at `repo_dir` (checked clean at
+/// `commit`) with the canonical one ([`crate::gitcheck::Repo::write_canonical`]),
+/// owned as the worktree is, then check the result as a publish checks:
+/// what a sandbox started from the baseline sees is what was checked.
+fn canonicalize(repo_dir: &Path, work: &Path, key: &Key, commit: &str) -> Result<Check, BaselineError> {
+    let scratch = |name: &str| -> Result<PathBuf, BaselineError> {
+        let d = work.join(name);
+        std::fs::create_dir(&d).map_err(|source| CaptureError::Io { step: "create git's scratch", source })?;
+        Ok(d)
+    };
+    let refused = |c: Check| BaselineError::ChecksFailed(format!("{}: {}", c.name, c.detail));
+    let repo = crate::gitcheck::Repo::open(repo_dir, &scratch("git-canonical")?)?.map_err(refused)?;
+    let out = scratch("canonical-git")?;
+    let tags = repo.write_canonical(&key.git_ref, &key.remote, commit, &out)?;
+    let owner = std::fs::symlink_metadata(repo_dir)
+        .map_err(|source| CaptureError::Io { step: "read the repository's owner", source })?;
+    chown_tree(&out, std::os::unix::fs::MetadataExt::uid(&owner), std::os::unix::fs::MetadataExt::gid(&owner))
+        .map_err(|source| CaptureError::Io { step: "own the canonical repository", source })?;
+    let gitdir = repo_dir.join(".git");
+    remove_tree(&gitdir).map_err(CaptureError::Store)?;
+    std::fs::rename(&out, &gitdir)
+        .map_err(|source| CaptureError::Io { step: "place the canonical repository", source })?;
+    let repo = crate::gitcheck::Repo::open(repo_dir, &scratch("git-recheck")?)?.map_err(refused)?;
+    let failed: Vec<String> = repo
+        .checks(&key.git_ref, &key.remote)?
+        .into_iter()
+        .filter(|c| !c.ok)
+        .map(|c| format!("{}: {}", c.name, c.detail))
+        .collect();
+    if !failed.is_empty() {
+        return Err(BaselineError::ChecksFailed(format!("the canonical repository: {}", failed.join("; "))));
+    }
+    Ok(Check {
+        name: "canonical_history".into(),
+        ok: true,
+        detail: format!(
+            "kept refs/heads/{r} and refs/remotes/{m}/{r} at {commit}, {} tag(s) it reaches, the objects they reach; \
+             no other ref, stash or reflog; config rewritten without credentials",
+            tags.len(),
+            r = key.git_ref,
+            m = key.remote
+        ),
+    })
+}
+
+/// `lchown` everything under `dir` (and itself) to `uid:gid`.
+fn chown_tree(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))?;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_dir() {
+            chown_tree(&e.path(), uid, gid)?;
+        } else {
+            std::os::unix::fs::lchown(e.path(), Some(uid), Some(gid))?;
+        }
+    }
+    Ok(())
+}
+
 enum Verdict {
     /// Clean, and not older than the ready baseline.
     New { checks: Vec<Check>, commit: String },
