@@ -324,11 +324,22 @@ fn e2b_commands_outlive_a_daemon_restart() {
     let rows = env.catalog().e2b_processes(&recorded[0]).unwrap();
     assert!(rows.iter().all(|r| !r.config.to_string().contains("s3cret")), "an env reached the catalog: {rows:?}");
     for next in ["after", "again"] {
+        // The second time the sandbox is paused (frozen) as the daemon
+        // dies: the new one adopts it frozen, and its commands are taken
+        // back once it is unpaused.
+        let frozen = (next == "again").then(|| {
+            let id = env.cli_ok(&["ps"]).lines().nth(1).unwrap().split_whitespace().next().unwrap().to_string();
+            env.cli_ok(&["pause", &id]);
+            id
+        });
         env.kill_daemon();
         // Long enough for `sleep 1` to end and the flood to fill its pipe
         // with no daemon reading.
         std::thread::sleep(std::time::Duration::from_secs(2));
         env.start_daemon();
+        if let Some(id) = frozen {
+            env.cli_ok(&["unpause", &id]);
+        }
         phase(next, &env);
     }
     // The table is empty again: every command ended or was killed.

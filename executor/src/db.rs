@@ -3136,7 +3136,9 @@ mod tests {
         db.insert_e2b_process(&E2bProcess { tag: None, ..row(7) }).unwrap();
         assert_eq!(db.e2b_processes(id.as_str()).unwrap(), vec![row(3), E2bProcess { tag: None, ..row(7) }]);
         assert_eq!(db.e2b_process_sandboxes().unwrap(), vec![id.to_string()]);
-        db.delete_e2b_process(id.as_str(), 3).unwrap();
+        db.delete_e2b_process(id.as_str(), 3, 1).unwrap();
+        assert_eq!(db.e2b_processes(id.as_str()).unwrap().len(), 2, "another exec id's row went");
+        db.delete_e2b_process(id.as_str(), 3, (1 << 51) + 3).unwrap();
         assert_eq!(db.e2b_processes(id.as_str()).unwrap().len(), 1);
         db.delete_sandbox(&id).unwrap();
         assert!(db.e2b_process_sandboxes().unwrap().is_empty(), "rows outlived their sandbox");

@@ -36,6 +36,10 @@ pub enum ShimError {
     Unexpected(Box<ShimEvent>),
     #[error("the shim connection is closed (the sandbox's init process is gone)")]
     Gone,
+    #[error("the shim has not said what it can do yet (its sandbox was paused when this daemon started)")]
+    FeaturesUnknown,
+    #[error("exec id {0} is in use on this connection")]
+    IdInUse(u64),
 }
 
 /// An event and the fds that came with it.
@@ -53,10 +57,27 @@ pub struct ShimClient {
     sock: Arc<OwnedFd>,
     pending: Pending,
     alive: Arc<AtomicBool>,
+    features: Arc<Features>,
+}
+
+/// What the shim can do: from its setup or its `Hello`, which a frozen
+/// shim answers only once thawed (the reader thread records it then).
+#[derive(Default)]
+struct Features {
+    known: AtomicBool,
     /// The shim takes a status fd with an exec ([`ExecSpec::status_fd`]).
-    status_fd: bool,
+    status_fd: AtomicBool,
     /// The shim keeps a command's stdio for a later daemon ([`ExecSpec::keep`]).
-    keep: bool,
+    keep: AtomicBool,
+}
+
+impl Features {
+    fn set(&self, features: &[String]) {
+        let has = |name: &str| features.iter().any(|f| f == name);
+        self.status_fd.store(has(proto::FEATURE_STATUS_FD), Ordering::Release);
+        self.keep.store(has(proto::FEATURE_KEEP), Ordering::Release);
+        self.known.store(true, Ordering::Release);
+    }
 }
 
 /// A kept command a reattaching daemon got back ([`ShimClient::reattach`]).
@@ -124,38 +145,42 @@ pub fn setup(sock: &OwnedFd, spec: &SetupSpec, fds: &[RawFd], timeout: Duration)
 
 impl ShimClient {
     /// Start dispatching events from an established connection to a shim
-    /// that can do `features` (what [`setup`] returned, or its `Hello`).
-    pub fn start(sock: OwnedFd, features: &[String]) -> ShimClient {
-        let status_fd = features.iter().any(|f| f == proto::FEATURE_STATUS_FD);
-        let keep = features.iter().any(|f| f == proto::FEATURE_KEEP);
+    /// that can do `features` (what [`setup`] returned, or its `Hello`;
+    /// `None`: not known yet, until the `Hello` asked for arrives).
+    pub fn start(sock: OwnedFd, features: Option<&[String]>) -> ShimClient {
+        let known = Arc::new(Features::default());
+        if let Some(f) = features {
+            known.set(f);
+        }
         let sock = Arc::new(sock);
         let pending: Pending = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
-        let (s, p, a) = (sock.clone(), pending.clone(), alive.clone());
+        let (s, p, a, f) = (sock.clone(), pending.clone(), alive.clone(), known.clone());
         std::thread::Builder::new()
             .name("shim-reader".into())
-            .spawn(move || reader(s, p, a))
+            .spawn(move || reader(s, p, a, f))
             .map_err(|e| tracing::error!("spawn shim reader thread: {e}"))
             .ok();
-        ShimClient { sock, pending, alive, status_fd, keep }
+        ShimClient { sock, pending, alive, features: known }
     }
 
     /// Re-attach to a live shim after a daemon restart; returns the exec ids it
     /// still runs. A frozen shim (its sandbox is paused, and the shim lives in
     /// the sandbox's cgroup) cannot answer until it is thawed: with
     /// `frozen`, the connection is queued and the `Hello` answered later
-    /// (its features unknown meanwhile: none are used).
+    /// (its features unknown meanwhile: none are used; the reader records
+    /// them when it comes).
     pub fn reconnect(path: &Path, timeout: Duration, frozen: bool) -> Result<(ShimClient, Vec<u64>), ShimError> {
         let sock = connect_path(path)?;
         proto::send(&sock, &ShimRequest::Hello, &[])?;
         if frozen {
-            return Ok((ShimClient::start(sock, &[]), Vec::new()));
+            return Ok((ShimClient::start(sock, None), Vec::new()));
         }
         let (running, features) = match recv_timeout(&sock, timeout)?.event {
             ShimEvent::Hello { running, features } => (running, features),
             other => return Err(ShimError::Unexpected(Box::new(other))),
         };
-        Ok((ShimClient::start(sock, &features), running))
+        Ok((ShimClient::start(sock, Some(&features)), running))
     }
 
     pub fn is_alive(&self) -> bool {
@@ -164,12 +189,25 @@ impl ShimClient {
 
     /// Whether [`ShimClient::exec_with_status`] can be used.
     pub fn takes_status_fd(&self) -> bool {
-        self.status_fd
+        self.features.status_fd.load(Ordering::Acquire)
     }
 
     /// Whether the shim keeps commands for a later daemon ([`ExecSpec::keep`]).
     pub fn keeps(&self) -> bool {
-        self.keep
+        self.features.keep.load(Ordering::Acquire)
+    }
+
+    /// Whether the shim's features are known ([`ShimClient::start`]),
+    /// waiting up to `wait` for the `Hello` that says them.
+    pub fn features_known(&self, wait: Duration) -> bool {
+        let until = std::time::Instant::now() + wait;
+        while !self.features.known.load(Ordering::Acquire) {
+            if std::time::Instant::now() >= until || !self.is_alive() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
     }
 
     /// Take back a command started with [`ExecSpec::keep`] (by an earlier
@@ -199,6 +237,12 @@ impl ShimClient {
             }
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(ShimError::Gone),
         }
+    }
+
+    /// Stop routing exec `id`'s events (a reattach that was not the
+    /// command the caller looked for).
+    pub fn forget(&self, id: u64) {
+        lock(&self.pending).remove(&id);
     }
 
     /// Close the shim's copy of a kept command's stdin.
@@ -244,7 +288,13 @@ impl ShimClient {
             return Err(ShimError::Gone);
         }
         let (tx, rx) = channel();
-        lock(&self.pending).insert(id, tx);
+        {
+            let mut pending = lock(&self.pending);
+            if id != CONTROL_ID && pending.contains_key(&id) {
+                return Err(ShimError::IdInUse(id));
+            }
+            pending.insert(id, tx);
+        }
         if let Err(e) = proto::send(&*self.sock, req, fds) {
             lock(&self.pending).remove(&id);
             return Err(e.into());
@@ -269,10 +319,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn reader(sock: Arc<OwnedFd>, pending: Pending, alive: Arc<AtomicBool>) {
+fn reader(sock: Arc<OwnedFd>, pending: Pending, alive: Arc<AtomicBool>, features: Arc<Features>) {
     loop {
         match proto::recv::<ShimEvent>(&*sock) {
             Ok((event, fds)) => {
+                if let ShimEvent::Hello { features: f, .. } = &event {
+                    features.set(f);
+                }
                 let id = event_id(&event);
                 let done = matches!(event, ShimEvent::Exited { .. } | ShimEvent::StartFailed { .. });
                 let mut map = lock(&pending);

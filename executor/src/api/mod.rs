@@ -753,6 +753,21 @@ fn idempotency_key(req: &http::Request) -> Result<Option<&str>, ApiError> {
     Ok(Some(key))
 }
 
+/// A request body with each `secret_env` entry cut to its name (the body
+/// as it came if it has none, or is not a JSON object).
+fn without_secret_values(body: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let Ok(serde_json::Value::Object(mut m)) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return body.into();
+    };
+    let Some(serde_json::Value::Array(entries)) = m.get_mut("secret_env") else { return body.into() };
+    for e in entries.iter_mut() {
+        if let Some(s) = e.as_str() {
+            *e = s.split('=').next().unwrap_or("").into();
+        }
+    }
+    serde_json::to_vec(&m).map_or(body.into(), Into::into)
+}
+
 /// Run a request that creates something at most once per key: the same
 /// request again gets the first response; another request with the key,
 /// 422. Only successes and lasting refusals are kept; a streamed or
@@ -767,7 +782,10 @@ fn idempotent(
 ) -> Result<Reply, ApiError> {
     use sha2::Digest as _;
     let mut h = sha2::Sha256::new();
-    for part in [req.method.as_bytes(), req.path.as_bytes(), req.query.as_bytes(), &req.body] {
+    // The catalog keeps the fingerprint: a secret env's values are not in
+    // it (a digest of a guessable value gives it away), their names are.
+    let body = without_secret_values(&req.body);
+    for part in [req.method.as_bytes(), req.path.as_bytes(), req.query.as_bytes(), &body] {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part);
     }
@@ -841,6 +859,17 @@ fn peer_allowed(s: &impl std::os::fd::AsFd, gid: Option<u32>) -> Result<(), Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_idempotency_fingerprint_holds_no_secret_value() {
+        let with = |v: &str| format!(r#"{{"image": "a", "secret_env": ["TOKEN={v}"], "env": ["A=1"]}}"#);
+        let (a, b) = (with("one"), with("two"));
+        let cut = without_secret_values(a.as_bytes());
+        assert!(!String::from_utf8_lossy(&cut).contains("one"));
+        assert_eq!(cut, without_secret_values(b.as_bytes()));
+        assert!(String::from_utf8_lossy(&cut).contains("TOKEN") && String::from_utf8_lossy(&cut).contains("A=1"));
+        assert_eq!(&*without_secret_values(b"not json"), b"not json");
+    }
 
     fn req(method: &str, path: &str, body: &str) -> http::Request {
         let (path, query) = path.split_once('?').unwrap_or((path, ""));

@@ -767,7 +767,7 @@ impl Daemon {
                 .ok_or_else(|| invalid(format!("{reference}: snapshot layers must be compressed (zstd or gzip)")))?;
             for s in &meta.snapshots {
                 s.id.parse::<crate::ids::SandboxId>().map_err(|_| invalid(format!("bad snapshot id {:?}", s.id)))?;
-                if s.work_context.as_ref().is_some_and(|w| w.is_empty() || w.len() > 64) {
+                if s.work_context.as_ref().is_some_and(|w| !crate::daemon::lineage::valid_work_context(w)) {
                     return Err(invalid(format!("bad work context of snapshot {}", s.id)));
                 }
             }

@@ -793,7 +793,15 @@ impl Daemon {
     fn defaults_for(&self, image_id: &i64, spec: &SandboxSpec) -> Result<ExecDefaults, LaunchError> {
         let image = lock(&self.db).image_by_id(*image_id)?.ok_or(LaunchError::NoImageRow)?;
         let secrets = match (&spec.work_context, spec.secret_names.is_empty()) {
-            (Some(wc), false) => self.secrets.read(wc).map_err(LaunchError::Secrets)?.unwrap_or_default(),
+            (Some(wc), false) => self.secrets.read(wc).map_err(LaunchError::Secrets)?.unwrap_or_else(|| {
+                // Its lineage ended while it ran (close, retire): adopted
+                // without them, said here.
+                tracing::warn!(
+                    "lineage {wc}: no secret env file; its sandbox's commands run without {:?}",
+                    spec.secret_names
+                );
+                Vec::new()
+            }),
             _ => Vec::new(),
         };
         self.exec_defaults(&image, spec, &secrets)

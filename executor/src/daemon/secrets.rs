@@ -22,15 +22,21 @@ impl Secrets {
         Secrets { dir: root.join("secrets") }
     }
 
-    /// Work context ids are `[A-Za-z0-9._-]`, not starting with `.` (checked
-    /// when a lineage is made): a file name, never a path.
-    fn path(&self, work_context: &str) -> PathBuf {
-        self.dir.join(work_context)
+    /// A lineage's file: its id is a file name, never a path (checked here
+    /// again, whatever made the lineage: a pull names ids too).
+    fn path(&self, work_context: &str) -> std::io::Result<PathBuf> {
+        if !crate::daemon::lineage::valid_work_context(work_context) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("work context {work_context:?} is not a valid id"),
+            ));
+        }
+        Ok(self.dir.join(work_context))
     }
 
     /// A lineage's secrets, if this host keeps any.
     pub fn read(&self, work_context: &str) -> std::io::Result<Option<Vec<String>>> {
-        match std::fs::read(self.path(work_context)) {
+        match std::fs::read(self.path(work_context)?) {
             Ok(b) => serde_json::from_slice(&b).map(Some).map_err(std::io::Error::other),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
@@ -40,17 +46,24 @@ impl Secrets {
     /// Keep `env` as the lineage's secrets (written whole, then renamed
     /// over the old file).
     pub fn write(&self, work_context: &str, env: &[String]) -> std::io::Result<()> {
+        let path = self.path(work_context)?;
         std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&self.dir)?;
         let tmp = self.dir.join(format!(".{work_context}.tmp"));
-        let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
-        f.write_all(&serde_json::to_vec(env).map_err(std::io::Error::other)?)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, self.path(work_context))
+        let written = (|| {
+            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+            f.write_all(&serde_json::to_vec(env).map_err(std::io::Error::other)?)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
     }
 
     /// Forget a lineage's secrets (it ended).
     pub fn remove(&self, work_context: &str) -> std::io::Result<()> {
-        match std::fs::remove_file(self.path(work_context)) {
+        match std::fs::remove_file(self.path(work_context)?) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
         }
@@ -82,5 +95,11 @@ mod tests {
         s.remove("w").unwrap();
         assert_eq!(s.read("w").unwrap(), None);
         assert_eq!(names(&["A=1".into(), "B=x=y".into()]), vec!["A", "B"]);
+        // An id is never a path, whoever named it.
+        std::fs::write(dir.path().join("victim"), "x").unwrap();
+        for bad in ["../victim", "/etc/passwd", ".hidden", ""] {
+            assert!(s.remove(bad).is_err() && s.read(bad).is_err() && s.write(bad, &[]).is_err(), "{bad}");
+        }
+        assert!(dir.path().join("victim").exists());
     }
 }

@@ -291,10 +291,14 @@ impl Db {
             .map_err(q("e2b process sandboxes"))
     }
 
-    /// Forget a command (it ended, or no longer runs).
-    pub fn delete_e2b_process(&self, sandbox: &str, pid: u32) -> Result<(), DbError> {
+    /// Forget a command (it ended, or no longer runs); not a later one
+    /// that got its pid (another exec id).
+    pub fn delete_e2b_process(&self, sandbox: &str, pid: u32, exec_id: u64) -> Result<(), DbError> {
         self.conn
-            .execute("DELETE FROM e2b_processes WHERE sandbox = ?1 AND pid = ?2", params![sandbox, i64::from(pid)])
+            .execute(
+                "DELETE FROM e2b_processes WHERE sandbox = ?1 AND pid = ?2 AND exec_id = ?3",
+                params![sandbox, i64::from(pid), exec_id as i64],
+            )
             .map_err(q("delete e2b process"))?;
         Ok(())
     }

@@ -354,12 +354,16 @@ impl Procs {
                     }
                 }
                 Ok(None) => {
-                    if let Err(e) = lock(&d.db).delete_e2b_process(&row.sandbox, row.pid) {
+                    if let Err(e) = lock(&d.db).delete_e2b_process(&row.sandbox, row.pid, row.exec_id) {
                         tracing::warn!(sandbox = %sb.id, "forget an E2B process: {}", crate::error::chain(&e));
                     }
                 }
+                // Not now (no answer, or the shim's features not known yet:
+                // a sandbox adopted frozen): its row stays and the next call
+                // tries again.
                 Err(e) => {
-                    tracing::warn!(sandbox = %sb.id, pid = row.pid, "take back an E2B process: {}", crate::error::chain(&e))
+                    tracing::warn!(sandbox = %sb.id, pid = row.pid, "take back an E2B process: {}", crate::error::chain(&e));
+                    *restored = false;
                 }
             }
         }
@@ -419,7 +423,7 @@ impl Procs {
             // Ended: its row goes. Lost (the shim or the daemon going):
             // it stays for a later daemon, or goes with the sandbox's row.
             if followed.is_ok() {
-                if let Err(e) = lock(&d.db).delete_e2b_process(&row.sandbox, row.pid) {
+                if let Err(e) = lock(&d.db).delete_e2b_process(&row.sandbox, row.pid, row.exec_id) {
                     tracing::warn!(sandbox = %sb.id, "forget an E2B process: {}", crate::error::chain(&e));
                 }
             }

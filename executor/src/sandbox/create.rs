@@ -334,7 +334,7 @@ pub fn start(
         defaults,
         created_at: crate::db::now(),
         shim_pid: pid,
-        shim: ShimClient::start(conn, &features),
+        shim: ShimClient::start(conn, Some(&features)),
         pidfd,
         cgroup,
         state: std::sync::Mutex::new(super::RunState::Running),

@@ -454,7 +454,12 @@ impl Sandbox {
     /// this daemon or an earlier one), given back by the shim: `None` if it
     /// no longer runs, or if the command of that id is not the one whose
     /// pid was recorded.
+    /// An error (the row is kept) while the shim's features are unknown.
     pub fn reattach(&self, id: u64, pid: i32) -> Result<Option<Spawned>, SandboxError> {
+        // A shim adopted frozen answers its `Hello` once thawed: moments.
+        if !self.shim.features_known(REATTACH_TIMEOUT) {
+            return Err(SandboxError::Exec(crate::shim_client::ShimError::FeaturesUnknown));
+        }
         if !self.shim.keeps() {
             return Ok(None);
         }
@@ -462,6 +467,8 @@ impl Sandbox {
             return Ok(None);
         };
         if r.pid != pid {
+            // Another command under that id: its events are not ours.
+            self.shim.forget(id);
             return Ok(None);
         }
         let mut fds = r.fds.into_iter();
