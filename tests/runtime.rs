@@ -1429,6 +1429,15 @@ fn secret_env_reaches_commands_and_is_kept_only_in_a_root_only_file() {
     // The lineage's end takes the file with it.
     env.cli_ok(&["lineage", "close", "task-secret", "--as", "completed"]);
     assert!(!file.exists(), "the secrets outlived their lineage");
+    // Ended in the catalog by someone else (another host of the fleet):
+    // the next gc here removes this host's copy.
+    let other = create(&env, json!({"image": "busybox", "work_context": "task-elsewhere", "secret_env": ["K=v1"]}));
+    let elsewhere = env.root.join("secrets/task-elsewhere");
+    assert!(elsewhere.exists());
+    env.catalog().close_work_context("task-elsewhere", strata::model::LineageState::Failed).unwrap().unwrap();
+    env.cli_ok(&["gc"]);
+    assert!(!elsewhere.exists(), "gc left the secrets of a lineage ended elsewhere");
+    env.cli_ok(&["rm", &other]);
     env.finish();
 }
 

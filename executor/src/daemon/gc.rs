@@ -48,6 +48,20 @@ impl crate::error::Classify for GcError {
 }
 
 impl Daemon {
+    /// Remove the secrets file of every lineage the catalog has not active.
+    fn sweep_secrets(&self) {
+        for wc in self.secrets.lineages() {
+            let active = match lock(&self.db).work_context(&wc) {
+                Ok(row) => row.is_some_and(|r| r.state == crate::model::LineageState::Active),
+                Err(e) => return tracing::warn!("gc: read lineage {wc}: {}", crate::error::chain(&e)),
+            };
+            if !active {
+                tracing::info!("gc: lineage {wc} has ended: its secret env goes");
+                self.forget_secrets(&wc);
+            }
+        }
+    }
+
     /// Retire stale lineages, then delete what retention allows.
     pub fn gc(&self, retention: Duration, stale_after: Duration) -> Result<GcReport, GcError> {
         let now = crate::db::now();
@@ -65,6 +79,9 @@ impl Daemon {
                 report.retired.push(wc);
             }
         }
+        // Secrets of lineages that ended elsewhere (another host closed or
+        // retired them) or are gone: this host's copy goes too.
+        self.sweep_secrets();
         // Children before parents; a parent freed by a deleted child is
         // tried again on the next pass.
         let mut kept = std::collections::BTreeMap::new();

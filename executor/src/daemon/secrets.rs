@@ -5,8 +5,9 @@
 //! 0600, both root's), so a daemon restart re-adopting the sandbox and a
 //! later resume of the lineage on this host find them. A resume naming
 //! `secret_env` replaces them; a fork starts a lineage of its own without
-//! them. The file goes when the lineage ends (retire, close, gc) or when
-//! a launch that wrote it fails before its sandbox was recorded.
+//! them. The file is written once a launch naming them is recorded, and
+//! goes when the lineage ends here (retire, close, gc), or at the next gc
+//! once the catalog has it ended (another host of the fleet ended it).
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -61,6 +62,16 @@ impl Secrets {
         written
     }
 
+    /// The lineages this host keeps secrets of.
+    pub fn lineages(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| crate::daemon::lineage::valid_work_context(n))
+            .collect()
+    }
+
     /// Forget a lineage's secrets (it ended).
     pub fn remove(&self, work_context: &str) -> std::io::Result<()> {
         match std::fs::remove_file(self.path(work_context)?) {
@@ -90,6 +101,7 @@ mod tests {
         let mode = |p: PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!((mode(dir.path().join("secrets")), mode(dir.path().join("secrets/w"))), (0o700, 0o600));
         s.write("w", &["A=2".into()]).unwrap();
+        assert_eq!(s.lineages(), vec!["w".to_string()]);
         assert_eq!(s.read("w").unwrap(), Some(vec!["A=2".to_string()]));
         s.remove("w").unwrap();
         s.remove("w").unwrap();
