@@ -34,6 +34,10 @@ pub const IDLE: Duration = Duration::from_secs(60);
 const CHUNK: usize = 256 << 10;
 /// Chunks of a download queued for a slow client.
 const QUEUE: usize = 4;
+/// How long the rest of a refused upload is read (and dropped) before its
+/// answer: a client still sending would meet a closed connection (EPIPE)
+/// instead of the 507 it is owed. Past this the connection is closed.
+const DRAIN: Duration = Duration::from_secs(30);
 
 /// What a `/files` request brings besides its head: its body, unread, and
 /// the transfer permit it holds until the transfer ends.
@@ -83,6 +87,53 @@ impl<'a> Chunks<'a> {
     fn new(transfer: &'a Transfer, src: Source) -> Chunks<'a> {
         Chunks { transfer, src, buf: Bytes::new() }
     }
+
+    /// Read what is left of the source and drop it, until its end or
+    /// `until`; whether the end came.
+    fn discard(&mut self, until: tokio::time::Instant) -> bool {
+        self.buf = Bytes::new();
+        let src = &mut self.src;
+        self.transfer
+            .rt
+            .block_on(async {
+                tokio::time::timeout_at(until, async {
+                    loop {
+                        let more = match src {
+                            Source::Body(b) => matches!(b.next().await, Some(Ok(_))),
+                            Source::Part(f) => matches!(f.chunk().await, Ok(Some(_))),
+                        };
+                        if !more {
+                            return;
+                        }
+                    }
+                })
+                .await
+            })
+            .is_ok()
+    }
+}
+
+/// After an upload failed for a reason of ours (not the client's stall):
+/// let the client finish sending, so it reads the answer ([`DRAIN`]).
+fn after_failure(e: RpcError, src: &mut Chunks<'_>, parts: Option<&mut multer::Multipart<'static>>) -> RpcError {
+    if e.code == Code::DeadlineExceeded {
+        return e;
+    }
+    let until = tokio::time::Instant::now() + DRAIN;
+    if src.discard(until) {
+        if let Some(parts) = parts {
+            // The parts after it, read through and dropped.
+            let rt = &src.transfer.rt;
+            while let Ok(Ok(Some(field))) =
+                rt.block_on(async { tokio::time::timeout_at(until, parts.next_field()).await })
+            {
+                if !Chunks::new(src.transfer, Source::Part(Box::new(field))).discard(until) {
+                    break;
+                }
+            }
+        }
+    }
+    e
 }
 
 impl Read for Chunks<'_> {
@@ -144,17 +195,21 @@ impl Envd<'_> {
                         let path = req.query("path").filter(|_| name.is_empty()).unwrap_or(name);
                         let p = fs::absolute(&path, self.user)?;
                         let mut src = Chunks::new(transfer, Source::Part(Box::new(field)));
-                        written.push(self.tree.write_from(&p, &mut src, &meta)?);
+                        match self.tree.write_from(&p, &mut src, &meta) {
+                            Ok(w) => written.push(w),
+                            Err(e) => return Err(after_failure(e, &mut src, Some(&mut parts))),
+                        }
                     }
                 } else {
                     let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
-                    let src = Chunks::new(transfer, Source::Body(transfer.body()?));
+                    let mut src = Chunks::new(transfer, Source::Body(transfer.body()?));
                     let gzip = req.header("content-encoding").is_some_and(|e| e.eq_ignore_ascii_case("gzip"));
-                    written.push(if gzip {
-                        self.tree.write_from(&p, &mut flate2::read::GzDecoder::new(src), &meta)?
+                    let w = if gzip {
+                        self.tree.write_from(&p, &mut flate2::read::GzDecoder::new(&mut src), &meta)
                     } else {
-                        self.tree.write_from(&p, &mut { src }, &meta)?
-                    });
+                        self.tree.write_from(&p, &mut src, &meta)
+                    };
+                    written.push(w.map_err(|e| after_failure(e, &mut src, None))?);
                 }
                 if written.is_empty() {
                     return Err(RpcError::invalid("no file in the request"));
