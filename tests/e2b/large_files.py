@@ -63,6 +63,17 @@ try:
         else:
             raise AssertionError("a write past the disk succeeded")
     assert not sbx.files.exists("/home/user/more.bin"), "a failed upload left its file"
+
+    step("a refused path: the client still gets the answer, not a broken pipe")
+    with open(src, "rb") as f:
+        try:
+            sbx.files.write("/proc/1/big.bin", f, request_timeout=600)
+        except Exception as e:
+            # envd's answer (an E2B exception), not the transport's.
+            assert "Broken pipe" not in str(e) and "WriteError" not in type(e).__name__, repr(e)
+            print(f"refused: {type(e).__name__}: {e}", flush=True)
+        else:
+            raise AssertionError("a write under /proc succeeded")
     assert sbx.files.get_info("/home/user/big.bin").size == SIZE_MIB * MIB
     assert sbx.commands.run("echo ok").stdout == "ok\n"
 finally:

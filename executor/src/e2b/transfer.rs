@@ -53,6 +53,15 @@ impl Transfer {
         Transfer { body: Mutex::new(Some(body)), permit: Mutex::new(permit), rt: tokio::runtime::Handle::current() }
     }
 
+    /// A body no one read (the upload was refused before it started):
+    /// read through and dropped, as [`after_failure`] does.
+    fn discard_unread(&self) {
+        if let Some(body) = lock(&self.body).take() {
+            let until = tokio::time::Instant::now() + DRAIN;
+            Chunks::new(self, Source::Body(BodyDataStream::new(body))).discard(until);
+        }
+    }
+
     fn body(&self) -> Result<BodyDataStream<Incoming>, RpcError> {
         let body = lock(&self.body).take().ok_or_else(|| RpcError::internal("the upload was read already"))?;
         Ok(BodyDataStream::new(body))
@@ -178,46 +187,50 @@ impl Envd<'_> {
                 let (file, size) = self.tree.open_file(&p)?;
                 Ok(download(file, size, transfer))
             }
-            "POST" => {
-                let meta = upload_metadata(&req.headers)?;
-                let ctype = req.header("content-type").unwrap_or("");
-                let mut written = Vec::new();
-                if let Some(boundary) = multipart_boundary(ctype) {
-                    let mut parts = multer::Multipart::new(transfer.body()?, boundary);
-                    loop {
-                        let field = transfer
-                            .wait(parts.next_field())
-                            .map_err(|e| RpcError::new(Code::DeadlineExceeded, e.to_string()))?
-                            .map_err(|e| RpcError::invalid(format!("multipart body: {e}")))?;
-                        let Some(field) = field else { break };
-                        // Parts without a filename are form fields, not files.
-                        let Some(name) = field.file_name().map(String::from) else { continue };
-                        let path = req.query("path").filter(|_| name.is_empty()).unwrap_or(name);
-                        let p = fs::absolute(&path, self.user)?;
-                        let mut src = Chunks::new(transfer, Source::Part(Box::new(field)));
-                        match self.tree.write_from(&p, &mut src, &meta) {
-                            Ok(w) => written.push(w),
-                            Err(e) => return Err(after_failure(e, &mut src, Some(&mut parts))),
-                        }
-                    }
-                } else {
-                    let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
-                    let mut src = Chunks::new(transfer, Source::Body(transfer.body()?));
-                    let gzip = req.header("content-encoding").is_some_and(|e| e.eq_ignore_ascii_case("gzip"));
-                    let w = if gzip {
-                        self.tree.write_from(&p, &mut flate2::read::GzDecoder::new(&mut src), &meta)
-                    } else {
-                        self.tree.write_from(&p, &mut src, &meta)
-                    };
-                    written.push(w.map_err(|e| after_failure(e, &mut src, None))?);
-                }
-                if written.is_empty() {
-                    return Err(RpcError::invalid("no file in the request"));
-                }
-                Ok(Resp::json(200, Value::Array(written)))
-            }
+            "POST" => self.upload(transfer).inspect_err(|_| transfer.discard_unread()),
             m => Ok(Resp::error(405, &format!("method {m} not allowed on /files (GET, POST)"))),
         }
+    }
+
+    /// `POST /files`: each file of the body written as it arrives.
+    fn upload(&self, transfer: &Transfer) -> Result<Resp, RpcError> {
+        let req = self.req;
+        let meta = upload_metadata(&req.headers)?;
+        let ctype = req.header("content-type").unwrap_or("");
+        let mut written = Vec::new();
+        if let Some(boundary) = multipart_boundary(ctype) {
+            let mut parts = multer::Multipart::new(transfer.body()?, boundary);
+            loop {
+                let field = transfer
+                    .wait(parts.next_field())
+                    .map_err(|e| RpcError::new(Code::DeadlineExceeded, e.to_string()))?
+                    .map_err(|e| RpcError::invalid(format!("multipart body: {e}")))?;
+                let Some(field) = field else { break };
+                // Parts without a filename are form fields, not files.
+                let Some(name) = field.file_name().map(String::from) else { continue };
+                let path = req.query("path").filter(|_| name.is_empty()).unwrap_or(name);
+                let p = fs::absolute(&path, self.user)?;
+                let mut src = Chunks::new(transfer, Source::Part(Box::new(field)));
+                match self.tree.write_from(&p, &mut src, &meta) {
+                    Ok(w) => written.push(w),
+                    Err(e) => return Err(after_failure(e, &mut src, Some(&mut parts))),
+                }
+            }
+        } else {
+            let p = fs::absolute(&req.query("path").unwrap_or_default(), self.user)?;
+            let mut src = Chunks::new(transfer, Source::Body(transfer.body()?));
+            let gzip = req.header("content-encoding").is_some_and(|e| e.eq_ignore_ascii_case("gzip"));
+            let w = if gzip {
+                self.tree.write_from(&p, &mut flate2::read::GzDecoder::new(&mut src), &meta)
+            } else {
+                self.tree.write_from(&p, &mut src, &meta)
+            };
+            written.push(w.map_err(|e| after_failure(e, &mut src, None))?);
+        }
+        if written.is_empty() {
+            return Err(RpcError::invalid("no file in the request"));
+        }
+        Ok(Resp::json(200, Value::Array(written)))
     }
 }
 
