@@ -3124,7 +3124,6 @@ mod tests {
             exec_id: (1 << 51) + u64::from(pid),
             tag: Some("t".into()),
             config: serde_json::json!({"cmd": "/bin/bash", "args": ["-c", "x"]}),
-            argv: vec!["/bin/bash".into(), "-c".into(), "x".into()],
             cwd: "/home/user".into(),
             stdin: true,
             pty: false,

@@ -67,7 +67,6 @@ pub(super) const MIGRATION_19: &str = r#"
         exec_id  BIGINT NOT NULL,
         tag      TEXT,
         config   TEXT NOT NULL,
-        argv     TEXT NOT NULL,
         cwd      TEXT NOT NULL,
         stdin    BIGINT NOT NULL CHECK (stdin IN (0, 1)),
         pty      BIGINT NOT NULL CHECK (pty IN (0, 1)),
@@ -89,8 +88,8 @@ pub struct E2bProcess {
     pub tag: Option<String>,
     /// `ProcessConfig` as it was asked for (JSON).
     pub config: serde_json::Value,
-    /// What the exec log records of it.
-    pub argv: Vec<String>,
+    /// Its working directory (what the exec log records with its
+    /// command line, which `config` holds).
     pub cwd: String,
     /// Its stdin was kept open for input.
     pub stdin: bool,
@@ -219,21 +218,18 @@ impl Db {
 
     pub fn insert_e2b_process(&self, p: &E2bProcess) -> Result<(), DbError> {
         let config = p.config.to_string();
-        let argv =
-            serde_json::to_string(&p.argv).map_err(|source| DbError::Decode { what: "e2b process argv", source })?;
         self.conn
             .execute(
-                "INSERT INTO e2b_processes (sandbox, pid, exec_id, tag, config, argv, cwd, stdin, pty, deadline) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) \
-                 ON CONFLICT (sandbox, pid) DO UPDATE SET exec_id = ?3, tag = ?4, config = ?5, argv = ?6, \
-                 cwd = ?7, stdin = ?8, pty = ?9, deadline = ?10",
+                "INSERT INTO e2b_processes (sandbox, pid, exec_id, tag, config, cwd, stdin, pty, deadline) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+                 ON CONFLICT (sandbox, pid) DO UPDATE SET exec_id = ?3, tag = ?4, config = ?5, \
+                 cwd = ?6, stdin = ?7, pty = ?8, deadline = ?9",
                 params![
                     p.sandbox,
                     i64::from(p.pid),
                     p.exec_id as i64,
                     p.tag,
                     config,
-                    argv,
                     p.cwd,
                     i64::from(p.stdin),
                     i64::from(p.pty),
@@ -246,15 +242,15 @@ impl Db {
 
     /// The commands recorded as running in Strata sandbox `sandbox`, by pid.
     pub fn e2b_processes(&self, sandbox: &str) -> Result<Vec<E2bProcess>, DbError> {
-        type Raw = (E2bProcess, String, String);
+        type Raw = (E2bProcess, String);
         let rows: Vec<Raw> = self
             .conn
             .query(
-                "SELECT sandbox, pid, exec_id, tag, config, argv, cwd, stdin, pty, deadline FROM e2b_processes \
+                "SELECT sandbox, pid, exec_id, tag, config, cwd, stdin, pty, deadline FROM e2b_processes \
                  WHERE sandbox = ?1 ORDER BY pid",
                 params![sandbox],
                 |r| {
-                    let (pid, exec_id, stdin, pty): (i64, i64, i64, i64) = (r.get(1)?, r.get(2)?, r.get(7)?, r.get(8)?);
+                    let (pid, exec_id, stdin, pty): (i64, i64, i64, i64) = (r.get(1)?, r.get(2)?, r.get(6)?, r.get(7)?);
                     Ok((
                         E2bProcess {
                             sandbox: r.get(0)?,
@@ -262,23 +258,20 @@ impl Db {
                             exec_id: exec_id as u64,
                             tag: r.get(3)?,
                             config: serde_json::Value::Null,
-                            argv: Vec::new(),
-                            cwd: r.get(6)?,
+                            cwd: r.get(5)?,
                             stdin: stdin != 0,
                             pty: pty != 0,
-                            deadline: r.get(9)?,
+                            deadline: r.get(8)?,
                         },
                         r.get(4)?,
-                        r.get(5)?,
                     ))
                 },
             )
             .map_err(q("e2b processes"))?;
         rows.into_iter()
-            .map(|(mut p, config, argv)| {
-                let decode = |source| DbError::Decode { what: "e2b process", source };
-                p.config = serde_json::from_str(&config).map_err(decode)?;
-                p.argv = serde_json::from_str(&argv).map_err(decode)?;
+            .map(|(mut p, config)| {
+                p.config =
+                    serde_json::from_str(&config).map_err(|source| DbError::Decode { what: "e2b process", source })?;
                 Ok(p)
             })
             .collect()

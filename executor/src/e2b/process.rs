@@ -302,7 +302,6 @@ impl Procs {
             exec_id: spawned.id,
             tag: req.tag.clone(),
             config: req.config.clone(),
-            argv: exec.argv.clone(),
             cwd: exec.cwd.clone().unwrap_or_default(),
             stdin: req.stdin,
             pty: req.pty.is_some(),
@@ -401,7 +400,11 @@ impl Procs {
         });
         let frames = if attach { proc.attach() } else { None };
         lock(&self.by_pid).insert(proc.pid, proc.clone());
-        let exec = ExecRequest { argv: row.argv.clone(), cwd: Some(row.cwd.clone()), ..Default::default() };
+        // What the exec log records: the command line its config holds.
+        let argv = StartRequest::parse(&json!({"process": row.config}))
+            .map(|r| std::iter::once(r.cmd).chain(r.args).collect())
+            .unwrap_or_default();
+        let exec = ExecRequest { argv, cwd: Some(row.cwd.clone()), ..Default::default() };
         let (d, sb, procs, output, this) = (d.clone(), sb.clone(), self.clone(), spawned.output, proc.clone());
         std::thread::spawn(move || {
             let proc = this;
