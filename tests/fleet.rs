@@ -23,6 +23,19 @@ fn host(env: &TestEnv, id: &str) -> Value {
     env.client().call("GET", &format!("/v1/hosts/{id}"), None::<&()>).expect("GET /v1/hosts/ID")
 }
 
+/// Wait (at most 10 s) until `by` sees host `id` marked down; its row.
+fn marked_down(by: &TestEnv, id: &str) -> Value {
+    wait_for(
+        &format!("{id} marked down"),
+        Duration::from_secs(10),
+        || {
+            let h = host(by, id);
+            (h["state"] == "down").then_some(h)
+        },
+        || host(by, id),
+    )
+}
+
 fn sandboxes(env: &TestEnv) -> Vec<String> {
     let list: Vec<Value> = env.client().call("GET", "/v1/sandboxes", None::<&()>).unwrap();
     list.iter().map(|s| s["id"].as_str().unwrap().to_string()).collect()
@@ -152,15 +165,7 @@ fn hosts_of_one_catalog_see_each_other_and_keep_to_their_own_sandboxes() {
     // reported lost by the host that noticed.
     let gone = create(&a, json!({"image": "busybox:latest"}));
     a.kill_daemon();
-    let down = wait_for(
-        "host-a marked down",
-        Duration::from_secs(10),
-        || {
-            let h = host(&b, "host-a");
-            (h["state"] == "down").then_some(h)
-        },
-        || host(&b, "host-a"),
-    );
+    let down = marked_down(&b, "host-a");
     assert!(down["reason"].as_str().unwrap().starts_with("no heartbeat for"), "{down:#}");
     assert_eq!(down["sandboxes"], serde_json::json!([sb, gone]));
     // B logs it after its mark commits (the row may be seen first).
@@ -403,15 +408,7 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
     // durable (distributed) checkpoint.
     let mut b = b;
     b.kill_daemon();
-    wait_for(
-        "host-b marked down",
-        Duration::from_secs(10),
-        || {
-            let h = host(&c, "host-b");
-            (h["state"] == "down").then_some(h)
-        },
-        || host(&c, "host-b"),
-    );
+    marked_down(&c, "host-b");
     let rc = post(&c, "/v1/lineages/wc-1/resume", json!({}));
     let sc = rc["id"].as_str().unwrap().to_string();
     assert_eq!(stdout(&sh(&c, &sc, "cat /root/a.txt /root/b.txt")), "from-a\nfrom-b\n");
@@ -424,7 +421,7 @@ fn snapshots_resolve_from_any_host_through_the_fleet_registry() {
 }
 
 #[test]
-fn two_hosts_racing_appends_to_one_lineage_leave_one_head_and_no_orphans() {
+fn two_hosts_racing_resumes_of_one_lineage_start_one_sandbox_and_a_stale_host_is_fenced() {
     strata_tests::require_root();
     let url = pg::database();
     let reg = registry::Registry::start();
@@ -437,30 +434,20 @@ fn two_hosts_racing_appends_to_one_lineage_leave_one_head_and_no_orphans() {
     sh(&a, &s, "echo start > /root/n");
     post(&a, &format!("/v1/sandboxes/{s}/suspend"), json!({}));
 
-    // Each round (50: 100 appends raced) both hosts resume the lineage's head, write, and append
-    // at once: one wins, the other is fenced (409) and reclaims its capture.
-    const ROUNDS: usize = 50;
+    // Each round both hosts resume the lineage at once: one sandbox starts
+    // (201), the other launch is refused (409) naming it and its host. The
+    // winner writes, appends and goes.
+    const ROUNDS: usize = 30;
     let mut winners = Vec::new();
     for round in 0..ROUNDS {
-        let ids: Vec<String> = [&a, &b]
-            .iter()
-            .enumerate()
-            .map(|(i, env)| {
-                let id = post(env, "/v1/lineages/race/resume", json!({}))["id"].as_str().unwrap().to_string();
-                sh(env, &id, &format!("echo {round}-{i} > /root/n"));
-                id
-            })
-            .collect();
         let results: Vec<Result<Value, ClientError>> = std::thread::scope(|scope| {
             let racers: Vec<_> = [&a, &b]
                 .iter()
-                .zip(&ids)
-                .map(|(env, id)| {
-                    let path = format!("/v1/sandboxes/{id}/checkpoint");
+                .map(|env| {
                     let client = env.client();
                     scope.spawn(move || {
                         let mut client = client;
-                        client.call::<Value>("POST", &path, Some(&json!({"type": "distributed"})))
+                        client.call::<Value>("POST", "/v1/lineages/race/resume", Some(&json!({})))
                     })
                 })
                 .collect();
@@ -468,15 +455,20 @@ fn two_hosts_racing_appends_to_one_lineage_leave_one_head_and_no_orphans() {
         });
         let won: Vec<usize> = results.iter().enumerate().filter(|(_, r)| r.is_ok()).map(|(i, _)| i).collect();
         assert_eq!(won.len(), 1, "round {round}: {results:?}");
-        for r in &results {
-            if let Err(e) = r {
-                assert!(matches!(e, ClientError::Api { status: 409, .. }), "round {round}: the loser got {e:?}");
-            }
+        let (w, env) = (won[0], [&a, &b][won[0]]);
+        let id = results[w].as_ref().unwrap()["id"].as_str().unwrap().to_string();
+        let host = ["host-a", "host-b"][w];
+        match &results[1 - w] {
+            Err(ClientError::Api { status: 409, message, .. }) => assert!(
+                message.contains(&format!("held by live sandbox {id} on host {host}")),
+                "round {round}: {message}"
+            ),
+            other => panic!("round {round}: the loser got {other:?}"),
         }
-        winners.push(results[won[0]].as_ref().unwrap()["id"].as_str().unwrap().to_string());
-        for (env, id) in [&a, &b].iter().zip(&ids) {
-            env.client().request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
-        }
+        sh(env, &id, &format!("echo {round} > /root/n"));
+        let snap = post(env, &format!("/v1/sandboxes/{id}/checkpoint"), json!({"type": "distributed"}));
+        winners.push(snap["id"].as_str().unwrap().to_string());
+        env.client().request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
     }
 
     // One head, the last winner; a gap-free sequence of suspend + winners.
@@ -487,6 +479,44 @@ fn two_hosts_racing_appends_to_one_lineage_leave_one_head_and_no_orphans() {
     let seqs: Vec<i64> = appended.iter().map(|c| c["sequence"].as_i64().unwrap()).collect();
     assert_eq!(seqs, (1..=ROUNDS as i64 + 1).collect::<Vec<_>>(), "{lineage:#}");
     assert_eq!(appended.iter().filter(|c| c["state"] == "ready").count(), 1, "{lineage:#}");
+
+    // A's lease lasts while A heartbeats. A stopped (SIGSTOP: its sandbox
+    // runs on, its heartbeats stop) is marked down, and B may resume the
+    // lineage and move its head; A back, its stale sandbox's append is
+    // fenced and leaves nothing.
+    let x = post(&a, "/v1/lineages/race/resume", json!({}))["id"].as_str().unwrap().to_string();
+    let holder = |env: &TestEnv| -> Value {
+        env.client().call::<Value>("GET", "/v1/lineages/race", None::<&()>).unwrap()["holder"].clone()
+    };
+    assert_eq!(holder(&b), json!({"sandbox": x, "host": "host-a"}));
+    let listed: Vec<Value> = b.client().call("GET", "/v1/lineages", None::<&()>).unwrap();
+    assert_eq!(listed[0]["holder"]["sandbox"], x.as_str(), "{listed:?}");
+    sh(&a, &x, "echo stale > /root/n");
+    let a_pid = nix::unistd::Pid::from_raw(a.daemon.as_ref().unwrap().id() as i32);
+    nix::sys::signal::kill(a_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    marked_down(&b, "host-a");
+    assert!(holder(&b).is_null(), "a down host's sandbox still holds its lineage");
+    let y = post(&b, "/v1/lineages/race/resume", json!({}))["id"].as_str().unwrap().to_string();
+    let moved = post(&b, &format!("/v1/sandboxes/{y}/checkpoint"), json!({"type": "distributed"}));
+    nix::sys::signal::kill(a_pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    a.wait_logged("it is up again", Duration::from_secs(10));
+    let count = |sub: &str| std::fs::read_dir(a.root.join(sub)).unwrap().count();
+    let (layers, blobs) = (count("layers"), count("blobs/sha256"));
+    match a.client().request("POST", &format!("/v1/sandboxes/{x}/checkpoint"), Some(&json!({}))) {
+        Err(ClientError::Api { status: 409, message, .. }) => assert!(message.contains("moved on"), "{message}"),
+        other => panic!("a stale host's append: {other:?}"),
+    }
+    assert_eq!((count("layers"), count("blobs/sha256")), (layers, blobs), "a fenced append left an artifact");
+    assert_eq!(stdout(&sh(&a, &x, "cat /root/n")), "stale\n", "the stale sandbox runs on");
+    let lineage: Value = b.client().call("GET", "/v1/lineages/race", None::<&()>).unwrap();
+    assert_eq!(lineage["head"], moved["id"], "{lineage:#}");
+    // Both hold now (A is up again): a third launch is refused.
+    assert!(!holder(&b).is_null());
+    let third = b.client().request("POST", "/v1/lineages/race/resume", Some(&json!({})));
+    assert!(matches!(third, Err(ClientError::Api { status: 409, .. })), "{third:?}");
+    for (env, id) in [(&a, &x), (&b, &y)] {
+        env.client().request("DELETE", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    }
 
     // No orphan on either host: every layer and blob file is one the
     // catalog lists.
@@ -557,9 +587,10 @@ fn a_snapshot_pulled_by_two_hosts_is_unpacked_on_each() {
     a.cli_ok(&["snapshot", "push", id, &reference, "--insecure"]);
     b.cli_ok(&["snapshot", "pull", &reference, "--insecure"]);
     c.cli_ok(&["snapshot", "pull", &reference, "--insecure"]);
+    // (Forks: A's sandbox still works in the snapshot's lineage.)
     for env in [&c, &b] {
-        let r = post(env, &format!("/v1/snapshots/{id}/resume"), json!({}));
-        let sb = r["id"].as_str().unwrap().to_string();
+        let r = post(env, &format!("/v1/snapshots/{id}/fork"), json!({}));
+        let sb = r[0]["id"].as_str().unwrap().to_string();
         assert_eq!(stdout(&sh(env, &sb, "cat /root/p")), "pulled\n", "on {}", env.root.display());
     }
     assert!(b.daemon_log().contains("failpoint hydrate:unpack reached"), "{}", b.daemon_log());
@@ -654,14 +685,7 @@ fn an_e2b_sandbox_is_changed_only_where_it_runs_and_a_lost_one_is_removed_when_i
     // kill forgets it (its row and work context) and marks its catalog
     // row stopped, which B carries out at its next start.
     let lost = sandboxes(&b).pop().unwrap();
-    let host_b_down = |a: &TestEnv| {
-        wait_for(
-            "host-b marked down",
-            Duration::from_secs(10),
-            || (host(a, "host-b")["state"] == "down").then_some(()),
-            || host(a, "host-b"),
-        )
-    };
+    let host_b_down = |a: &TestEnv| drop(marked_down(a, "host-b"));
     b.kill_daemon();
     host_b_down(&a);
     // Its Strata sandbox removed through A's API first (202: B removes it

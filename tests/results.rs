@@ -247,6 +247,7 @@ fn the_result_document_and_logs_and_evaluations_travel_with_push_and_pull() {
     assert_eq!(result["labels"], json!({"verdict": "accepted"}));
 
     // A resumed sandbox's checkpoint carries its whole trajectory.
+    a.cli_ok(&["rm", &id]);
     let resumed = a.cli_ok(&["resume", &snap]).trim().to_string();
     sh(&a, &resumed, "echo second");
     let child = a.cli_ok(&["checkpoint", &resumed]).trim().to_string();
@@ -446,6 +447,7 @@ fn a_compacted_chain_pushed_alone_still_carries_its_whole_log() {
     let id = create(&a, json!({"image": "busybox"}));
     sh(&a, &id, "echo first");
     let s1 = a.cli_ok(&["checkpoint", &id]).trim().to_string();
+    a.cli_ok(&["rm", &id]);
     let resumed = a.cli_ok(&["resume", &s1]).trim().to_string();
     sh(&a, &resumed, "echo second");
     // Its chain would be two layers deep: folded into one, s2 alone is pushed.
@@ -551,6 +553,7 @@ fn df_shows_the_store_by_owner_and_what_gc_would_reclaim() {
     let s2 = env.cli_ok(&["checkpoint", "--whole", &id]).trim().to_string();
     env.cli_ok(&["snapshot", "rm", &inc]);
     // A resumed sandbox's checkpoint: its chain holds its parent's bytes too.
+    env.cli_ok(&["rm", &id]);
     let r = env.cli_ok(&["resume", &s2]).trim().to_string();
     sh(&env, &r, "echo three > /tmp/three");
     let s3 = env.cli_ok(&["checkpoint", &r]).trim().to_string();

@@ -1105,11 +1105,21 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
     assert_eq!(strata_shim::sys::lgetxattr(&c, c"security.capability").unwrap(), cap_value, "file capability lost");
     assert!(before.contains("./tmp/bad"), "non-UTF-8 name missing");
 
+    // A resume continues the lineage, which one live sandbox works in at a
+    // time: refused (409, naming it) while the checkpointed one runs.
+    let held = env.cli(&["resume", &snap]);
+    let err = String::from_utf8_lossy(&held.stderr);
+    assert!(!held.status.success() && err.contains(&format!("held by live sandbox {id}")), "{err}");
+    let l: Value = env.client().call("GET", &format!("/v1/lineages/{lineage}"), None::<&()>).unwrap();
+    assert_eq!(l["holder"]["sandbox"], id.as_str(), "{l}");
+    let v = sh(&env, &id, "ls /bin/true 2>&1 || true");
+    assert!(stdout(&v).contains("No such file"), "{v}");
+    env.cli_ok(&["rm", &id]);
     // Resume: exactly the files at checkpoint time.
     let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
     assert_eq!(tree(&env, &resumed), before, "resumed tree differs from the checkpointed one");
-    let v = sh(&env, &id, "ls /bin/true 2>&1 || true");
-    assert!(stdout(&v).contains("No such file"), "{v}");
+    let ls = env.cli_ok(&["lineage", "ls"]);
+    assert!(ls.lines().any(|l| l.starts_with("task-1 ") && l.contains(&resumed)), "{ls}");
 
     // Fork: independent sandboxes sharing the snapshot's layers.
     let forks: Vec<String> = env.cli_ok(&["fork", &snap, "--count", "3"]).lines().map(str::to_string).collect();
@@ -1127,7 +1137,8 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
     let info: Value = env.client().call("GET", &format!("/v1/snapshots/{child}"), None::<&()>).unwrap();
     assert_eq!(info["parent"], snap.as_str());
     assert_eq!(info["layers"].as_array().unwrap().len(), 3);
-    let grand = env.cli_ok(&["resume", &child]).trim().to_string();
+    // A fork branches a new lineage off it while it runs.
+    let grand = env.cli_ok(&["fork", &child]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &grand, "cat /tmp/new /tmp/second")), "new\nsecond\n");
 
     // Exec logs: each sandbox keeps its own; a snapshot seals its chain's.
@@ -1164,6 +1175,7 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
     env.cli_ok(&["checkpoint", &grand, "--compression", "gzip"]);
     let v: Value = env.client().call("GET", &format!("/v1/sandboxes/{grand}"), None::<&()>).unwrap();
     assert_eq!(v["state"], "paused");
+    let grand_lineage = v["work_context"].as_str().unwrap().to_string();
 
     // Removal rules: snapshots in use, images with snapshots.
     let mut c = env.client();
@@ -1181,6 +1193,7 @@ fn checkpoint_resume_fork_and_remove_snapshots() {
     let head = head["head"].as_str().unwrap().to_string();
     assert_eq!(status_of(c.request("DELETE", &format!("/v1/snapshots/{head}"), none)), 409, "head of a lineage");
     env.cli_ok(&["lineage", "retire", &lineage]);
+    env.cli_ok(&["lineage", "retire", &grand_lineage]);
     let snaps: Vec<Value> = c.call("GET", "/v1/snapshots", none).unwrap();
     assert_eq!(snaps.len(), 3);
     // Children first.
@@ -1525,6 +1538,23 @@ fn lineages_fence_appends_and_restore_by_the_ladder() {
     // Run B is unrelated work: it starts from the image, never from A's tree.
     let b = create(&env, json!({"image": "busybox", "work_context": "run-b"}));
     assert!(stdout(&sh(&env, &b, "ls /tmp")).is_empty(), "run B inherited run A's tree");
+    // One live sandbox works in a lineage: while A runs, a resume of run-a
+    // (by the lineage or by its checkpoint) is refused, naming A.
+    let held = |r: Result<Vec<u8>, ClientError>, who: &str| match r {
+        Err(ClientError::Api { status: 409, message, .. }) => {
+            assert!(message.contains(&format!("held by live sandbox {who}")), "{message}")
+        }
+        other => panic!("a second live sandbox in a lineage: {other:?}"),
+    };
+    held(c.request("POST", "/v1/lineages/run-a/resume", Some(&json!({}))), &a);
+    held(c.request("POST", &format!("/v1/snapshots/{s1}/resume"), Some(&json!({}))), &a);
+    assert_eq!(lineage("run-a")["holder"]["sandbox"], a.as_str());
+    let all: Vec<Value> = c.call("GET", "/v1/lineages", none).unwrap();
+    let holders: Vec<(&str, &str)> =
+        all.iter().map(|l| (l["id"].as_str().unwrap(), l["holder"]["sandbox"].as_str().unwrap_or("-"))).collect();
+    assert_eq!(holders, [("run-a", a.as_str()), ("run-b", b.as_str())]);
+    env.cli_ok(&["rm", &a, &b]);
+    assert!(lineage("run-a")["holder"].is_null());
     // Run C continues A: the ladder's first rung, A's head.
     let x = resume_wc("run-a");
     assert_eq!((x["restored"]["rung"].as_str(), x["restored"]["snapshot"].as_str()), (Some("head"), Some(s1.as_str())));
@@ -1534,27 +1564,10 @@ fn lineages_fence_appends_and_restore_by_the_ladder() {
     let b2 = resume_wc("run-b");
     assert_eq!(b2["restored"]["rung"], "image", "{b2}");
     assert!(b2["restored"]["snapshot"].is_null());
-
-    // Racing appends: X and Y both observed s1; X appends first.
-    let y: Value = c.call("POST", &format!("/v1/snapshots/{s1}/resume"), Some(&json!({}))).unwrap();
-    assert_eq!(y["restored"]["rung"], "snapshot");
-    let y = y["id"].as_str().unwrap().to_string();
-    let count = |sub: &str| std::fs::read_dir(env.root.join(sub)).unwrap().count();
+    // X holds run-a now. (A stale sandbox's append, which the fence
+    // refuses, needs a host that was down: tests/fleet.rs.)
+    held(c.request("POST", &format!("/v1/snapshots/{s1}/resume"), Some(&json!({}))), &x);
     let s2 = env.cli_ok(&["checkpoint", &x]).trim().to_string();
-    let (layers, blobs) = (count("layers"), count("blobs/sha256"));
-    sh(&env, &y, "echo stale > /tmp/stale");
-    for op in ["checkpoint", "suspend"] {
-        let r = c.request("POST", &format!("/v1/sandboxes/{y}/{op}"), none);
-        match r {
-            Err(ClientError::Api { status: 409, message, .. }) => assert!(message.contains("moved on"), "{message}"),
-            other => panic!("stale {op}: {other:?}"),
-        }
-        // The artifact is reclaimed and the stale sandbox runs on.
-        assert_eq!((count("layers"), count("blobs/sha256")), (layers, blobs), "{op} left an artifact");
-        assert_eq!(stdout(&sh(&env, &y, "cat /tmp/stale")), "stale\n");
-    }
-    // A's own sandbox observed s1 too: its next append is stale as well.
-    assert_eq!(status_of(c.request("POST", &format!("/v1/sandboxes/{a}/checkpoint"), none)), 409);
     let l = lineage("run-a");
     assert_eq!(l["head"], s2.as_str(), "{l}");
     let seq: Vec<(i64, &str, &str)> = l["checkpoints"]
@@ -1566,9 +1579,19 @@ fn lineages_fence_appends_and_restore_by_the_ladder() {
     assert_eq!(seq, vec![(1, s1.as_str(), "superseded"), (2, s2.as_str(), "ready")]);
     assert_eq!(l["checkpoints"][1]["predecessor"], s1.as_str());
     let rungs: Vec<&str> = l["restores"].as_array().unwrap().iter().map(|r| r["rung"].as_str().unwrap()).collect();
-    assert_eq!(rungs, vec!["image", "head", "snapshot"], "{l}");
+    assert_eq!(rungs, vec!["image", "head"], "{l}");
     // X's next checkpoint appends again (its observed head moved with it).
     let s3 = env.cli_ok(&["checkpoint", &x]).trim().to_string();
+    assert_eq!(lineage("run-a")["head"], s3.as_str());
+    // A suspend releases the lineage: a resume of an older checkpoint by id
+    // continues it, fenced on the head it observes now.
+    let s4 = env.cli_ok(&["suspend", &x]).trim().to_string();
+    let y: Value = c.call("POST", &format!("/v1/snapshots/{s2}/resume"), Some(&json!({}))).unwrap();
+    assert_eq!(y["restored"]["rung"], "snapshot");
+    let y = y["id"].as_str().unwrap().to_string();
+    let s5: Value = c.call("POST", &format!("/v1/sandboxes/{y}/checkpoint"), none).unwrap();
+    assert_eq!((s5["predecessor"].as_str(), s5["sequence"].as_i64()), (Some(s4.as_str()), Some(5)), "{s5}");
+    let s3 = s5["id"].as_str().unwrap().to_string();
     assert_eq!(lineage("run-a")["head"], s3.as_str());
 
     // A fork is an explicit branch: a lineage of its own, origin recorded;
@@ -1578,12 +1601,13 @@ fn lineages_fence_appends_and_restore_by_the_ladder() {
     assert!(f_wc[0] != f_wc[1] && !f_wc.contains(&"run-a".to_string()), "{forks:?}");
     let fl = lineage(&f_wc[0]);
     assert_eq!((fl["start_kind"].as_str(), fl["start"].as_str()), (Some("fork"), Some(s2.as_str())), "{fl}");
+    env.cli_ok(&["rm", forks[0]["id"].as_str().unwrap(), forks[1]["id"].as_str().unwrap()]);
     let f2 = resume_wc(&f_wc[0]);
     assert_eq!(
         (f2["restored"]["rung"].as_str(), f2["restored"]["snapshot"].as_str()),
         (Some("fork"), Some(s2.as_str()))
     );
-    let fchild = env.cli_ok(&["checkpoint", forks[0]["id"].as_str().unwrap()]).trim().to_string();
+    let fchild = env.cli_ok(&["checkpoint", f2["id"].as_str().unwrap()]).trim().to_string();
     assert_eq!(lineage("run-a")["head"], s3.as_str(), "a child's checkpoint reached the parent's lineage");
     assert_eq!(lineage(&f_wc[0])["head"], fchild.as_str());
 
@@ -1601,7 +1625,7 @@ fn lineages_fence_appends_and_restore_by_the_ladder() {
     assert_eq!(status_of(c.request("POST", "/v1/lineages/run-a/resume", Some(&json!({})))), 409);
     assert_eq!(status_of(c.request("POST", &format!("/v1/snapshots/{s3}/resume"), Some(&json!({})))), 409);
     assert_eq!(status_of(c.request("POST", &format!("/v1/snapshots/{s2}/fork"), Some(&json!({})))), 409);
-    let r = c.request("POST", &format!("/v1/sandboxes/{x}/checkpoint"), none);
+    let r = c.request("POST", &format!("/v1/sandboxes/{y}/checkpoint"), none);
     assert!(matches!(&r, Err(ClientError::Api { status: 409, message, .. }) if message.contains("retired")), "{r:?}");
     // No rung restores a retired lineage's checkpoint: the fork lineage with
     // no head of its own falls past its origin (s2, of run-a) to the image.
@@ -2154,14 +2178,15 @@ fn gc_deletes_what_retention_allows_and_keeps_what_is_used() {
     assert!(deleted(&gc(json!({}))).is_empty());
     // Past retention, a superseded snapshot a live sandbox runs on stays,
     // and so does one another snapshot is over.
-    let r: Value = env.client().call("POST", &format!("/v1/snapshots/{s2}/resume"), Some(&json!({}))).unwrap();
-    let r = r["id"].as_str().unwrap().to_string();
+    // (A rolls back onto s2: a resume would be a second sandbox in l1, and
+    // a fork would make s2 an active lineage's origin, which gc keeps.)
+    env.cli_ok(&["rollback", &a, "--to", &s2]);
     let rep = gc(json!({"retention_secs": 0}));
     assert!(deleted(&rep).is_empty(), "{rep}");
     let kept: Vec<&str> = rep["kept"].as_array().unwrap().iter().map(|k| k[0].as_str().unwrap()).collect();
     assert!(kept.contains(&s2.as_str()) && kept.contains(&s1.as_str()), "{rep}");
     // Once unused it goes; its parent stays (the head is over it too).
-    env.cli_ok(&["rm", &r]);
+    env.cli_ok(&["rollback", &a, "--to", &s3]);
     assert_eq!(deleted(&gc(json!({"retention_secs": 0}))), vec![s2.clone()]);
     // Heads are never collected; a retired lineage's are. Its layer stays
     // while another lineage's snapshot has it.
@@ -2347,11 +2372,11 @@ fn baselines_are_validated_published_by_compare_and_swap_and_start_new_work() {
     assert_eq!(stdout(&sh(&env, w, "cd /src/app && git status --porcelain && cat a build/o")), "v1\ncache\n");
     // A lineage that began from the baseline falls back to it.
     let wc0 = made[0]["work_context"].as_str().unwrap();
-    let again: Value = c.call("POST", &format!("/v1/lineages/{wc0}/resume"), Some(&json!({}))).unwrap();
-    assert_eq!(again["restored"]["rung"], "baseline");
     for m in &made {
         env.cli_ok(&["rm", m["id"].as_str().unwrap()]);
     }
+    let again: Value = c.call("POST", &format!("/v1/lineages/{wc0}/resume"), Some(&json!({}))).unwrap();
+    assert_eq!(again["restored"]["rung"], "baseline");
     env.cli_ok(&["rm", again["id"].as_str().unwrap()]);
 
     // Two racing publishers of newer commits from one history: p (two)
@@ -2509,6 +2534,7 @@ fn a_sandbox_cannot_forge_a_baseline() {
     // another lineage: new work from it has none of that lineage's files
     // outside the repository.
     let s1 = env.cli_ok(&["checkpoint", &p]).trim().to_string();
+    env.cli_ok(&["rm", &p]);
     let r = env.cli_ok(&["resume", &s1]).trim().to_string();
     sh(&env, &r, "cd /src/app && export HOME=/root && echo v2 > a && git commit -qam two && git push -q origin main && git fetch -q");
     let b2: Value = serde_json::from_slice(&publish(&r).unwrap()).unwrap();
@@ -2566,7 +2592,7 @@ fn scratch_and_cache_mounts_are_never_captured() {
 
     // A resumed sandbox with the same declarations: empty scratch, same cache.
     let resumed =
-        env.cli_ok(&["resume", &snap, "--scratch", "/scratch", "--cache", "pkgs:/var/cache/pkgs"]).trim().to_string();
+        env.cli_ok(&["fork", &snap, "--scratch", "/scratch", "--cache", "pkgs:/var/cache/pkgs"]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &resumed, "ls /scratch | wc -l; cat /var/cache/pkgs/c /tmp/u")), "0\nc\nu\n");
     // A lost cache is rebuilt empty from the declaration.
     std::fs::remove_dir_all(env.root.join("caches/pkgs")).unwrap();
@@ -2772,8 +2798,13 @@ fn crash_at(point: &str, second: bool) {
     let cut_short = op == "checkpoint" && !point.ends_with("appended");
     assert_eq!(failed.len(), usize::from(cut_short), "{point}: {all:?}");
     for f in failed {
-        let r = c.request("POST", &format!("/v1/snapshots/{}/resume", f["id"].as_str().unwrap()), Some(&json!({})));
-        assert_eq!(r.unwrap_err().status(), Some(409), "{point}: a failed capture is not restorable");
+        let r = c.request("POST", &format!("/v1/snapshots/{}/fork", f["id"].as_str().unwrap()), Some(&json!({})));
+        match r {
+            Err(ClientError::Api { status: 409, message, .. }) => {
+                assert!(message.contains("is a capture that failed"), "{point}: {message}")
+            }
+            other => panic!("{point}: a failed capture is not restorable: {other:?}"),
+        }
     }
     // The head moved at most once, to a whole snapshot.
     let l: Value = c.call("GET", "/v1/lineages/crash", none).unwrap();
@@ -2785,11 +2816,11 @@ fn crash_at(point: &str, second: bool) {
             assert_eq!(s["sequence"], usize::from(second) + 1);
             // An increment over the first checkpoint, whole.
             assert_eq!(s["parent"].as_str(), first.as_deref(), "{point}: {s}");
-            let r: Value = c
-                .call("POST", &format!("/v1/snapshots/{}/resume", s["id"].as_str().unwrap()), Some(&json!({})))
-                .unwrap();
+            // (A fork: a checkpoint's sandbox still holds the lineage.)
+            let r: Value =
+                c.call("POST", &format!("/v1/snapshots/{}/fork", s["id"].as_str().unwrap()), Some(&json!({}))).unwrap();
             let want = if second { "changed\nno f1\n" } else { "20\n" };
-            let got = stdout(&sh(&env, r["id"].as_str().unwrap(), "cat /data/f20; test -e /data/f1 || echo no f1"));
+            let got = stdout(&sh(&env, r[0]["id"].as_str().unwrap(), "cat /data/f20; test -e /data/f1 || echo no f1"));
             assert_eq!(got, want, "{point}");
         }
         more => panic!("{point}: {more:?}"),
@@ -3011,7 +3042,7 @@ fn sparse_files_and_links_to_lower_files_round_trip() {
     // A file is pre-copied only if it changed in an earlier second.
     std::thread::sleep(Duration::from_millis(1100));
     let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
-    let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+    let resumed = env.cli_ok(&["fork", &snap]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &resumed, probe)), want);
     // The hydrated layer keeps the file sparse on disk.
     let info: Value = env.client().call("GET", &format!("/v1/snapshots/{snap}"), None::<&()>).unwrap();
@@ -3084,7 +3115,7 @@ fn a_checkpoint_of_a_changing_tree_seals_what_was_frozen() {
     let sum = String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or_default().to_string();
     assert_eq!(format!("sha256:{sum}"), info["diff_id"].as_str().unwrap(), "{info}");
     // What the snapshot holds is one state of the file: whole lines.
-    let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+    let resumed = env.cli_ok(&["fork", &snap]).trim().to_string();
     let v = sh(&env, &resumed, "grep -cv '^x$' /tmp/grows; wc -c < /tmp/big");
     assert_eq!(stdout(&v), "0\n8388608\n", "{v}");
     env.finish();
@@ -3126,7 +3157,7 @@ fn diff_never_follows_a_symlink_out_of_the_layers() {
     let id = create(&env, json!({"image": "busybox"}));
     sh(&env, &id, "ln -s / /escape");
     let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
-    let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+    let resumed = env.cli_ok(&["fork", &snap]).trim().to_string();
     // Replace the symlink by a directory: overlay makes it opaque, and the
     // diff looks for what the lowers had under /escape.
     sh(&env, &resumed, "rm /escape && mkdir /escape && echo x > /escape/mine");
@@ -3877,7 +3908,7 @@ fn capture_work_is_charged_to_the_sandbox_not_the_daemon() {
     assert!(used < worker * 1.5, "the daemon used {used:.2} s of CPU, the workers {worker:.2} s");
     assert!(quota == "150000" || quota == "150000 100000", "capture cgroup quota {quota:?}");
     // The snapshot is whole.
-    let resumed = env.cli_ok(&["resume", snap["id"].as_str().unwrap()]).trim().to_string();
+    let resumed = env.cli_ok(&["fork", snap["id"].as_str().unwrap()]).trim().to_string();
     let sum = |sid: &str| stdout(&sh(&env, sid, "md5sum /big | cut -d' ' -f1"));
     assert_eq!(sum(&resumed), sum(&id));
     env.cli_ok(&["rm", &resumed]);

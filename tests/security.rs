@@ -304,7 +304,8 @@ fn a_deep_tree_in_a_sandbox_cannot_crash_the_daemon() {
     assert_eq!(first_info["state"], "ready", "{first_info}");
     let w = env.cli_ok(&["resume", "--work-context", &wc]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &w, "cat /marker; test -e /tmp/d && echo deep || echo shallow")), "first\nshallow\n");
-    // By id it still resumes, as it was.
+    // By id it still resumes, as it was (once w leaves the lineage).
+    env.cli_ok(&["rm", &w]);
     let r = env.cli_ok(&["resume", &snap]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &r, "echo resumed")), "resumed\n");
     let e = env
@@ -641,19 +642,18 @@ fn userns_maps_root_to_an_unprivileged_host_range_and_keeps_layers_shared() {
     // What root wrote in a user namespace must never run as host root: a
     // snapshot captured in one resumes, forks and continues only in one
     // (inherited when not asked; refused when asked without).
+    // (Forks here: a resume waits until a leaves the lineage, below.)
     let snap = env.cli_ok(&["checkpoint", &a]).trim().to_string();
-    let r = env.cli_ok(&["resume", &snap]).trim().to_string();
+    let r = env.cli_ok(&["fork", &snap]).trim().to_string();
     assert!(info(&r)["userns"]["host_id"].as_u64().is_some(), "{}", info(&r));
     assert_eq!(stdout(&sh(&env, &r, "cat /f; stat -c '%u:%g' /g /d")), "hi\n1234:5678\n0:0\n");
-    for path in [format!("/v1/snapshots/{snap}/resume"), format!("/v1/snapshots/{snap}/fork")] {
-        let r = env.client().request("POST", &path, Some(&json!({"userns": false})));
-        assert!(matches!(r, Err(strata::client::ClientError::Api { status: 400, .. })), "{path}: {r:?}");
-    }
-    let r2 = env.cli_ok(&["resume", &snap, "--userns"]).trim().to_string();
+    let r = env.client().request("POST", &format!("/v1/snapshots/{snap}/fork"), Some(&json!({"userns": false})));
+    assert!(matches!(r, Err(strata::client::ClientError::Api { status: 400, .. })), "fork: {r:?}");
+    let r2 = env.cli_ok(&["fork", &snap, "--userns"]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &r2, "cat /f; stat -c '%u:%g' /g")), "hi\n1234:5678\n");
     // A later checkpoint of the plain sandbox is not affected.
     let plain_snap = env.cli_ok(&["checkpoint", &plain]).trim().to_string();
-    let p2 = env.cli_ok(&["resume", &plain_snap]).trim().to_string();
+    let p2 = env.cli_ok(&["fork", &plain_snap]).trim().to_string();
     assert!(info(&p2).get("userns").is_none());
 
     // Files in and out.
@@ -671,6 +671,13 @@ fn userns_maps_root_to_an_unprivileged_host_range_and_keeps_layers_shared() {
     let s2 = env.cli_ok(&["suspend", &b]).trim().to_string();
     let r3 = env.cli_ok(&["resume", &s2, "--userns"]).trim().to_string();
     assert_eq!(stdout(&sh(&env, &r3, "id -u")), "0\n");
+    // a gone, its snapshot resumes: only in a user namespace.
+    env.cli_ok(&["rm", &a]);
+    let r = env.client().request("POST", &format!("/v1/snapshots/{snap}/resume"), Some(&json!({"userns": false})));
+    assert!(matches!(r, Err(strata::client::ClientError::Api { status: 400, .. })), "resume: {r:?}");
+    let r4 = env.cli_ok(&["resume", &snap]).trim().to_string();
+    assert_eq!(stdout(&sh(&env, &r4, "cat /f; stat -c '%u:%g' /g; id -u")), "hi\n1234:5678\n0\n");
+    assert!(info(&r4)["userns"]["host_id"].as_u64().is_some(), "{}", info(&r4));
 
     // With a disk cap too: the idmapped upper is the disk's root.
     let both = create(&env, json!({"image": "busybox", "userns": true, "disk": 32 << 20}));
@@ -1156,7 +1163,8 @@ fn a_sparse_file_costs_the_daemon_its_data_not_its_size() {
         // hashed, compressed, unpacked).
         assert!(used < 5.0, "{verb} (disk {disk:?}) took {used:.1} s of daemon CPU");
         assert!(info["blob_size"].as_u64().unwrap() < 1 << 20, "{verb} (disk {disk:?}): {info}");
-        let resumed = env.cli_ok(&["resume", &snap]).trim().to_string();
+        // (A checkpoint's sandbox still works in the lineage: a fork.)
+        let resumed = env.cli_ok(&[if verb == "checkpoint" { "fork" } else { "resume" }, &snap]).trim().to_string();
         let got = stdout(&sh(&env, &resumed, check));
         let lines: Vec<&str> = got.lines().collect();
         assert_eq!(lines[0], "17179869184", "{verb} (disk {disk:?}): {got}");

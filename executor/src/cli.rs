@@ -568,6 +568,12 @@ pub enum BaselineCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum LineageCmd {
+    /// List lineages: state, head, and the live sandbox working in each.
+    Ls {
+        /// Only active lineages.
+        #[arg(long)]
+        active: bool,
+    },
     /// Print a lineage: where it began, its head, its checkpoints in order
     /// and every activation.
     Show { id: String },
@@ -1087,6 +1093,23 @@ pub fn run(cli: Cli) -> Result<i32> {
             }
             if r.collected > 0 {
                 println!("collected {} layers and blobs no row listed", r.collected);
+            }
+            Ok(0)
+        }
+        Command::Lineage(LineageCmd::Ls { active }) => {
+            let list: Vec<crate::types::LineageSummary> = client(&cli)?.call("GET", "/v1/lineages", NO_BODY)?;
+            println!("{:<24} {:<10} {:<18} {:>4} {:<18} {:<16} IMAGE", "ID", "STATE", "HEAD", "SEQ", "HOLDER", "HOST");
+            for l in list.iter().filter(|l| !*active || l.state == crate::model::LineageState::Active) {
+                println!(
+                    "{:<24} {:<10} {:<18} {:>4} {:<18} {:<16} {}",
+                    l.id,
+                    l.state,
+                    l.head.as_deref().unwrap_or("-"),
+                    l.head_seq,
+                    l.holder.as_ref().map_or("-", |h| h.sandbox.as_str()),
+                    l.holder.as_ref().and_then(|h| h.host.as_deref()).unwrap_or("-"),
+                    l.image
+                );
             }
             Ok(0)
         }
@@ -1717,15 +1740,17 @@ fn run_exec(cli: &Cli, a: &ExecArgs) -> Result<i32> {
     }
 }
 
-fn print_lineage(l: &crate::types::LineageInfo) {
+fn print_lineage(info: &crate::types::LineageInfo) {
+    let l = &info.lineage;
     println!("work context {} ({}), image {}", l.id, l.state, l.image);
     println!(
         "began from   {}",
         l.start.as_deref().map_or("the image".to_string(), |s| format!("{} {s}", l.start_kind))
     );
     println!("head         {}", l.head.as_deref().unwrap_or("-"));
+    println!("held by      {}", l.holder.as_ref().map_or("-".to_string(), ToString::to_string));
     println!("{:<5} {:<18} {:<11} {:<18} {:<18} SANDBOX", "SEQ", "CHECKPOINT", "STATE", "PREDECESSOR", "PARENT");
-    for c in &l.checkpoints {
+    for c in &info.checkpoints {
         println!(
             "{:<5} {:<18} {:<11} {:<18} {:<18} {}",
             c.sequence.map_or("-".to_string(), |n| n.to_string()),
@@ -1737,7 +1762,7 @@ fn print_lineage(l: &crate::types::LineageInfo) {
         );
     }
     println!("{:<18} {:<9} {:<18} OBSERVED_HEAD", "RESTORED SANDBOX", "RUNG", "FROM");
-    for r in &l.restores {
+    for r in &info.restores {
         println!(
             "{:<18} {:<9} {:<18} {}",
             r.sandbox_id,

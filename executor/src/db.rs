@@ -18,12 +18,14 @@ use crate::spec::SandboxSpec;
 
 mod e2b;
 mod hosts;
+mod lineages;
 mod manifests;
 mod postgres;
 mod results;
 pub mod sql;
 pub use e2b::{E2bProcess, E2bSandbox, E2bSnapshot, E2bSpec};
 pub use hosts::{now_ms, Beat, DownHost, HostClaim, HostRow, Place};
+pub use lineages::Holder;
 pub use manifests::ManifestDelete;
 pub use results::{Evaluation, StoreUsage, MAX_LABEL_KEY, MAX_LABEL_VALUE};
 use sql::{Conn, Optional, Row, SqlError};
@@ -55,6 +57,11 @@ pub enum DbError {
     #[error("work context {0} was retired while a sandbox was being started in it")]
     RetiredMeanwhile(String),
     #[error(
+        "lineage {work_context} is held by live {holder}: one sandbox works in a lineage at a time; \
+         suspend or remove that one first, or fork its checkpoint into a new lineage"
+    )]
+    LineageHeld { work_context: String, holder: Holder },
+    #[error(
         "host id {id:?} is held by a live daemon (root {root} on machine {machine}, last heartbeat {ago_ms} ms ago): \
          give this daemon another --host-id, or stop that one"
     )]
@@ -83,7 +90,7 @@ impl crate::error::Classify for DbError {
             // request meanwhile (a checkpoint or suspend racing `rm`): that
             // object is gone, not the daemon broken.
             DbError::Query { source: SqlError::NoRows, .. } => crate::error::ErrorKind::NotFound,
-            DbError::RetiredMeanwhile(_) => crate::error::ErrorKind::Conflict,
+            DbError::RetiredMeanwhile(_) | DbError::LineageHeld { .. } => crate::error::ErrorKind::Conflict,
             _ => crate::error::ErrorKind::of_host_failure(self),
         }
     }
@@ -712,6 +719,25 @@ pub struct WorkContextRow {
     pub created_at: i64,
     pub used_at: i64,
     pub retired_at: Option<i64>,
+}
+
+/// The columns [`work_context_row`] reads, in its order.
+pub(crate) const WORK_CONTEXT_COLUMNS: &str =
+    "id, image_id, start_kind, start_id, head_id, head_seq, state, created_at, used_at, retired_at";
+
+pub(crate) fn work_context_row(r: &Row<'_>) -> Result<WorkContextRow, SqlError> {
+    Ok(WorkContextRow {
+        id: r.get(0)?,
+        image_id: r.get(1)?,
+        start_kind: r.get(2)?,
+        start_id: r.get(3)?,
+        head_id: r.get(4)?,
+        head_seq: r.get(5)?,
+        state: r.get(6)?,
+        created_at: r.get(7)?,
+        used_at: r.get(8)?,
+        retired_at: r.get(9)?,
+    })
 }
 
 impl WorkContextRow {
@@ -2132,31 +2158,18 @@ impl Db {
     pub fn work_context(&self, id: &str) -> Result<Option<WorkContextRow>, DbError> {
         self.conn
             .query_row(
-                "SELECT id, image_id, start_kind, start_id, head_id, head_seq, state, created_at, used_at, retired_at \
-                 FROM work_contexts WHERE id = ?1",
+                &format!("SELECT {WORK_CONTEXT_COLUMNS} FROM work_contexts WHERE id = ?1"),
                 params![id],
-                |r| {
-                    Ok(WorkContextRow {
-                        id: r.get(0)?,
-                        image_id: r.get(1)?,
-                        start_kind: r.get(2)?,
-                        start_id: r.get(3)?,
-                        head_id: r.get(4)?,
-                        head_seq: r.get(5)?,
-                        state: r.get(6)?,
-                        created_at: r.get(7)?,
-                        used_at: r.get(8)?,
-                        retired_at: r.get(9)?,
-                    })
-                },
+                work_context_row,
             )
             .optional()
             .map_err(q("get work context"))
     }
 
-    /// Record that `sandbox` was activated for a lineage.
     /// Record a started sandbox and its activation of a lineage in one
-    /// transaction (one commit on the create path, not three).
+    /// transaction (one commit on the create path, not three). Refused
+    /// (`LineageHeld`) while another live sandbox holds the lineage
+    /// (`db/lineages.rs`).
     #[allow(clippy::too_many_arguments)]
     pub fn activate_sandbox(
         &self,
@@ -2171,6 +2184,7 @@ impl Db {
     ) -> Result<(), DbError> {
         let wc = spec.work_context.as_deref().unwrap_or(id.as_str());
         let tx = self.conn.transaction(true).map_err(q("begin activate sandbox"))?;
+        self.take_lineage(wc, id.as_str())?;
         self.insert_running_sandbox(id, image_id, spec, shim_pid, shim_start)?;
         self.record_restore(wc, id, (rung, snapshot, fell), spec.observed_head.as_deref())?;
         tx.commit().map_err(q("commit activate sandbox"))

@@ -601,10 +601,10 @@ pub struct RollbackRequest {
     pub to: String,
 }
 
-/// A lineage (work context): where it began, its head, its checkpoints and
-/// every activation.
+/// A lineage (work context) as `GET /v1/lineages` lists it: where it
+/// began, its head and the live sandbox working in it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct LineageInfo {
+pub struct LineageSummary {
     pub id: String,
     /// `active`; or ended: `retired`, or closed as `completed`,
     /// `cancelled` or `failed`.
@@ -613,11 +613,23 @@ pub struct LineageInfo {
     /// `image`, `baseline` or `fork`, and the snapshot for the latter two.
     pub start_kind: crate::model::StartKind,
     pub start: Option<SnapshotId>,
+    /// Its head and the head's sequence number (0: no checkpoint yet).
     pub head: Option<SnapshotId>,
+    pub head_seq: i64,
+    /// The live sandbox working in it (at most one, fleet-wide).
+    pub holder: Option<crate::db::Holder>,
     pub created_at: i64,
     pub used_at: i64,
     /// When it ended (retired or closed).
     pub retired_at: Option<i64>,
+}
+
+/// A lineage with its checkpoints and every activation
+/// (`GET /v1/lineages/{id}`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LineageInfo {
+    #[serde(flatten)]
+    pub lineage: LineageSummary,
     /// Its checkpoints, in append order.
     pub checkpoints: Vec<SnapshotInfo>,
     pub restores: Vec<crate::db::RestoreRow>,

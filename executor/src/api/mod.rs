@@ -230,6 +230,7 @@ pub enum Action {
         retention: Option<Duration>,
         stale_after: Option<Duration>,
     },
+    ListLineages,
     Lineage(String),
     ResumeLineage(String, types::LaunchRequest),
     RetireLineage(String),
@@ -291,6 +292,7 @@ impl Action {
             A::Resume(..) => "resume",
             A::Fork(..) => "fork",
             A::Gc { .. } => "gc",
+            A::ListLineages => "list_lineages",
             A::Lineage(_) => "lineage",
             A::ResumeLineage(..) => "resume_lineage",
             A::RetireLineage(_) => "retire_lineage",
@@ -468,6 +470,8 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             }
         }
         (["gc"], _) => return Err(not_allowed("POST")),
+        (["lineages"], "GET") => A::ListLineages,
+        (["lineages"], _) => return Err(not_allowed("GET")),
         (["lineages", s], "GET") => A::Lineage(id(s)),
         (["lineages", _], _) => return Err(not_allowed("GET")),
         (["lineages", s, "resume"], "POST") => A::ResumeLineage(id(s), body_or_default(req)?),
@@ -647,6 +651,7 @@ pub fn execute(d: &Daemon, action: Action) -> Result<Reply, ApiError> {
         A::Gc { retention, stale_after } => {
             json(200, &d.gc(retention.unwrap_or(d.cfg.retention), stale_after.unwrap_or(d.cfg.stale_after))?)
         }
+        A::ListLineages => json(200, &d.list_lineages()?),
         A::Lineage(id) => json(200, &d.lineage(&id)?),
         A::ResumeLineage(id, b) => json(201, &d.resume_lineage(&id, b)?),
         A::RetireLineage(id) => json(200, &d.retire_lineage(&id)?),
@@ -948,6 +953,7 @@ mod tests {
             ("POST", "/v1/sandboxes/abc/logs", "GET"),
             ("PUT", "/v1/snapshots/abc/diff", "GET"),
             ("GET", "/v1/lineages/w/retire", "POST"),
+            ("POST", "/v1/lineages", "GET"),
             ("POST", "/v1/hosts", "GET"),
             ("DELETE", "/v1/hosts/h1", "GET"),
             ("GET", "/v1/hosts/h1/drain", "POST, DELETE"),

@@ -18,11 +18,11 @@
 //!   the lineage's head then: its appends are fenced on it.
 
 use crate::daemon::{lock, sandbox_info, Base, Daemon};
-use crate::db::{SnapshotRow, WorkContextRow};
+use crate::db::{DbError, SnapshotRow, WorkContextRow};
 use crate::error::{Classify, ErrorKind};
 use crate::ids::{SandboxId, SnapshotId};
 use crate::model::{LineageState, Rung, SnapshotState, StartKind};
-use crate::types::{LaunchRequest, LineageInfo, SandboxInfo};
+use crate::types::{LaunchRequest, LineageInfo, LineageSummary, SandboxInfo};
 
 /// A work context id: 1-64 chars of `[A-Za-z0-9._-]`, not starting with a
 /// dot or a dash (it is a scheduler's task id, say).
@@ -61,7 +61,7 @@ pub enum LineageError {
     /// {0}
     Launch(#[from] crate::daemon::LaunchError),
     /// {0}
-    Db(#[from] crate::db::DbError),
+    Db(#[from] DbError),
 }
 
 impl Classify for LineageError {
@@ -118,6 +118,16 @@ impl Daemon {
         Ok(wc)
     }
 
+    /// Refuse early (before a rung is hydrated or a sandbox started) a
+    /// launch in a lineage another live sandbox holds; the launch's own
+    /// transaction checks again ([`crate::db::Db::activate_sandbox`]).
+    pub(crate) fn lineage_free(&self, wc: &str) -> Result<(), LineageError> {
+        match lock(&self.db).lineage_holder(wc, None)? {
+            Some(holder) => Err(DbError::LineageHeld { work_context: wc.into(), holder }.into()),
+            None => Ok(()),
+        }
+    }
+
     /// Refuse early if an append for this sandbox would be refused.
     pub(crate) fn check_fence(&self, sandbox: &SandboxId) -> Result<(), LineageError> {
         match lock(&self.db).append_fence(sandbox)? {
@@ -137,6 +147,7 @@ impl Daemon {
         if wc.state != LineageState::Active {
             return Err(LineageError::Ended(id.to_string(), wc.state));
         }
+        self.lineage_free(id)?;
         // Rungs 1 and 2: the head, else the snapshot the lineage began
         // from. A rung that cannot be restored (its row gone, a layer
         // missing, a hydration failing, a retired fork origin) is passed,
@@ -207,22 +218,21 @@ impl Daemon {
         Ok(Ok(base))
     }
 
+    /// Every lineage, oldest first, with its head and holder.
+    pub fn list_lineages(&self) -> Result<Vec<LineageSummary>, LineageError> {
+        let db = lock(&self.db);
+        let mut images = std::collections::HashMap::new();
+        db.lineages()?.into_iter().map(|(wc, holder)| summary(&db, &mut images, wc, holder)).collect()
+    }
+
     pub fn lineage(&self, id: &str) -> Result<LineageInfo, LineageError> {
         let wc = self.work_context_row(id)?;
         let db = lock(&self.db);
-        let image = db.image_by_id(wc.image_id)?.map(|i| i.name).unwrap_or_default();
         let checkpoints =
             db.lineage_snapshots(id)?.iter().map(|r| self.snapshot_info_locked(&db, r)).collect::<Result<_, _>>()?;
+        let holder = db.lineage_holder(id, None)?;
         Ok(LineageInfo {
-            id: wc.id,
-            state: wc.state,
-            image,
-            start_kind: wc.start_kind,
-            start: wc.start_id,
-            head: wc.head_id,
-            created_at: wc.created_at,
-            used_at: wc.used_at,
-            retired_at: wc.retired_at,
+            lineage: summary(&db, &mut Default::default(), wc, holder)?,
             checkpoints,
             restores: db.restores(id)?,
         })
@@ -253,6 +263,36 @@ impl Daemon {
         self.forget_secrets(id);
         self.lineage(id)
     }
+}
+
+/// A lineage's row as the API shows it (`images`: names looked up so far).
+fn summary(
+    db: &crate::db::Db,
+    images: &mut std::collections::HashMap<i64, String>,
+    wc: WorkContextRow,
+    holder: Option<crate::db::Holder>,
+) -> Result<LineageSummary, LineageError> {
+    let image = match images.get(&wc.image_id) {
+        Some(name) => name.clone(),
+        None => {
+            let name = db.image_by_id(wc.image_id)?.map(|i| i.name.to_string()).unwrap_or_default();
+            images.insert(wc.image_id, name.clone());
+            name
+        }
+    };
+    Ok(LineageSummary {
+        id: wc.id,
+        state: wc.state,
+        image,
+        start_kind: wc.start_kind,
+        start: wc.start_id,
+        head: wc.head_id,
+        head_seq: wc.head_seq,
+        holder,
+        created_at: wc.created_at,
+        used_at: wc.used_at,
+        retired_at: wc.retired_at,
+    })
 }
 
 #[cfg(test)]

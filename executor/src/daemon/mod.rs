@@ -1077,6 +1077,9 @@ impl Daemon {
         }
         let result = match self.take_ready_for(base, &launch) {
             Some(ready) => self.claim_ready(ready, base, launch.clone()).or_else(|e| {
+                if matches!(e, LaunchError::Db(DbError::LineageHeld { .. })) {
+                    return Err(e);
+                }
                 tracing::warn!("ready sandbox not usable ({}); starting a fresh one", crate::error::chain(&e));
                 self.launch_reserved(base, launch, id.clone())
             }),

@@ -1012,17 +1012,23 @@ impl Daemon {
         let launch = self.launch_spec(req)?;
         let row = self.snapshot_row(id)?;
         let _pin = self.pin_snapshot(&row.id)?;
+        // A checkpoint continues its own lineage: refused before any layer
+        // is fetched if the lineage has ended or another sandbox holds it.
+        restorable(&row)?;
+        let lineage = match row.class {
+            SnapshotClass::Baseline => None,
+            _ => Some(self.eligible_lineage(&row).and_then(|wc| self.lineage_free(&wc.id).map(|()| wc))?),
+        };
         let mut base = self.snapshot_base(&row)?;
-        if row.class == SnapshotClass::Baseline {
+        let Some(wc) = lineage else {
             // New work from a baseline: a lineage of its own.
             let wc = self.new_lineage(None, base.image.id, StartKind::Baseline, Some(&row.id))?;
             (base.work_context, base.observed_head, base.rung) = (wc.clone(), None, Rung::Baseline);
             return Ok(self.launch(&base, launch).map(|sb| sandbox_info(&sb)).inspect_err(|_| {
                 let _ = lock(&self.db).delete_unused_work_context(&wc);
             })?);
-        }
-        // It continues the snapshot's own lineage, fenced on its head now.
-        let wc = self.eligible_lineage(&row)?;
+        };
+        // Fenced on the lineage's head as it was read above.
         (base.work_context, base.observed_head) = (wc.id, wc.head_id);
         Ok(sandbox_info(&*self.launch(&base, launch)?))
     }
