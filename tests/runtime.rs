@@ -1333,16 +1333,18 @@ fn suspend_moves_the_upper_and_releases_the_sandbox() {
 fn a_snapshot_is_never_removed_under_a_resume_in_flight() {
     let env = TestEnv::start();
     env.import_busybox();
-    let id = create(&env, json!({"image": "busybox"}));
-    sh(&env, &id, "for i in $(seq 200); do echo $i > /tmp/f$i; done");
-    let first = env.cli_ok(&["checkpoint", &id]).trim().to_string();
     for round in 0..16 {
+        let id = create(&env, json!({"image": "busybox"}));
+        sh(&env, &id, "for i in $(seq 200); do echo $i > /tmp/f$i; done");
+        let first = env.cli_ok(&["checkpoint", &id]).trim().to_string();
         let snap = env.cli_ok(&["checkpoint", &id]).trim().to_string();
         // A newer checkpoint supersedes it: it is no longer its lineage's
         // head (a head cannot be removed) and nothing else holds it (the
-        // newer one is over the first, rolled back to, not over it).
+        // newer one is over the first, rolled back to, not over it). Its
+        // sandbox goes, so the resume may take the lineage.
         env.cli_ok(&["rollback", &id, "--to", &first]);
         env.cli_ok(&["checkpoint", &id]);
+        env.cli_ok(&["rm", &id]);
         let socket = env.socket.clone();
         let s2 = snap.clone();
         let resume = std::thread::spawn(move || {

@@ -1011,14 +1011,16 @@ impl Daemon {
         }
         let launch = self.launch_spec(req)?;
         let row = self.snapshot_row(id)?;
-        let _pin = self.pin_snapshot(&row.id)?;
-        // A checkpoint continues its own lineage: refused before any layer
-        // is fetched if the lineage has ended or another sandbox holds it.
+        // A checkpoint continues its own lineage: refused before the
+        // snapshot is pinned (a removal racing a refused resume is not
+        // refused for it) and before any layer is fetched, if the lineage
+        // has ended or another sandbox holds it.
         restorable(&row)?;
         let lineage = match row.class {
             SnapshotClass::Baseline => None,
             _ => Some(self.eligible_lineage(&row).and_then(|wc| self.lineage_free(&wc.id).map(|()| wc))?),
         };
+        let _pin = self.pin_snapshot(&row.id)?;
         let mut base = self.snapshot_base(&row)?;
         let Some(wc) = lineage else {
             // New work from a baseline: a lineage of its own.
