@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Barrier};
 
-use strata::db::{Db, LayerRow, SnapshotRow, WorkContextRow};
+use strata::catalog::{Db, LayerRow, SnapshotRow, WorkContextRow};
 use strata::ids::{LayerId, SandboxId};
 use strata::model::{SnapshotState, StartKind};
 use strata::spec::SandboxSpec;
@@ -52,7 +52,7 @@ fn lineage(db: &mut Db, wc: &str, hosts: usize) -> (i64, Vec<SandboxId>) {
 
 /// Append checkpoint `n` (its own layer) by sandbox `sb`; the fence if the
 /// lineage's head moved since `sb` observed it.
-fn append(db: &mut Db, image: i64, sb: &SandboxId, n: u64) -> Result<SnapshotRow, strata::db::Fence> {
+fn append(db: &mut Db, image: i64, sb: &SandboxId, n: u64) -> Result<SnapshotRow, strata::catalog::Fence> {
     let l = layer(n);
     let mut snap = SnapshotRow::new(image, None, &l, sb, serde_json::json!({}));
     db.append_checkpoint(sb, &mut snap, &l, false, false).unwrap().map(|()| snap)
@@ -203,7 +203,7 @@ fn a_host_frozen_inside_a_transaction_does_not_stall_the_fleets_writes() {
     let url = pg::database();
     let limit = std::time::Duration::from_millis(300);
     let other = Db::open_postgres(&url).unwrap();
-    let frozen = strata::db::sql::Conn::postgres(&url).unwrap();
+    let frozen = strata::catalog::sql::Conn::postgres(&url).unwrap();
     frozen.end_idle_transactions_after(limit).unwrap();
     let tx = frozen.transaction(true).unwrap();
     let waited = std::time::Instant::now();

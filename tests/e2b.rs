@@ -4,7 +4,7 @@
 
 use std::process::Command;
 
-use strata_tests::{assert_script_passed, e2b_python as sdk_python, e2b_script, repo_root, TestEnv};
+use strata_tests::{assert_script_passed, e2b_python as sdk_python, e2b_script, repo_root, skipped, TestEnv};
 
 /// The value of the envVar the daemon's policy keeps secret.
 const E2B_SECRET: &str = "e2b-secret-5c1e0a77";
@@ -122,7 +122,7 @@ fn the_e2b_sdk_drives_strata_unmodified() {
 fn the_e2b_js_sdk_drives_strata_unmodified() {
     let out = Command::new(repo_root().join("scripts/e2b-js.sh")).output().expect("run scripts/e2b-js.sh");
     if out.status.code() == Some(3) {
-        eprintln!("E2B JS SDK not checked: {}", String::from_utf8_lossy(&out.stderr).trim());
+        skipped("the_e2b_js_sdk_drives_strata_unmodified", String::from_utf8_lossy(&out.stderr).trim());
         return;
     }
     assert!(out.status.success(), "scripts/e2b-js.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use crate::oci::layout::{MEDIA_OCI_CONFIG, MEDIA_OCI_MANIFEST};
 use sha2::{Digest as _, Sha256};
 
-use crate::db::{ImageRow, SnapshotRow};
-use crate::diff;
+use crate::catalog::{ImageRow, SnapshotRow};
+use crate::store::diff;
 use crate::store::{compress_into, remove_tree, BlobCompression, Store, StoreError};
 
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use crate::db::{Db, DbError, ImageRow, LayerRow};
+use crate::catalog::{Db, DbError, ImageRow, LayerRow};
 use crate::error::ErrorKind;
 use crate::ids::ImageName;
 use crate::oci;

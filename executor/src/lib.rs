@@ -1,28 +1,30 @@
 //! Strata: a sandbox executor for agent platforms. This crate is the daemon
 //! (`strata daemon`) and its CLI client; `strata-shim` is the sandbox's PID 1.
 //!
-//! Modules: `api` (HTTP on the Unix socket), `daemon` (operations and the
-//! execution pool), `sandbox` (create/exec/destroy of live sandboxes),
-//! `image` + `oci` (import and safe layer unpacking), `store` (on-disk
-//! layout), `db` (SQLite metadata), `cgroups` (limits), `net` (veths, nft, the sandboxes' resolver), `shim_client`
-//! (daemon ⇄ shim), `stream` (attached exec frames), `client` (API client).
+//! Modules, top down (imports go one way; `tests/imports.rs` checks it):
+//! `cli` (the command line; `cli/daemon.rs` starts the daemon) and
+//! `client` (the API client); `api` (HTTP on the Unix socket) and `e2b`
+//! (the E2B-compatible listener); `daemon` (one file per verb over shared
+//! steps: lookup, launch, capture); `sandbox` (live sandboxes: create,
+//! exec, checkpoint capture, cgroups, user namespaces, the shim client,
+//! safe copies), `image` + `oci` (import and safe layer unpacking),
+//! `registry`, `worker` (capture workers), `net` (veths, nft, the
+//! sandboxes' resolver); `catalog` (the metadata database, one file per
+//! table family), `store` (the on-disk layout: layers, leases, tar
+//! writing, stamps, extents, disk caps); and at the bottom the shared
+//! vocabulary: `types` (API bodies), `records`, `spec`, `model`, `ids`,
+//! `units`, `error`, `stream` (attached exec frames).
 
 #![forbid(unsafe_code)]
 
 pub mod api;
-pub mod cgroups;
+pub mod catalog;
 pub mod cli;
 pub mod client;
-pub mod copy;
 pub mod daemon;
-pub mod db;
-pub mod diff;
-pub mod direct;
-pub mod disk;
 pub mod e2b;
 pub mod error;
 pub mod export;
-pub mod extents;
 pub mod failpoint;
 pub mod gitcheck;
 pub mod ids;
@@ -30,17 +32,12 @@ pub mod image;
 pub mod model;
 pub mod net;
 pub mod oci;
-pub mod patch;
+pub mod records;
 pub mod registry;
 pub mod sandbox;
-pub mod server;
-pub mod shim_client;
 pub mod spec;
-pub mod stamps;
 pub mod store;
 pub mod stream;
-pub mod tree;
 pub mod types;
 pub mod units;
-pub mod userns;
 pub mod worker;

@@ -41,8 +41,8 @@ pub struct SandboxSpec {
     pub seccomp_unconfined: bool,
     /// Its own user namespace (`--userns`) and the host range it maps to.
     #[serde(default)]
-    pub userns: Option<crate::userns::UsernsMap>,
-    pub limits: crate::cgroups::Limits,
+    pub userns: Option<crate::spec::UsernsMap>,
+    pub limits: crate::spec::Limits,
     pub env: Vec<String>,
     pub hostname: String,
     pub cgroup: String,
@@ -169,6 +169,27 @@ impl MountDecl {
     }
 }
 
+/// Resource limits of one sandbox; `None` means unlimited.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Limits {
+    /// Memory limit in bytes (memory.limit_in_bytes / memory.max).
+    pub memory: Option<u64>,
+    /// Maximum number of processes (pids.max).
+    pub pids: Option<u64>,
+    /// CPU bandwidth in CPUs, e.g. 0.5 (cpu.cfs_quota_us / cpu.max).
+    pub cpus: Option<f64>,
+    /// Cap on what the sandbox can write, in bytes: the size of its own
+    /// filesystem for the upper ([`crate::store::disk`]); not a cgroup limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<u64>,
+}
+
+/// A sandbox's id mapping: `0..size` inside is `host_id..host_id+size`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct UsernsMap {
+    pub host_id: u32,
+    pub size: u32,
+}
 #[cfg(test)]
 mod tests {
     use super::*;

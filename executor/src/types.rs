@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroups::Limits;
 use crate::ids::{LayerId, SnapshotId};
+use crate::spec::Limits;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -159,7 +159,7 @@ pub struct SandboxInfo {
     pub mounts: Vec<crate::spec::MountDecl>,
     /// Its user namespace's host range, if it has one (`--userns`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub userns: Option<crate::userns::UsernsMap>,
+    pub userns: Option<crate::spec::UsernsMap>,
     /// The lineage its checkpoints append to.
     #[serde(default)]
     pub work_context: Option<String>,
@@ -430,7 +430,7 @@ pub struct SnapshotInfo {
     pub predecessor: Option<SnapshotId>,
     /// A baseline's key, commit and validation evidence.
     #[serde(default)]
-    pub baseline: Option<crate::db::Baseline>,
+    pub baseline: Option<crate::records::Baseline>,
     pub image: String,
     pub parent: Option<SnapshotId>,
     /// The whole chain a resume mounts, bottom first (`sha256:<hex>`
@@ -579,8 +579,8 @@ pub struct SealedResult {
     pub chain: Vec<SnapshotId>,
     pub provenance: Provenance,
     /// Its exec log, with output.
-    pub logs: Vec<crate::db::ExecRecord>,
-    pub evaluations: Vec<crate::db::Evaluation>,
+    pub logs: Vec<crate::records::ExecRecord>,
+    pub evaluations: Vec<crate::records::Evaluation>,
     pub labels: std::collections::BTreeMap<String, String>,
     pub retained: bool,
 }
@@ -617,7 +617,7 @@ pub struct LineageSummary {
     pub head: Option<SnapshotId>,
     pub head_seq: i64,
     /// The live sandbox working in it (at most one, fleet-wide).
-    pub holder: Option<crate::db::Holder>,
+    pub holder: Option<crate::records::Holder>,
     pub created_at: i64,
     pub used_at: i64,
     /// When it ended (retired or closed).
@@ -632,7 +632,7 @@ pub struct LineageInfo {
     pub lineage: LineageSummary,
     /// Its checkpoints, in append order.
     pub checkpoints: Vec<SnapshotInfo>,
-    pub restores: Vec<crate::db::RestoreRow>,
+    pub restores: Vec<crate::records::RestoreRow>,
 }
 
 /// `POST /v1/lineages/{id}/close`: how the lineage's work ended.

@@ -32,10 +32,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroups::Join;
-use crate::diff::DeltaStats;
 use crate::oci::UnpackStats;
+use crate::sandbox::cgroups::Join;
 use crate::sandbox::{Gone, Segment};
+use crate::store::diff::DeltaStats;
 use crate::store::BlobCompression;
 
 /// What a worker is asked to do.
@@ -144,13 +144,13 @@ impl Placement for crate::sandbox::Sandbox {
     }
 }
 
-impl Placement for crate::cgroups::SandboxCgroup {
+impl Placement for crate::sandbox::cgroups::SandboxCgroup {
     fn prepare(&self) -> Result<Join, crate::sandbox::SandboxError> {
         self.join().map_err(crate::sandbox::SandboxError::Cgroup)
     }
 
     fn add(&self, pid: u32) -> Result<(), crate::sandbox::SandboxError> {
-        crate::cgroups::SandboxCgroup::add(self, pid).map_err(crate::sandbox::SandboxError::Cgroup)
+        crate::sandbox::cgroups::SandboxCgroup::add(self, pid).map_err(crate::sandbox::SandboxError::Cgroup)
     }
 }
 
@@ -446,13 +446,13 @@ fn run(job: Job, input: &mut dyn Read) -> Result<Done, Failed> {
         }
         Job::Seal { fs, out } => {
             let written = crate::store::compress_with(BlobCompression::Zstd, &out, true, |w| {
-                crate::diff::write_delta(&fs, w).map_err(std::io::Error::other)
+                crate::store::diff::write_delta(&fs, w).map_err(std::io::Error::other)
             });
             match written {
                 Ok(((stats, diff_id), hex, size)) => Ok(Done::Sealed { stats, diff_id, hex, size }),
                 Err(e) => {
                     let _ = std::fs::remove_file(&out);
-                    let diff = e.get_ref().and_then(|i| i.downcast_ref::<crate::diff::DiffError>());
+                    let diff = e.get_ref().and_then(|i| i.downcast_ref::<crate::store::diff::DiffError>());
                     let content = diff.is_some_and(|d| d.is_content());
                     Err(Failed { message: crate::error::chain(&e), content, errno: io_errno(&e) })
                 }

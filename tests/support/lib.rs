@@ -25,6 +25,22 @@ pub fn require_root() {
     );
 }
 
+/// Record that `test` checked nothing here because `why` (a prerequisite
+/// this machine lacks): printed as `skipped`, and appended to the file
+/// `STRATA_TEST_SKIPS` names, which scripts/test.sh counts and lists, so a
+/// skip is never reported as a pass.
+pub fn skipped(test: &str, why: &str) {
+    let line = format!("skipped: {test}: {why}");
+    eprintln!("{line}");
+    if let Some(path) = std::env::var_os("STRATA_TEST_SKIPS") {
+        use std::io::Write;
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+        if let Err(e) = f.and_then(|mut f| writeln!(f, "{line}")) {
+            panic!("record a skip in {}: {e}", PathBuf::from(path).display());
+        }
+    }
+}
+
 /// Directory of the built binaries (target/<profile>), found from the test binary.
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
@@ -274,11 +290,11 @@ impl TestEnv {
 
     /// A connection of the test's own to the daemon's catalog: its
     /// `--database`, or `ROOT/strata.db`.
-    pub fn catalog(&self) -> strata::db::Db {
+    pub fn catalog(&self) -> strata::catalog::Db {
         let url = self.extra_args.iter().skip_while(|a| *a != "--database").nth(1);
         match url {
-            Some(url) => strata::db::Db::open_postgres(url).expect("open the PostgreSQL catalog"),
-            None => strata::db::Db::open(&self.root.join("strata.db")).expect("open strata.db"),
+            Some(url) => strata::catalog::Db::open_postgres(url).expect("open the PostgreSQL catalog"),
+            None => strata::catalog::Db::open(&self.root.join("strata.db")).expect("open strata.db"),
         }
     }
 
@@ -539,7 +555,7 @@ fn remove_cgroup_tree(dir: &Path) {
     }
 }
 
-pub use strata::tree::mounts_under;
+pub use strata::store::tree::mounts_under;
 
 /// Every process whose command line mentions `needle` (for leak checks).
 pub fn processes_matching(needle: &str) -> Vec<(i32, String)> {

@@ -1,5 +1,5 @@
 //! Baselines: clean repository states that new work starts from
-//! (DESIGN.md invariants 2 and 3), made so that the sandbox they come from
+//! (docs/design.md invariants 2 and 3), made so that the sandbox they come from
 //! cannot forge one (docs/security.md, "Baselines").
 //!
 //! `publish` copies the repository directory, and nothing else, out of the
@@ -21,9 +21,9 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::daemon::snapshots::{mark_userns, merge_stats, worker_err, CaptureError};
+use crate::catalog::{Baseline, LayerRow, SnapshotRow};
+use crate::daemon::capture::{mark_userns, merge_stats, worker_err, CaptureError};
 use crate::daemon::{lock, sandbox_info, Daemon};
-use crate::db::{Baseline, LayerRow, SnapshotRow};
 use crate::error::{Classify, ErrorKind};
 use crate::gitcheck::Ancestry;
 use crate::ids::{LayerId, SnapshotId};
@@ -125,7 +125,7 @@ pub enum BaselineError {
     /// {0}
     Exec(#[from] crate::sandbox::SandboxError),
     /// {0}
-    Capture(#[from] crate::daemon::snapshots::CaptureError),
+    Capture(#[from] crate::daemon::capture::CaptureError),
     /// {0}
     Snapshot(#[from] crate::daemon::snapshots::SnapshotLookupError),
     /// {0}
@@ -135,7 +135,7 @@ pub enum BaselineError {
     /// {0}
     Store(#[from] crate::store::StoreError),
     /// {0}
-    Db(#[from] crate::db::DbError),
+    Db(#[from] crate::catalog::DbError),
 }
 
 impl Classify for BaselineError {
@@ -232,7 +232,7 @@ impl Daemon {
         }
         let frozen = Instant::now();
         sb.while_frozen("publish", || {
-            crate::diff::layer_of_dir(&layers, rel, &fs_dir).map_err(crate::sandbox::SandboxError::Capture)
+            crate::store::layers::layer_of_dir(&layers, rel, &fs_dir).map_err(crate::sandbox::SandboxError::Capture)
         })?;
         let frozen = frozen.elapsed();
 
@@ -278,7 +278,7 @@ impl Daemon {
                 "checks": checks,
                 "repo_path": key.path,
                 "remote": key.remote,
-                "validated_at": crate::db::now(),
+                "validated_at": crate::catalog::now(),
                 "checked_by": "the daemon, with the host's git, on the sealed layer",
             }),
         });

@@ -25,8 +25,8 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use crate::catalog::ExecRecord;
 use crate::daemon::{lock, Daemon};
-use crate::db::ExecRecord;
 
 #[derive(Default)]
 pub(crate) struct ExecLog {
@@ -128,7 +128,7 @@ impl Daemon {
     }
 
     /// The id of a live sandbox's last exec record (0: none), settled.
-    pub(crate) fn last_exec_record(&self, id: &str) -> Result<i64, crate::db::DbError> {
+    pub(crate) fn last_exec_record(&self, id: &str) -> Result<i64, crate::catalog::DbError> {
         self.settle_exec_log();
         lock(&self.db).last_exec_record(id)
     }

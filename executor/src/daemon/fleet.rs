@@ -14,9 +14,9 @@
 //! host never reads another host's files. One fetch runs at a time on a
 //! host; a launch that waited for it finds its layers there.
 
+use crate::catalog::DbError;
 use crate::daemon::distribution::{self, TransferError};
 use crate::daemon::{lock, Daemon};
-use crate::db::DbError;
 use crate::error::{Classify, ErrorKind};
 use crate::ids::LayerId;
 use crate::model::SnapshotType;
@@ -229,7 +229,7 @@ impl Daemon {
     }
 
     /// The hosts up whose last heartbeat listed every one of `layers`.
-    pub(crate) fn hosts_holding(&self, db: &crate::db::Db, layers: &[String]) -> Vec<String> {
+    pub(crate) fn hosts_holding(&self, db: &crate::catalog::Db, layers: &[String]) -> Vec<String> {
         let mut cache = lock(&self.host_layers);
         let fresh = cache.as_ref().is_some_and(|(at, _)| at.elapsed() < std::time::Duration::from_secs(1));
         if !fresh {
@@ -273,7 +273,7 @@ impl Daemon {
     }
 
     /// Delete the manifests of removed snapshots queued in the catalog
-    /// (`db/manifests.rs`) that are due and in this host's fleet registry
+    /// (`catalog/manifests.rs`) that are due and in this host's fleet registry
     /// (a host of another registry does those). Each is deleted by digest,
     /// which removes every tag of it in the repository; its blobs stay for
     /// the registry's own garbage collection (the manifests of its parents
@@ -292,7 +292,7 @@ impl Daemon {
         for m in due {
             let wait = (self.cfg.heartbeat.saturating_mul(2u32.pow(m.attempts.clamp(0, 20) as u32 + 1)))
                 .min(std::time::Duration::from_secs(600));
-            let next_at = || crate::db::now_ms() + wait.as_millis() as i64;
+            let next_at = || crate::catalog::now_ms() + wait.as_millis() as i64;
             match lock(&self.db).claim_manifest_delete(&m, next_at()) {
                 Ok(true) => {}
                 Ok(false) => continue,
@@ -340,7 +340,7 @@ impl Daemon {
     pub fn sandbox_placement(&self, id: &str) -> Result<Option<(String, Option<String>)>, DbError> {
         let place = lock(&self.db).sandbox_place(id)?;
         let Some((Some(host), state)) = place else { return Ok(None) };
-        if host == self.cfg.host_id || state == crate::db::SandboxState::Stopped {
+        if host == self.cfg.host_id || state == crate::catalog::SandboxState::Stopped {
             return Ok(None);
         }
         let down = lock(&self.db).host(&host)?.and_then(|h| h.down);

@@ -1,4 +1,4 @@
-//! Retention (DESIGN.md invariant 7): `strata gc` and the daemon's periodic
+//! Retention (docs/design.md invariant 7): `strata gc` and the daemon's periodic
 //! sweep retire stale lineages (neither captured nor restored within
 //! `--stale-after`, and no sandbox of the catalog, on any host, in them)
 //! and delete superseded, retired and failed snapshots
@@ -30,9 +30,9 @@ use crate::types::GcReport;
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum GcError {
     /// {0}
-    Db(#[from] crate::db::DbError),
+    Db(#[from] crate::catalog::DbError),
     /// remove snapshot {id}: {source}
-    Remove { id: String, source: crate::daemon::snapshots::RemoveSnapshotError },
+    Remove { id: String, source: crate::daemon::snapshot_rm::RemoveSnapshotError },
     /// {0}
     Collect(#[from] CollectError),
 }
@@ -64,7 +64,7 @@ impl Daemon {
 
     /// Retire stale lineages, then delete what retention allows.
     pub fn gc(&self, retention: Duration, stale_after: Duration) -> Result<GcReport, GcError> {
-        let now = crate::db::now();
+        let now = crate::catalog::now();
         let cutoff = |d: Duration| now.saturating_sub(i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
         let mut report = GcReport::default();
         // A lineage with a live sandbox is in use, however old its last
@@ -164,7 +164,7 @@ impl Daemon {
 
     /// The store's use by images, snapshots and live sandboxes, and what
     /// a `gc` with the daemon's retention would reclaim now.
-    pub fn disk_usage(&self) -> Result<crate::types::DiskUsage, crate::db::DbError> {
+    pub fn disk_usage(&self) -> Result<crate::types::DiskUsage, crate::catalog::DbError> {
         use crate::types::{DiskUsage, Reclaimable, Usage};
         let store = &self.rt.store;
         let blob_bytes = |digests: &[String]| -> u64 {
@@ -177,7 +177,7 @@ impl Daemon {
         };
         let (u, mut candidates, links) = {
             let db = lock(&self.db);
-            let now = crate::db::now();
+            let now = crate::catalog::now();
             let cutoff = now.saturating_sub(i64::try_from(self.cfg.retention.as_secs()).unwrap_or(i64::MAX));
             (db.usage()?, db.gc_candidates(cutoff)?, db.snapshot_parents()?)
         };

@@ -4,22 +4,22 @@
 //! reason) while running ones go on (exec, checkpoint, suspend, rollback,
 //! rm).
 //!
-//! Every daemon registers a row in the catalog (`db/hosts.rs`) under its
+//! Every daemon registers a row in the catalog (`catalog/hosts.rs`) under its
 //! host id and heartbeats it on its own connection (so a long operation
 //! holding the daemon's connection never makes it late). Each heartbeat
 //! also marks other hosts past their deadline down and logs their
 //! sandboxes as lost, and takes up a drain set from another host. On
 //! PostgreSQL a host frozen inside a transaction would hold every host's
-//! writes (the writer lock, `db/sql.rs`), heartbeats too: its session
+//! writes (the writer lock, `catalog/sql.rs`), heartbeats too: its session
 //! ends after half of (deadline - heartbeat) idle inside one
-//! ([`crate::db::Db::end_idle_transactions_after`], set by `open_catalog`).
+//! ([`crate::catalog::Db::end_idle_transactions_after`], set by `open_catalog`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::catalog::{Db, DbError, HostRow};
 use crate::daemon::{lock, Daemon, SandboxOpError};
-use crate::db::{Db, DbError, HostRow};
 use crate::error::{Classify, ErrorKind};
 use crate::types::{DrainRequest, HostEntry, HostInfo};
 

@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::daemon::snapshots::CaptureError;
+use crate::daemon::capture::CaptureError;
 use crate::daemon::{lock, sandbox_info, Daemon, SandboxOpError};
 use crate::model::OnTimeout;
 use crate::sandbox::{Due, Sandbox, SandboxError};

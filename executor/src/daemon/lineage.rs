@@ -1,6 +1,6 @@
 //! Lineages (work contexts) and the rules that keep one task's tree out of
-//! another's (DESIGN.md "Lineage invariants"). The rules live in the
-//! database (`db.rs`: the CHECKs, the partial unique indexes, the fenced
+//! another's (docs/design.md "Lineage invariants"). The rules live in the
+//! database (`catalog/`: the CHECKs, the partial unique indexes, the fenced
 //! append); this module picks what a sandbox starts from:
 //!
 //! - `create` starts a new lineage from the image;
@@ -17,8 +17,8 @@
 //! - every activation is recorded (`restores`), and the sandbox observes
 //!   the lineage's head then: its appends are fenced on it.
 
+use crate::catalog::{DbError, SnapshotRow, WorkContextRow};
 use crate::daemon::{lock, sandbox_info, Base, Daemon};
-use crate::db::{DbError, SnapshotRow, WorkContextRow};
 use crate::error::{Classify, ErrorKind};
 use crate::ids::{SandboxId, SnapshotId};
 use crate::model::{LineageState, Rung, SnapshotState, StartKind};
@@ -51,7 +51,7 @@ pub enum LineageError {
     /// a lineage closes as completed, cancelled or failed, not {0} (retire it with POST /v1/lineages/ID/retire)
     BadOutcome(LineageState),
     /// suspend refused: {0}
-    Fenced(crate::db::Fence),
+    Fenced(crate::catalog::Fence),
     /// count is for fork
     Count,
     /// the work context's image row is missing
@@ -120,7 +120,7 @@ impl Daemon {
 
     /// Refuse early (before a rung is hydrated or a sandbox started) a
     /// launch in a lineage another live sandbox holds; the launch's own
-    /// transaction checks again ([`crate::db::Db::activate_sandbox`]).
+    /// transaction checks again ([`crate::catalog::Db::activate_sandbox`]).
     pub(crate) fn lineage_free(&self, wc: &str) -> Result<(), LineageError> {
         match lock(&self.db).lineage_holder(wc, None)? {
             Some(holder) => Err(DbError::LineageHeld { work_context: wc.into(), holder }.into()),
@@ -267,10 +267,10 @@ impl Daemon {
 
 /// A lineage's row as the API shows it (`images`: names looked up so far).
 fn summary(
-    db: &crate::db::Db,
+    db: &crate::catalog::Db,
     images: &mut std::collections::HashMap<i64, String>,
     wc: WorkContextRow,
-    holder: Option<crate::db::Holder>,
+    holder: Option<crate::catalog::Holder>,
 ) -> Result<LineageSummary, LineageError> {
     let image = match images.get(&wc.image_id) {
         Some(name) => name.clone(),

@@ -37,7 +37,7 @@ pub enum NetworkOpError {
     /// port {0}: use 1-65535
     Port(u16),
     /// {0}
-    Db(#[from] crate::db::DbError),
+    Db(#[from] crate::catalog::DbError),
 }
 
 impl Classify for NetworkOpError {

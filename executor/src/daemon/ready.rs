@@ -184,7 +184,7 @@ impl Daemon {
 
     /// Start one sandbox of `image` for its pool: default limits, no env,
     /// no lineage; no row.
-    fn ready_sandbox(&self, image: &crate::db::ImageRow) -> Result<Sandbox, LaunchError> {
+    fn ready_sandbox(&self, image: &crate::catalog::ImageRow) -> Result<Sandbox, LaunchError> {
         let id = SandboxId::random();
         let spec = SandboxSpec {
             image: image.name.clone(),

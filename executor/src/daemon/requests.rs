@@ -11,8 +11,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::catalog::{Claim, DbError};
 use crate::daemon::{lock, Daemon};
-use crate::db::{Claim, DbError};
 
 /// How long a request waits for the same request in flight to finish
 /// before it is answered 409.

@@ -12,9 +12,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::daemon::snapshots::{SnapshotDiffError, SnapshotLookupError};
+use crate::catalog::{Evaluation, MAX_LABEL_KEY, MAX_LABEL_VALUE};
+use crate::daemon::diff::SnapshotDiffError;
+use crate::daemon::snapshots::SnapshotLookupError;
 use crate::daemon::{lock, Daemon};
-use crate::db::{Evaluation, MAX_LABEL_KEY, MAX_LABEL_VALUE};
 use crate::error::{Classify, ErrorKind};
 use crate::model::{Rung, SnapshotClass, StartKind};
 use crate::types::{EvaluateRequest, LabelRequest, Provenance, SealedResult, SnapshotInfo};
@@ -46,7 +47,7 @@ pub enum EvaluateError {
     /// run the evaluation: {0}
     Run(#[from] crate::sandbox::SandboxError),
     /// {0}
-    Db(#[from] crate::db::DbError),
+    Db(#[from] crate::catalog::DbError),
 }
 
 impl Classify for EvaluateError {
@@ -70,7 +71,7 @@ pub enum LabelError {
     /// {0}
     Snapshot(#[from] SnapshotLookupError),
     /// {0}
-    Db(#[from] crate::db::DbError),
+    Db(#[from] crate::catalog::DbError),
 }
 
 impl Classify for LabelError {
@@ -187,7 +188,7 @@ impl Daemon {
             output: out.summary.kept,
             result,
             result_error,
-            created_at: crate::db::now(),
+            created_at: crate::catalog::now(),
             recorded: false,
         };
         e.id = lock(&self.db).insert_evaluation(&e)?;
@@ -234,7 +235,11 @@ impl Daemon {
 
     /// What changed from `against` (default: what the snapshot ran on) to
     /// the snapshot, as a unified diff.
-    pub fn snapshot_patch(&self, id: &str, against: Option<&str>) -> Result<crate::patch::Patch, SnapshotDiffError> {
+    pub fn snapshot_patch(
+        &self,
+        id: &str,
+        against: Option<&str>,
+    ) -> Result<crate::store::patch::Patch, SnapshotDiffError> {
         let row = self.snapshot_row(id)?;
         let _pin = self.pin_snapshot(&row.id)?;
         let new = self.snapshot_base(&row)?;
@@ -257,7 +262,7 @@ impl Daemon {
         let fs = |layers: &[crate::ids::LayerId]| -> Vec<std::path::PathBuf> {
             layers.iter().rev().map(|l| self.rt.store.layer_dir(l).join("fs")).collect()
         };
-        Ok(crate::patch::patch(&fs(&old), &fs(&new))?)
+        Ok(crate::store::patch::patch(&fs(&old), &fs(&new))?)
     }
 
     /// Everything recorded of a snapshot: itself, its chain and where it
@@ -279,7 +284,7 @@ impl Daemon {
             strata_version: env!("CARGO_PKG_VERSION").into(),
         };
         Ok(SealedResult {
-            logs: crate::daemon::snapshots::snapshot_log(&db, &row.id, true)?,
+            logs: crate::daemon::logs::snapshot_log(&db, &row.id, true)?,
             evaluations: db.evaluations(&row.id)?,
             labels: snapshot.labels.clone(),
             retained: snapshot.retained,

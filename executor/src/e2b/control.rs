@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 
 use super::listing::{Paging, SandboxFilter};
 use super::{E2b, Req, Resp};
+use crate::catalog::{E2bSandbox, E2bSnapshot, E2bSpec};
 use crate::daemon::lock;
-use crate::db::{E2bSandbox, E2bSnapshot, E2bSpec};
 use crate::error::{chain, Classify, ErrorKind};
 use crate::model::OnTimeout;
 use crate::types::{CreateRequest, LaunchRequest, SandboxInfo};
@@ -514,7 +514,7 @@ impl E2b {
             let sandbox = row.sandbox.as_deref().unwrap_or_default();
             let marked = || -> Result<bool> {
                 let place = lock(&self.d.db).sandbox_place(sandbox)?;
-                Ok(place.is_some_and(|(_, state)| state == crate::db::SandboxState::Stopped))
+                Ok(place.is_some_and(|(_, state)| state == crate::catalog::SandboxState::Stopped))
             };
             if self.d.stop_lost_sandbox(sandbox)?.is_none() && !marked()? {
                 return Err(elsewhere(id, host));

@@ -166,9 +166,9 @@ fn metadata_of(dir: BorrowedFd<'_>, name: &[u8], st: &FileStat) -> Metadata {
 }
 
 impl Tree {
-    pub fn open(shim_pid: i32, userns: Option<crate::userns::UsernsMap>) -> Result<Tree, RpcError> {
+    pub fn open(shim_pid: i32, userns: Option<crate::spec::UsernsMap>) -> Result<Tree, RpcError> {
         let (shift, size) = userns.map_or((0, None), |m| (m.host_id, Some(m.size)));
-        let root = crate::copy::sandbox_root(shim_pid).map_err(|e| {
+        let root = crate::sandbox::copy::sandbox_root(shim_pid).map_err(|e| {
             RpcError::new(Code::Unavailable, format!("the sandbox's root: {}", crate::error::chain(&e)))
         })?;
         let accounts = Accounts::read(root.as_fd());
@@ -384,7 +384,7 @@ impl Tree {
         // descriptor; the parent is named through our descriptor of it.
         let through = std::path::PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()))
             .join(std::ffi::OsStr::from_bytes(name.as_bytes()));
-        crate::tree::remove_all(&through)
+        crate::store::tree::remove_all(&through)
             .map_err(|e| rpc_error(path, e.raw_os_error().map(Errno::from_raw).unwrap_or(Errno::EIO)))
     }
 

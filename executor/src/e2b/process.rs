@@ -32,8 +32,8 @@ use tokio::sync::mpsc;
 
 use super::connect::{self, field, Code, RpcError};
 use super::users::User;
+use crate::catalog::E2bProcess;
 use crate::daemon::{lock, Daemon};
-use crate::db::E2bProcess;
 use crate::sandbox::{ExecRequest, Sandbox, Spawned};
 use crate::stream::FrameKind;
 
@@ -305,7 +305,7 @@ impl Procs {
             cwd: exec.cwd.clone().unwrap_or_default(),
             stdin: req.stdin,
             pty: req.pty.is_some(),
-            deadline: timeout.map(|t| crate::db::now_ms() + t.as_millis() as i64),
+            deadline: timeout.map(|t| crate::catalog::now_ms() + t.as_millis() as i64),
         };
         if spawned.kept {
             // Its environment stays out of the catalog (a shared database,
@@ -346,7 +346,8 @@ impl Procs {
             }
             match sb.reattach(row.exec_id, row.pid as i32) {
                 Ok(Some(spawned)) => {
-                    let left = row.deadline.map(|t| Duration::from_millis((t - crate::db::now_ms()).max(0) as u64));
+                    let left =
+                        row.deadline.map(|t| Duration::from_millis((t - crate::catalog::now_ms()).max(0) as u64));
                     let pid = row.pid;
                     if let Err(e) = self.adopt(d, sb, row, spawned, left, false) {
                         tracing::warn!(sandbox = %sb.id, pid, "take back an E2B process: {}", e.message);

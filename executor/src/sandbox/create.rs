@@ -20,10 +20,10 @@ use strata_shim::proto::{ExtraMount, SetupSpec};
 use strata_shim::sys;
 
 use super::{destroy, process_start_time, ExecDefaults, Sandbox, SandboxError};
-use crate::cgroups::{Join, SandboxCgroup};
-use crate::db::SandboxRow;
+use crate::catalog::SandboxRow;
 use crate::ids::SandboxId;
-use crate::shim_client::{self, ShimClient, ShimError};
+use crate::sandbox::cgroups::{Join, SandboxCgroup};
+use crate::sandbox::shim_client::{self, ShimClient, ShimError};
 use crate::spec::SandboxSpec;
 use crate::store::{Store, StoreError};
 
@@ -173,7 +173,7 @@ pub fn prepare(
     rt: &Runtime,
     id: &SandboxId,
     disk: Option<u64>,
-    userns: Option<crate::userns::UsernsMap>,
+    userns: Option<crate::spec::UsernsMap>,
 ) -> Result<Prepared, SandboxError> {
     let mut t = super::Phases::start("prepare");
     let dirs = rt.store.prepare_sandbox(id, disk, userns.is_some()).map_err(SandboxError::Dirs)?;
@@ -245,7 +245,7 @@ pub fn prepare(
     // In a user namespace the shim waits until its maps are written (and,
     // as above, it is in its cgroup) before it execs.
     if let (Some(map), Some(gate)) = (&userns, gate) {
-        crate::userns::write_maps(pid, map).map_err(SandboxError::Userns)?;
+        crate::sandbox::userns::write_maps(pid, map).map_err(SandboxError::Userns)?;
         nix::unistd::write(&gate, &[1]).map_err(nix_io("open the userns gate"))?;
         t.mark("userns");
     }
@@ -275,7 +275,7 @@ pub fn start(
     // In a user namespace the daemon builds the root (idmapped layers).
     let root_tree = match (&spec.userns, &parts.shim) {
         (Some(map), Some((pid, _))) => Some(
-            crate::userns::root_tree(*pid, map, &rt.store.layers_dir(), &rt.lowers(&spec.layers), dirs)
+            crate::sandbox::userns::root_tree(*pid, map, &rt.store.layers_dir(), &rt.lowers(&spec.layers), dirs)
                 .map_err(SandboxError::Userns)?,
         ),
         _ => None,
@@ -332,7 +332,7 @@ pub fn start(
         id,
         spec: spec.clone(),
         defaults,
-        created_at: crate::db::now(),
+        created_at: crate::catalog::now(),
         shim_pid: pid,
         shim: ShimClient::start(conn, Some(&features)),
         pidfd,
@@ -356,7 +356,7 @@ impl Sandbox {
         self.activity = super::activity::Activity::new(spec.lifetime);
         self.spec = spec;
         self.defaults = defaults;
-        self.created_at = crate::db::now();
+        self.created_at = crate::catalog::now();
         Ok(())
     }
 }
@@ -382,7 +382,7 @@ pub enum AdoptError {
         source: nix::Error,
     },
     #[error("reconnect to shim")]
-    Reconnect(#[source] crate::shim_client::ShimError),
+    Reconnect(#[source] crate::sandbox::shim_client::ShimError),
 }
 
 /// Take a running sandbox back after a daemon restart. The shim was never
@@ -395,7 +395,7 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
     }
     let pidfd = sys::pidfd_open(pid).map_err(|source| AdoptError::Pidfd { pid, source })?;
     let dirs = rt.store.sandbox_dirs(&row.id);
-    let paused = row.state == crate::db::SandboxState::Paused;
+    let paused = row.state == crate::catalog::SandboxState::Paused;
     let cgroup = SandboxCgroup::load(&row.spec.cgroup);
     if !paused {
         // A daemon killed in the middle of a checkpoint left the sandbox

@@ -5,14 +5,18 @@
 //! writes rows) or layer contents (the store).
 
 mod activity;
+pub mod cgroups;
 mod checkpoint;
+pub mod copy;
 mod create;
 mod destroy;
 mod exec;
 mod files;
 mod freeze;
 mod precopy;
+pub mod shim_client;
 mod shim_exe;
+pub mod userns;
 
 pub use activity::{Busy, Due, InUse};
 pub use checkpoint::{
@@ -28,11 +32,11 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 
-use crate::cgroups::{CgroupError, SandboxCgroup};
 use crate::error::ErrorKind;
 use crate::ids::SandboxId;
 use crate::oci::ImageConfig;
-use crate::shim_client::{ShimClient, ShimError};
+use crate::sandbox::cgroups::{CgroupError, SandboxCgroup};
+use crate::sandbox::shim_client::{ShimClient, ShimError};
 use crate::spec::SandboxSpec;
 use crate::store::StoreError;
 
@@ -72,7 +76,7 @@ pub enum SandboxError {
     #[error("freeze or thaw sandbox")]
     Freezer(#[source] CgroupError),
     #[error("capture the sandbox's changes")]
-    Capture(#[source] crate::diff::DiffError),
+    Capture(#[source] crate::store::diff::DiffError),
     #[error("sandbox {0} has no running init process (its shim exited); remove it")]
     Dead(SandboxId),
     #[error("invalid exec request: {0}")]
@@ -90,7 +94,7 @@ pub enum SandboxError {
     #[error("remove sandbox files")]
     Remove(#[source] StoreError),
     #[error("user namespace")]
-    Userns(#[source] crate::userns::UsernsError),
+    Userns(#[source] crate::sandbox::userns::UsernsError),
 }
 
 /// What [`SandboxError::Setup`] adds: the last line of the shim's log.
@@ -329,7 +333,7 @@ fn capture_cgroup_of(cg: &str) -> String {
 /// Make (or take) the capture cgroup beside sandbox cgroup `cg`, with the
 /// sandbox's CPU quota `cpus`.
 pub fn capture_cgroup(cg: &str, cpus: Option<f64>) -> Result<SandboxCgroup, CgroupError> {
-    let limits = crate::cgroups::Limits { cpus, pids: Some(CAPTURE_PIDS), ..Default::default() };
+    let limits = crate::spec::Limits { cpus, pids: Some(CAPTURE_PIDS), ..Default::default() };
     SandboxCgroup::create_work(&capture_cgroup_of(cg), &limits)
 }
 
@@ -415,8 +419,8 @@ impl Sandbox {
         self.cgroup.path()
     }
 
-    /// What its cgroup has used ([`crate::cgroups::SandboxCgroup::usage`]).
-    pub fn usage(&self) -> crate::cgroups::Usage {
+    /// What its cgroup has used ([`crate::sandbox::cgroups::SandboxCgroup::usage`]).
+    pub fn usage(&self) -> crate::sandbox::cgroups::Usage {
         self.cgroup.usage()
     }
 
@@ -431,7 +435,7 @@ impl Sandbox {
     /// the sandbox is not going away:
     /// a removal meanwhile takes the cgroup, and the join fails, or the
     /// worker is killed with the sandbox's other workers.
-    pub fn capture_join(&self) -> Result<crate::cgroups::Join, SandboxError> {
+    pub fn capture_join(&self) -> Result<crate::sandbox::cgroups::Join, SandboxError> {
         self.with_capture_cgroup(|cg| cg.join().map_err(SandboxError::Cgroup))
     }
 

@@ -100,7 +100,7 @@ impl ShimExe {
         if let Ok(entries) = std::fs::read_dir(dir) {
             for e in entries.flatten() {
                 if e.file_name() != hex.as_str() {
-                    if let Err(err) = crate::tree::remove_all(&e.path()) {
+                    if let Err(err) = crate::store::tree::remove_all(&e.path()) {
                         tracing::warn!("remove old shim copy {}: {err}", e.path().display());
                     }
                 }

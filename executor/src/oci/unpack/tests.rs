@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::oci::corpus::{self, Entry, TarBuilder};
+use crate::oci::sys;
 use std::ffi::CStr;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use tempfile::TempDir;

@@ -1,0 +1,466 @@
+//! A request parsed, with no I/O: its route, method, headers and body
+//! become an [`Action`] (or the error the API answers: 404, 405 with its
+//! `Allow` list, 400 for a bad body), before anything runs.
+
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::error::ErrorKind;
+use crate::sandbox::ExecRequest;
+use crate::types::{self, CreateRequest, ExecRequestBody, ImportRequest};
+
+use super::{http, ApiError};
+
+fn body<T: DeserializeOwned>(req: &http::Request) -> Result<T, ApiError> {
+    // serde also accepts a JSON array for a struct; the API takes objects only.
+    if req.body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::new(ErrorKind::InvalidArgument, "request body must be a JSON object"));
+    }
+    serde_json::from_slice(&req.body)
+        .map_err(|e| ApiError::new(ErrorKind::InvalidArgument, format!("invalid JSON body: {e}")))
+}
+
+/// A body that may be omitted entirely (all fields optional).
+fn body_or_default<T: DeserializeOwned + Default>(req: &http::Request) -> Result<T, ApiError> {
+    // No body at all is the defaults; anything else must be a JSON object.
+    if req.body.is_empty() {
+        return Ok(T::default());
+    }
+    body(req)
+}
+
+fn exec_request(b: &ExecRequestBody) -> Result<ExecRequest, ApiError> {
+    let timeout = match b.timeout {
+        None => None,
+        Some(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => Some(Duration::from_secs_f64(t)),
+        Some(t) => {
+            return Err(ApiError::new(
+                ErrorKind::InvalidArgument,
+                format!("timeout {t} must be between 0 and 86400 seconds"),
+            ))
+        }
+    };
+    Ok(ExecRequest {
+        argv: b.argv.clone(),
+        env: b.env.clone(),
+        cwd: b.cwd.clone(),
+        user: b.user.clone(),
+        timeout,
+        tty: b.tty,
+        size: (b.rows.unwrap_or(24).max(1), b.cols.unwrap_or(80).max(1)),
+        // The daemon's to set.
+        keep_output: 0,
+    })
+}
+
+/// A request, parsed: the operation and its typed input. [`parse`] makes
+/// one from a read request without I/O (it touches no daemon state, so it
+/// can be tested alone); [`execute`] runs it against the daemon.
+#[derive(Debug)]
+pub enum Action {
+    Version,
+    Info,
+    /// The store's use (`GET /v1/df`).
+    DiskUsage,
+    /// Start draining (`Some`) or stop (`None`).
+    Drain(Option<types::DrainRequest>),
+    ListHosts,
+    /// Publish a snapshot to the fleet registry.
+    Promote(String),
+    GetHost(String),
+    /// Drain a host of the fleet (`Some`) or end its drain (`None`).
+    DrainHost(String, Option<types::DrainRequest>),
+    ListImages,
+    PullImage(types::RegistryRequest),
+    ImportImage(ImportRequest),
+    GetImage(String),
+    RemoveImage(String),
+    ListSandboxes,
+    CreateSandbox(CreateRequest),
+    GetSandbox(String),
+    /// The id; whether to answer only once its teardown is done (`?wait`).
+    RemoveSandbox(String, bool),
+    Checkpoint(String, types::CheckpointRequest),
+    Suspend(String),
+    Rollback(String, types::RollbackRequest),
+    SandboxDiff(String),
+    PublishBaseline(String, crate::daemon::baseline::PublishRequest),
+    Copy(String, crate::sandbox::copy::CopyRequest),
+    Pause(String),
+    Unpause(String),
+    SetTimeout(String, types::TimeoutRequest),
+    /// `PUT /v1/sandboxes/{id}/network`: a new egress policy, live.
+    SetNetwork(String, types::NetworkRequest),
+    /// `GET /v1/sandboxes/{id}/metrics`: its use now.
+    Metrics(String),
+    /// `GET /v1/sandboxes/{id}/ports/{port}` with `Upgrade: tcp`: a
+    /// stream to the sandbox's `127.0.0.1:port`.
+    Port(String, u16),
+    /// A buffered exec: run to completion, answer with its output.
+    Exec(String, ExecRequest, Vec<u8>),
+    /// An attached exec: the connection is upgraded to the exec stream.
+    Attach(String, ExecRequest),
+    /// An exec log: of a live sandbox or of a snapshot's chain; with the
+    /// commands' output if asked (`?output=true`).
+    Logs(String, bool),
+    /// Snapshots, those with every label selector given (`?label=K[=V]`).
+    ListSnapshots(Vec<String>),
+    Evaluate(String, types::EvaluateRequest),
+    Evaluations(String),
+    Label(String, types::LabelRequest),
+    /// Retain (true) or release (false).
+    Retain(String, bool),
+    /// `GET /v1/snapshots/{id}/diff?patch=true[&against=SNAP]`.
+    Patch(String, Option<String>),
+    SealedResult(String),
+    PullSnapshot(types::RegistryRequest),
+    PushSnapshot(String, types::RegistryRequest),
+    GetSnapshot(String),
+    RemoveSnapshot(String),
+    SnapshotDiff(String),
+    Export(String, types::ExportRequest),
+    Resume(String, types::LaunchRequest),
+    Fork(String, types::LaunchRequest),
+    /// A collection pass; `None` takes the daemon's configured durations.
+    Gc {
+        retention: Option<Duration>,
+        stale_after: Option<Duration>,
+    },
+    ListLineages,
+    Lineage(String),
+    ResumeLineage(String, types::LaunchRequest),
+    RetireLineage(String),
+    CloseLineage(String, types::CloseLineageRequest),
+    /// `GET /metrics`: the daemon's Prometheus metrics.
+    Prometheus,
+}
+
+impl Action {
+    /// Its name in metrics (`strata_api_requests{operation=...}`).
+    pub fn name(&self) -> &'static str {
+        use Action as A;
+        match self {
+            A::Version => "version",
+            A::Info => "info",
+            A::DiskUsage => "disk_usage",
+            A::Drain(_) => "drain",
+            A::ListHosts => "list_hosts",
+            A::Promote(_) => "promote",
+            A::GetHost(_) => "get_host",
+            A::DrainHost(..) => "drain_host",
+            A::ListImages => "list_images",
+            A::PullImage(_) => "pull_image",
+            A::ImportImage(_) => "import_image",
+            A::GetImage(_) => "get_image",
+            A::RemoveImage(_) => "remove_image",
+            A::ListSandboxes => "list_sandboxes",
+            A::CreateSandbox(_) => "create_sandbox",
+            A::GetSandbox(_) => "get_sandbox",
+            A::RemoveSandbox(..) => "remove_sandbox",
+            A::Checkpoint(..) => "checkpoint",
+            A::Suspend(_) => "suspend",
+            A::Rollback(..) => "rollback",
+            A::SandboxDiff(_) => "sandbox_diff",
+            A::PublishBaseline(..) => "publish_baseline",
+            A::Copy(..) => "copy",
+            A::Pause(_) => "pause",
+            A::Unpause(_) => "unpause",
+            A::SetTimeout(..) => "set_timeout",
+            A::SetNetwork(..) => "set_network",
+            A::Metrics(_) => "metrics",
+            A::Port(..) => "port",
+            A::Exec(..) => "exec",
+            A::Attach(..) => "attach",
+            A::Logs(..) => "logs",
+            A::ListSnapshots(_) => "list_snapshots",
+            A::Evaluate(..) => "evaluate",
+            A::Evaluations(_) => "evaluations",
+            A::Label(..) => "label",
+            A::Retain(..) => "retain",
+            A::Patch(..) => "patch",
+            A::SealedResult(_) => "sealed_result",
+            A::PullSnapshot(_) => "pull_snapshot",
+            A::PushSnapshot(..) => "push_snapshot",
+            A::GetSnapshot(_) => "get_snapshot",
+            A::RemoveSnapshot(_) => "remove_snapshot",
+            A::SnapshotDiff(_) => "snapshot_diff",
+            A::Export(..) => "export",
+            A::Resume(..) => "resume",
+            A::Fork(..) => "fork",
+            A::Gc { .. } => "gc",
+            A::ListLineages => "list_lineages",
+            A::Lineage(_) => "lineage",
+            A::ResumeLineage(..) => "resume_lineage",
+            A::RetireLineage(_) => "retire_lineage",
+            A::CloseLineage(..) => "close_lineage",
+            A::Prometheus => "prometheus",
+        }
+    }
+
+    /// Whether it makes something a retry must not make twice (what an
+    /// `Idempotency-Key` applies to).
+    pub fn creates(&self) -> bool {
+        use Action as A;
+        matches!(
+            self,
+            A::CreateSandbox(_)
+                | A::Resume(..)
+                | A::Fork(..)
+                | A::ResumeLineage(..)
+                | A::Checkpoint(..)
+                | A::Suspend(_)
+                | A::PublishBaseline(..)
+                | A::PushSnapshot(..)
+                | A::PullSnapshot(_)
+                | A::PullImage(_)
+                | A::ImportImage(_)
+                | A::Export(..)
+                | A::Evaluate(..)
+        )
+    }
+}
+
+/// Parse a request: its route, method, headers and body. No I/O.
+pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
+    // Where Prometheus looks by default, outside the versioned API.
+    if req.path == "/metrics" {
+        if req.method != "GET" {
+            return Err(ApiError {
+                allow: Some("GET"),
+                ..ApiError::new(ErrorKind::MethodNotAllowed, format!("method {} not allowed on /metrics", req.method))
+            });
+        }
+        return Ok(Action::Prometheus);
+    }
+    let Some((rest, segs)) = segments(&req.path) else {
+        return Err(ApiError::new(
+            ErrorKind::NotFound,
+            format!("no route {} {} (the API lives under /v1)", req.method, req.path),
+        ));
+    };
+    let m = req.method.as_str();
+    let not_allowed = |allow: &'static str| ApiError {
+        allow: Some(allow),
+        ..ApiError::new(
+            ErrorKind::MethodNotAllowed,
+            format!("method {m} not allowed on {} (allowed: {allow})", req.path),
+        )
+    };
+    let id = |s: &&str| s.to_string();
+
+    use Action as A;
+    let action = match (segs.as_slice(), m) {
+        (["version"], "GET") => A::Version,
+        (["version"], _) => return Err(not_allowed("GET")),
+        (["info"], "GET") => A::Info,
+        (["info"], _) => return Err(not_allowed("GET")),
+        (["df"], "GET") => A::DiskUsage,
+        (["df"], _) => return Err(not_allowed("GET")),
+        (["drain"], "POST") => A::Drain(Some(body_or_default(req)?)),
+        (["drain"], "DELETE") => A::Drain(None),
+        (["drain"], _) => return Err(not_allowed("POST, DELETE")),
+        (["hosts"], "GET") => A::ListHosts,
+        (["hosts"], _) => return Err(not_allowed("GET")),
+        (["hosts", h], "GET") => A::GetHost(id(h)),
+        (["hosts", _], _) => return Err(not_allowed("GET")),
+        (["hosts", h, "drain"], "POST") => A::DrainHost(id(h), Some(body_or_default(req)?)),
+        (["hosts", h, "drain"], "DELETE") => A::DrainHost(id(h), None),
+        (["hosts", _, "drain"], _) => return Err(not_allowed("POST, DELETE")),
+        (["images"], "GET") => A::ListImages,
+        (["images"], _) => return Err(not_allowed("GET")),
+        (["images", "pull"], "POST") => A::PullImage(body(req)?),
+        (["images", "pull"], _) => return Err(not_allowed("POST")),
+        (["images", "import"], "POST") => A::ImportImage(body(req)?),
+        (["images", "import"], _) => return Err(not_allowed("POST")),
+        (["images", ..], m) => {
+            let name = http::percent_decode(rest.strip_prefix("/images/").unwrap_or(""));
+            match m {
+                "GET" => A::GetImage(name),
+                "DELETE" => A::RemoveImage(name),
+                _ => return Err(not_allowed("GET, DELETE")),
+            }
+        }
+        (["sandboxes"], "GET") => A::ListSandboxes,
+        (["sandboxes"], "POST") => A::CreateSandbox(body(req)?),
+        (["sandboxes"], _) => return Err(not_allowed("GET, POST")),
+        (["sandboxes", s], "GET") => A::GetSandbox(id(s)),
+        (["sandboxes", s], "DELETE") => A::RemoveSandbox(id(s), flag(req, "wait")?),
+        (["sandboxes", _], _) => return Err(not_allowed("GET, DELETE")),
+        (["sandboxes", s, "network"], "PUT") => A::SetNetwork(id(s), body(req)?),
+        (["sandboxes", _, "network"], _) => return Err(not_allowed("PUT")),
+        (["sandboxes", s, "ports", p], "GET") => {
+            let port = p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| ApiError::new(ErrorKind::InvalidArgument, format!("port {p:?}: use 1-65535")))?;
+            if !req.header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case(http::PORT_UPGRADE)) {
+                return Err(ApiError::new(
+                    ErrorKind::InvalidArgument,
+                    format!("a port stream needs Connection: Upgrade and Upgrade: {}", http::PORT_UPGRADE),
+                ));
+            }
+            A::Port(id(s), port)
+        }
+        (["sandboxes", _, "ports", _], _) => return Err(not_allowed("GET")),
+        (["sandboxes", s, op], "POST") => match *op {
+            "checkpoint" => A::Checkpoint(id(s), body_or_default(req)?),
+            "suspend" => A::Suspend(id(s)),
+            "rollback" => A::Rollback(id(s), body(req)?),
+            "baseline" => A::PublishBaseline(id(s), body(req)?),
+            "copy" => A::Copy(id(s), body(req)?),
+            "pause" => A::Pause(id(s)),
+            "unpause" => A::Unpause(id(s)),
+            "timeout" => A::SetTimeout(id(s), body(req)?),
+            "exec" => exec_action(id(s), req)?,
+            "logs" | "diff" | "metrics" => return Err(not_allowed("GET")),
+            _ => return Err(no_route(req)),
+        },
+        (["sandboxes", s, op], "GET") => match *op {
+            "logs" => A::Logs(id(s), flag(req, "output")?),
+            "diff" => A::SandboxDiff(id(s)),
+            "metrics" => A::Metrics(id(s)),
+            "checkpoint" | "suspend" | "rollback" | "baseline" | "copy" | "pause" | "unpause" | "timeout" | "exec" => {
+                return Err(not_allowed("POST"))
+            }
+            _ => return Err(no_route(req)),
+        },
+        (["snapshots"], "GET") => A::ListSnapshots(req.query_params("label")),
+        (["snapshots"], _) => return Err(not_allowed("GET")),
+        (["snapshots", "pull"], "POST") => A::PullSnapshot(body(req)?),
+        (["snapshots", "pull"], _) => return Err(not_allowed("POST")),
+        (["snapshots", s], "GET") => A::GetSnapshot(id(s)),
+        (["snapshots", s], "DELETE") => A::RemoveSnapshot(id(s)),
+        (["snapshots", _], _) => return Err(not_allowed("GET, DELETE")),
+        (["snapshots", s, op], "POST") => match *op {
+            "push" => A::PushSnapshot(id(s), body(req)?),
+            "export" => A::Export(id(s), body(req)?),
+            "resume" => A::Resume(id(s), body_or_default(req)?),
+            "fork" => A::Fork(id(s), body_or_default(req)?),
+            "evaluate" => A::Evaluate(id(s), body(req)?),
+            "labels" => A::Label(id(s), body(req)?),
+            "promote" => A::Promote(id(s)),
+            "retain" => A::Retain(id(s), true),
+            "release" => A::Retain(id(s), false),
+            "logs" | "diff" | "evaluations" | "result" => return Err(not_allowed("GET")),
+            _ => return Err(no_route(req)),
+        },
+        (["snapshots", s, op], "GET") => match *op {
+            "logs" => A::Logs(id(s), flag(req, "output")?),
+            "diff" if flag(req, "patch")? => A::Patch(id(s), req.query_param("against")),
+            "diff" => A::SnapshotDiff(id(s)),
+            "evaluations" => A::Evaluations(id(s)),
+            "result" => A::SealedResult(id(s)),
+            "push" | "export" | "resume" | "fork" | "evaluate" | "labels" | "retain" | "release" | "promote" => {
+                return Err(not_allowed("POST"))
+            }
+            _ => return Err(no_route(req)),
+        },
+        (["gc"], "POST") => {
+            let r: types::GcRequest = body_or_default(req)?;
+            if [r.retention_secs, r.stale_after_secs].iter().flatten().any(|v| *v > i64::MAX as u64) {
+                return Err(ApiError::new(ErrorKind::InvalidArgument, "durations are int64 seconds"));
+            }
+            A::Gc {
+                retention: r.retention_secs.map(Duration::from_secs),
+                stale_after: r.stale_after_secs.map(Duration::from_secs),
+            }
+        }
+        (["gc"], _) => return Err(not_allowed("POST")),
+        (["lineages"], "GET") => A::ListLineages,
+        (["lineages"], _) => return Err(not_allowed("GET")),
+        (["lineages", s], "GET") => A::Lineage(id(s)),
+        (["lineages", _], _) => return Err(not_allowed("GET")),
+        (["lineages", s, "resume"], "POST") => A::ResumeLineage(id(s), body_or_default(req)?),
+        (["lineages", s, "retire"], "POST") => A::RetireLineage(id(s)),
+        (["lineages", s, "close"], "POST") => A::CloseLineage(id(s), body(req)?),
+        (["lineages", _, "resume" | "retire" | "close"], _) => return Err(not_allowed("POST")),
+        (["sandboxes" | "snapshots", _, op], _) if known_op(segs[0], op) => {
+            return Err(not_allowed(if matches!(*op, "logs" | "diff" | "evaluations" | "result") {
+                "GET"
+            } else {
+                "POST"
+            }))
+        }
+        _ => return Err(no_route(req)),
+    };
+    Ok(action)
+}
+
+fn no_route(req: &http::Request) -> ApiError {
+    ApiError::new(ErrorKind::NotFound, format!("no route {} {}", req.method, req.path))
+}
+
+/// A boolean query parameter: absent or `false` is false, `true` (or
+/// empty, `?output`) is true.
+fn flag(req: &http::Request, key: &str) -> Result<bool, ApiError> {
+    match req.query_param(key).as_deref() {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") | Some("") => Ok(true),
+        Some(v) => Err(ApiError::new(ErrorKind::InvalidArgument, format!("{key}={v:?}: use true or false"))),
+    }
+}
+
+/// Whether `op` is an operation on a sandbox or snapshot (so another
+/// method on it is a 405, not a 404).
+fn known_op(on: &str, op: &str) -> bool {
+    match on {
+        "sandboxes" => {
+            matches!(
+                op,
+                "checkpoint"
+                    | "suspend"
+                    | "rollback"
+                    | "baseline"
+                    | "copy"
+                    | "pause"
+                    | "unpause"
+                    | "exec"
+                    | "logs"
+                    | "diff"
+            )
+        }
+        _ => matches!(
+            op,
+            "promote"
+                | "push"
+                | "export"
+                | "resume"
+                | "fork"
+                | "logs"
+                | "diff"
+                | "evaluate"
+                | "evaluations"
+                | "labels"
+                | "retain"
+                | "release"
+                | "result"
+        ),
+    }
+}
+
+/// `POST /v1/sandboxes/{id}/exec`: buffered, or attached when the request
+/// asks to upgrade to the exec stream protocol.
+fn exec_action(id: String, req: &http::Request) -> Result<Action, ApiError> {
+    let b: ExecRequestBody = body(req)?;
+    let ereq = exec_request(&b)?;
+    match req.header("upgrade") {
+        None => Ok(Action::Exec(id, ereq, b.stdin.unwrap_or_default().into_bytes())),
+        Some(u) if !u.eq_ignore_ascii_case(http::UPGRADE_PROTOCOL) => Err(ApiError::new(
+            ErrorKind::InvalidArgument,
+            format!("cannot upgrade to {u:?}; the attached exec protocol is {}", http::UPGRADE_PROTOCOL),
+        )),
+        Some(_) if b.stdin.is_some() => {
+            Err(ApiError::new(ErrorKind::InvalidArgument, "stdin is sent as frames on an attached exec"))
+        }
+        Some(_) => Ok(Action::Attach(id, ereq)),
+    }
+}
+
+/// A path under `/v1`: what follows `/v1`, and its segments, as [`parse`]
+/// routes them (None: not under `/v1`).
+pub(super) fn segments(path: &str) -> Option<(&str, Vec<&str>)> {
+    let rest = path.trim_end_matches('/').strip_prefix("/v1").filter(|r| r.is_empty() || r.starts_with('/'))?;
+    Some((rest, rest.split('/').filter(|s| !s.is_empty()).collect()))
+}

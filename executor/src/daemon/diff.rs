@@ -1,0 +1,51 @@
+//! `diff`: what a sandbox or a snapshot changed against the layers below.
+
+use super::snapshots::{restorable, SnapshotLookupError};
+use crate::daemon::Daemon;
+use crate::error::{Classify, ErrorKind};
+use crate::ids::LayerId;
+
+/// Why `snapshot diff` failed.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum SnapshotDiffError {
+    /// {0}
+    Snapshot(#[from] SnapshotLookupError),
+    /// {0}
+    Diff(#[from] crate::store::diff::DiffError),
+}
+
+impl Classify for SnapshotDiffError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            SnapshotDiffError::Snapshot(e) => e.kind(),
+            SnapshotDiffError::Diff(_) => ErrorKind::of_host_failure(self),
+        }
+    }
+}
+
+impl Daemon {
+    fn layer_fs(&self, hexes: &[LayerId]) -> Vec<std::path::PathBuf> {
+        hexes.iter().rev().map(|h| self.rt.store.layer_dir(h).join("fs")).collect()
+    }
+
+    /// Added, changed and deleted paths of a live sandbox's upper.
+    pub fn sandbox_diff(&self, id: &str) -> Result<Vec<crate::store::layers::Change>, crate::daemon::SandboxOpError> {
+        let sb = self.sandbox(id)?;
+        let upper = sb.dirs(&self.rt.store).upper;
+        let lowers = self.layer_fs(&sb.spec.layers);
+        Ok(sb.while_frozen("diff", || {
+            crate::store::layers::changes(&upper, &lowers).map_err(crate::sandbox::SandboxError::Capture)
+        })?)
+    }
+
+    /// Added, changed and deleted paths of a snapshot's own delta.
+    pub fn snapshot_diff(&self, id: &str) -> Result<Vec<crate::store::layers::Change>, SnapshotDiffError> {
+        let row = self.snapshot_row(id)?;
+        restorable(&row)?;
+        let _pin = self.pin_snapshot(&row.id)?;
+        let base = self.snapshot_base(&row)?;
+        let below = &base.layers[..base.layers.len().saturating_sub(1)];
+        let delta = self.rt.store.layer_dir(&row.layer).join("fs");
+        Ok(crate::store::layers::changes(&delta, &self.layer_fs(below))?)
+    }
+}
