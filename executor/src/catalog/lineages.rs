@@ -415,15 +415,17 @@ impl Db {
                 work_context_row,
             )
             .map_err(q("list work contexts"))?;
-        let mut holders: HashMap<String, Holder> = HashMap::new();
         let held: Vec<(String, Holder)> = self
             .conn
-            .query(&format!("{HOLDING} ORDER BY s.created_at DESC"), params![self.host, now_ms()], |r| {
+            .query(&format!("{HOLDING} ORDER BY s.created_at"), params![self.host, now_ms()], |r| {
                 Ok((r.get::<_, String>(0)?, Holder { sandbox: r.get(1)?, host: r.get(2)? }))
             })
             .map_err(q("lineage holders"))?;
-        // Oldest last: the first holder is the one a launch would name.
-        holders.extend(held);
+        // The oldest holder of each, the one a launch would name.
+        let mut holders: HashMap<String, Holder> = HashMap::new();
+        for (wc, h) in held {
+            holders.entry(wc).or_insert(h);
+        }
         Ok(rows
             .into_iter()
             .map(|wc| {

@@ -373,7 +373,9 @@ impl Daemon {
         }
         let result = match self.take_ready_for(base, &launch) {
             Some(ready) => self.claim_ready(ready, base, launch.clone()).or_else(|e| {
-                if matches!(e, LaunchError::Db(DbError::LineageHeld { .. })) {
+                // The catalog's verdict on the lineage (held by another
+                // sandbox, ended meanwhile) holds for a fresh one too.
+                if matches!(e, LaunchError::Db(DbError::LineageHeld { .. } | DbError::RetiredMeanwhile(_))) {
                     return Err(e);
                 }
                 tracing::warn!("ready sandbox not usable ({}); starting a fresh one", crate::error::chain(&e));
