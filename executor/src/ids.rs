@@ -205,6 +205,14 @@ impl fmt::Display for ImageName {
     }
 }
 
+/// A work context id: 1-64 chars of `[A-Za-z0-9._-]`, not starting with a
+/// dot or a dash (it is a scheduler's task id, say).
+pub fn valid_work_context(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && !id.starts_with(['.', '-'])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,6 +255,16 @@ mod tests {
         assert_eq!("localhost.x/a:t".parse::<ImageName>().unwrap().as_str(), "localhost.x/a:t");
         for bad in ["", "Busybox", "../x", "a:", "a:b:c/d", "/abs", "a b"] {
             assert!(bad.parse::<ImageName>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn work_context_ids() {
+        for ok in ["a", "task-42", "T_1.2", &"x".repeat(64)] {
+            assert!(valid_work_context(ok), "{ok}");
+        }
+        for bad in ["", "-a", ".a", "a/b", "a b", "é", &"x".repeat(65)] {
+            assert!(!valid_work_context(bad), "{bad}");
         }
     }
 }

@@ -190,9 +190,34 @@ pub struct UsernsMap {
     pub host_id: u32,
     pub size: u32,
 }
+/// A lifetime asked for by a create, resume, fork or renewal: checked.
+pub fn lifetime(
+    timeout: Option<u64>,
+    on_timeout: Option<crate::model::OnTimeout>,
+    idle_timeout: Option<u64>,
+    default_on_timeout: crate::model::OnTimeout,
+) -> Result<Lifetime, String> {
+    for (what, v) in [("timeout", timeout), ("idle_timeout", idle_timeout)] {
+        if let Some(v) = v {
+            if !(1..=MAX_TIMEOUT_SECS).contains(&v) {
+                return Err(format!("{what} must be 1 to {MAX_TIMEOUT_SECS} seconds, not {v}"));
+            }
+        }
+    }
+    if on_timeout.is_some() && timeout.is_none() {
+        return Err("on_timeout needs a timeout".into());
+    }
+    Ok(Lifetime {
+        deadline_ms: timeout.map(|t| now_ms() + (t as i64) * 1000),
+        on_timeout: on_timeout.unwrap_or(default_on_timeout),
+        idle_timeout,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::OnTimeout;
 
     #[test]
     fn mount_declarations() {
@@ -210,6 +235,22 @@ mod tests {
         }
         for bad in ["nopath", "Bad:/x", "../x:/x", "c:relative", ".hidden:/x"] {
             assert!(MountDecl::parse_cache(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn lifetimes_are_checked() {
+        let l = lifetime(Some(2), None, Some(5), OnTimeout::Suspend).unwrap();
+        assert_eq!((l.on_timeout, l.idle_timeout), (OnTimeout::Suspend, Some(5)));
+        assert!((l.deadline_ms.unwrap() - now_ms() - 2000).abs() < 1000);
+        assert_eq!(lifetime(None, None, None, OnTimeout::Remove).unwrap(), Lifetime::default());
+        for (t, o, i) in [
+            (Some(0), None, None),
+            (None, None, Some(0)),
+            (Some(MAX_TIMEOUT_SECS + 1), None, None),
+            (None, Some(OnTimeout::Remove), None),
+        ] {
+            assert!(lifetime(t, o, i, OnTimeout::Remove).is_err(), "{t:?} {o:?} {i:?}");
         }
     }
 }

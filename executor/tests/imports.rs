@@ -4,6 +4,20 @@
 //! and fails on any cycle, naming the modules in it and the edges that
 //! close it. Test code (from the first `#[cfg(test)]` of a file on) and
 //! comments do not count.
+//!
+//! Inside `daemon/` and `sandbox/` the same holds between files, and in
+//! `daemon/` the floors hold too (docs/architecture.md): the steps at the
+//! bottom (every file not listed below), the verbs above them, the drivers
+//! (background loops that run verbs) on top. A file's edges there are the
+//! names it uses (`super::x::Y`, `crate::daemon::Y`, resolved through
+//! `mod.rs`'s re-exports to the file that defines `Y`) and the `Daemon`
+//! (or `Sandbox`) methods it calls that one other file defines: those
+//! types' methods are spread over the folder, so a call is a dependency
+//! as much as an import is. A verb uses no other verb, a step no verb and
+//! no driver, a driver no other driver. Names form no cycle; calls may go
+//! both ways between two steps (the launch and the ready pool it draws
+//! from). `mod.rs` is the composition root: it declares every part's
+//! state, and its own edges do not count.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -54,35 +68,33 @@ fn ident(s: &str) -> &str {
     &s[..end]
 }
 
-/// The top-level modules `code` names.
-fn names(code: &str) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    for (i, _) in code.match_indices("crate::") {
-        let after = &code[i + "crate::".len()..];
-        if let Some(group) = after.strip_prefix('{') {
-            // `use crate::{a, b::{c, d}, e}`: the first segment of each
-            // top-level item of the group.
-            let mut depth = 0;
-            let mut start = true;
-            for (j, c) in group.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => start = true,
-                    c if start && (c.is_ascii_alphanumeric() || c == '_') => {
-                        found.insert(ident(&group[j..]).to_string());
-                        start = false;
-                    }
-                    c if c.is_whitespace() => {}
-                    _ => start = false,
-                }
+/// The first segment of the path `after` begins (after `crate::`), or
+/// of each top-level item of a group: `use crate::{a, b::{c, d}, e}`.
+fn heads(after: &str) -> Vec<String> {
+    let Some(group) = after.strip_prefix('{') else { return vec![ident(after).to_string()] };
+    let mut found = Vec::new();
+    let mut depth = 0;
+    let mut start = true;
+    for (j, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => start = true,
+            c if start && (c.is_ascii_alphanumeric() || c == '_') => {
+                found.push(ident(&group[j..]).to_string());
+                start = false;
             }
-        } else {
-            found.insert(ident(after).to_string());
+            c if c.is_whitespace() => {}
+            _ => start = false,
         }
     }
     found
+}
+
+/// The top-level modules `code` names.
+fn names(code: &str) -> BTreeSet<String> {
+    code.match_indices("crate::").flat_map(|(i, _)| heads(&code[i + "crate::".len()..])).collect()
 }
 
 fn graph() -> Graph {
@@ -106,6 +118,208 @@ fn graph() -> Graph {
         deps.retain(|d| modules.contains(d));
     }
     g
+}
+
+/// `daemon/` files above the steps.
+const VERBS: &[&str] = &[
+    "checkpoint",
+    "copy",
+    "create",
+    "diff",
+    "exec",
+    "export",
+    "fork",
+    "images",
+    "logs",
+    "network",
+    "pause",
+    "pull",
+    "results",
+    "resume",
+    "rollback",
+    "snapshot_rm",
+    "suspend",
+];
+const DRIVERS: &[&str] = &["host", "lifetime", "metrics", "retention"];
+
+/// The names `code` reaches through `prefix` (`super::`, `crate::daemon::`):
+/// the first segment of each path, or of each item of a group.
+fn reached(code: &str, prefix: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for (i, _) in code.match_indices(prefix) {
+        let before = code[..i].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        found.extend(heads(&code[i + prefix.len()..]));
+    }
+    found
+}
+
+/// The methods each file of a folder defines on `ty` (`impl ty {`).
+fn methods(files: &BTreeMap<String, String>, ty: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (f, code) in files {
+        let mut rest = code.as_str();
+        while let Some(i) = rest.find(&format!("impl {ty} {{")).or_else(|| rest.find(&format!("::{ty} {{"))) {
+            rest = &rest[i..];
+            let end = rest.find("\n}").unwrap_or(rest.len());
+            for line in rest[..end].lines() {
+                let t = line.trim_start_matches("    ");
+                let t = t.strip_prefix("pub ").or_else(|| t.strip_prefix("pub(crate) ")).unwrap_or(t);
+                if line.starts_with("    ") && !line.starts_with("     ") {
+                    if let Some(n) = t.strip_prefix("fn ") {
+                        out.entry(ident(n).to_string()).or_default().insert(f.clone());
+                    }
+                }
+            }
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+/// `dir`'s files (a subfolder counts as its file) and, per file, the
+/// other files it uses, each with why (the names and `.calls()`).
+fn file_graph(dir: &str, ty: &str) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+    let mut paths = Vec::new();
+    sources(&root, &mut paths);
+    let mut files: BTreeMap<String, String> = BTreeMap::new();
+    for p in &paths {
+        let rel = p.strip_prefix(&root).unwrap();
+        let first = rel.components().next().unwrap().as_os_str().to_str().unwrap();
+        let f = first.trim_end_matches(".rs").to_string();
+        files.entry(f).or_default().push_str(&code(&std::fs::read_to_string(p).unwrap()));
+    }
+    // `pub use x::{A, B}` in mod.rs: A and B are x's.
+    let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    for stmt in files["mod"].split(';') {
+        let Some(u) = stmt.trim().strip_prefix("pub use ").or_else(|| stmt.trim().strip_prefix("pub(crate) use "))
+        else {
+            continue;
+        };
+        let (from, items) = u.split_once("::").unwrap_or((u, ""));
+        for item in items.trim_matches(|c| c == '{' || c == '}').split(',') {
+            owner.insert(item.trim().to_string(), from.to_string());
+        }
+    }
+    let methods = methods(&files, ty);
+    let mut g = BTreeMap::new();
+    for (f, code) in &files {
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let via = if f == "mod" { "self::" } else { "super::" };
+        let mut used = reached(code, via);
+        used.extend(reached(code, &format!("crate::{dir}::")));
+        for n in used {
+            let to = if files.contains_key(&n) { n.clone() } else { owner.get(&n).cloned().unwrap_or("mod".into()) };
+            edges.entry(to).or_default().insert(n);
+        }
+        for recv in ["self.", "d.", "daemon.", "this."] {
+            for (i, _) in code.match_indices(recv) {
+                if code[..i].chars().next_back().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.') {
+                    continue;
+                }
+                let name = ident(&code[i + recv.len()..]);
+                if !code[i + recv.len() + name.len()..].starts_with('(') {
+                    continue;
+                }
+                if let Some(defs) = methods.get(name).filter(|d| d.len() == 1) {
+                    let to = defs.iter().next().unwrap();
+                    edges.entry(to.clone()).or_default().insert(format!(".{name}()"));
+                }
+            }
+        }
+        edges.remove(f);
+        g.insert(f.clone(), edges);
+    }
+    g
+}
+
+/// What breaks the rules in a folder's file graph: name cycles, and in
+/// `daemon/` floor violations.
+fn file_faults(dir: &str, g: &BTreeMap<String, BTreeMap<String, BTreeSet<String>>>) -> Vec<String> {
+    let mut faults = Vec::new();
+    let is_name = |why: &BTreeSet<String>| why.iter().any(|w| !w.starts_with('.'));
+    let mut names = Graph::new();
+    for (f, edges) in g {
+        let deps = names.entry(f.clone()).or_default();
+        if f != "mod" {
+            deps.extend(edges.iter().filter(|(_, w)| is_name(w)).map(|(t, _)| t.clone()));
+        }
+    }
+    for comp in cycles(&names) {
+        faults.push(format!("{dir}/: files {} name each other in a cycle", comp.join(", ")));
+    }
+    if dir == "daemon" {
+        let floor = |f: &str| {
+            if VERBS.contains(&f) {
+                1
+            } else if DRIVERS.contains(&f) {
+                2
+            } else {
+                0
+            }
+        };
+        for (f, edges) in g.iter().filter(|(f, _)| *f != "mod") {
+            for (t, why) in edges.iter().filter(|(t, _)| *t != "mod") {
+                let (a, b) = (floor(f), floor(t));
+                if b > a || (b == a && a > 0) {
+                    let what = ["step", "verb", "driver"];
+                    faults.push(format!("daemon/{f}.rs ({}) uses {t}.rs ({}): {why:?}", what[a], what[b]));
+                }
+            }
+        }
+    }
+    faults
+}
+
+#[test]
+fn files_inside_daemon_and_sandbox_keep_their_floors() {
+    let mut faults = Vec::new();
+    for (dir, ty) in [("daemon", "Daemon"), ("sandbox", "Sandbox")] {
+        let g = file_graph(dir, ty);
+        assert!(g.len() > 10 && !g["mod"].is_empty(), "{dir}/ was not read");
+        faults.extend(file_faults(dir, &g));
+    }
+    for v in VERBS.iter().chain(DRIVERS) {
+        assert!(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("src/daemon/{v}.rs")).is_file(),
+            "{v} is listed but daemon/{v}.rs is gone"
+        );
+    }
+    assert!(faults.is_empty(), "floors broken:\n{}", faults.join("\n"));
+}
+
+#[test]
+fn the_file_check_sees_a_verb_calling_a_verb_and_a_step_naming_a_driver() {
+    let one = |code: &str| code.to_string();
+    let files: BTreeMap<String, String> = [
+        ("resume".to_string(), one("impl Daemon {\n    pub fn resume(&self) {}\n}\n")),
+        ("fork".to_string(), one("impl Daemon {\n    fn fork(&self) { self.resume(); }\n}\n")),
+    ]
+    .into();
+    let m = methods(&files, "Daemon");
+    assert_eq!(m["resume"], BTreeSet::from(["resume".to_string()]));
+    let mut g = BTreeMap::new();
+    g.insert("mod".to_string(), BTreeMap::new());
+    g.insert("fork".to_string(), BTreeMap::from([("resume".to_string(), BTreeSet::from([".resume()".to_string()]))]));
+    g.insert("resume".to_string(), BTreeMap::new());
+    g.insert("launch".to_string(), BTreeMap::from([("host".to_string(), BTreeSet::from(["host".to_string()]))]));
+    g.insert("host".to_string(), BTreeMap::new());
+    let faults = file_faults("daemon", &g);
+    assert_eq!(faults.len(), 2, "{faults:?}");
+    assert!(faults[0].contains("fork.rs (verb) uses resume.rs (verb)"), "{faults:?}");
+    assert!(faults[1].contains("launch.rs (step) uses host.rs (driver)"), "{faults:?}");
+    // Two files naming each other is a cycle; two steps calling each
+    // other is not.
+    let mut g = BTreeMap::new();
+    g.insert("mod".to_string(), BTreeMap::new());
+    g.insert("a".to_string(), BTreeMap::from([("b".to_string(), BTreeSet::from(["B".to_string()]))]));
+    g.insert("b".to_string(), BTreeMap::from([("a".to_string(), BTreeSet::from([".a()".to_string()]))]));
+    assert!(file_faults("daemon", &g).is_empty());
+    g.insert("b".to_string(), BTreeMap::from([("a".to_string(), BTreeSet::from(["A".to_string()]))]));
+    assert_eq!(file_faults("daemon", &g), vec!["daemon/: files a, b name each other in a cycle".to_string()]);
 }
 
 /// Strongly connected components with more than one module (Tarjan).

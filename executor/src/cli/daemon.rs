@@ -293,7 +293,7 @@ pub(super) fn run(cli: &Cli, a: &DaemonArgs) -> Result<i32> {
         registry: a
             .registry
             .as_deref()
-            .map(|r| crate::daemon::fleet::FleetRegistry::parse(r, a.insecure_registry))
+            .map(|r| crate::daemon::distribution::FleetRegistry::parse(r, a.insecure_registry))
             .transpose()
             .map_err(|e| anyhow::anyhow!("--registry {e}"))?,
         network: network_config(a)?,

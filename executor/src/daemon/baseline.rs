@@ -127,7 +127,7 @@ pub enum BaselineError {
     /// {0}
     Capture(#[from] crate::daemon::capture::CaptureError),
     /// {0}
-    Snapshot(#[from] crate::daemon::snapshots::SnapshotLookupError),
+    Snapshot(#[from] crate::daemon::lookup::SnapshotLookupError),
     /// {0}
     Lineage(#[from] crate::daemon::lineage::LineageError),
     /// {0}

@@ -29,8 +29,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::seal::Sealed;
-use super::snapshots::{restorable, SnapshotLookupError};
+use super::lookup::{restorable, SnapshotLookupError};
 use crate::catalog::{LayerRow, SnapshotRow};
 use crate::daemon::{lock, Daemon};
 use crate::error::{Classify, ErrorKind};
@@ -50,6 +49,27 @@ pub(crate) struct Capturing<'a> {
     pub(crate) since: Option<&'a (SnapshotRow, crate::store::stamps::Stamps)>,
     pub(crate) work: &'a Path,
     pub(crate) started: Instant,
+}
+
+/// A chain folded into one layer by `compact_if_deep`.
+pub(crate) struct Compacted {
+    /// `<dir>/fs` is the layer's tree.
+    pub(crate) dir: std::path::PathBuf,
+    pub(crate) diff_id: String,
+    pub(crate) stats: crate::store::diff::DeltaStats,
+    pub(crate) tar: Option<std::path::PathBuf>,
+}
+
+/// A checkpoint's layer, in place under `layers/`.
+pub(crate) struct Sealed {
+    pub(crate) diff_id: String,
+    /// The layer's tar (for its blob).
+    pub(crate) tar: std::path::PathBuf,
+    pub(crate) stats: crate::store::diff::DeltaStats,
+    pub(crate) frozen: std::time::Duration,
+    pub(crate) size: u64,
+    pub(crate) entries: u64,
+    pub(crate) compacted: bool,
 }
 
 /// Put a delta's statistics into a snapshot's info.

@@ -1,6 +1,6 @@
 //! `diff`: what a sandbox or a snapshot changed against the layers below.
 
-use super::snapshots::{restorable, SnapshotLookupError};
+use super::lookup::{restorable, SnapshotLookupError};
 use crate::daemon::Daemon;
 use crate::error::{Classify, ErrorKind};
 use crate::ids::LayerId;
@@ -47,5 +47,37 @@ impl Daemon {
         let below = &base.layers[..base.layers.len().saturating_sub(1)];
         let delta = self.rt.store.layer_dir(&row.layer).join("fs");
         Ok(crate::store::layers::changes(&delta, &self.layer_fs(below))?)
+    }
+
+    /// What changed from `against` (default: what the snapshot ran on) to
+    /// the snapshot, as a unified diff.
+    pub fn snapshot_patch(
+        &self,
+        id: &str,
+        against: Option<&str>,
+    ) -> Result<crate::store::patch::Patch, SnapshotDiffError> {
+        let row = self.snapshot_row(id)?;
+        let _pin = self.pin_snapshot(&row.id)?;
+        let new = self.snapshot_base(&row)?;
+        // What it ran on: its parent's tree (a compacted snapshot's own
+        // layer holds its whole chain), else its image's.
+        let other = match against.map(str::to_string).or_else(|| row.parent_id.as_ref().map(|p| p.to_string())) {
+            Some(other) => match self.snapshot_row(&other) {
+                Ok(o) => Some(o),
+                Err(SnapshotLookupError::NotFound(_)) if against.is_none() => None,
+                Err(e) => return Err(e.into()),
+            },
+            None => None,
+        };
+        let _other_pin = other.as_ref().map(|o| self.pin_snapshot(&o.id)).transpose()?;
+        let old = match &other {
+            Some(o) => self.snapshot_base(o)?.layers,
+            None => new.image.layers.clone(),
+        };
+        let new = new.layers;
+        let fs = |layers: &[crate::ids::LayerId]| -> Vec<std::path::PathBuf> {
+            layers.iter().rev().map(|l| self.rt.store.layer_dir(l).join("fs")).collect()
+        };
+        Ok(crate::store::patch::patch(&fs(&old), &fs(&new))?)
     }
 }

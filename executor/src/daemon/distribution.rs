@@ -50,7 +50,8 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Why a push, a pull or the hydration of a pulled layer failed.
+/// Why moving a snapshot or image to or from a registry failed (push,
+/// pull, fetching layers from the fleet registry).
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum TransferError {
     /// {0}
@@ -90,8 +91,6 @@ pub enum TransferError {
     /// {0}
     Image(#[from] crate::image::ImageError),
     /// {0}
-    Snapshot(#[from] crate::daemon::snapshots::SnapshotLookupError),
-    /// {0}
     Db(#[from] crate::catalog::DbError),
 }
 
@@ -106,7 +105,6 @@ impl Classify for TransferError {
             T::ImageExists(_) | T::NoBlob { .. } | T::Sealing(_) | T::Conflict(_) => ErrorKind::Conflict,
             T::Missing(_) => ErrorKind::Internal,
             T::Image(e) => e.kind(),
-            T::Snapshot(e) => e.kind(),
             T::Db(e) => e.kind(),
             _ => ErrorKind::of_host_failure(self),
         }
@@ -226,6 +224,39 @@ use oci_spec::image::{ImageConfiguration, ImageIndex, ImageManifest};
 
 pub(crate) fn parse_digest(s: &str, what: &str) -> Result<Digest, TransferError> {
     s.parse().map_err(|e| invalid(format!("{what}: {e}")))
+}
+
+/// The registry a fleet publishes distributed snapshots to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FleetRegistry {
+    /// `HOST:PORT`.
+    pub registry: String,
+    pub repository: String,
+    /// Plain HTTP (a registry on loopback).
+    pub insecure: bool,
+}
+
+impl FleetRegistry {
+    /// `HOST[:PORT]/REPOSITORY`, no tag or digest.
+    pub fn parse(s: &str, insecure: bool) -> Result<FleetRegistry, String> {
+        let r = Reference::parse(s).map_err(|e| e.to_string())?;
+        let tagged = s.rsplit('/').next().is_some_and(|last| last.contains([':', '@']));
+        if tagged || r.digest.is_some() || !s.starts_with(&format!("{}/", r.registry)) {
+            return Err(format!("{s:?}: expected HOST[:PORT]/REPOSITORY (no tag, no digest)"));
+        }
+        Ok(FleetRegistry { registry: r.registry, repository: r.repository, insecure })
+    }
+
+    /// Where snapshot `id` is published.
+    pub fn reference(&self, id: &str) -> String {
+        format!("{}/{}:{id}", self.registry, self.repository)
+    }
+}
+
+impl std::fmt::Display for FleetRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.registry, self.repository)
+    }
 }
 
 impl Daemon {
@@ -449,4 +480,21 @@ pub(crate) fn check_diff_id(path: &Path, l: &WireLayer) -> Result<(), String> {
         return Err(format!("layer {} unpacks to diff_id {actual}, its config says {}", l.digest, l.diff_id));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FleetRegistry;
+
+    #[test]
+    fn a_fleet_registry_is_a_host_and_a_repository_only() {
+        let r = FleetRegistry::parse("127.0.0.1:5000/strata/fleet", true).unwrap();
+        assert_eq!((r.registry.as_str(), r.repository.as_str(), r.insecure), ("127.0.0.1:5000", "strata/fleet", true));
+        assert_eq!(r.reference("0123456789abcdef"), "127.0.0.1:5000/strata/fleet:0123456789abcdef");
+        assert_eq!(r.to_string(), "127.0.0.1:5000/strata/fleet");
+        let digest = format!("127.0.0.1:5000/fleet@sha256:{}", "0".repeat(64));
+        for bad in ["127.0.0.1:5000/fleet:v1", digest.as_str(), "fleet", "", "127.0.0.1:5000/"] {
+            assert!(FleetRegistry::parse(bad, false).is_err(), "{bad:?} was taken");
+        }
+    }
 }

@@ -26,6 +26,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::catalog::ExecRecord;
+use crate::catalog::SnapshotRow;
 use crate::daemon::{lock, Daemon};
 
 #[derive(Default)]
@@ -48,6 +49,33 @@ struct Queue {
     writer: bool,
     /// The writer waits to be woken (it found nothing at its last look).
     asleep: bool,
+}
+
+/// A snapshot's sealed exec log: its chain's segments, root first.
+pub(crate) fn snapshot_log(
+    db: &crate::catalog::Db,
+    id: &str,
+    output: bool,
+) -> Result<Vec<crate::catalog::ExecRecord>, crate::catalog::DbError> {
+    let mut out = Vec::new();
+    for s in db.snapshot_chain(id)? {
+        out.extend(own_log(db, &s, output)?);
+    }
+    Ok(out)
+}
+
+/// The exec records a snapshot seals itself (its segment of the log):
+/// its source sandbox's records with ids in `(log_from, log_upto]`; for a
+/// pulled snapshot, the records its pull inserted, whatever sandbox ran
+/// them (`log_pulled`). None for a snapshot that records no log.
+pub(crate) fn own_log(
+    db: &crate::catalog::Db,
+    s: &SnapshotRow,
+    output: bool,
+) -> Result<Vec<crate::catalog::ExecRecord>, crate::catalog::DbError> {
+    let (from, upto) = (s.info["log_from"].as_i64().unwrap_or(0), s.info["log_upto"].as_i64().unwrap_or(0));
+    let sandbox = (s.info["log_pulled"] != true).then_some(s.source_sandbox.as_str());
+    db.exec_records(sandbox, from, Some(upto), output)
 }
 
 impl Daemon {
@@ -131,5 +159,29 @@ impl Daemon {
     pub(crate) fn last_exec_record(&self, id: &str) -> Result<i64, crate::catalog::DbError> {
         self.settle_exec_log();
         lock(&self.db).last_exec_record(id)
+    }
+
+    /// Keep a finished command in the sandbox's exec log.
+    pub fn record_exec(
+        &self,
+        sb: &crate::sandbox::Sandbox,
+        req: &crate::sandbox::ExecRequest,
+        s: &crate::sandbox::ExecSummary,
+    ) {
+        self.telemetry.exec(s.duration);
+        let rec = crate::catalog::ExecRecord {
+            id: 0,
+            sandbox_id: sb.id.to_string(),
+            argv: req.argv.clone(),
+            cwd: req.cwd.clone().unwrap_or_else(|| sb.defaults.cwd.clone()),
+            started_at: s.started_at.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
+            duration_ms: s.duration.as_secs_f64() * 1000.0,
+            exit_code: s.status.shell_code(),
+            output_bytes: s.output_bytes,
+            output: Some(s.kept.clone()),
+        };
+        // A command that ends after its sandbox began to go (removed, or
+        // rolled back: the discarded timeline) is not logged (`execlog.rs`).
+        self.queue_exec_record(sb, rec);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::snapshots::{restorable, SnapshotLookupError};
+use super::lookup::{restorable, SnapshotLookupError};
 use crate::daemon::{lock, Daemon};
 use crate::error::{Classify, ErrorKind};
 use crate::store::BlobCompression;

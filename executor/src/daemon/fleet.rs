@@ -15,49 +15,14 @@
 //! host; a launch that waited for it finds its layers there.
 
 use crate::catalog::DbError;
-use crate::daemon::distribution::{self, TransferError};
 use crate::daemon::{lock, Daemon};
 use crate::error::{Classify, ErrorKind};
-use crate::ids::LayerId;
 use crate::model::SnapshotType;
-use crate::registry::{Client, Reference};
+use crate::registry::Client;
 use crate::types::{RegistryRequest, SnapshotInfo};
 
 /// Each up host and the layers its last heartbeat listed.
 pub(crate) type HostLayers = Vec<(String, std::collections::HashSet<String>)>;
-
-/// The registry a fleet publishes distributed snapshots to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FleetRegistry {
-    /// `HOST:PORT`.
-    pub registry: String,
-    pub repository: String,
-    /// Plain HTTP (a registry on loopback).
-    pub insecure: bool,
-}
-
-impl FleetRegistry {
-    /// `HOST[:PORT]/REPOSITORY`, no tag or digest.
-    pub fn parse(s: &str, insecure: bool) -> Result<FleetRegistry, String> {
-        let r = Reference::parse(s).map_err(|e| e.to_string())?;
-        let tagged = s.rsplit('/').next().is_some_and(|last| last.contains([':', '@']));
-        if tagged || r.digest.is_some() || !s.starts_with(&format!("{}/", r.registry)) {
-            return Err(format!("{s:?}: expected HOST[:PORT]/REPOSITORY (no tag, no digest)"));
-        }
-        Ok(FleetRegistry { registry: r.registry, repository: r.repository, insecure })
-    }
-
-    /// Where snapshot `id` is published.
-    pub fn reference(&self, id: &str) -> String {
-        format!("{}/{}:{id}", self.registry, self.repository)
-    }
-}
-
-impl std::fmt::Display for FleetRegistry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.registry, self.repository)
-    }
-}
 
 /// Why a snapshot could not be published or brought to this host.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
@@ -68,10 +33,8 @@ pub enum FleetError {
     AsyncLocal,
     /// snapshot {snapshot} was made ({kind}) but not published to {registry}: {why}; `strata snapshot promote {snapshot}` retries
     Publish { snapshot: String, kind: &'static str, registry: String, why: String },
-    /// snapshot {snapshot} cannot be brought to this host: its layers {layers:?} are not here; tried: {tried}
-    Unavailable { snapshot: String, layers: Vec<String>, tried: String },
     /// {0}
-    Lookup(#[from] Box<crate::daemon::snapshots::SnapshotLookupError>),
+    Lookup(#[from] Box<crate::daemon::lookup::SnapshotLookupError>),
     /// {0}
     Db(#[from] DbError),
 }
@@ -79,7 +42,7 @@ pub enum FleetError {
 impl Classify for FleetError {
     fn kind(&self) -> ErrorKind {
         match self {
-            FleetError::NoRegistry | FleetError::Unavailable { .. } => ErrorKind::Conflict,
+            FleetError::NoRegistry => ErrorKind::Conflict,
             FleetError::AsyncLocal => ErrorKind::InvalidArgument,
             FleetError::Publish { .. } => ErrorKind::Upstream,
             FleetError::Lookup(e) => e.kind(),
@@ -94,24 +57,6 @@ pub(crate) enum PublisherJob {
     Publish(String),
     /// Delete the manifests queued in the catalog that are due.
     Unpublish,
-}
-
-/// Where the time of bringing layers went (logged; scripts/bench-fleet.sh
-/// reads it).
-#[derive(Default)]
-struct Spent {
-    bytes: u64,
-    manifest: std::time::Duration,
-    fetch: std::time::Duration,
-    unpack: std::time::Duration,
-    commit: std::time::Duration,
-}
-
-/// A layer to bring: its id here, and what the catalog says it is.
-struct Wanted {
-    layer: LayerId,
-    blob: crate::oci::Digest,
-    diff_id: crate::oci::Digest,
 }
 
 impl Daemon {
@@ -226,29 +171,6 @@ impl Daemon {
             Ok(_) => *lock(&self.publisher) = Some(tx),
             Err(e) => tracing::error!("start the publisher: {e}"),
         }
-    }
-
-    /// The hosts up whose last heartbeat listed every one of `layers`.
-    pub(crate) fn hosts_holding(&self, db: &crate::catalog::Db, layers: &[String]) -> Vec<String> {
-        let mut cache = lock(&self.host_layers);
-        let fresh = cache.as_ref().is_some_and(|(at, _)| at.elapsed() < std::time::Duration::from_secs(1));
-        if !fresh {
-            let hosts = db
-                .list_hosts()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|h| h.down.is_none())
-                .map(|h| {
-                    let held = serde_json::from_str::<crate::types::HostInfo>(&h.info)
-                        .map(|i| i.layers.into_iter().collect())
-                        .unwrap_or_default();
-                    (h.id, held)
-                })
-                .collect();
-            *cache = Some((std::time::Instant::now(), hosts));
-        }
-        let Some((_, hosts)) = cache.as_ref() else { return Vec::new() };
-        hosts.iter().filter(|(_, held)| layers.iter().all(|l| held.contains(l))).map(|(h, _)| h.clone()).collect()
     }
 
     /// Publish a suspend the daemon made by itself (a deadline's, an idle
@@ -370,168 +292,6 @@ impl Daemon {
             SnapshotType::Distributed
         } else {
             SnapshotType::Local
-        }
-    }
-
-    /// Bring the layers of `snapshot`'s chain (`layers`, its image's
-    /// included) that this host lacks from the fleet registry, where the
-    /// snapshot is published. The error names the snapshot, the missing
-    /// layers and the places tried; nothing partial stays.
-    pub(crate) fn bring_layers(&self, snapshot: &str, layers: &[LayerId]) -> Result<(), FleetError> {
-        let store = &self.rt.store;
-        let started = std::time::Instant::now();
-        let present = |l: &LayerId| store.layer_dir(l.as_str()).join("fs").is_dir();
-        if layers.iter().all(present) {
-            return Ok(());
-        }
-        let _one = lock(&self.fleet_fetch);
-        let missing: Vec<LayerId> = layers.iter().filter(|l| !present(l)).cloned().collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let place = lock(&self.db).snapshot_place(snapshot)?.unwrap_or_default();
-        let mut tried = Vec::new();
-        if let Some(h) = place.host.as_deref().filter(|h| *h != self.cfg.host_id) {
-            let state = match lock(&self.db).host(h)? {
-                Some(row) if row.down.is_some() => format!("down: {}", row.down.unwrap_or_default()),
-                Some(_) => "up".to_string(),
-                None => "not in the catalog".to_string(),
-            };
-            tried.push(format!("host {h}, which made it ({state}; hosts never read each other's files)"));
-        }
-        let unavailable = |tried: Vec<String>| FleetError::Unavailable {
-            snapshot: snapshot.to_string(),
-            layers: missing.iter().map(ToString::to_string).collect(),
-            tried: tried.join("; "),
-        };
-        let Some(fleet) = &self.cfg.registry else {
-            tried.push("no fleet registry on this host (--registry)".into());
-            return Err(unavailable(tried));
-        };
-        let Some(reference) = place.published else {
-            tried.push(format!(
-                "registry {fleet}: not published there (a local snapshot: `strata snapshot promote {snapshot}` on {})",
-                place.host.as_deref().unwrap_or("its host")
-            ));
-            return Err(unavailable(tried));
-        };
-        let mut wanted = Vec::new();
-        for l in &missing {
-            match lock(&self.db).layer_source(l.as_str())? {
-                Some((blob, diff_id)) => wanted.push(Wanted { layer: l.clone(), blob, diff_id }),
-                None => {
-                    tried.push(format!("the catalog: layer {l} has no sealed blob recorded"));
-                    return Err(unavailable(tried));
-                }
-            }
-        }
-        let catalog = started.elapsed();
-        match self.fetch_layers_from(fleet, &reference, &wanted) {
-            Ok(spent) => {
-                let ms = |d: std::time::Duration| d.as_millis();
-                tracing::info!(
-                    "brought {} layer(s) of snapshot {snapshot} from {reference} ({} bytes; catalog {} ms, manifest {} \
-                     ms, fetch {} ms, unpack {} ms, commit {} ms)",
-                    wanted.len(),
-                    spent.bytes,
-                    ms(catalog),
-                    ms(spent.manifest),
-                    ms(spent.fetch),
-                    ms(spent.unpack),
-                    ms(spent.commit)
-                );
-                Ok(())
-            }
-            Err(e) => {
-                tried.push(format!("registry {reference}: {}", crate::error::chain(&e)));
-                Err(unavailable(tried))
-            }
-        }
-    }
-
-    /// Fetch, check and unpack every wanted layer under `tmp/`, then
-    /// commit them all (and keep their blobs, for this host's own pushes).
-    fn fetch_layers_from(
-        &self,
-        fleet: &FleetRegistry,
-        reference: &str,
-        wanted: &[Wanted],
-    ) -> Result<Spent, TransferError> {
-        let reference = Reference::parse(reference)?;
-        let client = Client::new(&reference.registry, fleet.insecure, None);
-        let store = &self.rt.store;
-        let work = store.new_tmp("fleet").map_err(distribution::store_err)?;
-        let result = self.leased(|lease| {
-            let mut spent = Spent::default();
-            let mut clock = std::time::Instant::now();
-            let mut lap = |into: &mut std::time::Duration| {
-                *into += clock.elapsed();
-                clock = std::time::Instant::now();
-            };
-            let docs = self.fetch_documents(&client, &reference, &mut spent.bytes)?;
-            lap(&mut spent.manifest);
-            let mut ready = Vec::new();
-            for (i, w) in wanted.iter().enumerate() {
-                let Some(wire) = docs.layers.iter().find(|l| l.digest == w.blob) else {
-                    return Err(distribution::invalid(format!(
-                        "its manifest does not list blob {} (layer {})",
-                        w.blob, w.layer
-                    )));
-                };
-                // The catalog's diff_id, not the registry's, is what the
-                // unpack checks the tar against.
-                let wire = distribution::WireLayer { diff_id: w.diff_id.clone(), ..wire.clone() };
-                let blob = work.join(w.blob.hex());
-                if !blob.exists() {
-                    let mut f = std::io::BufWriter::with_capacity(
-                        1 << 20,
-                        std::fs::File::create(&blob).map_err(distribution::host_io)?,
-                    );
-                    client.get_blob(&reference.repository, &wire.digest, wire.size, &mut f, &mut |_| {})?;
-                    std::io::Write::flush(&mut f).map_err(distribution::host_io)?;
-                    spent.bytes += wire.size;
-                }
-                lap(&mut spent.fetch);
-                let dir = work.join(format!("layer-{i}"));
-                std::fs::create_dir_all(dir.join("fs")).map_err(distribution::host_io)?;
-                crate::oci::unpack_layer(&distribution::layer_source(&blob, &wire), &dir.join("fs")).map_err(
-                    |source| TransferError::Layer {
-                        digest: wire.digest.clone(),
-                        registry: client.registry().to_string(),
-                        source: Box::new(source),
-                    },
-                )?;
-                lap(&mut spent.unpack);
-                ready.push((w, dir, blob));
-            }
-            for (w, dir, blob) in &ready {
-                lease.layer(w.layer.as_str());
-                store.commit_layer(dir, w.layer.as_str(), true, lease).map_err(distribution::store_err)?;
-                if blob.exists() {
-                    store.adopt_blob(blob, w.blob.hex(), true, lease).map_err(distribution::store_err)?;
-                }
-            }
-            lap(&mut spent.commit);
-            Ok(spent)
-        });
-        let _ = crate::store::remove_tree(&work);
-        result
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::FleetRegistry;
-
-    #[test]
-    fn a_fleet_registry_is_a_host_and_a_repository_only() {
-        let r = FleetRegistry::parse("127.0.0.1:5000/strata/fleet", true).unwrap();
-        assert_eq!((r.registry.as_str(), r.repository.as_str(), r.insecure), ("127.0.0.1:5000", "strata/fleet", true));
-        assert_eq!(r.reference("0123456789abcdef"), "127.0.0.1:5000/strata/fleet:0123456789abcdef");
-        assert_eq!(r.to_string(), "127.0.0.1:5000/strata/fleet");
-        let digest = format!("127.0.0.1:5000/fleet@sha256:{}", "0".repeat(64));
-        for bad in ["127.0.0.1:5000/fleet:v1", digest.as_str(), "fleet", "", "127.0.0.1:5000/"] {
-            assert!(FleetRegistry::parse(bad, false).is_err(), "{bad:?} was taken");
         }
     }
 }

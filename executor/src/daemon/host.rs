@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::catalog::{Db, DbError, HostRow};
-use crate::daemon::{lock, Daemon, SandboxOpError};
+use crate::daemon::{lock, memory_total, Daemon, SandboxOpError};
 use crate::error::{Classify, ErrorKind};
 use crate::types::{DrainRequest, HostEntry, HostInfo};
 
@@ -43,7 +43,7 @@ impl Classify for HostError {
 
 /// A host id: 1-64 chars of `[A-Za-z0-9._-]`, not starting with `.` or `-`.
 pub fn valid_host_id(id: &str) -> bool {
-    crate::daemon::lineage::valid_work_context(id)
+    crate::ids::valid_work_context(id)
 }
 
 /// This machine's id (`/etc/machine-id`), else its hostname.
@@ -285,17 +285,6 @@ impl Daemon {
             std::thread::sleep(left.min(Duration::from_millis(50)));
         }
     }
-}
-
-/// The host's memory, in bytes (0 if /proc/meminfo cannot be read).
-pub fn memory_total() -> u64 {
-    use procfs::Current;
-    procfs::Meminfo::current().map(|m| m.mem_total).unwrap_or(0)
-}
-
-/// The CPUs this process may run on.
-pub fn cpu_count() -> u64 {
-    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
 }
 
 impl super::Pool {

@@ -2,12 +2,13 @@
 
 use std::path::PathBuf;
 
-use crate::catalog::{DbError, ImageRow};
+use crate::catalog::DbError;
 use crate::error::{Classify, ErrorKind};
 use crate::ids::ImageName;
 use crate::image;
 use crate::types::ImageInfo;
 
+use super::lookup::image_info;
 use super::{lock, CollectError, Daemon};
 
 /// Why `import_image` failed.
@@ -56,16 +57,6 @@ impl Classify for ImageOpError {
             ImageOpError::Db(e) => e.kind(),
             ImageOpError::Collect(e) => e.kind(),
         }
-    }
-}
-
-pub(crate) fn image_info(r: &ImageRow) -> ImageInfo {
-    ImageInfo {
-        name: r.name.clone(),
-        manifest_digest: r.manifest_digest.to_string(),
-        config_digest: r.config_digest.to_string(),
-        layers: r.layers.iter().map(|h| format!("sha256:{h}")).collect(),
-        created_at: r.created_at,
     }
 }
 

@@ -8,12 +8,14 @@ use std::sync::{Arc, MutexGuard};
 
 use crate::catalog::{DbError, ImageRow};
 use crate::error::{Classify, ErrorKind};
-use crate::ids::{LayerId, SandboxId, SnapshotId};
+use crate::ids::SandboxId;
+
+use super::snapshots::Base;
 use crate::sandbox::{self, ExecDefaults, Sandbox};
 use crate::spec::Limits;
 use crate::spec::{MountDecl, SandboxSpec};
 
-use super::{lifetime, lock, secrets, teardown, Daemon, Pool, MAX_WAIT_SECS};
+use super::{lock, secrets, teardown, Daemon, Pool, MAX_WAIT_SECS};
 
 /// Why a sandbox could not be started (create, and the launches of
 /// resume, fork, rollback and a lineage's resume).
@@ -90,28 +92,6 @@ impl Classify for LaunchError {
     }
 }
 
-/// What a sandbox starts from: an image and a layer chain (the image's
-/// layers, plus a snapshot chain when resuming or forking).
-pub struct Base {
-    pub image: ImageRow,
-    pub layers: Vec<LayerId>,
-    pub snapshot: Option<SnapshotId>,
-    /// The lineage the sandbox will work for, and the head it observes.
-    pub work_context: String,
-    pub observed_head: Option<SnapshotId>,
-    /// How it was chosen (recorded as the restore's rung).
-    pub rung: crate::model::Rung,
-    /// Why the rungs above it could not be restored (recorded with it).
-    pub fell: Vec<String>,
-    /// A snapshot of its chain was captured in a user namespace: it runs
-    /// only in one (see [`Daemon::launch`]).
-    pub captured_in_userns: bool,
-    /// The network of the sandbox the snapshot was taken of: a resume or
-    /// fork that names none gets its mode and policy (and an address of
-    /// its own).
-    pub network: Option<crate::net::NetworkSpec>,
-}
-
 /// Validated per-sandbox settings of a create, resume or fork.
 #[derive(Clone)]
 pub struct LaunchSpec {
@@ -155,26 +135,6 @@ impl Daemon {
             return Ok(self.secrets.read(work_context).map_err(LaunchError::Secrets)?.unwrap_or_default());
         }
         Ok(given.to_vec())
-    }
-
-    /// A launch that named secret env was recorded: they are its lineage's
-    /// now (a launch that failed changed nothing). A write that fails
-    /// leaves the sandbox running with them, but a restart or a later
-    /// resume would not find them: said in the log.
-    pub(crate) fn keep_secrets(&self, work_context: &str, given: &[String]) {
-        if given.is_empty() {
-            return;
-        }
-        if let Err(e) = self.secrets.write(work_context, given) {
-            tracing::error!("lineage {work_context}: keep its secret env: {e} (a restart or resume will lack it)");
-        }
-    }
-
-    /// A lineage ended: this host's copy of its secrets goes.
-    pub(crate) fn forget_secrets(&self, work_context: &str) {
-        if let Err(e) = self.secrets.remove(work_context) {
-            tracing::warn!("lineage {work_context}: remove its secret env: {e}");
-        }
     }
 
     pub(crate) fn defaults_for(&self, image_id: &i64, spec: &SandboxSpec) -> Result<ExecDefaults, LaunchError> {
@@ -236,7 +196,7 @@ impl Daemon {
             return Err(LaunchError::IdWithCount);
         }
         let id = id.map(|i| i.parse::<SandboxId>().map_err(|_| LaunchError::BadId(i))).transpose()?;
-        let lifetime = lifetime::lifetime(timeout, on_timeout, idle_timeout, self.cfg.on_timeout)
+        let lifetime = crate::spec::lifetime(timeout, on_timeout, idle_timeout, self.cfg.on_timeout)
             .map_err(LaunchError::Lifetime)?;
         let seccomp_unconfined = match seccomp.as_deref() {
             None | Some("default") => false,

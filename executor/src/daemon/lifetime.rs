@@ -17,35 +17,11 @@ use crate::daemon::capture::CaptureError;
 use crate::daemon::{lock, sandbox_info, Daemon, SandboxOpError};
 use crate::model::OnTimeout;
 use crate::sandbox::{Due, Sandbox, SandboxError};
-use crate::spec::{now_ms, Lifetime, MAX_TIMEOUT_SECS};
+use crate::spec::now_ms;
 use crate::types::{SandboxInfo, TimeoutRequest};
 
 /// How often the reaper looks.
 const TICK: Duration = Duration::from_millis(200);
-
-/// A lifetime asked for by a create, resume, fork or renewal: checked.
-pub fn lifetime(
-    timeout: Option<u64>,
-    on_timeout: Option<OnTimeout>,
-    idle_timeout: Option<u64>,
-    default_on_timeout: OnTimeout,
-) -> Result<Lifetime, String> {
-    for (what, v) in [("timeout", timeout), ("idle_timeout", idle_timeout)] {
-        if let Some(v) = v {
-            if !(1..=MAX_TIMEOUT_SECS).contains(&v) {
-                return Err(format!("{what} must be 1 to {MAX_TIMEOUT_SECS} seconds, not {v}"));
-            }
-        }
-    }
-    if on_timeout.is_some() && timeout.is_none() {
-        return Err("on_timeout needs a timeout".into());
-    }
-    Ok(Lifetime {
-        deadline_ms: timeout.map(|t| now_ms() + (t as i64) * 1000),
-        on_timeout: on_timeout.unwrap_or(default_on_timeout),
-        idle_timeout,
-    })
-}
 
 impl Daemon {
     /// `POST /v1/sandboxes/{id}/timeout`: a new deadline, `timeout`
@@ -69,7 +45,7 @@ impl Daemon {
         let sb = self.sandbox(id)?;
         let old = sb.lifetime();
         // Unset, the action stays the sandbox's.
-        let new = lifetime(Some(req.timeout), req.on_timeout, old.idle_timeout, old.on_timeout)
+        let new = crate::spec::lifetime(Some(req.timeout), req.on_timeout, old.idle_timeout, old.on_timeout)
             .map_err(SandboxOpError::Invalid)?;
         let later = match (old.deadline_ms, new.deadline_ms) {
             (Some(was), Some(now)) => now > was,
@@ -173,27 +149,6 @@ impl Daemon {
                 );
                 sb.untake(Some(1000));
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lifetimes_are_checked() {
-        let l = lifetime(Some(2), None, Some(5), OnTimeout::Suspend).unwrap();
-        assert_eq!((l.on_timeout, l.idle_timeout), (OnTimeout::Suspend, Some(5)));
-        assert!((l.deadline_ms.unwrap() - now_ms() - 2000).abs() < 1000);
-        assert_eq!(lifetime(None, None, None, OnTimeout::Remove).unwrap(), Lifetime::default());
-        for (t, o, i) in [
-            (Some(0), None, None),
-            (None, None, Some(0)),
-            (Some(MAX_TIMEOUT_SECS + 1), None, None),
-            (None, Some(OnTimeout::Remove), None),
-        ] {
-            assert!(lifetime(t, o, i, OnTimeout::Remove).is_err(), "{t:?} {o:?} {i:?}");
         }
     }
 }

@@ -18,19 +18,11 @@
 //!   the lineage's head then: its appends are fenced on it.
 
 use crate::catalog::{DbError, SnapshotRow, WorkContextRow};
-use crate::daemon::{lock, sandbox_info, Base, Daemon};
+use crate::daemon::{lock, Daemon};
 use crate::error::{Classify, ErrorKind};
 use crate::ids::{SandboxId, SnapshotId};
-use crate::model::{LineageState, Rung, SnapshotState, StartKind};
-use crate::types::{LaunchRequest, LineageInfo, LineageSummary, SandboxInfo};
-
-/// A work context id: 1-64 chars of `[A-Za-z0-9._-]`, not starting with a
-/// dot or a dash (it is a scheduler's task id, say).
-pub fn valid_work_context(id: &str) -> bool {
-    (1..=64).contains(&id.len())
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        && !id.starts_with(['.', '-'])
-}
+use crate::model::{LineageState, SnapshotState, StartKind};
+use crate::types::{LineageInfo, LineageSummary};
 
 /// Why a lineage operation failed (making one for a launch, looking one
 /// up, resuming, showing or retiring one, or the fence of an append).
@@ -57,7 +49,7 @@ pub enum LineageError {
     /// the work context's image row is missing
     NoImageRow,
     /// {0}
-    Snapshot(#[from] crate::daemon::snapshots::SnapshotLookupError),
+    Snapshot(#[from] crate::daemon::lookup::SnapshotLookupError),
     /// {0}
     Launch(#[from] crate::daemon::LaunchError),
     /// {0}
@@ -89,7 +81,7 @@ impl Daemon {
         start_id: Option<&SnapshotId>,
     ) -> Result<String, LineageError> {
         let id = match id {
-            Some(id) if !valid_work_context(id) => return Err(LineageError::BadId(id.to_string())),
+            Some(id) if !crate::ids::valid_work_context(id) => return Err(LineageError::BadId(id.to_string())),
             Some(id) => id.to_string(),
             None => SandboxId::random().to_string(),
         };
@@ -99,7 +91,7 @@ impl Daemon {
         Ok(id)
     }
 
-    fn work_context_row(&self, id: &str) -> Result<WorkContextRow, LineageError> {
+    pub(crate) fn work_context_row(&self, id: &str) -> Result<WorkContextRow, LineageError> {
         lock(&self.db).work_context(id)?.ok_or_else(|| LineageError::NotFound(id.to_string()))
     }
 
@@ -134,88 +126,6 @@ impl Daemon {
             Some(f) => Err(LineageError::Fenced(f)),
             None => Ok(()),
         }
-    }
-
-    /// `resume --work-context ID`: start a sandbox for the lineage from the
-    /// highest rung of its ladder that exists.
-    pub fn resume_lineage(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, LineageError> {
-        if req.count.is_some() {
-            return Err(LineageError::Count);
-        }
-        let launch = self.launch_spec(req)?;
-        let wc = self.work_context_row(id)?;
-        if wc.state != LineageState::Active {
-            return Err(LineageError::Ended(id.to_string(), wc.state));
-        }
-        self.lineage_free(id)?;
-        // Rungs 1 and 2: the head, else the snapshot the lineage began
-        // from. A rung that cannot be restored (its row gone, a layer
-        // missing, a hydration failing, a retired fork origin) is passed,
-        // and why is recorded with the restore.
-        let start_rung = if wc.start_kind == StartKind::Baseline { Rung::Baseline } else { Rung::Fork };
-        let rungs = [(wc.head_id.as_ref(), Rung::Head), (wc.start_id.as_ref(), start_rung)];
-        let mut fell = Vec::new();
-        for (snap, rung) in rungs {
-            let Some(snap) = snap else { continue };
-            let _pin = self.pin_snapshot(snap)?;
-            match self.rung_base(snap, rung)? {
-                Ok(mut base) => {
-                    base.work_context = wc.id.clone();
-                    base.observed_head = wc.head_id.clone();
-                    base.rung = rung;
-                    base.fell = fell;
-                    return Ok(sandbox_info(&*self.launch(&base, launch)?));
-                }
-                Err(why) => {
-                    tracing::warn!("lineage {id}: {rung} {snap} cannot be restored ({why}); trying the next rung");
-                    fell.push(format!("{rung} {snap}: {why}"));
-                }
-            }
-        }
-        // Rung 3: a cold start from the lineage's image.
-        let image = lock(&self.db).image_by_id(wc.image_id)?.ok_or(LineageError::NoImageRow)?;
-        let base = Base {
-            layers: image.layers.clone(),
-            image,
-            snapshot: None,
-            work_context: wc.id.clone(),
-            observed_head: wc.head_id.clone(),
-            rung: Rung::Image,
-            captured_in_userns: false,
-            fell,
-            network: None,
-        };
-        Ok(sandbox_info(&*self.launch(&base, launch)?))
-    }
-
-    /// What a rung's snapshot starts a sandbox on, or why it cannot
-    /// (`Ok(Err(reason))`): the caller falls to the next rung.
-    fn rung_base(&self, snap: &SnapshotId, rung: Rung) -> Result<Result<Base, String>, LineageError> {
-        let Some(row) = lock(&self.db).snapshot(snap)? else {
-            return Ok(Err("its row is gone".into()));
-        };
-        if rung == Rung::Fork {
-            // A fork origin continues only while its own lineage may.
-            if let Err(e) = self.eligible_lineage(&row) {
-                return Ok(Err(e.to_string()));
-            }
-        }
-        // A rung whose layers cannot be had passes: a pulled one that does
-        // not unpack, or one the fleet registry cannot give (down, a blob
-        // missing or not matching its digest). A catalog failure does not.
-        use crate::daemon::fleet::FleetError;
-        use crate::daemon::snapshots::SnapshotLookupError as L;
-        let base = match self.snapshot_base(&row) {
-            Ok(base) => base,
-            Err(e @ L::Hydrate(_)) => return Ok(Err(e.to_string())),
-            Err(L::Fleet(f)) if matches!(*f, FleetError::Unavailable { .. }) => return Ok(Err(f.to_string())),
-            Err(e) => return Err(e.into()),
-        };
-        let store = &self.rt.store;
-        if let Some(l) = base.layers.iter().find(|l| !store.layer_dir(l.as_str()).join("fs").is_dir()) {
-            return Ok(Err(format!("layer {l} is missing from the store")));
-        }
-        Ok(Ok(base))
     }
 
     /// Every lineage, oldest first, with its head and holder.
@@ -293,19 +203,4 @@ fn summary(
         used_at: wc.used_at,
         retired_at: wc.retired_at,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn work_context_ids() {
-        for ok in ["a", "task-42", "T_1.2", &"x".repeat(64)] {
-            assert!(valid_work_context(ok), "{ok}");
-        }
-        for bad in ["", "-a", ".a", "a/b", "a b", "é", &"x".repeat(65)] {
-            assert!(!valid_work_context(bad), "{bad}");
-        }
-    }
 }

@@ -10,7 +10,11 @@ use crate::ids::{SandboxId, SnapshotId};
 use crate::sandbox::{self, Sandbox};
 use crate::types::SandboxInfo;
 
-use super::{lock, snapshots, Daemon};
+use super::{lock, Daemon};
+use crate::catalog::ImageRow;
+use crate::catalog::SnapshotRow;
+use crate::model::SnapshotState;
+use crate::types::ImageInfo;
 
 /// Why an operation on a live sandbox (look-up, pause, unpause, exec,
 /// remove) failed.
@@ -38,6 +42,51 @@ impl Classify for SandboxOpError {
             SandboxOpError::Invalid(_) => ErrorKind::InvalidArgument,
             SandboxOpError::Sandbox(e) => e.kind(),
             SandboxOpError::Db(e) => e.kind(),
+        }
+    }
+}
+
+/// Whether a snapshot's files can be read (resumed, forked, exported,
+/// pushed, diffed): not while it is being captured or removed, nor after a
+/// capture that failed (it holds nothing). A suspend whose seal failed
+/// still holds its files and is restorable by id.
+pub(crate) fn restorable(row: &SnapshotRow) -> Result<(), SnapshotLookupError> {
+    let why = match row.state {
+        SnapshotState::Capturing => "is still being captured",
+        SnapshotState::Deleting => return Err(SnapshotLookupError::BeingRemoved(row.id.clone())),
+        SnapshotState::Failed if row.info.get("capture_error").is_some() => "is a capture that failed",
+        _ => return Ok(()),
+    };
+    let reason = row.info["capture_error"].as_str().map(|e| format!(" ({e})")).unwrap_or_default();
+    Err(SnapshotLookupError::NotRestorable(format!("snapshot {} {why}{reason}", row.id)))
+}
+
+/// Why a snapshot could not be found, listed or shown: the look-up that
+/// every operation on a snapshot starts with.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum SnapshotLookupError {
+    /// snapshot {0} not found
+    NotFound(String),
+    /// snapshot {0} is being removed
+    BeingRemoved(SnapshotId),
+    /// snapshot's image row is missing
+    NoImageRow,
+    /// {0}
+    NotRestorable(String),
+    /// {0}
+    Db(#[from] crate::catalog::DbError),
+    /// {0}
+    Hydrate(Box<super::hydrate::HydrateError>),
+}
+
+impl Classify for SnapshotLookupError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            SnapshotLookupError::NotFound(_) | SnapshotLookupError::BeingRemoved(_) => ErrorKind::NotFound,
+            SnapshotLookupError::NoImageRow => ErrorKind::Internal,
+            SnapshotLookupError::NotRestorable(_) => ErrorKind::Conflict,
+            SnapshotLookupError::Db(e) => e.kind(),
+            SnapshotLookupError::Hydrate(e) => e.kind(),
         }
     }
 }
@@ -82,12 +131,22 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
     }
 }
 
+pub(crate) fn image_info(r: &ImageRow) -> ImageInfo {
+    ImageInfo {
+        name: r.name.clone(),
+        manifest_digest: r.manifest_digest.to_string(),
+        config_digest: r.config_digest.to_string(),
+        layers: r.layers.iter().map(|h| format!("sha256:{h}")).collect(),
+        created_at: r.created_at,
+    }
+}
+
 impl Daemon {
     /// Pin `id` against removal; refused if it is being removed.
-    pub(crate) fn pin_snapshot(&self, id: &SnapshotId) -> Result<SnapshotPin<'_>, snapshots::SnapshotLookupError> {
+    pub(crate) fn pin_snapshot(&self, id: &SnapshotId) -> Result<SnapshotPin<'_>, SnapshotLookupError> {
         let mut pool = lock(&self.pool);
         if pool.doomed.contains(id.as_str()) {
-            return Err(snapshots::SnapshotLookupError::BeingRemoved(id.clone()));
+            return Err(SnapshotLookupError::BeingRemoved(id.clone()));
         }
         *pool.pinned.entry(id.to_string()).or_default() += 1;
         Ok(SnapshotPin { daemon: self, id: id.to_string() })
@@ -116,5 +175,19 @@ impl Daemon {
         let mut v: Vec<SandboxInfo> = live.iter().map(|s| sandbox_info(s)).collect();
         v.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         v
+    }
+
+    pub(crate) fn snapshot_row(&self, id: &str) -> Result<SnapshotRow, SnapshotLookupError> {
+        self.snapshot_row_in(&lock(&self.db), id)
+    }
+
+    pub(crate) fn snapshot_row_in(
+        &self,
+        db: &crate::catalog::Db,
+        id: &str,
+    ) -> Result<SnapshotRow, SnapshotLookupError> {
+        let not_found = || SnapshotLookupError::NotFound(format!("{id:?}"));
+        let id: SnapshotId = id.parse().map_err(|_| not_found())?;
+        db.snapshot(id.as_str())?.ok_or_else(not_found)
     }
 }

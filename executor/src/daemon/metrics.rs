@@ -86,7 +86,7 @@ impl Daemon {
             cpu_usage_ns: usage.cpu_ns,
             mem_used: usage.memory,
             mem_cache: usage.memory_cache,
-            mem_total: sb.spec.limits.memory.unwrap_or_else(super::host::memory_total),
+            mem_total: sb.spec.limits.memory.unwrap_or_else(super::memory_total),
             disk_used,
             disk_total,
         }

@@ -5,14 +5,13 @@
 //! (migrations), re-adopt live sandboxes, clean up those that died, then
 //! sweep `tmp/` and directories the database does not know.
 //!
-//! Below the verbs, the steps they share: `lookup` (a live sandbox, a
-//! pinned snapshot) and `launch` (settings, slots, shims, the row and the
-//! lineage's activation). The verbs live in files of their own: `create`,
-//! `exec`, `pause`, `images`, `copy`, `snapshots` (checkpoint, suspend,
-//! resume, fork, rollback, diff, logs, export, snapshot rm), `lineage`,
-//! `baseline`, `distribution` (push and pull), `gc` (retention and the
-//! collector). Background work has files too: `warm` (the warm pool, plain
-//! and wired shims), `teardown`, `execlog`, `ready` (ready pools).
+//! Three floors (docs/architecture.md, checked by tests/imports.rs): the
+//! steps verbs share (`lookup`, `snapshots`, `hydrate`, `launch`, `ready`,
+//! `warm`, `capture`, `seal`, `lineage`, `gc`'s collector, ...), one file
+//! per verb above them (`create`, `exec`, `checkpoint`, `resume`, `fork`,
+//! ...), and the drivers on top (`host`, `lifetime`, `retention`,
+//! `metrics`). This file is the composition root: the `Daemon` holds every
+//! part's state.
 
 pub mod baseline;
 pub mod capture;
@@ -22,7 +21,7 @@ mod create;
 pub mod diff;
 pub mod distribution;
 mod exec;
-mod execlog;
+pub mod execlog;
 pub mod export;
 pub mod fleet;
 pub mod fork;
@@ -34,7 +33,7 @@ mod launch;
 pub mod lifetime;
 pub mod lineage;
 pub mod logs;
-mod lookup;
+pub mod lookup;
 pub mod metrics;
 pub mod network;
 mod pause;
@@ -44,6 +43,7 @@ pub mod ready;
 pub mod requests;
 pub mod results;
 pub mod resume;
+pub mod retention;
 pub mod rollback;
 pub mod seal;
 pub mod secrets;
@@ -60,11 +60,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use create::CreateError;
-pub(crate) use images::image_info;
+pub(crate) use lookup::image_info;
 use nix::fcntl::{Flock, FlockArg};
 
 pub use images::{ImageOpError, ImportError};
-pub use launch::{Base, LaunchError, LaunchSpec};
+pub use launch::{LaunchError, LaunchSpec};
+pub use snapshots::Base;
 
 pub use lookup::{sandbox_info, SandboxOpError};
 
@@ -143,7 +144,7 @@ pub struct DaemonConfig {
     pub heartbeat: std::time::Duration,
     pub host_deadline: std::time::Duration,
     /// The fleet registry distributed snapshots are published to.
-    pub registry: Option<fleet::FleetRegistry>,
+    pub registry: Option<distribution::FleetRegistry>,
     /// Sandbox networking (`--network on`); `None`: every sandbox has
     /// loopback only and `egress` is refused.
     pub network: Option<crate::net::NetConfig>,
@@ -299,6 +300,17 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The longest a launch may queue for a slot (`wait`, seconds).
 pub const MAX_WAIT_SECS: u64 = 3600;
+
+/// The host's memory, in bytes (0 if /proc/meminfo cannot be read).
+pub fn memory_total() -> u64 {
+    use procfs::Current;
+    procfs::Meminfo::current().map(|m| m.mem_total).unwrap_or(0)
+}
+
+/// The CPUs this process may run on.
+pub fn cpu_count() -> u64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+}
 
 /// Default pool size: one sandbox per 128 MiB of host memory, at least 1.
 pub fn default_max_sandboxes() -> usize {

@@ -175,7 +175,7 @@ impl Daemon {
                 .ok_or_else(|| invalid(format!("{reference}: snapshot layers must be compressed (zstd or gzip)")))?;
             for s in &meta.snapshots {
                 s.id.parse::<crate::ids::SandboxId>().map_err(|_| invalid(format!("bad snapshot id {:?}", s.id)))?;
-                if s.work_context.as_ref().is_some_and(|w| !crate::daemon::lineage::valid_work_context(w)) {
+                if s.work_context.as_ref().is_some_and(|w| !crate::ids::valid_work_context(w)) {
                     return Err(invalid(format!("bad work context of snapshot {}", s.id)));
                 }
             }
@@ -331,7 +331,12 @@ impl Daemon {
                 .ok_or_else(|| TransferError::Missing("pulled image row is missing"))?;
             let top =
                 db.snapshot(top)?.ok_or_else(|| TransferError::Missing("pulled snapshot row is missing"))?;
-            let snapshot = self.snapshot_info_locked(&db, &top)?;
+            // Shown from rows just checked to be there: only the catalog
+            // can fail it.
+            let snapshot = self.snapshot_info_locked(&db, &top).map_err(|e| match e {
+                crate::daemon::lookup::SnapshotLookupError::Db(e) => TransferError::Db(e),
+                _ => TransferError::Missing("pulled snapshot's image row is missing"),
+            })?;
             drop(db);
             for u in &unhydrated {
                 self.queue_hydration(&u.layer_id);

@@ -11,12 +11,33 @@ use super::distribution::{
     SEAL_WAIT,
 };
 use super::lock;
+use super::lookup::{restorable, SnapshotLookupError};
 use crate::catalog::SnapshotRow;
 use crate::daemon::Daemon;
+use crate::error::{Classify, ErrorKind};
 use crate::oci::{self, Compression, Digest};
 use crate::registry::{Pushed, Reference};
 use crate::store::BlobCompression;
 use crate::types::{Progress, PushResult, RegistryRequest};
+
+/// Why a push failed: the snapshot (not found, being removed, not
+/// restorable) or its transfer.
+#[derive(Debug, thiserror::Error, displaydoc::Display)]
+pub enum PushError {
+    /// {0}
+    Snapshot(#[from] SnapshotLookupError),
+    /// {0}
+    Transfer(#[from] TransferError),
+}
+
+impl Classify for PushError {
+    fn kind(&self) -> ErrorKind {
+        match self {
+            PushError::Snapshot(e) => e.kind(),
+            PushError::Transfer(e) => e.kind(),
+        }
+    }
+}
 
 /// A layer blob to push.
 struct PushBlob {
@@ -36,18 +57,18 @@ impl Daemon {
         id: &str,
         req: &RegistryRequest,
         progress: &mut dyn FnMut(Progress),
-    ) -> Result<PushResult, TransferError> {
+    ) -> Result<PushResult, PushError> {
         let reference = parse_reference(&req.reference)?;
         let Some(tag) = reference.tag.clone().filter(|_| reference.digest.is_none()) else {
-            return Err(invalid("a push needs a tag, not a digest (the registry computes the digest)"));
+            return Err(invalid("a push needs a tag, not a digest (the registry computes the digest)").into());
         };
         let row = self.snapshot_row(id)?;
-        crate::daemon::snapshots::restorable(&row)?;
+        restorable(&row)?;
         let _pin = self.pin_snapshot(&row.id)?;
         let (image, chain) = self.sealed_chain(&row)?;
         let client = client(req, &reference)?;
         let work = self.rt.store.new_tmp("push").map_err(store_err)?;
-        let result = (|| {
+        let result = (|| -> Result<PushResult, TransferError> {
             let blobs = self.push_blobs(&image, &chain, &work)?;
             let repo = &reference.repository;
             let mut result = PushResult {
@@ -118,7 +139,7 @@ impl Daemon {
             Ok(result)
         })();
         let _ = crate::store::remove_tree(&work);
-        result
+        Ok(result?)
     }
 
     /// The snapshot's image and layer chain once every blob of the chain is
@@ -245,11 +266,11 @@ impl Daemon {
             let mut log = Vec::new();
             if i == 0 {
                 if let Some(p) = &s.parent_id {
-                    log = crate::daemon::logs::snapshot_log(&db, p, true)?;
+                    log = crate::daemon::execlog::snapshot_log(&db, p, true)?;
                 }
             }
             let inherited = log.len();
-            log.extend(crate::daemon::logs::own_log(&db, s, true)?);
+            log.extend(crate::daemon::execlog::own_log(&db, s, true)?);
             // Ids are this host's: they mean nothing elsewhere.
             log.iter_mut().for_each(|r| r.id = 0);
             let mut evaluations = db.evaluations(&s.id)?;

@@ -13,8 +13,7 @@
 use std::collections::BTreeMap;
 
 use crate::catalog::{Evaluation, MAX_LABEL_KEY, MAX_LABEL_VALUE};
-use crate::daemon::diff::SnapshotDiffError;
-use crate::daemon::snapshots::SnapshotLookupError;
+use crate::daemon::lookup::SnapshotLookupError;
 use crate::daemon::{lock, Daemon};
 use crate::error::{Classify, ErrorKind};
 use crate::model::{Rung, SnapshotClass, StartKind};
@@ -233,38 +232,6 @@ impl Daemon {
         Ok(all.into_iter().filter(|s| selectors.iter().all(|sel| matches(&s.labels, sel))).collect())
     }
 
-    /// What changed from `against` (default: what the snapshot ran on) to
-    /// the snapshot, as a unified diff.
-    pub fn snapshot_patch(
-        &self,
-        id: &str,
-        against: Option<&str>,
-    ) -> Result<crate::store::patch::Patch, SnapshotDiffError> {
-        let row = self.snapshot_row(id)?;
-        let _pin = self.pin_snapshot(&row.id)?;
-        let new = self.snapshot_base(&row)?;
-        // What it ran on: its parent's tree (a compacted snapshot's own
-        // layer holds its whole chain), else its image's.
-        let other = match against.map(str::to_string).or_else(|| row.parent_id.as_ref().map(|p| p.to_string())) {
-            Some(other) => match self.snapshot_row(&other) {
-                Ok(o) => Some(o),
-                Err(SnapshotLookupError::NotFound(_)) if against.is_none() => None,
-                Err(e) => return Err(e.into()),
-            },
-            None => None,
-        };
-        let _other_pin = other.as_ref().map(|o| self.pin_snapshot(&o.id)).transpose()?;
-        let old = match &other {
-            Some(o) => self.snapshot_base(o)?.layers,
-            None => new.image.layers.clone(),
-        };
-        let new = new.layers;
-        let fs = |layers: &[crate::ids::LayerId]| -> Vec<std::path::PathBuf> {
-            layers.iter().rev().map(|l| self.rt.store.layer_dir(l).join("fs")).collect()
-        };
-        Ok(crate::store::patch::patch(&fs(&old), &fs(&new))?)
-    }
-
     /// Everything recorded of a snapshot: itself, its chain and where it
     /// came from, its log with output, evaluations, labels.
     pub fn snapshot_result(&self, id: &str) -> Result<SealedResult, SnapshotLookupError> {
@@ -284,7 +251,7 @@ impl Daemon {
             strata_version: env!("CARGO_PKG_VERSION").into(),
         };
         Ok(SealedResult {
-            logs: crate::daemon::logs::snapshot_log(&db, &row.id, true)?,
+            logs: crate::daemon::execlog::snapshot_log(&db, &row.id, true)?,
             evaluations: db.evaluations(&row.id)?,
             labels: snapshot.labels.clone(),
             retained: snapshot.retained,

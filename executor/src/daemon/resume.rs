@@ -1,22 +1,20 @@
 //! `resume`: a new sandbox on a snapshot's files, continuing its lineage.
 
-use super::snapshots::{restorable, SnapshotLookupError};
+use super::lookup::{restorable, SnapshotLookupError};
+use super::snapshots::Base;
+use crate::daemon::lineage::LineageError;
 use crate::daemon::{lock, sandbox_info, Daemon};
 use crate::error::{Classify, ErrorKind};
+use crate::ids::SnapshotId;
+use crate::model::LineageState;
 use crate::model::{Rung, SnapshotClass, StartKind};
 use crate::types::{LaunchRequest, SandboxInfo};
 
-/// Why `resume` or `fork` of a snapshot failed.
+/// Why `resume` of a snapshot failed.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum ResumeError {
     /// count is for fork
     Count,
-    /// count must be 1-{max}, got {count}
-    BadCount { count: u32, max: u32 },
-    /// a hostname can only be given to a fork of count 1
-    HostnameForMany,
-    /// fork of {count} refused: {free} of {max} sandbox slots free (--max-sandboxes)
-    NoRoom { count: u32, free: usize, max: usize },
     /// {0}
     Snapshot(#[from] SnapshotLookupError),
     /// {0}
@@ -28,10 +26,7 @@ pub enum ResumeError {
 impl Classify for ResumeError {
     fn kind(&self) -> ErrorKind {
         match self {
-            ResumeError::Count | ResumeError::BadCount { .. } | ResumeError::HostnameForMany => {
-                ErrorKind::InvalidArgument
-            }
-            ResumeError::NoRoom { .. } => ErrorKind::LimitReached,
+            ResumeError::Count => ErrorKind::InvalidArgument,
             ResumeError::Snapshot(e) => e.kind(),
             ResumeError::Launch(e) => e.kind(),
             ResumeError::Lineage(e) => e.kind(),
@@ -69,5 +64,85 @@ impl Daemon {
         // Fenced on the lineage's head as it was read above.
         (base.work_context, base.observed_head) = (wc.id, wc.head_id);
         Ok(sandbox_info(&*self.launch(&base, launch)?))
+    }
+
+    /// `resume --work-context ID`: start a sandbox for the lineage from the
+    /// highest rung of its ladder that exists.
+    pub fn resume_lineage(&self, id: &str, req: LaunchRequest) -> Result<SandboxInfo, LineageError> {
+        if req.count.is_some() {
+            return Err(LineageError::Count);
+        }
+        let launch = self.launch_spec(req)?;
+        let wc = self.work_context_row(id)?;
+        if wc.state != LineageState::Active {
+            return Err(LineageError::Ended(id.to_string(), wc.state));
+        }
+        self.lineage_free(id)?;
+        // Rungs 1 and 2: the head, else the snapshot the lineage began
+        // from. A rung that cannot be restored (its row gone, a layer
+        // missing, a hydration failing, a retired fork origin) is passed,
+        // and why is recorded with the restore.
+        let start_rung = if wc.start_kind == StartKind::Baseline { Rung::Baseline } else { Rung::Fork };
+        let rungs = [(wc.head_id.as_ref(), Rung::Head), (wc.start_id.as_ref(), start_rung)];
+        let mut fell = Vec::new();
+        for (snap, rung) in rungs {
+            let Some(snap) = snap else { continue };
+            let _pin = self.pin_snapshot(snap)?;
+            match self.rung_base(snap, rung)? {
+                Ok(mut base) => {
+                    base.work_context = wc.id.clone();
+                    base.observed_head = wc.head_id.clone();
+                    base.rung = rung;
+                    base.fell = fell;
+                    return Ok(sandbox_info(&*self.launch(&base, launch)?));
+                }
+                Err(why) => {
+                    tracing::warn!("lineage {id}: {rung} {snap} cannot be restored ({why}); trying the next rung");
+                    fell.push(format!("{rung} {snap}: {why}"));
+                }
+            }
+        }
+        // Rung 3: a cold start from the lineage's image.
+        let image = lock(&self.db).image_by_id(wc.image_id)?.ok_or(LineageError::NoImageRow)?;
+        let base = Base {
+            layers: image.layers.clone(),
+            image,
+            snapshot: None,
+            work_context: wc.id.clone(),
+            observed_head: wc.head_id.clone(),
+            rung: Rung::Image,
+            captured_in_userns: false,
+            fell,
+            network: None,
+        };
+        Ok(sandbox_info(&*self.launch(&base, launch)?))
+    }
+
+    /// What a rung's snapshot starts a sandbox on, or why it cannot
+    /// (`Ok(Err(reason))`): the caller falls to the next rung.
+    fn rung_base(&self, snap: &SnapshotId, rung: Rung) -> Result<Result<Base, String>, LineageError> {
+        let Some(row) = lock(&self.db).snapshot(snap)? else {
+            return Ok(Err("its row is gone".into()));
+        };
+        if rung == Rung::Fork {
+            // A fork origin continues only while its own lineage may.
+            if let Err(e) = self.eligible_lineage(&row) {
+                return Ok(Err(e.to_string()));
+            }
+        }
+        // A rung whose layers cannot be had passes: a pulled one that does
+        // not unpack, or one the fleet registry cannot give (down, a blob
+        // missing or not matching its digest). A catalog failure does not.
+        use crate::daemon::lookup::SnapshotLookupError as L;
+        let base = match self.snapshot_base(&row) {
+            Ok(base) => base,
+            Err(L::Hydrate(e)) if e.passes_rung() => return Ok(Err(e.to_string())),
+            Err(e) => return Err(e.into()),
+        };
+        let store = &self.rt.store;
+        if let Some(l) = base.layers.iter().find(|l| !store.layer_dir(l.as_str()).join("fs").is_dir()) {
+            return Ok(Err(format!("layer {l} is missing from the store")));
+        }
+        Ok(Ok(base))
     }
 }

@@ -1,7 +1,7 @@
 //! `rollback`: a sandbox back to one of its own lineage's snapshots, in
 //! place, with fresh processes.
 
-use super::snapshots::SnapshotLookupError;
+use super::lookup::SnapshotLookupError;
 use crate::daemon::{lock, sandbox_info, Daemon};
 use crate::error::{Classify, ErrorKind};
 use crate::ids::{SandboxId, SnapshotId};

@@ -7,33 +7,13 @@ use std::time::Instant;
 
 use super::capture::{
     mark_network, mark_userns, merge_stats, move_or_copy_upper, own_layer_id, store_err, worker_err, CaptureError,
+    Compacted,
 };
 use crate::catalog::{LayerRow, SnapshotRow};
 use crate::daemon::{lock, Daemon};
 use crate::ids::{LayerId, SnapshotId};
 use crate::store::{remove_tree, Lease};
 use crate::types::SnapshotInfo;
-
-/// A chain folded into one layer by `compact_if_deep`.
-pub(crate) struct Compacted {
-    /// `<dir>/fs` is the layer's tree.
-    pub(crate) dir: std::path::PathBuf,
-    pub(crate) diff_id: String,
-    pub(crate) stats: crate::store::diff::DeltaStats,
-    pub(crate) tar: Option<std::path::PathBuf>,
-}
-
-/// A checkpoint's layer, in place under `layers/`.
-pub(crate) struct Sealed {
-    pub(crate) diff_id: String,
-    /// The layer's tar (for its blob).
-    pub(crate) tar: std::path::PathBuf,
-    pub(crate) stats: crate::store::diff::DeltaStats,
-    pub(crate) frozen: std::time::Duration,
-    pub(crate) size: u64,
-    pub(crate) entries: u64,
-    pub(crate) compacted: bool,
-}
 
 impl Daemon {
     /// Move (or, past --compact-depth, fold) a stopped sandbox's upper into

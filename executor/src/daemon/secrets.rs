@@ -9,6 +9,7 @@
 //! goes when the lineage ends here (retire, close, gc), or at the next gc
 //! once the catalog has it ended (another host of the fleet ended it).
 
+use crate::daemon::Daemon;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::PathBuf;
@@ -26,7 +27,7 @@ impl Secrets {
     /// A lineage's file: its id is a file name, never a path (checked here
     /// again, whatever made the lineage: a pull names ids too).
     fn path(&self, work_context: &str) -> std::io::Result<PathBuf> {
-        if !crate::daemon::lineage::valid_work_context(work_context) {
+        if !crate::ids::valid_work_context(work_context) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
                 format!("work context {work_context:?} is not a valid id"),
@@ -68,7 +69,7 @@ impl Secrets {
         entries
             .flatten()
             .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|n| crate::daemon::lineage::valid_work_context(n))
+            .filter(|n| crate::ids::valid_work_context(n))
             .collect()
     }
 
@@ -84,6 +85,28 @@ impl Secrets {
 /// The names of `KEY=VALUE` entries.
 pub fn names(env: &[String]) -> Vec<String> {
     env.iter().map(|e| e.split('=').next().unwrap_or("").to_string()).collect()
+}
+
+impl Daemon {
+    /// A launch that named secret env was recorded: they are its lineage's
+    /// now (a launch that failed changed nothing). A write that fails
+    /// leaves the sandbox running with them, but a restart or a later
+    /// resume would not find them: said in the log.
+    pub(crate) fn keep_secrets(&self, work_context: &str, given: &[String]) {
+        if given.is_empty() {
+            return;
+        }
+        if let Err(e) = self.secrets.write(work_context, given) {
+            tracing::error!("lineage {work_context}: keep its secret env: {e} (a restart or resume will lack it)");
+        }
+    }
+
+    /// A lineage ended: this host's copy of its secrets goes.
+    pub(crate) fn forget_secrets(&self, work_context: &str) {
+        if let Err(e) = self.secrets.remove(work_context) {
+            tracing::warn!("lineage {work_context}: remove its secret env: {e}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! `snapshot rm`: a snapshot's removal, refused while something needs it;
 //! its row first, its files after (finished at start-up if cut short).
 
-use super::snapshots::SnapshotLookupError;
+use super::lookup::SnapshotLookupError;
 use crate::catalog::SnapshotRow;
 use crate::daemon::{lock, Daemon};
 use crate::error::{Classify, ErrorKind};

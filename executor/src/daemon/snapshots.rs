@@ -2,66 +2,40 @@
 //! can be restored, and what a resume or fork starts from: its image and
 //! whole chain, its layers hydrated or brought from the fleet registry.
 
+use super::lookup::{restorable, SnapshotLookupError};
 use crate::catalog::SnapshotRow;
-use crate::daemon::{lock, Base, Daemon};
-use crate::error::{Classify, ErrorKind};
+use crate::daemon::{lock, Daemon};
 use crate::ids::SnapshotId;
-use crate::model::{Rung, SnapshotState, SnapshotType};
+use crate::model::{Rung, SnapshotType};
 use crate::types::SnapshotInfo;
+
+/// What a sandbox starts from: an image and a layer chain (the image's
+/// layers, plus a snapshot chain when resuming or forking).
+pub struct Base {
+    pub image: crate::catalog::ImageRow,
+    pub layers: Vec<crate::ids::LayerId>,
+    pub snapshot: Option<SnapshotId>,
+    /// The lineage the sandbox will work for, and the head it observes.
+    pub work_context: String,
+    pub observed_head: Option<SnapshotId>,
+    /// How it was chosen (recorded as the restore's rung).
+    pub rung: crate::model::Rung,
+    /// Why the rungs above it could not be restored (recorded with it).
+    pub fell: Vec<String>,
+    /// A snapshot of its chain was captured in a user namespace: it runs
+    /// only in one (see [`Daemon::launch`]).
+    pub captured_in_userns: bool,
+    /// The network of the sandbox the snapshot was taken of: a resume or
+    /// fork that names none gets its mode and policy (and an address of
+    /// its own).
+    pub network: Option<crate::net::NetworkSpec>,
+}
 
 /// Most sandboxes one fork may start.
 pub const MAX_FORK: u32 = 64;
 
 /// Mark a snapshot captured in a user namespace: its chain then runs only
 /// in one (`Daemon::settle_userns`).
-/// Whether a snapshot's files can be read (resumed, forked, exported,
-/// pushed, diffed): not while it is being captured or removed, nor after a
-/// capture that failed (it holds nothing). A suspend whose seal failed
-/// still holds its files and is restorable by id.
-pub(crate) fn restorable(row: &SnapshotRow) -> Result<(), SnapshotLookupError> {
-    let why = match row.state {
-        SnapshotState::Capturing => "is still being captured",
-        SnapshotState::Deleting => return Err(SnapshotLookupError::BeingRemoved(row.id.clone())),
-        SnapshotState::Failed if row.info.get("capture_error").is_some() => "is a capture that failed",
-        _ => return Ok(()),
-    };
-    let reason = row.info["capture_error"].as_str().map(|e| format!(" ({e})")).unwrap_or_default();
-    Err(SnapshotLookupError::NotRestorable(format!("snapshot {} {why}{reason}", row.id)))
-}
-
-/// Why a snapshot could not be found, listed or shown: the look-up that
-/// every operation on a snapshot starts with.
-#[derive(Debug, thiserror::Error, displaydoc::Display)]
-pub enum SnapshotLookupError {
-    /// snapshot {0} not found
-    NotFound(String),
-    /// snapshot {0} is being removed
-    BeingRemoved(SnapshotId),
-    /// snapshot's image row is missing
-    NoImageRow,
-    /// {0}
-    NotRestorable(String),
-    /// {0}
-    Db(#[from] crate::catalog::DbError),
-    /// {0}
-    Hydrate(Box<crate::daemon::distribution::TransferError>),
-    /// {0}
-    Fleet(Box<crate::daemon::fleet::FleetError>),
-}
-
-impl Classify for SnapshotLookupError {
-    fn kind(&self) -> ErrorKind {
-        match self {
-            SnapshotLookupError::NotFound(_) | SnapshotLookupError::BeingRemoved(_) => ErrorKind::NotFound,
-            SnapshotLookupError::NoImageRow => ErrorKind::Internal,
-            SnapshotLookupError::NotRestorable(_) => ErrorKind::Conflict,
-            SnapshotLookupError::Db(e) => e.kind(),
-            SnapshotLookupError::Hydrate(e) => e.kind(),
-            SnapshotLookupError::Fleet(e) => e.kind(),
-        }
-    }
-}
-
 impl Daemon {
     pub(crate) fn snapshot_info_locked(
         &self,
@@ -124,20 +98,6 @@ impl Daemon {
         })
     }
 
-    pub(crate) fn snapshot_row(&self, id: &str) -> Result<SnapshotRow, SnapshotLookupError> {
-        self.snapshot_row_in(&lock(&self.db), id)
-    }
-
-    pub(crate) fn snapshot_row_in(
-        &self,
-        db: &crate::catalog::Db,
-        id: &str,
-    ) -> Result<SnapshotRow, SnapshotLookupError> {
-        let not_found = || SnapshotLookupError::NotFound(format!("{id:?}"));
-        let id: SnapshotId = id.parse().map_err(|_| not_found())?;
-        db.snapshot(id.as_str())?.ok_or_else(not_found)
-    }
-
     pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, SnapshotLookupError> {
         let db = lock(&self.db);
         db.list_snapshots()?.iter().map(|r| self.snapshot_info_locked(&db, r)).collect()
@@ -178,7 +138,7 @@ impl Daemon {
             let place = lock(&self.db).snapshot_place(row.id.as_str())?.unwrap_or_default();
             let made_here = place.host.as_deref().is_none_or(|h| h == self.cfg.host_id);
             if self.cfg.registry.is_some() || !made_here {
-                self.bring_layers(row.id.as_str(), &layers).map_err(|e| SnapshotLookupError::Fleet(Box::new(e)))?;
+                self.bring_layers(row.id.as_str(), &layers).map_err(|e| SnapshotLookupError::Hydrate(Box::new(e)))?;
             }
         }
         Ok(Base {
@@ -192,5 +152,28 @@ impl Daemon {
             fell: Vec::new(),
             network: serde_json::from_value::<crate::net::NetworkSpec>(row.info["network"].clone()).ok(),
         })
+    }
+
+    /// The hosts up whose last heartbeat listed every one of `layers`.
+    pub(crate) fn hosts_holding(&self, db: &crate::catalog::Db, layers: &[String]) -> Vec<String> {
+        let mut cache = lock(&self.host_layers);
+        let fresh = cache.as_ref().is_some_and(|(at, _)| at.elapsed() < std::time::Duration::from_secs(1));
+        if !fresh {
+            let hosts = db
+                .list_hosts()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|h| h.down.is_none())
+                .map(|h| {
+                    let held = serde_json::from_str::<crate::types::HostInfo>(&h.info)
+                        .map(|i| i.layers.into_iter().collect())
+                        .unwrap_or_default();
+                    (h.id, held)
+                })
+                .collect();
+            *cache = Some((std::time::Instant::now(), hosts));
+        }
+        let Some((_, hosts)) = cache.as_ref() else { return Vec::new() };
+        hosts.iter().filter(|(_, held)| layers.iter().all(|l| held.contains(l))).map(|(h, _)| h.clone()).collect()
     }
 }

@@ -248,12 +248,12 @@ impl E2b {
 
     /// `SandboxDetail` / `ListedSandbox`.
     fn detail(&self, row: &E2bSandbox, run: &Run) -> Value {
-        let paused = (crate::daemon::host::cpu_count(), crate::daemon::host::memory_total() >> 20, 0);
+        let paused = (crate::daemon::cpu_count(), crate::daemon::memory_total() >> 20, 0);
         let (state, cpus, memory, disk, end) = match run {
             Run::Running(info) => (
                 "running",
-                info.limits.cpus.map_or_else(crate::daemon::host::cpu_count, |c| c.ceil() as u64),
-                info.limits.memory.unwrap_or_else(crate::daemon::host::memory_total) >> 20,
+                info.limits.cpus.map_or_else(crate::daemon::cpu_count, |c| c.ceil() as u64),
+                info.limits.memory.unwrap_or_else(crate::daemon::memory_total) >> 20,
                 info.limits.disk.unwrap_or(0) >> 20,
                 info.lifetime.deadline_ms.unwrap_or(row.started_at + row.spec.timeout as i64 * 1000),
             ),

@@ -263,7 +263,12 @@ fn splice_into_tar(
         _ => None,
     };
     if let (None, Some(copier)) = (&copy, &mut w.get_mut().copier) {
-        copy = copier.take(src, meta)?;
+        copy = copier.take(src, meta, |file, src, len, gone| {
+            let mut sparse = SparseFile::new(file, None);
+            sparse.gone = gone;
+            sparse.splice_from(src, len)?;
+            sparse.finish()
+        })?;
     }
     if copy.is_none() && len < SPLICE_MIN {
         return Ok(false);

@@ -156,7 +156,15 @@ impl Precopier {
     /// writing, and it has not changed since before `t0`'s second. `None`
     /// if not copied; an error if the copy failed (`src` shrank, or the
     /// copy could not be written).
-    pub fn take(&mut self, src: &File, meta: &std::fs::Metadata) -> std::io::Result<Option<PreCopy>> {
+    /// `copy` writes `src`'s first `len` bytes into the new file, holes
+    /// left as holes (the capture's own writer: `checkpoint.rs`), ending
+    /// early with an error once `gone` is set.
+    pub fn take(
+        &mut self,
+        src: &File,
+        meta: &std::fs::Metadata,
+        copy: impl FnOnce(File, &File, u64, super::Gone) -> std::io::Result<()>,
+    ) -> std::io::Result<Option<PreCopy>> {
         if meta.len() < MIN || self.failed || strata_shim::sys::no_writers(src.as_fd()).is_err() {
             return Ok(None);
         }
@@ -168,12 +176,12 @@ impl Precopier {
             return Ok(None);
         }
         let path = self.dir.join(self.done.files.len().to_string());
-        let copied = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path).and_then(|copy| {
-            let mut sparse = super::checkpoint::SparseFile::new(copy, None);
-            sparse.gone = self.gone.clone();
-            sparse.splice_from(src, stamp.size)?;
-            sparse.finish()
-        });
+        let copied = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|file| copy(file, src, stamp.size, self.gone.clone()));
         if let Err(e) = copied {
             // The original shrank: it changed (the walk fails on it too).
             self.failed |= e.kind() != std::io::ErrorKind::UnexpectedEof;
