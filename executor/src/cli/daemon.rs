@@ -402,17 +402,7 @@ pub fn serve(
         }
         let _ = stop.send(true);
     });
-    daemon.start_warm_pool();
-    daemon.start_teardown();
-    daemon.start_blob_writer();
-    daemon.start_exec_log();
-    daemon.start_hydrator();
-    daemon.start_reaper();
-    daemon.start_metrics();
-    daemon.start_ready_pools();
-    daemon.start_gc(gc_interval, cfg.retention, cfg.stale_after);
-    daemon.start_heartbeat();
-    daemon.start_publisher();
+    daemon.start_background(gc_interval);
     if let Some((l, e2b_cfg)) = e2b {
         let (d, stopped) = (daemon.clone(), stopped.clone());
         std::thread::Builder::new()

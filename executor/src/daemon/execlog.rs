@@ -85,7 +85,7 @@ impl Daemon {
         // Before the thread looks: it ends once it finds no writer wanted.
         lock(&self.exec_log.queue).writer = true;
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("exec-log".into()).spawn(move || {
+        let spawned = super::background("exec-log", "execs write their record before they answer", move || {
             // Background work: not before the answers it was taken off.
             let _ = strata_shim::sys::set_thread_nice(10);
             let wake = &d.exec_log.wake;
@@ -111,9 +111,8 @@ impl Daemon {
                 linger = true;
             }
         });
-        if let Err(e) = spawned {
+        if spawned.is_none() {
             lock(&self.exec_log.queue).writer = false;
-            tracing::error!("start the exec log writer: {e}; execs write their record before they answer");
             self.settle_exec_log();
         }
     }

@@ -141,35 +141,38 @@ impl Daemon {
     pub fn start_publisher(self: &std::sync::Arc<Self>) {
         let (tx, rx) = std::sync::mpsc::channel::<PublisherJob>();
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("publisher".into()).spawn(move || {
-            d.delete_manifests();
-            let mut swept = std::time::Instant::now();
-            loop {
-                let job = rx.recv_timeout(d.cfg.heartbeat);
-                // Failed deletes are tried again however many publications come.
-                if matches!(job, Ok(PublisherJob::Unpublish) | Err(_)) || swept.elapsed() >= d.cfg.heartbeat {
-                    d.delete_manifests();
-                    swept = std::time::Instant::now();
+        let spawned = super::background(
+            "publisher",
+            "snapshots are not published in the background, nor manifests deleted",
+            move || {
+                d.delete_manifests();
+                let mut swept = std::time::Instant::now();
+                loop {
+                    let job = rx.recv_timeout(d.cfg.heartbeat);
+                    // Failed deletes are tried again however many publications come.
+                    if matches!(job, Ok(PublisherJob::Unpublish) | Err(_)) || swept.elapsed() >= d.cfg.heartbeat {
+                        d.delete_manifests();
+                        swept = std::time::Instant::now();
+                    }
+                    let id = match job {
+                        Ok(PublisherJob::Publish(id)) => id,
+                        Ok(PublisherJob::Unpublish) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    };
+                    let outcome = d.promote(&id).err().map(|e| crate::error::chain(&e));
+                    if let Some(why) = &outcome {
+                        tracing::warn!("publish snapshot {id}: {why}");
+                    }
+                    let mut publishing = lock(&d.publishing);
+                    match outcome {
+                        None => publishing.remove(&id),
+                        Some(why) => publishing.insert(id, Some(why)),
+                    };
                 }
-                let id = match job {
-                    Ok(PublisherJob::Publish(id)) => id,
-                    Ok(PublisherJob::Unpublish) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
-                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
-                };
-                let outcome = d.promote(&id).err().map(|e| crate::error::chain(&e));
-                if let Some(why) = &outcome {
-                    tracing::warn!("publish snapshot {id}: {why}");
-                }
-                let mut publishing = lock(&d.publishing);
-                match outcome {
-                    None => publishing.remove(&id),
-                    Some(why) => publishing.insert(id, Some(why)),
-                };
-            }
-        });
-        match spawned {
-            Ok(_) => *lock(&self.publisher) = Some(tx),
-            Err(e) => tracing::error!("start the publisher: {e}"),
+            },
+        );
+        if spawned.is_some() {
+            *lock(&self.publisher) = Some(tx);
         }
     }
 

@@ -171,7 +171,7 @@ impl Daemon {
     /// shutdown, before the row says the host stopped).
     pub fn start_heartbeat(self: &Arc<Self>) {
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("heartbeat".into()).spawn(move || {
+        let spawned = super::background("heartbeat", "this host is marked down once its deadline passes", move || {
             let db = match crate::daemon::open_catalog(&d.cfg) {
                 Ok(db) => db.for_host(&d.cfg.host_id),
                 Err(e) => {
@@ -186,10 +186,7 @@ impl Daemon {
                 }
             }
         });
-        match spawned {
-            Ok(h) => *lock(&self.heartbeat) = Some(h),
-            Err(e) => tracing::error!("start heartbeat thread: {e}"),
-        }
+        *lock(&self.heartbeat) = spawned;
     }
 
     /// One heartbeat: renew this host's row, take up its drain, and mark
@@ -253,7 +250,7 @@ impl Daemon {
             return;
         }
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("remove-stopped".into()).spawn(move || {
+        let spawned = super::background("remove-stopped", "the next heartbeat tries again", move || {
             for id in ids {
                 match d.remove_sandbox(id.as_str()) {
                     Ok(()) => tracing::warn!("removed sandbox {id}: another host removed it while this host was down"),
@@ -265,9 +262,8 @@ impl Daemon {
             }
             d.removing_stopped.store(false, Ordering::Release);
         });
-        if let Err(e) = spawned {
+        if spawned.is_none() {
             self.removing_stopped.store(false, Ordering::Release);
-            tracing::warn!("start removing stopped sandboxes: {e}");
         }
     }
 

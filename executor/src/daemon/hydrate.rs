@@ -80,16 +80,19 @@ impl Daemon {
     pub fn start_hydrator(self: &std::sync::Arc<Self>) {
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("hydrator".into()).spawn(move || {
-            let _ = strata_shim::sys::set_thread_nice(10);
-            for id in rx {
-                if let Err(e) = d.hydrate_layer(&id) {
-                    tracing::error!("hydrate layer {id}: {}", crate::error::chain(&e));
+        let spawned = super::background(
+            "hydrator",
+            "pulled layers are unpacked by the first launch that needs them",
+            move || {
+                let _ = strata_shim::sys::set_thread_nice(10);
+                for id in rx {
+                    if let Err(e) = d.hydrate_layer(&id) {
+                        tracing::error!("hydrate layer {id}: {}", crate::error::chain(&e));
+                    }
                 }
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::error!("start hydrator: {e}");
+            },
+        );
+        if spawned.is_none() {
             return;
         }
         if let Ok(pending) = lock(&self.db).unhydrated_layers_with(false) {

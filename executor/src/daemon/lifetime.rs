@@ -73,16 +73,13 @@ impl Daemon {
     /// Start the reaper thread; it ends once [`Daemon::shutdown`] began.
     pub fn start_reaper(self: &Arc<Self>) {
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("reaper".into()).spawn(move || loop {
+        super::background("reaper", "no deadline or idle timeout is acted on", move || loop {
             if d.stopping.load(Ordering::Acquire) {
                 return;
             }
             d.reap(now_ms());
             std::thread::sleep(TICK);
         });
-        if let Err(e) = spawned {
-            tracing::error!("start the reaper thread: {e}");
-        }
     }
 
     /// Act on every sandbox whose deadline or idle timeout is due at `now`.
@@ -91,10 +88,7 @@ impl Daemon {
         for sb in live {
             let Some(due) = sb.take_due(now) else { continue };
             let d = self.clone();
-            let spawned = std::thread::Builder::new().name("expire".into()).spawn(move || d.expire(&sb, due));
-            if let Err(e) = spawned {
-                tracing::error!("expire a sandbox: {e}");
-            }
+            super::background("expire", "the sandbox is tried again at the next tick", move || d.expire(&sb, due));
         }
     }
 

@@ -29,16 +29,13 @@ impl Daemon {
     /// Start the sampler; it ends once [`Daemon::shutdown`] began.
     pub fn start_metrics(self: &Arc<Self>) {
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("metrics".into()).spawn(move || {
+        super::background("metrics", "no metrics are sampled", move || {
             let _ = strata_shim::sys::set_thread_nice(10);
             while !d.stopping.load(Ordering::Acquire) {
                 d.sample_all();
                 std::thread::sleep(INTERVAL);
             }
         });
-        if let Err(e) = spawned {
-            tracing::error!("start the metrics thread: {e}");
-        }
     }
 
     fn sample_all(&self) {

@@ -294,6 +294,23 @@ pub struct Daemon {
     _lock: Flock<File>,
 }
 
+/// Start one of the daemon's background threads, named `name`. A thread
+/// that cannot start is logged with what the daemon does without it
+/// (`without`), and the daemon goes on.
+pub(crate) fn background(
+    name: &str,
+    without: &str,
+    body: impl FnOnce() + Send + 'static,
+) -> Option<std::thread::JoinHandle<()>> {
+    match std::thread::Builder::new().name(name.into()).spawn(body) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::error!("start the {name} thread: {e}; {without}");
+            None
+        }
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -533,21 +550,42 @@ impl Daemon {
 
     // ---- images ----
 
+    /// Start every background thread (each file's `start_*`), in this
+    /// order: the warm pool and teardown first (launches and removals use
+    /// them at once), then the writers of what operations leave behind
+    /// (blobs, exec records, pulled layers), the reaper and the metrics
+    /// sampler, the ready pools, the periodic `gc` (every `gc_interval`;
+    /// never if zero), and last the heartbeat and the publisher, which
+    /// speak for this host to the fleet.
+    pub fn start_background(self: &Arc<Self>, gc_interval: std::time::Duration) {
+        self.start_warm_pool();
+        self.start_teardown();
+        self.start_blob_writer();
+        self.start_exec_log();
+        self.start_hydrator();
+        self.start_reaper();
+        self.start_metrics();
+        self.start_ready_pools();
+        self.start_gc(gc_interval, self.cfg.retention, self.cfg.stale_after);
+        self.start_heartbeat();
+        self.start_publisher();
+    }
+
     /// Start the background blob writer (suspended sandboxes' snapshots)
     /// and queue the blobs a previous daemon left pending.
     pub fn start_blob_writer(self: &Arc<Self>) {
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("blob-writer".into()).spawn(move || {
-            let _ = strata_shim::sys::set_thread_nice(10);
-            for id in rx {
-                if let Err(e) = d.seal_blob(&id) {
-                    tracing::error!("write blob of snapshot {id}: {}", crate::error::chain(&e));
+        let spawned =
+            background("blob-writer", "the blobs of suspended sandboxes are written at the next start", move || {
+                let _ = strata_shim::sys::set_thread_nice(10);
+                for id in rx {
+                    if let Err(e) = d.seal_blob(&id) {
+                        tracing::error!("write blob of snapshot {id}: {}", crate::error::chain(&e));
+                    }
                 }
-            }
-        });
-        if let Err(e) = spawned {
-            tracing::error!("start blob writer: {e}");
+            });
+        if spawned.is_none() {
             return;
         }
         if let Ok(pending) = lock(&self.db).pending_blobs() {

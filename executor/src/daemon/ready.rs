@@ -83,7 +83,7 @@ impl Daemon {
             return;
         }
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("ready-pools".into()).spawn(move || {
+        let spawned = super::background("ready-pools", "the ready pools stay empty", move || {
             let _ = strata_shim::sys::set_thread_nice(19);
             let mut failed_at: HashMap<ImageName, std::time::Instant> = HashMap::new();
             loop {
@@ -130,10 +130,7 @@ impl Daemon {
                 }
             }
         });
-        match spawned {
-            Ok(h) => *lock(&self.ready.thread) = Some(h),
-            Err(e) => tracing::error!("start the ready-pool thread: {e}"),
-        }
+        *lock(&self.ready.thread) = spawned;
     }
 
     /// Add one sandbox to `name`'s pool. Its layers are leased while it

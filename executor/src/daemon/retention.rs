@@ -121,14 +121,11 @@ impl Daemon {
             return;
         }
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("gc".into()).spawn(move || loop {
+        super::background("gc", "only `strata gc` collects", move || loop {
             std::thread::sleep(interval);
             if let Err(e) = d.gc(retention, stale_after) {
                 tracing::error!("gc: {}", crate::error::chain(&e));
             }
         });
-        if let Err(e) = spawned {
-            tracing::error!("start gc thread: {e}");
-        }
     }
 }

@@ -39,19 +39,16 @@ impl Daemon {
     pub fn start_teardown(self: &Arc<Self>) {
         let (tx, rx) = mpsc::channel::<Arc<Sandbox>>();
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("teardown".into()).spawn(move || {
+        let spawned = super::background("teardown", "removals tear down before they answer", move || {
             for sb in rx {
                 if d.try_teardown(&sb).is_err() {
                     d.retry_teardown(sb);
                 }
             }
         });
-        match spawned {
-            Ok(h) => {
-                *lock(&self.teardown.queue) = Some(tx);
-                *lock(&self.teardown.thread) = Some(h);
-            }
-            Err(e) => tracing::error!("start the teardown thread: {e}; removals tear down before they answer"),
+        if let Some(h) = spawned {
+            *lock(&self.teardown.queue) = Some(tx);
+            *lock(&self.teardown.thread) = Some(h);
         }
     }
 
@@ -97,7 +94,7 @@ impl Daemon {
     /// next start's sweep.
     fn retry_teardown(self: &Arc<Self>, sb: Arc<Sandbox>) {
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("teardown-retry".into()).spawn(move || {
+        super::background("teardown-retry", "the next daemon start sweeps the sandbox", move || {
             let mut pause = Duration::from_secs(1);
             loop {
                 std::thread::sleep(pause);
@@ -108,9 +105,6 @@ impl Daemon {
                 pause = (pause * 2).min(Duration::from_secs(30));
             }
         });
-        if let Err(e) = spawned {
-            tracing::error!("retry the teardown of a sandbox: {e}; the next daemon start sweeps it");
-        }
     }
 
     /// The pool, once no sandbox being torn down matches `which` (or

@@ -80,7 +80,7 @@ impl Daemon {
             return;
         }
         let d = self.clone();
-        let spawned = std::thread::Builder::new().name("warm-pool".into()).spawn(move || {
+        let spawned = super::background("warm-pool", "creates start cold shims", move || {
             // Refilling is background work: it must not compete with the
             // creates and execs it exists to speed up (2-core hosts).
             let _ = strata_shim::sys::set_thread_nice(19);
@@ -111,10 +111,7 @@ impl Daemon {
                 }
             }
         });
-        match spawned {
-            Ok(h) => *lock(&self.warm.thread) = Some(h),
-            Err(e) => tracing::error!("start warm pool thread: {e}"),
-        }
+        *lock(&self.warm.thread) = spawned;
     }
 
     /// One warm shim; `wire`d into a slot of the range with the empty
