@@ -283,12 +283,15 @@ fn placed(d: &Daemon, path: &str, e: ApiError) -> ApiError {
     };
     // The catalog may be slow (or its lock held): not on an async worker.
     match tokio::task::block_in_place(|| d.sandbox_placement(id)) {
-        Ok(Some((host, None))) => {
+        Ok(Some((host, crate::catalog::HostState::Up))) => {
             ApiError::new(ErrorKind::Conflict, format!("sandbox {id} runs on host {host}; ask that host"))
         }
-        Ok(Some((host, Some(why)))) => ApiError::new(
+        Ok(Some((host, state))) => ApiError::new(
             ErrorKind::Conflict,
-            format!("sandbox {id} runs on host {host}, which is down ({why}); ask that host once it is back"),
+            format!(
+                "sandbox {id} runs on host {host}, which is down ({}); ask that host once it is back",
+                state.why_not_up().unwrap_or_default()
+            ),
         ),
         Ok(None) => e,
         Err(lookup) => {

@@ -37,6 +37,46 @@ pub struct HostClaim<'a> {
     pub deadline_ms: i64,
 }
 
+/// Whether a host is up, as its row's `down` column says: NULL (up), the
+/// word `stopped` (its daemon stopped cleanly, `Db::host_stopped`), or why
+/// another host marked it down (no heartbeat within its deadline).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostState {
+    Up,
+    /// Its daemon stopped: its sandboxes go on and its next start adopts
+    /// them; nothing of it is lost.
+    Stopped,
+    /// Marked down by another host (why): its sandboxes are lost to the
+    /// fleet until it is back.
+    Down(String),
+}
+
+/// How a stop is written in the `down` column.
+const STOPPED: &str = "stopped";
+
+impl HostState {
+    fn from_column(down: Option<String>) -> HostState {
+        match down {
+            None => HostState::Up,
+            Some(s) if s == STOPPED => HostState::Stopped,
+            Some(why) => HostState::Down(why),
+        }
+    }
+
+    pub fn is_up(&self) -> bool {
+        *self == HostState::Up
+    }
+
+    /// Why it is not up (`None`: it is).
+    pub fn why_not_up(&self) -> Option<&str> {
+        match self {
+            HostState::Up => None,
+            HostState::Stopped => Some(STOPPED),
+            HostState::Down(why) => Some(why),
+        }
+    }
+}
+
 /// A host's row, and the sandboxes the catalog places on it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostRow {
@@ -46,8 +86,7 @@ pub struct HostRow {
     pub version: String,
     /// Why new work is refused there (`None`: not drained).
     pub drain: Option<String>,
-    /// Why it is down (`None`: up).
-    pub down: Option<String>,
+    pub state: HostState,
     /// Its capacity at the last heartbeat (`types::HostInfo` as JSON).
     pub info: String,
     pub started_at: i64,
@@ -60,8 +99,9 @@ pub struct HostRow {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Beat {
     pub drain: Option<String>,
-    /// The host had been marked down (its heartbeat came too late): why.
-    pub was_down: Option<String>,
+    /// What the row said before this heartbeat: `Down` if another host
+    /// had marked this one down (its heartbeat came too late).
+    pub was: HostState,
 }
 
 /// A host another host found past its deadline.
@@ -86,7 +126,7 @@ fn host_row(r: &Row<'_>) -> Result<HostRow, SqlError> {
         root: r.get(2)?,
         version: r.get(3)?,
         drain: r.get(4)?,
-        down: r.get(5)?,
+        state: HostState::from_column(r.get(5)?),
         info: r.get(6)?,
         started_at: r.get(7)?,
         heartbeat_at: r.get(8)?,
@@ -126,7 +166,7 @@ impl Db {
             .optional()
             .map_err(q("host row"))?;
         if let Some(h) = held {
-            if h.down.is_none() && h.deadline_at > now && (h.machine != claim.machine || h.root != claim.root) {
+            if h.state.is_up() && h.deadline_at > now && (h.machine != claim.machine || h.root != claim.root) {
                 return Err(DbError::HostTaken {
                     id: h.id,
                     machine: h.machine,
@@ -173,7 +213,7 @@ impl Db {
         )
         .map_err(q("heartbeat"))?;
         tx.commit().map_err(q("commit heartbeat"))?;
-        Ok(Beat { drain, was_down: down })
+        Ok(Beat { drain, was: HostState::from_column(down) })
     }
 
     /// Mark every other host past its deadline down; each is returned
@@ -205,7 +245,7 @@ impl Db {
         let Some(id) = self.host.as_deref() else { return Ok(()) };
         let now = now_ms();
         self.conn
-            .execute("UPDATE hosts SET down = 'stopped', deadline_at = ?2 WHERE id = ?1", params![id, now])
+            .execute("UPDATE hosts SET down = ?3, deadline_at = ?2 WHERE id = ?1", params![id, now, STOPPED])
             .map_err(q("record host stop"))
             .map(drop)
     }
@@ -309,19 +349,21 @@ mod tests {
         let down = db.mark_hosts_down().unwrap();
         assert_eq!(down.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["h2"]);
         assert!(db.mark_hosts_down().unwrap().is_empty(), "marked down twice");
-        assert!(db.host("h2").unwrap().unwrap().down.unwrap().starts_with("no heartbeat for"));
+        let state = db.host("h2").unwrap().unwrap().state;
+        assert!(matches!(&state, HostState::Down(why) if why.starts_with("no heartbeat for")), "{state:?}");
         // A down host's id is free for another daemon.
         let row = db.register_host(&claim("h2", "/elsewhere", 60_000)).unwrap();
-        assert_eq!((row.down, row.root.as_str()), (None, "/elsewhere"));
+        assert_eq!((row.state, row.root.as_str()), (HostState::Up, "/elsewhere"));
         // A drain set by another host is what the next heartbeat finds.
         assert!(db.set_host_drain("h2", Some("maintenance")).unwrap().is_some());
         assert!(db.set_host_drain("nope", Some("x")).unwrap().is_none());
         let beat = db.heartbeat("{}", 60_000).unwrap();
-        assert_eq!(beat, Beat { drain: Some("maintenance".into()), was_down: None });
+        assert_eq!(beat, Beat { drain: Some("maintenance".into()), was: HostState::Up });
         db.host_stopped().unwrap();
-        assert_eq!(db.host("h2").unwrap().unwrap().down.as_deref(), Some("stopped"));
+        assert_eq!(db.host("h2").unwrap().unwrap().state, HostState::Stopped);
         let beat = db.heartbeat("{}", 60_000).unwrap();
-        assert_eq!(beat.was_down.as_deref(), Some("stopped"));
+        assert_eq!(beat.was, HostState::Stopped);
+        assert_eq!(db.host("h2").unwrap().unwrap().state, HostState::Up);
         assert_eq!(db.list_hosts().unwrap().len(), 3);
     }
 }

@@ -36,7 +36,7 @@ mod tests;
 pub use baselines::*;
 pub use e2b::{E2bProcess, E2bSandbox, E2bSnapshot, E2bSpec};
 pub use exec_records::*;
-pub use hosts::{now_ms, Beat, DownHost, HostClaim, HostRow, Place};
+pub use hosts::{now_ms, Beat, DownHost, HostClaim, HostRow, HostState, Place};
 pub use images::*;
 pub use lineages::*;
 pub use manifests::ManifestDelete;

@@ -14,7 +14,7 @@
 //! host never reads another host's files. One fetch runs at a time on a
 //! host; a launch that waited for it finds its layers there.
 
-use crate::catalog::DbError;
+use crate::catalog::{DbError, HostState};
 use crate::daemon::{lock, Daemon};
 use crate::error::{Classify, ErrorKind};
 use crate::model::SnapshotType;
@@ -262,14 +262,15 @@ impl Daemon {
     /// As [`Daemon::sandbox_elsewhere`], with why that host is down if the
     /// catalog says it is; `None` too for a row marked stopped there (a
     /// sandbox killed while its host was down: gone, to the fleet).
-    pub fn sandbox_placement(&self, id: &str) -> Result<Option<(String, Option<String>)>, DbError> {
+    pub fn sandbox_placement(&self, id: &str) -> Result<Option<(String, HostState)>, DbError> {
         let place = lock(&self.db).sandbox_place(id)?;
         let Some((Some(host), state)) = place else { return Ok(None) };
         if host == self.cfg.host_id || state == crate::catalog::SandboxState::Stopped {
             return Ok(None);
         }
-        let down = lock(&self.db).host(&host)?.and_then(|h| h.down);
-        Ok(Some((host, down)))
+        // A host with no row (removed meanwhile) is taken as up: ask it.
+        let state = lock(&self.db).host(&host)?.map_or(HostState::Up, |h| h.state);
+        Ok(Some((host, state)))
     }
 
     /// Forget sandbox `id`, which runs on a host the catalog has down and
@@ -280,8 +281,8 @@ impl Daemon {
     /// changed, for any other sandbox (this host's, one whose host is up
     /// or stopped, or came back meanwhile, or no such row).
     pub fn stop_lost_sandbox(&self, id: &str) -> Result<Option<(String, String)>, DbError> {
-        let Some((host, Some(why))) = self.sandbox_placement(id)? else { return Ok(None) };
-        if why == "stopped" || !lock(&self.db).stop_lost_sandbox(id, &host)? {
+        let Some((host, HostState::Down(why))) = self.sandbox_placement(id)? else { return Ok(None) };
+        if !lock(&self.db).stop_lost_sandbox(id, &host)? {
             return Ok(None);
         }
         tracing::warn!("sandbox {id} removed while its host {host} is down ({why}); that host removes it when back");

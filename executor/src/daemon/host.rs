@@ -60,8 +60,8 @@ pub fn hostname() -> String {
 }
 
 fn entry(h: HostRow) -> HostEntry {
-    let (state, reason) = match (h.down, h.drain) {
-        (Some(why), _) => ("down", Some(why)),
+    let (state, reason) = match (h.state.why_not_up(), h.drain) {
+        (Some(why), _) => ("down", Some(why.to_string())),
         (None, Some(why)) => ("draining", Some(why)),
         (None, None) => ("ready", None),
     };
@@ -203,7 +203,7 @@ impl Daemon {
         let seen = lock(&self.pool).drain_changes;
         match db.heartbeat(&info, self.cfg.host_deadline.as_millis() as i64) {
             Ok(beat) => {
-                if let Some(why) = beat.was_down {
+                if let crate::catalog::HostState::Down(why) = beat.was {
                     tracing::warn!(
                         "this host had been marked down ({why}); it is up again (its sandboxes' checkpoints are \
                          fenced where their lineages moved on meanwhile)"

@@ -188,7 +188,7 @@ impl Daemon {
         let mut tried = Vec::new();
         if let Some(h) = place.host.as_deref().filter(|h| *h != self.cfg.host_id) {
             let state = match lock(&self.db).host(h)? {
-                Some(row) if row.down.is_some() => format!("down: {}", row.down.unwrap_or_default()),
+                Some(row) if !row.state.is_up() => format!("down: {}", row.state.why_not_up().unwrap_or_default()),
                 Some(_) => "up".to_string(),
                 None => "not in the catalog".to_string(),
             };

@@ -163,7 +163,7 @@ impl Daemon {
                 .list_hosts()
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|h| h.down.is_none())
+                .filter(|h| h.state.is_up())
                 .map(|h| {
                     let held = serde_json::from_str::<crate::types::HostInfo>(&h.info)
                         .map(|i| i.layers.into_iter().collect())
