@@ -30,75 +30,90 @@ pub struct ImageInfo {
     pub created_at: i64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields)]
-pub struct CreateRequest {
-    pub image: String,
-    /// The sandbox's id (16 lowercase hex characters), chosen by the
-    /// caller; 409 if taken. Default: a random one.
-    #[serde(default)]
-    pub id: Option<String>,
-    /// Seconds to queue for a slot when the host is at `--max-sandboxes`
-    /// (first come, first served; 429 after). Default: 429 at once.
-    #[serde(default)]
-    pub wait: Option<u64>,
-    #[serde(default)]
-    pub memory: Option<u64>,
-    #[serde(default)]
-    pub pids: Option<u64>,
-    #[serde(default)]
-    pub cpus: Option<f64>,
-    /// Cap on what the sandbox writes (its own filesystem of this size).
-    #[serde(default)]
-    pub disk: Option<u64>,
-    #[serde(default)]
-    pub env: Vec<String>,
-    /// `KEY=VALUE`s its commands get as env that are never written to the
-    /// catalog, an exec record or an artifact: held in memory and in a
-    /// root-only file of its lineage (`ROOT/secrets/`), where a resume of
-    /// the lineage on this host finds them unless it names its own.
-    /// `GET` shows their names only.
-    #[serde(default)]
-    pub secret_env: Vec<String>,
-    #[serde(default)]
-    pub hostname: Option<String>,
-    /// Scratch tmpfs mounts, `PATH[:SIZE]` (default 64 MiB); never captured.
-    #[serde(default)]
-    pub scratch: Vec<String>,
-    /// Named host cache dirs, `NAME:PATH`, shared by sandboxes that name
-    /// them; never captured.
-    #[serde(default)]
-    pub cache: Vec<String>,
-    /// `default` (the seccomp filter) or `unconfined` (none).
-    #[serde(default)]
-    pub seccomp: Option<String>,
-    /// Run in its own user namespace: root inside is an unprivileged host id.
-    /// Unset: as the baseline it starts from was captured (else no).
-    #[serde(default)]
-    pub userns: Option<bool>,
-    /// The lineage to work for: a new one with this id (1-64 chars of
-    /// `[A-Za-z0-9._-]`), or a new one with a random id if absent.
-    #[serde(default)]
-    pub work_context: Option<String>,
-    /// Start from the ready baseline `OWNER/REPO@REF` of this image instead
-    /// of the bare image.
-    #[serde(default)]
-    pub baseline: Option<String>,
-    /// Seconds until it is removed or suspended (`on_timeout`); renewable
-    /// (`POST /v1/sandboxes/{id}/timeout`). Default: none.
-    #[serde(default)]
-    pub timeout: Option<u64>,
-    /// `remove` (default: the daemon's `--on-timeout`) or `suspend` (into
-    /// its lineage).
-    #[serde(default)]
-    pub on_timeout: Option<crate::model::OnTimeout>,
-    /// Seconds with no exec running, no attached session and no API call
-    /// naming it, after which it is suspended into its lineage.
-    #[serde(default)]
-    pub idle_timeout: Option<u64>,
-    /// Its network: absent, loopback only.
-    #[serde(default)]
-    pub network: Option<NetworkRequest>,
+/// The settings every way of starting a sandbox takes (create, resume,
+/// fork), written once here: each request type is its own fields plus
+/// these, as one flat object. (serde's `flatten` would give one struct to
+/// embed, but it cannot be used with `deny_unknown_fields`, which every
+/// request keeps: a misspelt field is a 400, not a default.)
+macro_rules! launch_request {
+    ($(#[$attr:meta])* pub struct $name:ident { $($own:tt)* }) => {
+        launch_request! { @shared $(#[$attr])* $name { $($own)* }
+            memory: Option<u64>,
+            pids: Option<u64>,
+            cpus: Option<f64>,
+            /// Cap on what the sandbox writes (its own filesystem of this size).
+            disk: Option<u64>,
+            env: Vec<String>,
+            /// `KEY=VALUE`s its commands get as env that are never written to the
+            /// catalog, an exec record or an artifact: held in memory and in a
+            /// root-only file of its lineage (`ROOT/secrets/`), where a resume of
+            /// the lineage on this host finds them unless it names its own.
+            /// `GET` shows their names only.
+            secret_env: Vec<String>,
+            hostname: Option<String>,
+            /// The sandbox's id (16 lowercase hex characters), chosen by the
+            /// caller; 409 if taken. Default: a random one.
+            id: Option<String>,
+            /// Seconds to queue for a slot when the host is at `--max-sandboxes`
+            /// (first come, first served; 429 after). Default: 429 at once.
+            wait: Option<u64>,
+            /// Scratch tmpfs mounts, `PATH[:SIZE]` (default 64 MiB); never captured.
+            scratch: Vec<String>,
+            /// Named host cache dirs, `NAME:PATH`, shared by sandboxes that name
+            /// them; never captured.
+            cache: Vec<String>,
+            /// `default` (the seccomp filter) or `unconfined` (none).
+            seccomp: Option<String>,
+            /// Run in its own user namespace: root inside is an unprivileged
+            /// host id. Unset: as the chain it starts from was captured (a
+            /// chain captured in one runs only in one; a bare image: no).
+            userns: Option<bool>,
+            /// Seconds until it is removed or suspended (`on_timeout`); renewable
+            /// (`POST /v1/sandboxes/{id}/timeout`). Default: none.
+            timeout: Option<u64>,
+            /// `remove` (default: the daemon's `--on-timeout`) or `suspend` (into
+            /// its lineage).
+            on_timeout: Option<crate::model::OnTimeout>,
+            /// Seconds with no exec running, no attached session and no API call
+            /// naming it, after which it is suspended into its lineage.
+            idle_timeout: Option<u64>,
+            /// Its network. Absent: a create's has loopback only; a resume or
+            /// fork has what the snapshot's sandbox had.
+            network: Option<NetworkRequest>,
+        }
+    };
+    (@shared $(#[$attr:meta])* $name:ident { $($own:tt)* } $($(#[$doc:meta])* $field:ident: $ty:ty,)*) => {
+        $(#[$attr])*
+        #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($own)*
+            $($(#[$doc])* #[serde(default)] pub $field: $ty,)*
+        }
+
+        impl $name {
+            /// The launch settings it holds (a [`LaunchRequest`]'s own
+            /// `count` is not one: `None`).
+            pub fn into_launch(self) -> LaunchRequest {
+                LaunchRequest { $($field: self.$field,)* count: None }
+            }
+        }
+    };
+}
+
+launch_request! {
+    /// `POST /v1/sandboxes`.
+    pub struct CreateRequest {
+        pub image: String,
+        /// The lineage to work for: a new one with this id (1-64 chars of
+        /// `[A-Za-z0-9._-]`), or a new one with a random id if absent.
+        #[serde(default)]
+        pub work_context: Option<String>,
+        /// Start from the ready baseline `OWNER/REPO@REF` of this image instead
+        /// of the bare image.
+        #[serde(default)]
+        pub baseline: Option<String>,
+    }
 }
 
 /// A sandbox's network as a create, resume or fork asks for it, and the
@@ -334,68 +349,13 @@ pub struct CheckpointRequest {
     pub background: bool,
 }
 
-/// Per-sandbox settings of a resume or a fork.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
-#[serde(deny_unknown_fields)]
-pub struct LaunchRequest {
-    #[serde(default)]
-    pub memory: Option<u64>,
-    #[serde(default)]
-    pub pids: Option<u64>,
-    #[serde(default)]
-    pub cpus: Option<f64>,
-    /// Cap on what the sandbox writes (its own filesystem of this size).
-    #[serde(default)]
-    pub disk: Option<u64>,
-    #[serde(default)]
-    pub env: Vec<String>,
-    /// `KEY=VALUE`s its commands get as env that are never written to the
-    /// catalog, an exec record or an artifact: held in memory and in a
-    /// root-only file of its lineage (`ROOT/secrets/`), where a resume of
-    /// the lineage on this host finds them unless it names its own.
-    /// `GET` shows their names only.
-    #[serde(default)]
-    pub secret_env: Vec<String>,
-    #[serde(default)]
-    pub hostname: Option<String>,
-    /// Fork only: how many sandboxes (1-64).
-    #[serde(default)]
-    pub count: Option<u32>,
-    /// The sandbox's id (16 lowercase hex characters), chosen by the
-    /// caller; 409 if taken. Default: a random one.
-    #[serde(default)]
-    pub id: Option<String>,
-    /// Seconds to queue for a slot when the host is at `--max-sandboxes`
-    /// (first come, first served; 429 after). Default: 429 at once.
-    #[serde(default)]
-    pub wait: Option<u64>,
-
-    #[serde(default)]
-    pub scratch: Vec<String>,
-    #[serde(default)]
-    pub cache: Vec<String>,
-    /// `default` (the filter) or `unconfined` (none).
-    #[serde(default)]
-    pub seccomp: Option<String>,
-    /// Run in its own user namespace. Unset: as the snapshot's chain was
-    /// captured (a chain captured in one runs only in one).
-    #[serde(default)]
-    pub userns: Option<bool>,
-    /// Seconds until it is removed or suspended (`on_timeout`); renewable
-    /// (`POST /v1/sandboxes/{id}/timeout`). Default: none.
-    #[serde(default)]
-    pub timeout: Option<u64>,
-    /// `remove` (default: the daemon's `--on-timeout`) or `suspend` (into
-    /// its lineage).
-    #[serde(default)]
-    pub on_timeout: Option<crate::model::OnTimeout>,
-    /// Seconds with no exec running, no attached session and no API call
-    /// naming it, after which it is suspended into its lineage.
-    #[serde(default)]
-    pub idle_timeout: Option<u64>,
-    /// Its network; absent: as the snapshot's sandbox had it.
-    #[serde(default)]
-    pub network: Option<NetworkRequest>,
+launch_request! {
+    /// Per-sandbox settings of a resume or a fork.
+    pub struct LaunchRequest {
+        /// Fork only: how many sandboxes (1-64).
+        #[serde(default)]
+        pub count: Option<u32>,
+    }
 }
 
 /// `POST /v1/sandboxes/{id}/timeout`.
@@ -742,4 +702,38 @@ pub struct RemovalDeferred {
     pub host: String,
     /// Why the catalog has that host down.
     pub host_down: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_launch_requests_take_the_shared_settings_and_refuse_a_misspelt_one() {
+        let shared = serde_json::json!({
+            "memory": 1, "pids": 2, "cpus": 0.5, "disk": 3, "env": ["A=1"], "secret_env": ["S=2"],
+            "hostname": "h", "id": "0123456789abcdef", "wait": 4, "scratch": ["/s"], "cache": ["c:/c"],
+            "seccomp": "default", "userns": true, "timeout": 5, "on_timeout": "suspend", "idle_timeout": 6,
+            "network": {"mode": "egress"},
+        });
+        let mut create = shared.clone();
+        create["image"] = "busybox".into();
+        create["work_context"] = "task".into();
+        let create: CreateRequest = serde_json::from_value(create).unwrap();
+        let mut launch = shared.clone();
+        launch["count"] = 2.into();
+        let launch: LaunchRequest = serde_json::from_value(launch).unwrap();
+        // What a create carries into its launch is what a resume gives.
+        assert_eq!(create.into_launch(), LaunchRequest { count: None, ..launch.clone() });
+        assert_eq!((launch.memory, launch.count, launch.idle_timeout), (Some(1), Some(2), Some(6)));
+        for bad in ["memroy", "count"] {
+            let mut body = shared.clone();
+            body["image"] = "busybox".into();
+            body[bad] = 1.into();
+            let err = serde_json::from_value::<CreateRequest>(body).unwrap_err().to_string();
+            assert!(err.contains(&format!("unknown field `{bad}`")), "{err}");
+        }
+        let err = serde_json::from_value::<LaunchRequest>(serde_json::json!({"image": "x"})).unwrap_err();
+        assert!(err.to_string().contains("unknown field `image`"), "{err}");
+    }
 }

@@ -41,32 +41,14 @@ impl Daemon {
     pub fn create_sandbox(&self, req: CreateRequest) -> Result<SandboxInfo, CreateError> {
         // Validate everything before reserving anything.
         let name: ImageName = req.image.parse()?;
-        let launch = crate::types::LaunchRequest {
-            memory: req.memory,
-            pids: req.pids,
-            cpus: req.cpus,
-            disk: req.disk,
-            env: req.env,
-            secret_env: req.secret_env,
-            hostname: req.hostname,
-            count: None,
-            scratch: req.scratch,
-            cache: req.cache,
-            seccomp: req.seccomp,
-            userns: req.userns,
-            timeout: req.timeout,
-            on_timeout: req.on_timeout,
-            idle_timeout: req.idle_timeout,
-            id: req.id,
-            wait: req.wait,
-            network: req.network,
-        };
-        if let Some(key) = &req.baseline {
-            return Ok(self.create_from_baseline(key, &req.image, req.work_context.as_deref(), launch)?);
+        let (image_name, work_context, baseline) = (req.image.clone(), req.work_context.clone(), req.baseline.clone());
+        let launch = req.into_launch();
+        if let Some(key) = &baseline {
+            return Ok(self.create_from_baseline(key, &image_name, work_context.as_deref(), launch)?);
         }
         let launch = self.launch_spec(launch)?;
         let image = lock(&self.db).image_by_name(&name)?.ok_or(CreateError::NoImage(name))?;
-        let wc = self.new_lineage(req.work_context.as_deref(), image.id, crate::model::StartKind::Image, None)?;
+        let wc = self.new_lineage(work_context.as_deref(), image.id, crate::model::StartKind::Image, None)?;
         let base = Base {
             layers: image.layers.clone(),
             image,
