@@ -240,55 +240,37 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
         ));
     };
     let m = req.method.as_str();
-    let not_allowed = |allow: &'static str| ApiError {
-        allow: Some(allow),
-        ..ApiError::new(
-            ErrorKind::MethodNotAllowed,
-            format!("method {m} not allowed on {} (allowed: {allow})", req.path),
-        )
-    };
     let id = |s: &&str| s.to_string();
 
     use Action as A;
     let action = match (segs.as_slice(), m) {
         (["version"], "GET") => A::Version,
-        (["version"], _) => return Err(not_allowed("GET")),
         (["info"], "GET") => A::Info,
-        (["info"], _) => return Err(not_allowed("GET")),
         (["df"], "GET") => A::DiskUsage,
-        (["df"], _) => return Err(not_allowed("GET")),
         (["drain"], "POST") => A::Drain(Some(body_or_default(req)?)),
         (["drain"], "DELETE") => A::Drain(None),
-        (["drain"], _) => return Err(not_allowed("POST, DELETE")),
         (["hosts"], "GET") => A::ListHosts,
-        (["hosts"], _) => return Err(not_allowed("GET")),
         (["hosts", h], "GET") => A::GetHost(id(h)),
-        (["hosts", _], _) => return Err(not_allowed("GET")),
         (["hosts", h, "drain"], "POST") => A::DrainHost(id(h), Some(body_or_default(req)?)),
         (["hosts", h, "drain"], "DELETE") => A::DrainHost(id(h), None),
-        (["hosts", _, "drain"], _) => return Err(not_allowed("POST, DELETE")),
         (["images"], "GET") => A::ListImages,
-        (["images"], _) => return Err(not_allowed("GET")),
         (["images", "pull"], "POST") => A::PullImage(body(req)?),
-        (["images", "pull"], _) => return Err(not_allowed("POST")),
         (["images", "import"], "POST") => A::ImportImage(body(req)?),
-        (["images", "import"], _) => return Err(not_allowed("POST")),
-        (["images", ..], m) => {
+        // Not image names: another method is the table's 405.
+        (["images", "pull" | "import"], _) => return Err(unrouted(req, &segs)),
+        (["images", _, ..], m) => {
             let name = http::percent_decode(rest.strip_prefix("/images/").unwrap_or(""));
             match m {
                 "GET" => A::GetImage(name),
                 "DELETE" => A::RemoveImage(name),
-                _ => return Err(not_allowed("GET, DELETE")),
+                _ => return Err(unrouted(req, &segs)),
             }
         }
         (["sandboxes"], "GET") => A::ListSandboxes,
         (["sandboxes"], "POST") => A::CreateSandbox(body(req)?),
-        (["sandboxes"], _) => return Err(not_allowed("GET, POST")),
         (["sandboxes", s], "GET") => A::GetSandbox(id(s)),
         (["sandboxes", s], "DELETE") => A::RemoveSandbox(id(s), flag(req, "wait")?),
-        (["sandboxes", _], _) => return Err(not_allowed("GET, DELETE")),
         (["sandboxes", s, "network"], "PUT") => A::SetNetwork(id(s), body(req)?),
-        (["sandboxes", _, "network"], _) => return Err(not_allowed("PUT")),
         (["sandboxes", s, "ports", p], "GET") => {
             let port = p
                 .parse::<u16>()
@@ -303,7 +285,6 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             }
             A::Port(id(s), port)
         }
-        (["sandboxes", _, "ports", _], _) => return Err(not_allowed("GET")),
         (["sandboxes", s, op], "POST") => match *op {
             "checkpoint" => A::Checkpoint(id(s), body_or_default(req)?),
             "suspend" => A::Suspend(id(s)),
@@ -314,25 +295,19 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             "unpause" => A::Unpause(id(s)),
             "timeout" => A::SetTimeout(id(s), body(req)?),
             "exec" => exec_action(id(s), req)?,
-            "logs" | "diff" | "metrics" => return Err(not_allowed("GET")),
-            _ => return Err(no_route(req)),
+            _ => return Err(unrouted(req, &segs)),
         },
         (["sandboxes", s, op], "GET") => match *op {
             "logs" => A::Logs(id(s), flag(req, "output")?),
             "diff" => A::SandboxDiff(id(s)),
             "metrics" => A::Metrics(id(s)),
-            "checkpoint" | "suspend" | "rollback" | "baseline" | "copy" | "pause" | "unpause" | "timeout" | "exec" => {
-                return Err(not_allowed("POST"))
-            }
-            _ => return Err(no_route(req)),
+            _ => return Err(unrouted(req, &segs)),
         },
         (["snapshots"], "GET") => A::ListSnapshots(req.query_params("label")),
-        (["snapshots"], _) => return Err(not_allowed("GET")),
         (["snapshots", "pull"], "POST") => A::PullSnapshot(body(req)?),
-        (["snapshots", "pull"], _) => return Err(not_allowed("POST")),
+        (["snapshots", "pull"], _) => return Err(unrouted(req, &segs)),
         (["snapshots", s], "GET") => A::GetSnapshot(id(s)),
         (["snapshots", s], "DELETE") => A::RemoveSnapshot(id(s)),
-        (["snapshots", _], _) => return Err(not_allowed("GET, DELETE")),
         (["snapshots", s, op], "POST") => match *op {
             "push" => A::PushSnapshot(id(s), body(req)?),
             "export" => A::Export(id(s), body(req)?),
@@ -343,8 +318,7 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             "promote" => A::Promote(id(s)),
             "retain" => A::Retain(id(s), true),
             "release" => A::Retain(id(s), false),
-            "logs" | "diff" | "evaluations" | "result" => return Err(not_allowed("GET")),
-            _ => return Err(no_route(req)),
+            _ => return Err(unrouted(req, &segs)),
         },
         (["snapshots", s, op], "GET") => match *op {
             "logs" => A::Logs(id(s), flag(req, "output")?),
@@ -352,10 +326,7 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             "diff" => A::SnapshotDiff(id(s)),
             "evaluations" => A::Evaluations(id(s)),
             "result" => A::SealedResult(id(s)),
-            "push" | "export" | "resume" | "fork" | "evaluate" | "labels" | "retain" | "release" | "promote" => {
-                return Err(not_allowed("POST"))
-            }
-            _ => return Err(no_route(req)),
+            _ => return Err(unrouted(req, &segs)),
         },
         (["gc"], "POST") => {
             let r: types::GcRequest = body_or_default(req)?;
@@ -367,29 +338,99 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
                 stale_after: r.stale_after_secs.map(Duration::from_secs),
             }
         }
-        (["gc"], _) => return Err(not_allowed("POST")),
         (["lineages"], "GET") => A::ListLineages,
-        (["lineages"], _) => return Err(not_allowed("GET")),
         (["lineages", s], "GET") => A::Lineage(id(s)),
-        (["lineages", _], _) => return Err(not_allowed("GET")),
         (["lineages", s, "resume"], "POST") => A::ResumeLineage(id(s), body_or_default(req)?),
         (["lineages", s, "retire"], "POST") => A::RetireLineage(id(s)),
         (["lineages", s, "close"], "POST") => A::CloseLineage(id(s), body(req)?),
-        (["lineages", _, "resume" | "retire" | "close"], _) => return Err(not_allowed("POST")),
-        (["sandboxes" | "snapshots", _, op], _) if known_op(segs[0], op) => {
-            return Err(not_allowed(if matches!(*op, "logs" | "diff" | "evaluations" | "result") {
-                "GET"
-            } else {
-                "POST"
-            }))
-        }
-        _ => return Err(no_route(req)),
+        _ => return Err(unrouted(req, &segs)),
     };
     Ok(action)
 }
 
-fn no_route(req: &http::Request) -> ApiError {
-    ApiError::new(ErrorKind::NotFound, format!("no route {} {}", req.method, req.path))
+/// Every route under `/v1` and the methods it takes, first match wins:
+/// `*` is one segment, `**` one or more (an image name has slashes). A
+/// request whose path is here and whose method is not is a 405 with this
+/// `Allow`; a path not here is a 404. `parse`'s match dispatches; the test
+/// `the_route_table_is_what_parse_routes` checks that the two agree.
+pub(super) const ROUTES: &[(&str, &str)] = &[
+    ("version", "GET"),
+    ("info", "GET"),
+    ("df", "GET"),
+    ("drain", "POST, DELETE"),
+    ("hosts", "GET"),
+    ("hosts/*", "GET"),
+    ("hosts/*/drain", "POST, DELETE"),
+    ("images", "GET"),
+    ("images/pull", "POST"),
+    ("images/import", "POST"),
+    ("images/**", "GET, DELETE"),
+    ("sandboxes", "GET, POST"),
+    ("sandboxes/*", "GET, DELETE"),
+    ("sandboxes/*/network", "PUT"),
+    ("sandboxes/*/ports/*", "GET"),
+    ("sandboxes/*/checkpoint", "POST"),
+    ("sandboxes/*/suspend", "POST"),
+    ("sandboxes/*/rollback", "POST"),
+    ("sandboxes/*/baseline", "POST"),
+    ("sandboxes/*/copy", "POST"),
+    ("sandboxes/*/pause", "POST"),
+    ("sandboxes/*/unpause", "POST"),
+    ("sandboxes/*/timeout", "POST"),
+    ("sandboxes/*/exec", "POST"),
+    ("sandboxes/*/logs", "GET"),
+    ("sandboxes/*/diff", "GET"),
+    ("sandboxes/*/metrics", "GET"),
+    ("snapshots", "GET"),
+    ("snapshots/pull", "POST"),
+    ("snapshots/*", "GET, DELETE"),
+    ("snapshots/*/push", "POST"),
+    ("snapshots/*/export", "POST"),
+    ("snapshots/*/resume", "POST"),
+    ("snapshots/*/fork", "POST"),
+    ("snapshots/*/evaluate", "POST"),
+    ("snapshots/*/labels", "POST"),
+    ("snapshots/*/promote", "POST"),
+    ("snapshots/*/retain", "POST"),
+    ("snapshots/*/release", "POST"),
+    ("snapshots/*/logs", "GET"),
+    ("snapshots/*/diff", "GET"),
+    ("snapshots/*/evaluations", "GET"),
+    ("snapshots/*/result", "GET"),
+    ("gc", "POST"),
+    ("lineages", "GET"),
+    ("lineages/*", "GET"),
+    ("lineages/*/resume", "POST"),
+    ("lineages/*/retire", "POST"),
+    ("lineages/*/close", "POST"),
+];
+
+/// The methods the route `segs` matches takes (`None`: no such route).
+pub(super) fn allowed(segs: &[&str]) -> Option<&'static str> {
+    ROUTES.iter().find(|(pattern, _)| route_matches(pattern, segs)).map(|(_, allow)| *allow)
+}
+
+fn route_matches(pattern: &str, segs: &[&str]) -> bool {
+    let parts: Vec<&str> = pattern.split('/').collect();
+    match parts.split_last() {
+        Some((&"**", head)) => segs.len() > head.len() && route_matches(&head.join("/"), &segs[..head.len()]),
+        _ => parts.len() == segs.len() && parts.iter().zip(segs).all(|(p, s)| *p == "*" || p == s),
+    }
+}
+
+/// What a request `parse` does not route gets: 405 with the route's
+/// `Allow` if the path is a route, else 404.
+fn unrouted(req: &http::Request, segs: &[&str]) -> ApiError {
+    match allowed(segs) {
+        Some(allow) => ApiError {
+            allow: Some(allow),
+            ..ApiError::new(
+                ErrorKind::MethodNotAllowed,
+                format!("method {} not allowed on {} (allowed: {allow})", req.method, req.path),
+            )
+        },
+        None => ApiError::new(ErrorKind::NotFound, format!("no route {} {}", req.method, req.path)),
+    }
 }
 
 /// A boolean query parameter: absent or `false` is false, `true` (or
@@ -399,44 +440,6 @@ fn flag(req: &http::Request, key: &str) -> Result<bool, ApiError> {
         None | Some("false") | Some("0") => Ok(false),
         Some("true") | Some("1") | Some("") => Ok(true),
         Some(v) => Err(ApiError::new(ErrorKind::InvalidArgument, format!("{key}={v:?}: use true or false"))),
-    }
-}
-
-/// Whether `op` is an operation on a sandbox or snapshot (so another
-/// method on it is a 405, not a 404).
-fn known_op(on: &str, op: &str) -> bool {
-    match on {
-        "sandboxes" => {
-            matches!(
-                op,
-                "checkpoint"
-                    | "suspend"
-                    | "rollback"
-                    | "baseline"
-                    | "copy"
-                    | "pause"
-                    | "unpause"
-                    | "exec"
-                    | "logs"
-                    | "diff"
-            )
-        }
-        _ => matches!(
-            op,
-            "promote"
-                | "push"
-                | "export"
-                | "resume"
-                | "fork"
-                | "logs"
-                | "diff"
-                | "evaluate"
-                | "evaluations"
-                | "labels"
-                | "retain"
-                | "release"
-                | "result"
-        ),
     }
 }
 

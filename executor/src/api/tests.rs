@@ -142,3 +142,29 @@ fn an_exec_is_attached_only_when_it_asks_for_the_exec_protocol() {
     r.body = br#"{"argv":["sh"]}"#.to_vec();
     assert_eq!(parse(&r).unwrap_err().kind, ErrorKind::InvalidArgument);
 }
+
+#[test]
+fn the_route_table_is_what_parse_routes() {
+    use super::parse::ROUTES;
+    for (pattern, allow) in ROUTES {
+        let path = format!("/v1/{}", pattern.replace("**", "busybox").replace('*', "0123456789abcdef"));
+        let methods: Vec<&str> = allow.split(", ").collect();
+        for m in ["GET", "POST", "PUT", "DELETE", "PATCH"] {
+            let got = parsed(m, &path, "");
+            if methods.contains(&m) {
+                // Routed: it may still be bad input (no body), never 404 or 405.
+                if let Err(e) = got {
+                    assert!(
+                        !matches!(e.kind, ErrorKind::MethodNotAllowed | ErrorKind::NotFound),
+                        "{m} {path} is in the table but parse answers {:?}: {}",
+                        e.kind,
+                        e.message
+                    );
+                }
+            } else {
+                let e = got.err().unwrap_or_else(|| panic!("{m} {path} is routed, but the table allows only {allow}"));
+                assert_eq!((e.kind, e.allow), (ErrorKind::MethodNotAllowed, Some(*allow)), "{m} {path}");
+            }
+        }
+    }
+}
