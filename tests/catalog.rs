@@ -54,7 +54,7 @@ fn lineage(db: &mut Db, wc: &str, hosts: usize) -> (i64, Vec<SandboxId>) {
 /// lineage's head moved since `sb` observed it.
 fn append(db: &mut Db, image: i64, sb: &SandboxId, n: u64) -> Result<SnapshotRow, strata::catalog::Fence> {
     let l = layer(n);
-    let mut snap = SnapshotRow::new(image, None, &l, sb, serde_json::json!({}));
+    let mut snap = SnapshotRow::new(image, None, &l, sb, Default::default());
     db.append_checkpoint(sb, &mut snap, &l, false, false).unwrap().map(|()| snap)
 }
 

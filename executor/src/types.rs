@@ -408,7 +408,7 @@ pub struct SnapshotInfo {
     /// Capture statistics: entries, bytes, whiteouts, opaque_dirs,
     /// hardlinks, tar_bytes; timings in ms (frozen_ms, blob_ms, total_ms,
     /// seal_ms).
-    pub info: serde_json::Value,
+    pub info: crate::records::SnapshotMeta,
     /// What it costs the store: its own layer unpacked, and its whole
     /// chain's layers and blobs (a resume mounts the chain).
     #[serde(default)]

@@ -167,11 +167,7 @@ impl Db {
                 let id = insert_exec_record_in(&tx, r, true)?;
                 range = (if i == 0 { id - 1 } else { range.0 }, id);
             }
-            if let Some(o) = p.row.info.as_object_mut() {
-                o.insert("log_from".into(), range.0.into());
-                o.insert("log_upto".into(), range.1.into());
-                o.insert("log_pulled".into(), true.into());
-            }
+            (p.row.info.log_from, p.row.info.log_upto, p.row.info.log_pulled) = (Some(range.0), Some(range.1), true);
             p.row.image_id = image_id;
             p.row.layer = p.layer.id.clone();
             p.row.diff_id = p.layer.diff_id.clone();
@@ -223,9 +219,7 @@ impl Db {
                         })
                     };
                     if let Some(why) = outside {
-                        if let Some(o) = p.row.info.as_object_mut() {
-                            o.insert("outside_lineage".into(), why.into());
-                        }
+                        p.row.info.outside_lineage = Some(why);
                         p.row.state = SnapshotState::Superseded;
                         insert_pulled_row(&tx, &p.row, self.host.as_deref())?;
                     } else {
@@ -249,7 +243,7 @@ impl Db {
                     // Not eligible for new work until this host checked it
                     // (`Daemon::admit_pulled_baseline`).
                     p.row.state = SnapshotState::Superseded;
-                    p.row.info["ineligible"] = serde_json::json!(PULLED_UNCHECKED);
+                    p.row.info.ineligible = Some(PULLED_UNCHECKED.to_string());
                     insert_pulled_row(&tx, &p.row, self.host.as_deref())?;
                 }
                 _ => return Err(DbError::Invalid(format!("pulled snapshot {} has neither lineage nor key", p.row.id))),

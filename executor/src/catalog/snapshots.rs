@@ -41,7 +41,7 @@ pub struct SnapshotRow {
     pub compression: BlobCompression,
     pub source_sandbox: String,
     /// Capture statistics and timings (JSON).
-    pub info: serde_json::Value,
+    pub info: crate::records::SnapshotMeta,
     pub created_at: i64,
 }
 
@@ -55,7 +55,7 @@ impl SnapshotRow {
         parent_id: Option<SnapshotId>,
         layer: &LayerRow,
         source: &SandboxId,
-        info: serde_json::Value,
+        info: crate::records::SnapshotMeta,
     ) -> SnapshotRow {
         SnapshotRow {
             id: SnapshotId::random(),
@@ -228,7 +228,7 @@ impl Db {
     ) -> Result<Result<SnapshotId, Fence>, DbError> {
         let id = SnapshotId::random();
         let placeholder = LayerRow { id: LayerId::suspended(&id), diff_id: None, size: 0, entries: 0 };
-        let mut snap = SnapshotRow::new(image_id, parent, &placeholder, sandbox, serde_json::json!({}));
+        let mut snap = SnapshotRow::new(image_id, parent, &placeholder, sandbox, Default::default());
         snap.id = id;
         let info = "{}";
         let tx = self.conn.transaction(true).map_err(q("begin capture"))?;
@@ -291,7 +291,7 @@ impl Db {
                 blob_size: r.get::<_, i64>(6)? as u64,
                 compression: r.get(7)?,
                 source_sandbox: r.get(8)?,
-                info: serde_json::Value::Null,
+                info: Default::default(),
                 created_at: r.get(10)?,
                 class: r.get(11)?,
                 state: r.get(12)?,
@@ -314,7 +314,8 @@ impl Db {
     }
 
     pub(super) fn decode_snapshot((mut row, info): (SnapshotRow, String)) -> Result<SnapshotRow, DbError> {
-        row.info = serde_json::from_str(&info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
+        row.info = crate::records::SnapshotMeta::decode(&info)
+            .map_err(|source| DbError::Decode { what: "snapshot info", source })?;
         Ok(row)
     }
 
@@ -339,7 +340,7 @@ impl Db {
         digest: &str,
         size: u64,
         layer: &LayerRow,
-        info: &serde_json::Value,
+        info: &crate::records::SnapshotMeta,
     ) -> Result<(), DbError> {
         let info = serde_json::to_string(info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
         let tx = self.conn.transaction(false).map_err(q("begin set blob"))?;
@@ -425,7 +426,7 @@ impl Db {
     /// lineage's start): a resume of the work context never lands on it,
     /// and a sandbox that observed it is fenced out of the lineage. It can
     /// still be resumed or forked by id.
-    pub fn set_seal_failed(&mut self, id: &str, info: &serde_json::Value) -> Result<(), DbError> {
+    pub fn set_seal_failed(&mut self, id: &str, info: &crate::records::SnapshotMeta) -> Result<(), DbError> {
         let info = serde_json::to_string(info).map_err(|source| DbError::Decode { what: "snapshot info", source })?;
         let tx = self.conn.transaction(true).map_err(q("begin seal failed"))?;
         let (wc, predecessor): (Option<String>, Option<String>) = tx
@@ -488,7 +489,7 @@ impl Db {
         let mut cur = Some(id.to_string());
         while let Some(c) = cur {
             let Some(row) = self.snapshot(&c)? else { break };
-            let compacted = row.info["compacted"].as_bool().unwrap_or(false);
+            let compacted = row.info.compacted;
             cur = if compacted { None } else { row.parent_id.as_deref().map(str::to_string) };
             chain.push(row);
         }

@@ -264,7 +264,7 @@ fn a_capture_is_a_row_from_its_start_and_ends_appended_or_failed() {
     let (mut db, img, sb) = one_sandbox_in("w");
     let (l, _) = layer('2');
     let begin = |db: &mut Db| {
-        let mut row = SnapshotRow::new(img, None, &l, &sb, serde_json::json!({}));
+        let mut row = SnapshotRow::new(img, None, &l, &sb, Default::default());
         row.id = db.begin_capture(&sb, img, None).unwrap().unwrap();
         row
     };
@@ -287,7 +287,7 @@ fn a_capture_is_a_row_from_its_start_and_ends_appended_or_failed() {
     // fail at start-up.
     db.capture_failed(&b.id, "no space").unwrap();
     let got = db.snapshot(&b.id).unwrap().unwrap();
-    assert_eq!((got.state, got.info["capture_error"].as_str()), (SnapshotState::Failed, Some("no space")));
+    assert_eq!((got.state, got.info.capture_error.as_deref()), (SnapshotState::Failed, Some("no space")));
     assert_eq!(db.work_context("w").unwrap().unwrap().head_id, Some(a.id.clone()));
     let c = begin(&mut db);
     assert_eq!(db.fail_interrupted_captures().unwrap(), 1);

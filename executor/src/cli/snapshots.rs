@@ -267,7 +267,7 @@ pub(super) fn snapshot(cli: &Cli, cmd: &SnapshotCmd) -> Result<i32> {
                     s.layers.len(),
                     s.blob_size,
                     s.state,
-                    s.info["frozen_ms"].as_f64().unwrap_or(0.0),
+                    s.info.shown.get("frozen_ms").and_then(serde_json::Value::as_f64).unwrap_or(0.0),
                     if s.retained { "(retained) " } else { "" },
                     labels.join(",")
                 );

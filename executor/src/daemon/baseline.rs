@@ -259,11 +259,10 @@ impl Daemon {
         // Layer and blob are on disk before the row names them.
         store.sync()?;
 
-        let mut info = serde_json::json!({
-            "frozen_ms": frozen.as_secs_f64() * 1000.0,
-            "total_ms": started.elapsed().as_secs_f64() * 1000.0,
-            "worker_cpu_ms": cpu.as_secs_f64() * 1000.0,
-        });
+        let mut info = crate::records::SnapshotMeta::default();
+        info.show("frozen_ms", frozen.as_secs_f64() * 1000.0);
+        info.show("total_ms", started.elapsed().as_secs_f64() * 1000.0);
+        info.show("worker_cpu_ms", cpu.as_secs_f64() * 1000.0);
         merge_stats(&mut info, &stats);
         mark_userns(&mut info, sb);
         let mut row = SnapshotRow::new(image_id, None, &layer, &sb.id, info);

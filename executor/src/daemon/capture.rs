@@ -73,7 +73,7 @@ pub(crate) struct Sealed {
 }
 
 /// Put a delta's statistics into a snapshot's info.
-pub(crate) fn merge_stats(info: &mut serde_json::Value, stats: &crate::store::diff::DeltaStats) {
+pub(crate) fn merge_stats(info: &mut crate::records::SnapshotMeta, stats: &crate::store::diff::DeltaStats) {
     for (k, v) in [
         ("entries", stats.entries),
         ("bytes", stats.bytes),
@@ -82,7 +82,7 @@ pub(crate) fn merge_stats(info: &mut serde_json::Value, stats: &crate::store::di
         ("hardlinks", stats.hardlinks),
         ("tar_bytes", stats.tar_bytes),
     ] {
-        info[k] = serde_json::json!(v);
+        info.show(k, v);
     }
 }
 
@@ -172,6 +172,8 @@ pub enum CaptureError {
     Worker(#[source] crate::worker::WorkerError),
     /// sandbox {0} was removed (or suspended) during its checkpoint
     RemovedMeanwhile(SandboxId),
+    /// checkpoint {0} names no exec log segment: an increment on it cannot continue its log
+    NoLogSegment(SnapshotId),
     /// {what} refused: {fence}
     Fenced { what: &'static str, fence: crate::catalog::Fence },
     /// sandbox {0} is not running or paused
@@ -223,6 +225,7 @@ impl Classify for CaptureError {
                 ErrorKind::Conflict
             }
             C::Stopping | C::SealFailed { .. } => ErrorKind::Conflict,
+            C::NoLogSegment(_) => ErrorKind::Internal,
             C::Worker(e) => match e.errno() {
                 Some(libc::ENOSPC) | Some(libc::EDQUOT) => ErrorKind::NoSpace,
                 _ => ErrorKind::Internal,
@@ -269,19 +272,27 @@ pub(crate) fn removed_meanwhile(sb: &crate::sandbox::Sandbox) -> CaptureError {
     CaptureError::RemovedMeanwhile(sb.id.clone())
 }
 
-pub(crate) fn mark_userns(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
-    if sb.spec.userns.is_some() {
-        info["userns"] = serde_json::Value::Bool(true);
-    }
+pub(crate) fn mark_userns(info: &mut crate::records::SnapshotMeta, sb: &crate::sandbox::Sandbox) {
+    info.userns = sb.spec.userns.is_some();
 }
 
 /// A checkpoint or suspend keeps its sandbox's network (mode and policy: a
 /// sandbox started from it gets an address of its own). A baseline does
 /// not: it is a repository's state, and new work from it starts with the
 /// network its create asks for, not the publisher's.
-pub(crate) fn mark_network(info: &mut serde_json::Value, sb: &crate::sandbox::Sandbox) {
+pub(crate) fn mark_network(info: &mut crate::records::SnapshotMeta, sb: &crate::sandbox::Sandbox) {
     if sb.spec.network.mode != crate::net::NetworkMode::None {
-        info["network"] = serde_json::to_value(sb.network_kept()).unwrap_or_default();
+        info.network = Some(sb.network_kept());
+    }
+}
+
+/// Where the log segment of an increment on `since` (the sandbox's last
+/// checkpoint) starts: where that one's ended. A checkpoint that names no
+/// segment cannot be continued (its row is not one this daemon wrote).
+pub(crate) fn log_from(sb: &crate::sandbox::Sandbox, since: Option<&SnapshotRow>) -> Result<i64, CaptureError> {
+    match since {
+        None => Ok(sb.spec.log_from),
+        Some(row) => row.info.log_upto.ok_or_else(|| CaptureError::NoLogSegment(row.id.clone())),
     }
 }
 
@@ -515,22 +526,23 @@ impl Daemon {
         })();
         let (image, log_upto) = looked_up?;
         let stats = &sealed.stats;
-        let mut info = serde_json::json!({
-            "frozen_ms": sealed.frozen.as_secs_f64() * 1000.0,
-            "blob_ms": blob_at.as_secs_f64() * 1000.0,
-            "total_ms": started.elapsed().as_secs_f64() * 1000.0,
-            "precopy_ms": spec.as_ref().map_or(0.0, |(p, _)| p.took.as_secs_f64() * 1000.0),
-            "precopied_bytes": spec.as_ref().map_or(0, |(p, _)| p.bytes),
-            "blob_ahead": spec.as_ref().is_some_and(|(_, missed)| missed.is_none()),
-            "ahead_missed": spec.as_ref().and_then(|(_, missed)| missed.clone()),
-            "reused_bytes": reused,
-            // An increment's log starts where its parent's ended.
-            "log_from": since.map_or(sb.spec.log_from, |(row, _)| row.info["log_upto"].as_i64().unwrap_or(0)),
-            "log_upto": log_upto,
-            "incremental": since.is_some(),
-            "compacted": sealed.compacted,
-            "worker_cpu_ms": worker_cpu.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1000.0,
-        });
+        // An increment's log starts where its parent's ended.
+        let mut info = crate::records::SnapshotMeta {
+            log_from: Some(log_from(sb, since.map(|(row, _)| row))?),
+            log_upto: Some(log_upto),
+            compacted: sealed.compacted,
+            ..Default::default()
+        };
+        info.show("frozen_ms", sealed.frozen.as_secs_f64() * 1000.0);
+        info.show("blob_ms", blob_at.as_secs_f64() * 1000.0);
+        info.show("total_ms", started.elapsed().as_secs_f64() * 1000.0);
+        info.show("precopy_ms", spec.as_ref().map_or(0.0, |(p, _)| p.took.as_secs_f64() * 1000.0));
+        info.show("precopied_bytes", spec.as_ref().map_or(0, |(p, _)| p.bytes));
+        info.show("blob_ahead", spec.as_ref().is_some_and(|(_, missed)| missed.is_none()));
+        info.show("ahead_missed", spec.as_ref().and_then(|(_, missed)| missed.clone()));
+        info.show("reused_bytes", reused);
+        info.show("incremental", since.is_some());
+        info.show("worker_cpu_ms", worker_cpu.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1000.0);
         merge_stats(&mut info, stats);
         mark_userns(&mut info, sb);
         mark_network(&mut info, sb);
@@ -553,7 +565,7 @@ impl Daemon {
             }
         });
         // Until layer and blob are durable: all the checkpoint but the row.
-        row.info["total_ms"] = (started.elapsed().as_secs_f64() * 1000.0).into();
+        row.info.show("total_ms", started.elapsed().as_secs_f64() * 1000.0);
         let mut db = lock(&self.db);
         // Refused: what this capture made is the collector's once the
         // lease ends; the sandbox runs on.

@@ -181,7 +181,7 @@ pub(crate) struct SnapshotMeta {
     pub(crate) predecessor_id: Option<SnapshotId>,
     pub(crate) baseline: Option<Baseline>,
     pub(crate) source_sandbox: String,
-    pub(crate) info: serde_json::Value,
+    pub(crate) info: crate::records::SnapshotMeta,
     pub(crate) created_at: i64,
 }
 

@@ -73,8 +73,8 @@ pub(crate) fn own_log(
     s: &SnapshotRow,
     output: bool,
 ) -> Result<Vec<crate::catalog::ExecRecord>, crate::catalog::DbError> {
-    let (from, upto) = (s.info["log_from"].as_i64().unwrap_or(0), s.info["log_upto"].as_i64().unwrap_or(0));
-    let sandbox = (s.info["log_pulled"] != true).then_some(s.source_sandbox.as_str());
+    let Some((from, upto)) = s.info.log_segment() else { return Ok(Vec::new()) };
+    let sandbox = (!s.info.log_pulled).then_some(s.source_sandbox.as_str());
     db.exec_records(sandbox, from, Some(upto), output)
 }
 

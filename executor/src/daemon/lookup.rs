@@ -54,10 +54,10 @@ pub(crate) fn restorable(row: &SnapshotRow) -> Result<(), SnapshotLookupError> {
     let why = match row.state {
         SnapshotState::Capturing => "is still being captured",
         SnapshotState::Deleting => return Err(SnapshotLookupError::BeingRemoved(row.id.clone())),
-        SnapshotState::Failed if row.info.get("capture_error").is_some() => "is a capture that failed",
+        SnapshotState::Failed if row.info.capture_error.is_some() => "is a capture that failed",
         _ => return Ok(()),
     };
-    let reason = row.info["capture_error"].as_str().map(|e| format!(" ({e})")).unwrap_or_default();
+    let reason = row.info.capture_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default();
     Err(SnapshotLookupError::NotRestorable(format!("snapshot {} {why}{reason}", row.id)))
 }
 

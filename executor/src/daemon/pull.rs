@@ -276,9 +276,7 @@ impl Daemon {
                 .enumerate()
                 .map(|(k, ((m, l), layer))| {
                     let mut info = m.info.clone();
-                    if let Some(o) = info.as_object_mut() {
-                        o.insert("pulled_from".into(), serde_json::Value::String(reference.to_string()));
-                    }
+                    info.pulled_from = Some(reference.to_string());
                     PulledSnapshot {
                         row: SnapshotRow {
                             id: m.id.clone(),
@@ -318,7 +316,7 @@ impl Daemon {
             // Pulled baselines serve new work only once checked here.
             for p in snaps.iter().filter(|p| p.row.baseline.is_some()) {
                 let unchecked = lock(&self.db).snapshot(&p.row.id)?.is_some_and(|r| {
-                    r.info["ineligible"] == crate::catalog::PULLED_UNCHECKED
+                    r.info.ineligible.as_deref() == Some(crate::catalog::PULLED_UNCHECKED)
                 });
                 if unchecked {
                     self.admit_pulled_baseline(&p.row.id);

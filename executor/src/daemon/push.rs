@@ -83,7 +83,7 @@ impl Daemon {
             // A chain pulled from this registry: its blobs are mounted from
             // the repository it came from instead of uploaded again.
             let mount_from = chain.iter().rev().find_map(|s| {
-                let r = Reference::parse(s.info["pulled_from"].as_str()?).ok()?;
+                let r = Reference::parse(s.info.pulled_from.as_deref()?).ok()?;
                 (r.registry == reference.registry).then_some(r.repository)
             });
             for b in &blobs {
@@ -153,7 +153,7 @@ impl Daemon {
                     .image_by_id(row.image_id)?
                     .ok_or_else(|| TransferError::Missing("snapshot's image row is missing"))?;
                 let chain = db.snapshot_layer_chain(&row.id)?;
-                if let Some((s, why)) = chain.iter().find_map(|s| Some((s, s.info.get("seal_error")?.as_str()?))) {
+                if let Some((s, why)) = chain.iter().find_map(|s| Some((s, s.info.seal_error.as_deref()?))) {
                     return Err(TransferError::NoBlob { id: s.id.clone(), why: why.to_string() });
                 }
                 let mut pending = false;

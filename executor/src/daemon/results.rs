@@ -247,7 +247,7 @@ impl Daemon {
             parents: chain.iter().rev().skip(1).cloned().collect(),
             source_sandbox: row.source_sandbox.clone(),
             host: self.cfg.host_id.clone(),
-            pulled_from: row.info["pulled_from"].as_str().map(str::to_string),
+            pulled_from: row.info.pulled_from.clone(),
             strata_version: env!("CARGO_PKG_VERSION").into(),
         };
         Ok(SealedResult {

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::time::Instant;
 
 use super::capture::{
-    mark_network, mark_userns, merge_stats, move_or_copy_upper, own_layer_id, store_err, worker_err, CaptureError,
-    Compacted,
+    log_from, mark_network, mark_userns, merge_stats, move_or_copy_upper, own_layer_id, store_err, worker_err,
+    CaptureError, Compacted,
 };
 use crate::catalog::{LayerRow, SnapshotRow};
 use crate::daemon::{lock, Daemon};
@@ -78,16 +78,24 @@ impl Daemon {
                 }
             };
             crate::failpoint::hit("suspend:layer-committed");
-            let mut info = serde_json::json!({
-                "suspended": true,
-                "compacted": compacted.is_some(),
-                "total_ms": started.elapsed().as_secs_f64() * 1000.0,
-                "log_from": since.as_ref().map_or(sb.spec.log_from, |(row, _)| row.info["log_upto"].as_i64().unwrap_or(0)),
-                "log_upto": log_upto,
-                "incremental": since.is_some(),
+            let from = match log_from(sb, since.as_ref().map(|(row, _)| row)) {
+                Ok(f) => f,
+                Err(e) => {
+                    give_back();
+                    return Err(e);
+                }
+            };
+            let mut info = crate::records::SnapshotMeta {
+                log_from: Some(from),
+                log_upto: Some(log_upto),
+                compacted: compacted.is_some(),
                 // For the seal's worker (`seal_blob`): the sandbox's quota.
-                "cpus": sb.spec.limits.cpus,
-            });
+                cpus: sb.spec.limits.cpus,
+                ..Default::default()
+            };
+            info.show("suspended", true);
+            info.show("total_ms", started.elapsed().as_secs_f64() * 1000.0);
+            info.show("incremental", since.is_some());
             if let Some(c) = &compacted {
                 merge_stats(&mut info, &c.stats);
             }
@@ -208,7 +216,7 @@ impl Daemon {
             if sealing.stopped {
                 return Err(CaptureError::Stopping);
             }
-            let cg = crate::sandbox::capture_cgroup(&sandbox_cg, row.info["cpus"].as_f64())?;
+            let cg = crate::sandbox::capture_cgroup(&sandbox_cg, row.info.cpus)?;
             sealing.cgroup = Some(sandbox_cg.clone());
             cg
         };
@@ -234,7 +242,7 @@ impl Daemon {
                 if let crate::worker::WorkerError::Failed(f) = &e {
                     if f.content {
                         let mut info = row.info.clone();
-                        info["seal_error"] = serde_json::json!(f.message);
+                        info.seal_error = Some(f.message.clone());
                         lock(&self.db).set_seal_failed(id, &info)?;
                         return Err(CaptureError::SealFailed { id: id.to_string(), message: f.message.clone() });
                     }
@@ -250,8 +258,8 @@ impl Daemon {
         }
         let mut info = row.info.clone();
         merge_stats(&mut info, &stats);
-        info["seal_ms"] = serde_json::json!(started.elapsed().as_secs_f64() * 1000.0);
-        info["worker_cpu_ms"] = serde_json::json!(cpu.as_secs_f64() * 1000.0);
+        info.show("seal_ms", started.elapsed().as_secs_f64() * 1000.0);
+        info.show("worker_cpu_ms", cpu.as_secs_f64() * 1000.0);
         let diff_id = Some(format!("sha256:{hex}").parse()?);
         let layer = LayerRow { id: row.layer.clone(), diff_id, size: stats.bytes, entries: stats.entries };
         lock(&self.db).set_snapshot_blob(id, &format!("sha256:{bhex}"), size, &layer, &info)?;

@@ -120,7 +120,7 @@ impl Daemon {
         let chain = db.snapshot_layer_chain(&row.id)?;
         // The chain ends at the nearest compacted snapshot, whose sandbox
         // ran on everything below it: marked if anything below was.
-        let captured_in_userns = chain.iter().any(|s| s.info["userns"] == true);
+        let captured_in_userns = chain.iter().any(|s| s.info.userns);
         layers.extend(chain.into_iter().map(|s| s.layer));
         // A pulled chain may not be unpacked yet (one query; usually none is
         // waiting, and launches stay free of per-layer lookups).
@@ -150,7 +150,7 @@ impl Daemon {
             rung: Rung::Snapshot,
             captured_in_userns,
             fell: Vec::new(),
-            network: serde_json::from_value::<crate::net::NetworkSpec>(row.info["network"].clone()).ok(),
+            network: row.info.network.clone(),
         })
     }
 
