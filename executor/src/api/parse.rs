@@ -406,7 +406,7 @@ pub(super) const ROUTES: &[(&str, &str)] = &[
 ];
 
 /// The methods the route `segs` matches takes (`None`: no such route).
-pub(super) fn allowed(segs: &[&str]) -> Option<&'static str> {
+fn allowed(segs: &[&str]) -> Option<&'static str> {
     ROUTES.iter().find(|(pattern, _)| route_matches(pattern, segs)).map(|(_, allow)| *allow)
 }
 

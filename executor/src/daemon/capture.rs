@@ -365,6 +365,8 @@ impl Daemon {
     ) -> Result<SnapshotInfo, CaptureError> {
         let Capturing { sb, id, since, work, started } = *cap;
         let parent = since.map(|(row, _)| row.id.clone()).or_else(|| sb.spec.snapshot.clone());
+        // Checked before the sandbox is frozen or anything is written.
+        let from = log_from(sb, since.map(|(row, _)| row))?;
         let stamps_since = since.map(|(_, stamps)| stamps);
         let store = &self.rt.store;
         let dirs = sb.dirs(store);
@@ -528,7 +530,7 @@ impl Daemon {
         let stats = &sealed.stats;
         // An increment's log starts where its parent's ended.
         let mut info = crate::records::SnapshotMeta {
-            log_from: Some(log_from(sb, since.map(|(row, _)| row))?),
+            log_from: Some(from),
             log_upto: Some(log_upto),
             compacted: sealed.compacted,
             ..Default::default()

@@ -87,8 +87,14 @@ impl Daemon {
         let live: Vec<Arc<Sandbox>> = lock(&self.pool).live.values().cloned().collect();
         for sb in live {
             let Some(due) = sb.take_due(now) else { continue };
-            let d = self.clone();
-            super::background("expire", "the sandbox is tried again at the next tick", move || d.expire(&sb, due));
+            // Not started: given back, a deadline tried again in a second
+            // (as a failed action is), an idle suspend after another idle
+            // period.
+            let retry = matches!(due, Due::Deadline(_)).then_some(1000);
+            let (d, taken) = (self.clone(), sb.clone());
+            if super::background("expire", "it is tried again", move || d.expire(&taken, due)).is_none() {
+                sb.untake(retry);
+            }
         }
     }
 

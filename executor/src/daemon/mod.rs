@@ -331,8 +331,8 @@ pub fn cpu_count() -> u64 {
 
 /// Default pool size: one sandbox per 128 MiB of host memory, at least 1.
 pub fn default_max_sandboxes() -> usize {
-    use procfs::Current;
-    let bytes = procfs::Meminfo::current().map(|m| m.mem_total).unwrap_or(1 << 30);
+    // Unreadable (0): sized as for 1 GiB.
+    let bytes = Some(memory_total()).filter(|b| *b > 0).unwrap_or(1 << 30);
     ((bytes >> 27) as usize).clamp(1, 4096)
 }
 

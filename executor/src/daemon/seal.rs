@@ -40,6 +40,8 @@ impl Daemon {
             // unchanged since is in that checkpoint's layer already.
             let since = self.last_capture(sb);
             let parent = since.as_ref().map(|(row, _)| row.id.clone()).or_else(|| sb.spec.snapshot.clone());
+            // Checked before anything moves: refused, the upper stays put.
+            let from = log_from(sb, since.as_ref().map(|(row, _)| row))?;
             // The processes are gone and the overlay with them: the upper is
             // still. A deep chain is folded (that reads the data); otherwise
             // the upper itself becomes the layer, named by the snapshot.
@@ -78,13 +80,6 @@ impl Daemon {
                 }
             };
             crate::failpoint::hit("suspend:layer-committed");
-            let from = match log_from(sb, since.as_ref().map(|(row, _)| row)) {
-                Ok(f) => f,
-                Err(e) => {
-                    give_back();
-                    return Err(e);
-                }
-            };
             let mut info = crate::records::SnapshotMeta {
                 log_from: Some(from),
                 log_upto: Some(log_upto),
