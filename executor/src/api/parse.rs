@@ -85,7 +85,7 @@ pub enum Action {
     Suspend(String),
     Rollback(String, types::RollbackRequest),
     SandboxDiff(String),
-    PublishBaseline(String, crate::daemon::baseline::PublishRequest),
+    PublishBaseline(String, crate::daemon::publish::PublishRequest),
     Copy(String, crate::sandbox::copy::CopyRequest),
     Pause(String),
     Unpause(String),

@@ -98,7 +98,7 @@ pub(super) fn run(cli: &Cli, cmd: &LineageCmd) -> Result<i32> {
 pub(super) fn baseline(cli: &Cli, cmd: &BaselineCmd) -> Result<i32> {
     match cmd {
         BaselineCmd::Publish { id, repo, git_ref, owner, remote, commit } => {
-            let req = crate::daemon::baseline::PublishRequest {
+            let req = crate::daemon::publish::PublishRequest {
                 repo: repo.clone(),
                 git_ref: git_ref.clone(),
                 owner: owner.clone(),
