@@ -43,6 +43,13 @@ pub struct SandboxSpec {
     #[serde(default)]
     pub userns: Option<crate::spec::UsernsMap>,
     pub limits: crate::spec::Limits,
+    /// The host directory it runs on (a create's `rootfs`), instead of an
+    /// overlay of `layers` and its upper.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_dir: Option<std::path::PathBuf>,
+    /// The network namespace it joined (`netns`), instead of one of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<std::path::PathBuf>,
     pub env: Vec<String>,
     pub hostname: String,
     pub cgroup: String,

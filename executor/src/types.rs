@@ -80,6 +80,11 @@ macro_rules! launch_request {
             /// Its network. Absent: a create's has loopback only; a resume or
             /// fork has what the snapshot's sandbox had.
             network: Option<NetworkRequest>,
+            /// A network namespace to join instead of one of its own: a path
+            /// such as `/var/run/netns/NAME` or `/proc/PID/ns/net` (a pod's,
+            /// made by CNI). Strata adds nothing to it (no veth, no policy);
+            /// not with an `egress` network or a user namespace.
+            netns: Option<String>,
         }
     };
     (@shared $(#[$attr:meta])* $name:ident { $($own:tt)* } $($(#[$doc:meta])* $field:ident: $ty:ty,)*) => {
@@ -104,7 +109,16 @@ macro_rules! launch_request {
 launch_request! {
     /// `POST /v1/sandboxes`.
     pub struct CreateRequest {
+        /// The image to run on; with `rootfs`, the image whose config its
+        /// commands get (default: none, the empty `strata/rootfs:v1`).
+        #[serde(default)]
         pub image: String,
+        /// A host directory to run on as it is, instead of the image's layers
+        /// (containerd's mounted rootfs): an absolute path to a directory.
+        /// What the sandbox writes goes there; it cannot be checkpointed,
+        /// suspended, rolled back or published (409).
+        #[serde(default)]
+        pub rootfs: Option<String>,
         /// The lineage to work for: a new one with this id (1-64 chars of
         /// `[A-Za-z0-9._-]`), or a new one with a random id if absent.
         #[serde(default)]
@@ -131,6 +145,101 @@ pub struct NetworkRequest {
     /// CIDRs and addresses it may not reach (`0.0.0.0/0`: all but those allowed).
     #[serde(default)]
     pub deny_out: Vec<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/processes`: a command with the caller's stdio.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessRequest {
+    pub argv: Vec<String>,
+    /// `KEY=VALUE`s over the sandbox's env.
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// `UID[:GID]`, numeric, inside the sandbox.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Absolute host paths of files or FIFOs (the other end open) for its
+    /// stdin, stdout and stderr; absent or empty: /dev/null.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub stdout: Option<String>,
+    #[serde(default)]
+    pub stderr: Option<String>,
+}
+
+/// A process of `/v1/sandboxes/{id}/processes`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProcessInfo {
+    /// Its id in the sandbox (the path's `{n}`).
+    pub id: u64,
+    /// Its pid in the sandbox's PID namespace.
+    pub pid: i32,
+    pub argv: Vec<String>,
+    /// Unix ms.
+    pub started_at: i64,
+    pub running: bool,
+    /// Once it ended: its exit code, or 128 + the signal that killed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that killed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exited_at: Option<i64>,
+}
+
+/// `POST /v1/sandboxes/{id}/processes/{n}/signal`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SignalRequest {
+    /// 1-64, e.g. 15 (SIGTERM) or 9 (SIGKILL).
+    pub signal: i32,
+    /// To its process group (what it started too), not it alone.
+    #[serde(default)]
+    pub group: bool,
+}
+
+/// The body of `PUT /v1/sandboxes/{id}/limits`: each limit given
+/// replaces the sandbox's, `null` gives it the daemon's default again
+/// (`--default-pids`, `--default-memory`; none for cpus), one left out
+/// stays as it is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsRequest {
+    /// Bytes.
+    #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
+    pub pids: Option<Option<u64>>,
+    /// CPUs, e.g. 0.5.
+    #[serde(default, deserialize_with = "given", skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<Option<f64>>,
+    /// Refused: a disk cap is the size of the sandbox's own file system,
+    /// fixed when it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<serde_json::Value>,
+}
+
+/// A field that is present (`Some`), as `null` (`Some(None)`) or a value.
+fn given<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+impl LimitsRequest {
+    /// `now` with this request's changes; unset ones are left for the
+    /// daemon's defaults to fill.
+    pub fn over(&self, now: crate::spec::Limits) -> crate::spec::Limits {
+        crate::spec::Limits {
+            memory: self.memory.unwrap_or(now.memory),
+            pids: self.pids.unwrap_or(now.pids),
+            cpus: self.cpus.unwrap_or(now.cpus),
+            disk: now.disk,
+        }
+    }
 }
 
 /// A sandbox's use at one moment (`GET /v1/sandboxes/{id}/metrics`,
@@ -190,6 +299,9 @@ pub struct SandboxInfo {
     /// Its network mode, egress policy and address.
     #[serde(default)]
     pub network: crate::net::NetworkSpec,
+    /// The network namespace it joined (`netns`), if it has none of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<std::path::PathBuf>,
     /// The names of its `secret_env` (never their values).
     #[serde(default)]
     pub secret_env: Vec<String>,

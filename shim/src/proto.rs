@@ -61,6 +61,11 @@ pub struct SetupSpec {
     /// written into the upper, so no checkpoint captures it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolv_conf: Option<String>,
+    /// A host directory to run on as it is (containerd's mounted rootfs),
+    /// bound at `rootfs` instead of the overlay of `lowers` and `upper`:
+    /// what the sandbox writes goes there, and no snapshot captures it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root_dir: Option<PathBuf>,
 }
 
 fn yes() -> bool {

@@ -158,13 +158,21 @@ pub fn run(
             if let Some(k) = staged.as_ref().filter(|k| k.at != spec.rootfs) {
                 return Err(SetupError::StagedElsewhere { staged: k.at.clone(), rootfs: spec.rootfs.clone() });
             }
-            sys::mount_overlay(&sys::OverlayMount {
-                layers_dir: &spec.layers_dir,
-                lowers: &spec.lowers,
-                upper: &spec.upper,
-                work: &spec.work,
-                target: &spec.rootfs,
-            })?;
+            match &spec.root_dir {
+                // The caller's tree, bound whole (its submounts too).
+                Some(dir) => {
+                    let err = |source| SetupError::Mount { what: "root directory", target: dir.clone(), source };
+                    let tree = sys::clone_tree(dir).map_err(err)?;
+                    sys::attach_tree(tree.as_fd(), &spec.rootfs).map_err(err)?;
+                }
+                None => sys::mount_overlay(&sys::OverlayMount {
+                    layers_dir: &spec.layers_dir,
+                    lowers: &spec.lowers,
+                    upper: &spec.upper,
+                    work: &spec.work,
+                    target: &spec.rootfs,
+                })?,
+            }
             spec.rootfs.as_path()
         }
         (true, Some(tree)) => {

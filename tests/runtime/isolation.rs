@@ -283,3 +283,100 @@ fn the_api_socket_admits_root_and_its_group_only() {
     env.cli_ok(&["ps"]);
     env.finish();
 }
+
+/// A network namespace the test made (`ip netns add`), deleted when
+/// dropped, even by a failing assertion.
+struct TestNetns(String);
+
+impl TestNetns {
+    fn new(tag: &str) -> TestNetns {
+        let name = format!("strata-t{}-{tag}", std::process::id());
+        let ip = |args: &[&str]| {
+            let out = std::process::Command::new("ip").args(args).output().unwrap();
+            assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        };
+        ip(&["netns", "add", &name]);
+        let ns = TestNetns(name);
+        // A veth pair inside it (this kernel may have no dummy module).
+        ip(&["-n", &ns.0, "link", "add", "strata0", "type", "veth", "peer", "name", "strata1"]);
+        ip(&["-n", &ns.0, "addr", "add", "10.251.0.1/24", "dev", "strata0"]);
+        ip(&["-n", &ns.0, "link", "set", "strata0", "up"]);
+        ns
+    }
+
+    fn path(&self) -> String {
+        format!("/var/run/netns/{}", self.0)
+    }
+
+    /// Its links, by name, sorted.
+    fn links(&self) -> Vec<String> {
+        let out = std::process::Command::new("ip").args(["-n", &self.0, "-o", "link"]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut links: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap_or(n).to_string())
+            .collect();
+        links.sort();
+        links
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// `netns`: a sandbox joins a network namespace it is handed (a pod's,
+/// made by CNI) instead of having one of its own. It sees that
+/// namespace's interfaces and addresses, Strata adds nothing to it and
+/// leaves it when the sandbox goes; what is not a network namespace, a
+/// relative path, or a join with network egress is refused (400) and
+/// makes nothing.
+#[test]
+fn a_sandbox_joins_a_network_namespace_it_is_handed() {
+    let env = TestEnv::start_with(&["--warm-pool", "2"]);
+    env.import_busybox();
+    let ns = TestNetns::new("join");
+    let id = create(&env, json!({"image": "busybox", "netns": ns.path()}));
+    let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    assert_eq!(info["netns"], ns.path());
+    // The shim is in that namespace, not one of its own.
+    let shim = info["shim_pid"].as_i64().unwrap();
+    let theirs = std::fs::read_link(format!("/proc/{shim}/ns/net")).unwrap();
+    let target = std::fs::metadata(ns.path()).unwrap();
+    assert_eq!(theirs.to_string_lossy(), format!("net:[{}]", std::os::unix::fs::MetadataExt::ino(&target)));
+    // Its commands see the namespace's link and address.
+    let v = sh(&env, &id, "cat /proc/net/dev; cat /proc/net/fib_trie");
+    assert!(stdout(&v).contains("strata0") && stdout(&v).contains("10.251.0.1"), "{v}");
+    // A second sandbox may join it too (a pod's containers share one).
+    let other = env.cli_ok(&["create", "--image", "busybox", "--netns", &ns.path()]).trim().to_string();
+    assert!(stdout(&sh(&env, &other, "cat /proc/net/dev")).contains("strata0"));
+    // Strata added nothing to it, and both sandboxes leave it as it was.
+    assert_eq!(ns.links(), ["lo", "strata0", "strata1"]);
+    env.cli_ok(&["rm", &id, &other]);
+    assert_eq!(ns.links(), ["lo", "strata0", "strata1"]);
+
+    // Refused, and nothing made.
+    for (netns, network, needle) in [
+        (ns.path(), json!({"mode": "egress"}), "egress"),
+        ("var/run/netns/x".to_string(), Value::Null, "absolute"),
+        ("/etc/hostname".to_string(), Value::Null, "not a network namespace"),
+        ("/var/run/netns/strata-no-such-namespace".to_string(), Value::Null, "No such file"),
+    ] {
+        let mut body = json!({"image": "busybox", "netns": netns});
+        if !network.is_null() {
+            body["network"] = network;
+        }
+        match env.client().request("POST", "/v1/sandboxes", Some(&body)) {
+            Err(ClientError::Api { status: 400, message, .. }) => {
+                assert!(message.contains(needle), "{body}: {message}")
+            }
+            other => panic!("expected 400 for {body}, got {:?}", other.map(|_| ())),
+        }
+    }
+    let listed: Value = env.client().call("GET", "/v1/sandboxes", None::<&()>).unwrap();
+    assert_eq!(listed.as_array().map(|a| a.len()), Some(0), "a refused create left a sandbox: {listed}");
+    env.finish();
+}

@@ -324,6 +324,84 @@ fn an_attached_exec_ends_when_its_shim_dies_or_the_sandbox_is_removed() {
     env.finish();
 }
 
+/// `PUT /v1/sandboxes/{id}/limits` (`strata update`): limits change in
+/// the cgroup at once, a left-out one stays, `null` is the daemon's default
+/// again, bad ones and the disk cap are refused with nothing changed, and
+/// the new limits hold across a daemon restart.
+#[test]
+fn limits_change_live_and_survive_a_daemon_restart() {
+    let mut env = TestEnv::start_with(&["--max-memory", "512m", "--warm-pool", "0"]);
+    env.import_busybox();
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let id = create(&env, json!({"image": "busybox", "memory": 64 << 20, "pids": 64}));
+    let cg = |env: &TestEnv| {
+        let mem = cgroup_file(env, &id, if v2 { "memory.max" } else { "memory.limit_in_bytes" });
+        let cpu = if v2 { cgroup_file(env, &id, "cpu.max") } else { cgroup_file(env, &id, "cpu.cfs_quota_us") };
+        (mem, cgroup_file(env, &id, "pids.max"), cpu)
+    };
+    let unlimited_cpu = if v2 { "max 100000" } else { "-1" };
+    assert_eq!(cg(&env), ((64u64 << 20).to_string(), "64".into(), unlimited_cpu.into()));
+    let put =
+        |env: &TestEnv, body: Value| env.client().request("PUT", &format!("/v1/sandboxes/{id}/limits"), Some(&body));
+
+    // Memory and cpus change; pids, left out, stays.
+    let info: Value = serde_json::from_slice(&put(&env, json!({"memory": 128 << 20, "cpus": 0.5})).unwrap()).unwrap();
+    assert_eq!(info["limits"]["memory"], 128 << 20);
+    assert_eq!(info["limits"]["cpus"], 0.5);
+    assert_eq!(info["limits"]["pids"], 64);
+    let cpu_half = if v2 { "50000 100000" } else { "50000" };
+    assert_eq!(cg(&env), ((128u64 << 20).to_string(), "64".into(), cpu_half.into()));
+    // The sandbox runs under them: a fork bomb stops at a lowered pids limit.
+    put(&env, json!({"pids": 16})).unwrap();
+    let r =
+        exec(&env, &id, json!({"argv": ["sh", "-c", "for i in $(seq 40); do sleep 3 & done; wait"], "timeout": 20}));
+    let events = cgroup_file(&env, &id, "pids.events");
+    let hits: u64 = events.strip_prefix("max ").and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(hits > 0, "16 pids held 40 sleeps: {events}, {r}");
+
+    // Refused, naming why; nothing changes.
+    let before = cg(&env);
+    for (body, status, needle) in [
+        (json!({"memory": 1024}), 400, "minimum"),
+        (json!({"memory": (512u64 << 20) + 1}), 400, "--max-memory"),
+        (json!({"cpus": 0}), 400, "cpus"),
+        (json!({"pids": 0}), 400, "pids"),
+        (json!({"disk": 1 << 30}), 400, "disk cap"),
+        (json!({"swap": 1}), 400, "swap"),
+    ] {
+        match put(&env, body.clone()) {
+            Err(ClientError::Api { status: s, message, .. }) => {
+                assert_eq!(s, status, "{body}: {message}");
+                assert!(message.contains(needle), "{body}: {message}");
+            }
+            other => panic!("expected {status} for {body}, got {:?}", other.map(|_| ())),
+        }
+        assert_eq!(cg(&env), before, "{body} changed the cgroup");
+    }
+    match env.client().request("PUT", "/v1/sandboxes/0123456789abcdef/limits", Some(&json!({"pids": 8}))) {
+        Err(ClientError::Api { status: 404, .. }) => {}
+        other => panic!("expected 404 for an unknown sandbox, got {:?}", other.map(|_| ())),
+    }
+
+    // `null`: the daemon's default again (pids 2048, no cpu quota); the
+    // CLI says the same.
+    let out = env.cli_ok(&["update", &id, "--pids", "default", "--cpus", "default", "--memory", "96m"]);
+    let shown: Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        (shown["pids"].as_u64(), shown["memory"].as_u64(), shown["cpus"].as_f64()),
+        (Some(2048), Some(96 << 20), None)
+    );
+    assert_eq!(cg(&env), ((96u64 << 20).to_string(), "2048".into(), unlimited_cpu.into()));
+
+    // Kept in its spec: a restarted daemon adopts the sandbox with them.
+    env.stop_daemon();
+    env.start_daemon();
+    let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    assert_eq!((info["limits"]["memory"].as_u64(), info["limits"]["pids"].as_u64()), (Some(96 << 20), Some(2048)));
+    assert_eq!(cg(&env), ((96u64 << 20).to_string(), "2048".into(), unlimited_cpu.into()));
+    env.finish();
+}
+
 #[test]
 fn limits_are_enforced() {
     let env = TestEnv::start();
@@ -690,5 +768,178 @@ fn pause_freezes_in_place_and_writes_nothing() {
     env.cli_ok(&["pause", &id]);
     env.cli_ok(&["rm", &id]);
     assert_eq!(status_of(c.request("POST", &format!("/v1/sandboxes/{id}/unpause"), none)), 404);
+    env.finish();
+}
+
+/// `/v1/sandboxes/{id}/processes`: a command with the caller's stdio (host
+/// files and FIFOs, as containerd hands a task's), its pid at once, its end
+/// by a wait, signals, and forgetting it; bad paths, a FIFO nobody reads
+/// and unknown processes are refused.
+#[test]
+fn processes_get_the_callers_stdio_and_report_their_end() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let env = TestEnv::start();
+    env.import_busybox();
+    let id = create(&env, json!({"image": "busybox"}));
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("out");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    // Our read end first, as containerd opens it.
+    let mut reader = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&fifo).unwrap();
+    let err_file = dir.path().join("err");
+    std::fs::write(&err_file, "").unwrap();
+    let post =
+        |path: &str, body: Value| env.client().request("POST", &format!("/v1/sandboxes/{id}{path}"), Some(&body));
+    let started: Value = serde_json::from_slice(
+        &post(
+            "/processes",
+            json!({"argv": ["sh", "-c", "echo out; echo err >&2; exit 3"], "stdout": fifo, "stderr": err_file}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(started["pid"].as_i64().unwrap() > 1, "{started}");
+    let n = started["id"].as_u64().unwrap();
+    let ended: Value =
+        env.client().call("GET", &format!("/v1/sandboxes/{id}/processes/{n}?wait=20"), None::<&()>).unwrap();
+    assert_eq!((ended["running"].as_bool(), ended["exit_code"].as_i64()), (Some(false), Some(3)), "{ended}");
+    assert!(ended["exited_at"].as_i64().unwrap() >= started["started_at"].as_i64().unwrap());
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut out).unwrap();
+    assert_eq!(out, "out\n");
+    assert_eq!(std::fs::read_to_string(&err_file).unwrap(), "err\n");
+    // It is in the exec log, as every command is.
+    wait_until("the process in the exec log", Duration::from_secs(10), || {
+        let log: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}/logs"), None::<&()>).unwrap();
+        log.as_array()
+            .is_some_and(|l| l.iter().any(|r| r["argv"][2] == "echo out; echo err >&2; exit 3" && r["exit_code"] == 3))
+    });
+
+    // A signal ends a running one; until it has, it cannot be forgotten.
+    let sleeper: Value =
+        serde_json::from_slice(&post("/processes", json!({"argv": ["sleep", "100"]})).unwrap()).unwrap();
+    let m = sleeper["id"].as_u64().unwrap();
+    let running: Value =
+        env.client().call("GET", &format!("/v1/sandboxes/{id}/processes/{m}?wait=0"), None::<&()>).unwrap();
+    assert_eq!(running["running"], true);
+    match env.client().request("DELETE", &format!("/v1/sandboxes/{id}/processes/{m}"), None::<&()>) {
+        Err(ClientError::Api { status: 409, message, .. }) => assert!(message.contains("still running"), "{message}"),
+        other => panic!("expected 409 forgetting a running process, got {:?}", other.map(|_| ())),
+    }
+    post(&format!("/processes/{m}/signal"), json!({"signal": 15})).unwrap();
+    let killed: Value =
+        env.client().call("GET", &format!("/v1/sandboxes/{id}/processes/{m}?wait=20"), None::<&()>).unwrap();
+    assert_eq!((killed["signal"].as_i64(), killed["exit_code"].as_i64()), (Some(15), Some(143)), "{killed}");
+    let listed: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}/processes"), None::<&()>).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    env.client().request("DELETE", &format!("/v1/sandboxes/{id}/processes/{m}"), None::<&()>).unwrap();
+    assert_eq!(status_of(env.client().request("GET", &format!("/v1/sandboxes/{id}/processes/{m}"), None::<&()>)), 404);
+
+    // Refused, starting nothing.
+    let lonely = dir.path().join("lonely");
+    nix::unistd::mkfifo(&lonely, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    for (body, status, needle) in [
+        (json!({"argv": ["true"], "stdout": "relative/out"}), 400, "absolute"),
+        (json!({"argv": ["true"], "stdout": lonely}), 400, "nobody reads"),
+        (json!({"argv": ["true"], "stdin": dir.path().join("missing")}), 400, "No such file"),
+        (json!({"argv": []}), 400, "argv"),
+        (json!({"argv": ["true"], "tty": true}), 400, "tty"),
+    ] {
+        match post("/processes", body.clone()) {
+            Err(ClientError::Api { status: s, message, .. }) => {
+                assert_eq!(s, status, "{body}: {message}");
+                assert!(message.contains(needle), "{body}: {message}");
+            }
+            other => panic!("expected {status} for {body}, got {:?}", other.map(|_| ())),
+        }
+    }
+    let listed: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}/processes"), None::<&()>).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    for (method, path, status) in [
+        ("GET", format!("/v1/sandboxes/{id}/processes/{n}?wait=61"), 400),
+        ("GET", format!("/v1/sandboxes/{id}/processes/999"), 404),
+        ("GET", format!("/v1/sandboxes/{id}/processes/x"), 400),
+        ("PUT", format!("/v1/sandboxes/{id}/processes"), 405),
+    ] {
+        assert_eq!(status_of(env.client().request(method, &path, None::<&()>)), status, "{method} {path}");
+    }
+    let bad_signal = post(&format!("/processes/{n}/signal"), json!({"signal": 99}));
+    assert_eq!(status_of(bad_signal), 400);
+    // The sandbox's removal takes its processes with it.
+    env.cli_ok(&["rm", &id]);
+    assert_eq!(status_of(env.client().request("GET", &format!("/v1/sandboxes/{id}/processes"), None::<&()>)), 404);
+    env.finish();
+}
+
+/// `rootfs`: a sandbox on a host directory as it is (containerd's mounted
+/// root). Its commands see the directory's files and write into it; the
+/// verbs that read Strata's layers refuse it (409); the directory stays
+/// when the sandbox goes; a bad one is refused (400) and makes nothing.
+#[test]
+fn a_sandbox_runs_on_a_host_directory_as_it_is() {
+    let env = TestEnv::start();
+    env.import_busybox();
+    // A root of our own: a copy of busybox's unpacked layer.
+    let layer = std::fs::read_dir(env.root.join("layers"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("fs"))
+        .find(|fs| fs.join("bin/busybox").exists())
+        .expect("busybox's layer in the store");
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("rootfs");
+    let copied = std::process::Command::new("cp").arg("-a").arg(&layer).arg(&root).status().unwrap();
+    assert!(copied.success());
+    std::fs::write(root.join("hello.txt"), "from the host\n").unwrap();
+
+    let id = create(&env, json!({"rootfs": root}));
+    let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
+    assert_eq!(info["image"], "strata/rootfs:v1");
+    assert_eq!(stdout(&sh(&env, &id, "cat /hello.txt; echo written > /from-inside")), "from the host\n");
+    assert_eq!(std::fs::read_to_string(root.join("from-inside")).unwrap(), "written\n");
+    // Its root is the directory, not an overlay of the store's layers.
+    assert!(stdout(&sh(&env, &id, "grep ' / ' /proc/self/mountinfo")).lines().all(|l| !l.contains("overlay")));
+
+    // What reads Strata's layers of it is refused, naming why.
+    let c = |method: &str, path: String, body: Option<Value>| env.client().request(method, &path, body.as_ref());
+    for (method, path, body) in [
+        ("POST", format!("/v1/sandboxes/{id}/checkpoint"), Some(json!({}))),
+        ("POST", format!("/v1/sandboxes/{id}/suspend"), None),
+        ("GET", format!("/v1/sandboxes/{id}/diff"), None),
+        ("POST", format!("/v1/sandboxes/{id}/baseline"), Some(json!({"repo": "/src/app", "ref": "main"}))),
+    ] {
+        match c(method, path.clone(), body) {
+            Err(ClientError::Api { status: 409, message, .. }) => {
+                assert!(message.contains("host directory"), "{message}")
+            }
+            other => panic!("expected 409 for {method} {path}, got {:?}", other.map(|_| ())),
+        }
+    }
+    // With an image: its config (env, user, cwd) for the commands.
+    let with_image = create(&env, json!({"rootfs": root, "image": "busybox"}));
+    assert_eq!(stdout(&sh(&env, &with_image, "cat /hello.txt")), "from the host\n");
+    env.cli_ok(&["rm", &id, &with_image]);
+    assert_eq!(std::fs::read_to_string(root.join("hello.txt")).unwrap(), "from the host\n");
+
+    // Refused, and nothing made.
+    std::fs::write(dir.path().join("file"), "").unwrap();
+    for (body, needle) in [
+        (json!({"rootfs": "relative/root"}), "absolute"),
+        (json!({"rootfs": dir.path().join("file")}), "not a directory"),
+        (json!({"rootfs": dir.path().join("missing")}), "No such file"),
+        (json!({"rootfs": root, "baseline": "acme/app@main"}), "baseline"),
+        (json!({"rootfs": root, "userns": true}), "user namespace"),
+        (json!({"rootfs": root, "image": "nope"}), "not found"),
+    ] {
+        match env.client().request("POST", "/v1/sandboxes", Some(&body)) {
+            Err(ClientError::Api { status, message, .. }) => {
+                assert!(status == 400 || status == 404, "{body}: {status} {message}");
+                assert!(message.contains(needle), "{body}: {message}");
+            }
+            other => panic!("expected a refusal for {body}, got {:?}", other.map(|_| ())),
+        }
+    }
+    let listed: Value = env.client().call("GET", "/v1/sandboxes", None::<&()>).unwrap();
+    assert_eq!(listed.as_array().map(|a| a.len()), Some(0), "{listed}");
     env.finish();
 }

@@ -92,6 +92,12 @@ pub enum Action {
     SetTimeout(String, types::TimeoutRequest),
     /// `PUT /v1/sandboxes/{id}/network`: a new egress policy, live.
     SetNetwork(String, types::NetworkRequest),
+    SetLimits(String, types::LimitsRequest),
+    StartProcess(String, types::ProcessRequest),
+    ListProcesses(String),
+    GetProcess(String, u64, Option<u64>),
+    SignalProcess(String, u64, types::SignalRequest),
+    ForgetProcess(String, u64),
     /// `GET /v1/sandboxes/{id}/metrics`: its use now.
     Metrics(String),
     /// `GET /v1/sandboxes/{id}/ports/{port}` with `Upgrade: tcp`: a
@@ -168,6 +174,12 @@ impl Action {
             A::Unpause(_) => "unpause",
             A::SetTimeout(..) => "set_timeout",
             A::SetNetwork(..) => "set_network",
+            A::SetLimits(..) => "set_limits",
+            A::StartProcess(..) => "start_process",
+            A::ListProcesses(_) => "list_processes",
+            A::GetProcess(..) => "get_process",
+            A::SignalProcess(..) => "signal_process",
+            A::ForgetProcess(..) => "forget_process",
             A::Metrics(_) => "metrics",
             A::Port(..) => "port",
             A::Exec(..) => "exec",
@@ -205,6 +217,7 @@ impl Action {
         matches!(
             self,
             A::CreateSandbox(_)
+                | A::StartProcess(..)
                 | A::Resume(..)
                 | A::Fork(..)
                 | A::ResumeLineage(..)
@@ -271,6 +284,10 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
         (["sandboxes", s], "GET") => A::GetSandbox(id(s)),
         (["sandboxes", s], "DELETE") => A::RemoveSandbox(id(s), flag(req, "wait")?),
         (["sandboxes", s, "network"], "PUT") => A::SetNetwork(id(s), body(req)?),
+        (["sandboxes", s, "limits"], "PUT") => A::SetLimits(id(s), body(req)?),
+        (["sandboxes", s, "processes", n], "GET") => A::GetProcess(id(s), process_id(n)?, wait_secs(req)?),
+        (["sandboxes", s, "processes", n], "DELETE") => A::ForgetProcess(id(s), process_id(n)?),
+        (["sandboxes", s, "processes", n, "signal"], "POST") => A::SignalProcess(id(s), process_id(n)?, body(req)?),
         (["sandboxes", s, "ports", p], "GET") => {
             let port = p
                 .parse::<u16>()
@@ -295,9 +312,11 @@ pub fn parse(req: &http::Request) -> Result<Action, ApiError> {
             "unpause" => A::Unpause(id(s)),
             "timeout" => A::SetTimeout(id(s), body(req)?),
             "exec" => exec_action(id(s), req)?,
+            "processes" => A::StartProcess(id(s), body(req)?),
             _ => return Err(unrouted(req, &segs)),
         },
         (["sandboxes", s, op], "GET") => match *op {
+            "processes" => A::ListProcesses(id(s)),
             "logs" => A::Logs(id(s), flag(req, "output")?),
             "diff" => A::SandboxDiff(id(s)),
             "metrics" => A::Metrics(id(s)),
@@ -368,6 +387,10 @@ pub(super) const ROUTES: &[(&str, &str)] = &[
     ("sandboxes", "GET, POST"),
     ("sandboxes/*", "GET, DELETE"),
     ("sandboxes/*/network", "PUT"),
+    ("sandboxes/*/limits", "PUT"),
+    ("sandboxes/*/processes", "GET, POST"),
+    ("sandboxes/*/processes/*", "GET, DELETE"),
+    ("sandboxes/*/processes/*/signal", "POST"),
     ("sandboxes/*/ports/*", "GET"),
     ("sandboxes/*/checkpoint", "POST"),
     ("sandboxes/*/suspend", "POST"),
@@ -431,6 +454,18 @@ fn unrouted(req: &http::Request, segs: &[&str]) -> ApiError {
         },
         None => ApiError::new(ErrorKind::NotFound, format!("no route {} {}", req.method, req.path)),
     }
+}
+
+/// A process's id in a path.
+fn process_id(n: &str) -> Result<u64, ApiError> {
+    n.parse().map_err(|_| ApiError::new(ErrorKind::InvalidArgument, format!("process id {n:?} is not a number")))
+}
+
+/// `?wait=SECS` (checked against its maximum by the daemon).
+fn wait_secs(req: &http::Request) -> Result<Option<u64>, ApiError> {
+    req.query_param("wait")
+        .map(|v| v.parse().map_err(|_| ApiError::new(ErrorKind::InvalidArgument, format!("wait={v:?}: use seconds"))))
+        .transpose()
 }
 
 /// A boolean query parameter: absent or `false` is false, `true` (or

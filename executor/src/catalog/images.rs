@@ -10,6 +10,9 @@ use super::{now, q, Db, DbError};
 use crate::ids::{ImageName, LayerId};
 use crate::oci::{Digest, ImageConfig};
 
+/// The name of [`Db::rootfs_image`].
+pub const ROOTFS_IMAGE: &str = "strata/rootfs:v1";
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LayerRow {
     /// Its directory under `layers/`: the diff_id hex for a content-addressed
@@ -144,6 +147,27 @@ impl Db {
         let image_id = insert_image_in(&tx, name, manifest_digest, config_digest, &config, layers)?;
         tx.commit().map_err(q("commit insert image"))?;
         Ok(image_id)
+    }
+
+    /// The image of sandboxes that run on a host directory (a create's
+    /// `rootfs`, containerd's mounted root): [`ROOTFS_IMAGE`], no layers and
+    /// an empty config, inserted the first time one is made (a lineage and
+    /// a sandbox row name an image).
+    pub fn rootfs_image(&mut self) -> Result<ImageRow, DbError> {
+        let name: ImageName = ROOTFS_IMAGE.parse().map_err(|e| DbError::Invalid(format!("{e}")))?;
+        if let Some(row) = self.image_by_name(&name)? {
+            return Ok(row);
+        }
+        let config = ImageConfig::default();
+        let config_json =
+            serde_json::to_vec(&config).map_err(|source| DbError::Decode { what: "image config", source })?;
+        let config_digest = Digest::sha256(&config_json);
+        let manifest = format!(r#"{{"schemaVersion":2,"config":{{"digest":"{config_digest}"}},"layers":[]}}"#);
+        // Another daemon of the fleet may insert it first: then it is theirs.
+        if let Err(e) = self.insert_image(&name, &Digest::sha256(manifest.as_bytes()), &config_digest, &config, &[]) {
+            tracing::debug!("the rootfs image: {e}; reading it back");
+        }
+        self.image_by_name(&name)?.ok_or_else(|| DbError::Invalid(format!("image {ROOTFS_IMAGE} could not be made")))
     }
 
     pub(super) fn image_from_row(&self, r: (i64, String, Digest, Digest, String, i64)) -> Result<ImageRow, DbError> {

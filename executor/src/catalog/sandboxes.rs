@@ -151,6 +151,12 @@ impl Db {
         self.set_sandbox_spec_field(id, "network", value)
     }
 
+    /// A live limits change: the spec's `limits` replaced.
+    pub fn set_sandbox_limits(&self, id: &SandboxId, limits: &crate::spec::Limits) -> Result<bool, DbError> {
+        let value = serde_json::to_value(limits).map_err(|source| DbError::Decode { what: "limits", source })?;
+        self.set_sandbox_spec_field(id, "limits", value)
+    }
+
     pub(super) fn set_sandbox_spec_field(
         &self,
         id: &SandboxId,

@@ -127,8 +127,13 @@ impl RegistryArgs {
 
 #[derive(Args, Debug)]
 pub struct CreateArgs {
+    /// The image (with --rootfs: whose config its commands get).
+    #[arg(long, required_unless_present = "rootfs")]
+    pub image: Option<String>,
+    /// Run on this host directory as it is instead of the image's layers
+    /// (no checkpoint, suspend, diff or publish of it).
     #[arg(long)]
-    pub image: String,
+    pub rootfs: Option<String>,
     /// The sandbox's id (16 lowercase hex characters; default: random).
     #[arg(long)]
     pub id: Option<String>,
@@ -211,6 +216,10 @@ pub struct LaunchArgs {
     /// --allow-out (repeatable; implies --network egress).
     #[arg(long = "deny-out")]
     pub deny_out: Vec<String>,
+    /// Join this network namespace (e.g. /var/run/netns/NAME, a pod's)
+    /// instead of having one of its own; not with --network egress.
+    #[arg(long)]
+    pub netns: Option<String>,
 }
 
 /// `--secret-env` entries as the API takes them: a bare KEY is KEY's
@@ -252,6 +261,7 @@ impl LaunchArgs {
                     deny_out: self.deny_out.clone(),
                 }
             }),
+            netns: self.netns.clone(),
         }
     }
 }

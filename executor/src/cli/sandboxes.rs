@@ -1,5 +1,6 @@
 //! `strata create`, `exec`, `ps`, `inspect`, `stats`, `logs`, `cp`,
-//! `pause`, `unpause`, `timeout`, `port`, `network`, `rm`: the sandbox verbs.
+//! `pause`, `unpause`, `timeout`, `update`, `port`, `network`, `rm`: the
+//! sandbox verbs.
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -56,6 +57,20 @@ pub enum SandboxCmd {
         #[arg(long)]
         on_timeout: Option<crate::model::OnTimeout>,
     },
+    /// Change a running sandbox's limits in place (left out: unchanged;
+    /// `default`: the daemon's default again); prints them.
+    Update {
+        id: String,
+        /// Memory limit in bytes (suffixes k, m, g) or `default`.
+        #[arg(long)]
+        memory: Option<String>,
+        /// Maximum number of processes, or `default`.
+        #[arg(long)]
+        pids: Option<String>,
+        /// CPU bandwidth in CPUs (e.g. 0.5), or `default` (none).
+        #[arg(long)]
+        cpus: Option<String>,
+    },
     /// A stream to TCP port PORT of a sandbox (its 127.0.0.1:PORT, reached
     /// inside its network namespace, whatever its network): stdin and
     /// stdout, or with --listen a local listener forwarding each connection.
@@ -95,7 +110,8 @@ pub(super) fn run(cli: &Cli, cmd: &SandboxCmd) -> Result<i32> {
         SandboxCmd::Create(a) => {
             let l = a.launch.request(None);
             let req = CreateRequest {
-                image: a.image.clone(),
+                image: a.image.clone().unwrap_or_default(),
+                rootfs: a.rootfs.clone(),
                 id: a.id.clone(),
                 wait: l.wait,
                 memory: l.memory,
@@ -115,6 +131,7 @@ pub(super) fn run(cli: &Cli, cmd: &SandboxCmd) -> Result<i32> {
                 on_timeout: l.on_timeout,
                 idle_timeout: l.idle_timeout,
                 network: l.network,
+                netns: l.netns,
             };
             let info: SandboxInfo = client(cli)?.call("POST", "/v1/sandboxes", Some(&req))?;
             println!("{}", info.id);
@@ -177,6 +194,17 @@ pub(super) fn run(cli: &Cli, cmd: &SandboxCmd) -> Result<i32> {
             let body = crate::types::TimeoutRequest { timeout: whole_seconds(*timeout), on_timeout: *on_timeout };
             let info: SandboxInfo = client(cli)?.call("POST", &format!("/v1/sandboxes/{id}/timeout"), Some(&body))?;
             println!("{}", info.lifetime.deadline_ms.unwrap_or(0));
+            Ok(0)
+        }
+        SandboxCmd::Update { id, memory, pids, cpus } => {
+            let body = crate::types::LimitsRequest {
+                memory: setting(memory.as_deref(), crate::units::parse_bytes)?,
+                pids: setting(pids.as_deref(), |v| v.parse::<u64>().map_err(|e| e.to_string()))?,
+                cpus: setting(cpus.as_deref(), |v| v.parse::<f64>().map_err(|e| e.to_string()))?,
+                disk: None,
+            };
+            let info: SandboxInfo = client(cli)?.call("PUT", &format!("/v1/sandboxes/{id}/limits"), Some(&body))?;
+            println!("{}", serde_json::to_string(&info.limits)?);
             Ok(0)
         }
         SandboxCmd::Port { id, port, listen } => super::exec::run_port(cli, id, *port, *listen),
@@ -255,4 +283,13 @@ fn stats(cli: &Cli, ids: &[String], json: bool) -> anyhow::Result<i32> {
         );
     }
     Ok(i32::from(failed > 0))
+}
+
+/// An `update` flag: left out, `default`, or a value.
+fn setting<T>(v: Option<&str>, parse: impl Fn(&str) -> Result<T, String>) -> Result<Option<Option<T>>> {
+    match v {
+        None => Ok(None),
+        Some("default") => Ok(Some(None)),
+        Some(v) => parse(v).map(|x| Some(Some(x))).map_err(|e| anyhow::anyhow!("{v:?}: {e}")),
+    }
 }

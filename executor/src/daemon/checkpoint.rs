@@ -20,6 +20,7 @@ impl Daemon {
         whole: bool,
     ) -> Result<SnapshotInfo, CaptureError> {
         let sb = self.sandbox(id)?;
+        sb.own_layers("checkpoint")?;
         let started = Instant::now();
         // Refused before any row while it cannot be captured (stopping, or
         // in another capture); the capture checks again as it freezes.

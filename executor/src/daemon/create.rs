@@ -14,6 +14,8 @@ pub enum CreateError {
     Name(#[from] crate::ids::BadImageName),
     /// image {0} not found
     NoImage(ImageName),
+    /// rootfs {0:?}: {1}
+    Rootfs(String, String),
     /// {0}
     Launch(#[from] LaunchError),
     /// {0}
@@ -27,7 +29,7 @@ pub enum CreateError {
 impl Classify for CreateError {
     fn kind(&self) -> ErrorKind {
         match self {
-            CreateError::Name(_) => ErrorKind::InvalidArgument,
+            CreateError::Name(_) | CreateError::Rootfs(..) => ErrorKind::InvalidArgument,
             CreateError::NoImage(_) => ErrorKind::NotFound,
             CreateError::Launch(e) => e.kind(),
             CreateError::Lineage(e) => e.kind(),
@@ -39,6 +41,9 @@ impl Classify for CreateError {
 
 impl Daemon {
     pub fn create_sandbox(&self, req: CreateRequest) -> Result<SandboxInfo, CreateError> {
+        if let Some(dir) = req.rootfs.clone() {
+            return self.create_on_dir(req, dir);
+        }
         // Validate everything before reserving anything.
         let name: ImageName = req.image.parse()?;
         let (image_name, work_context, baseline) = (req.image.clone(), req.work_context.clone(), req.baseline.clone());
@@ -48,9 +53,51 @@ impl Daemon {
         }
         let launch = self.launch_spec(launch)?;
         let image = lock(&self.db).image_by_name(&name)?.ok_or(CreateError::NoImage(name))?;
-        let wc = self.new_lineage(work_context.as_deref(), image.id, crate::model::StartKind::Image, None)?;
+        let layers = image.layers.clone();
+        self.launch_new(image, layers, work_context.as_deref(), launch)
+    }
+
+    /// `rootfs`: a sandbox on a host directory (containerd's mounted root),
+    /// in a new lineage of the image named (its config for the commands),
+    /// else of the empty `strata/rootfs:v1`.
+    fn create_on_dir(&self, req: CreateRequest, dir: String) -> Result<SandboxInfo, CreateError> {
+        let bad = |why: String| CreateError::Rootfs(dir.clone(), why);
+        if req.baseline.is_some() {
+            return Err(bad("a baseline is started from its own layers, not a host directory".into()));
+        }
+        let path = std::path::PathBuf::from(&dir);
+        if !path.is_absolute() {
+            return Err(bad("must be an absolute path".into()));
+        }
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(bad("is not a directory".into())),
+            Err(e) => return Err(bad(e.to_string())),
+        }
+        let named = (!req.image.is_empty()).then(|| req.image.parse::<ImageName>()).transpose()?;
+        let work_context = req.work_context.clone();
+        let mut launch = self.launch_spec(req.into_launch())?;
+        launch.root_dir = Some(path);
+        let image = match named {
+            Some(name) => lock(&self.db).image_by_name(&name)?.ok_or(CreateError::NoImage(name))?,
+            None => lock(&self.db).rootfs_image()?,
+        };
+        self.launch_new(image, Vec::new(), work_context.as_deref(), launch)
+    }
+
+    /// Launch on `layers` of `image` in a new lineage (named
+    /// `work_context`, else a random one), which goes again if the launch
+    /// fails.
+    fn launch_new(
+        &self,
+        image: crate::catalog::ImageRow,
+        layers: Vec<crate::ids::LayerId>,
+        work_context: Option<&str>,
+        launch: super::LaunchSpec,
+    ) -> Result<SandboxInfo, CreateError> {
+        let wc = self.new_lineage(work_context, image.id, crate::model::StartKind::Image, None)?;
         let base = Base {
-            layers: image.layers.clone(),
+            layers,
             image,
             snapshot: None,
             work_context: wc.clone(),

@@ -31,6 +31,7 @@ impl Daemon {
     /// Added, changed and deleted paths of a live sandbox's upper.
     pub fn sandbox_diff(&self, id: &str) -> Result<Vec<crate::store::layers::Change>, crate::daemon::SandboxOpError> {
         let sb = self.sandbox(id)?;
+        sb.own_layers("diff")?;
         let upper = sb.dirs(&self.rt.store).upper;
         let lowers = self.layer_fs(&sb.spec.layers);
         Ok(sb.while_frozen("diff", || {

@@ -93,9 +93,9 @@ impl Daemon {
             let live: Vec<_> = pool.live.values().cloned().collect();
             (live, pool.used(), pool.removing.len(), pool.queue.len(), pool.draining.clone())
         };
-        let memory_allocated = live.iter().filter_map(|s| s.spec.limits.memory).sum();
+        let memory_allocated = live.iter().filter_map(|s| s.limits().memory).sum();
         // A fold from 0.0: an empty float `sum` is -0.0, which JSON shows as such.
-        let cpus_allocated = live.iter().filter_map(|s| s.spec.limits.cpus).fold(0.0, |a, c| a + c);
+        let cpus_allocated = live.iter().filter_map(|s| s.limits().cpus).fold(0.0, |a, c| a + c);
         let memory_total = memory_total();
         let (store_used_bytes, store_free_bytes) = nix::sys::statvfs::statvfs(self.rt.store.root())
             .map(|v| {

@@ -71,6 +71,12 @@ pub enum LaunchError {
     NetworkOff,
     /// network the sandbox: {0}
     Attach(#[from] crate::net::NetError),
+    /// a sandbox on a host directory (rootfs) cannot have {0}: the directory is its root as it is
+    RootDirWith(&'static str),
+    /// a sandbox that joins a network namespace has only what is in it: not with network egress
+    NetnsWithEgress,
+    /// a sandbox in a user namespace cannot join a network namespace of the host's (its root has no rights there)
+    NetnsWithUserns,
     /// {0}
     Sandbox(#[from] sandbox::SandboxError),
     /// {0}
@@ -117,6 +123,10 @@ pub struct LaunchSpec {
     pub userns_map: Option<crate::spec::UsernsMap>,
     /// The network asked for; `None`: the base's (else none).
     pub network: Option<crate::net::NetworkSpec>,
+    /// A network namespace to join (checked to be one when asked for).
+    pub netns: Option<std::path::PathBuf>,
+    /// A create's `rootfs`: the host directory it runs on.
+    pub root_dir: Option<std::path::PathBuf>,
 }
 
 fn valid_hostname(h: &str) -> bool {
@@ -187,6 +197,7 @@ impl Daemon {
             count,
             wait,
             network,
+            netns,
         } = req;
         if wait.is_some_and(|w| w > MAX_WAIT_SECS) {
             return Err(LaunchError::Wait(MAX_WAIT_SECS));
@@ -260,6 +271,8 @@ impl Daemon {
             userns,
             userns_map: None,
             network: network.map(|n| self.network_request(n)).transpose()?,
+            netns: netns.map(|p| sandbox::open_netns(std::path::Path::new(&p)).map(|_| p.into())).transpose()?,
+            root_dir: None,
         })
     }
 
@@ -433,7 +446,14 @@ impl Daemon {
         // is cloned (the shim's mount namespace is a copy of ours); one with
         // a user namespace needs a shim cloned into one.
         let userns = launch.userns == Some(true);
-        let cold = fixed_id.is_some() || launch.limits.disk.is_some() || userns;
+        let cold = fixed_id.is_some()
+            || launch.limits.disk.is_some()
+            || userns
+            || launch.netns.is_some()
+            || launch.root_dir.is_some();
+        if launch.root_dir.is_some() && (userns || launch.limits.disk.is_some()) {
+            return Err(LaunchError::RootDirWith(if userns { "a user namespace" } else { "a disk cap" }));
+        }
         // A rollback keeps its sandbox's exec records but starts its log
         // over at the snapshot it went back to.
         let log_from = match &fixed_id {
@@ -445,6 +465,15 @@ impl Daemon {
         let egress = network.mode == crate::net::NetworkMode::Egress;
         if egress && self.net.is_none() {
             return Err(LaunchError::NetworkOff);
+        }
+        // A joined namespace is the caller's: nothing of Strata's in it.
+        if launch.netns.is_some() {
+            if egress {
+                return Err(LaunchError::NetnsWithEgress);
+            }
+            if userns {
+                return Err(LaunchError::NetnsWithUserns);
+            }
         }
         let (warm, wired) = match if cold { None } else { self.take_warm(egress) } {
             Some((p, w)) => (Some(p), w),
@@ -490,6 +519,8 @@ impl Daemon {
             lifetime: launch.lifetime,
             log_from,
             network,
+            netns: launch.netns,
+            root_dir: launch.root_dir,
             secret_names: secrets::names(&secrets),
         };
         let defaults = self.exec_defaults(&base.image, &spec, &secrets)?;

@@ -115,7 +115,7 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
         id: s.id.to_string(),
         image: s.spec.image.clone(),
         state: if s.is_alive() { s.run_state().to_string() } else { "exited".to_string() },
-        limits: s.spec.limits,
+        limits: s.limits(),
         hostname: s.spec.hostname.clone(),
         created_at: s.created_at,
         shim_pid: s.shim_pid,
@@ -127,6 +127,7 @@ pub fn sandbox_info(s: &Sandbox) -> SandboxInfo {
         seccomp: if s.spec.seccomp_unconfined { "unconfined" } else { "default" }.into(),
         lifetime: s.lifetime(),
         network: s.network_spec(),
+        netns: s.spec.netns.clone(),
         secret_env: s.spec.secret_names.clone(),
     }
 }

@@ -61,7 +61,7 @@ impl Daemon {
     fn measure(&self, sb: &Sandbox, prev: Option<&SandboxMetrics>) -> SandboxMetrics {
         let now = now_ms();
         let usage = sb.usage();
-        let cpus = sb.spec.limits.cpus.unwrap_or(self.host_cpus as f64);
+        let cpus = sb.limits().cpus.unwrap_or(self.host_cpus as f64);
         let (since_ms, since_ns) = prev.map_or((sb.created_at * 1000, 0), |p| (p.timestamp, p.cpu_usage_ns));
         let wall_ns = (now - since_ms).max(1) as f64 * 1e6;
         let pct = (usage.cpu_ns.saturating_sub(since_ns) as f64 / (wall_ns * cpus) * 100.0).clamp(0.0, 100.0);
@@ -83,7 +83,7 @@ impl Daemon {
             cpu_usage_ns: usage.cpu_ns,
             mem_used: usage.memory,
             mem_cache: usage.memory_cache,
-            mem_total: sb.spec.limits.memory.unwrap_or_else(super::memory_total),
+            mem_total: sb.limits().memory.unwrap_or_else(super::memory_total),
             disk_used,
             disk_total,
         }

@@ -31,6 +31,7 @@ pub mod hydrate;
 mod images;
 mod launch;
 pub mod lifetime;
+pub mod limits;
 pub mod lineage;
 pub mod lineages;
 pub mod logs;
@@ -38,6 +39,7 @@ pub mod lookup;
 pub mod metrics;
 pub mod network;
 mod pause;
+pub mod processes;
 pub mod publish;
 pub mod pull;
 pub mod push;
@@ -243,6 +245,9 @@ impl Pool {
 
 pub struct Daemon {
     pub cfg: DaemonConfig,
+    /// This daemon, for the threads a verb leaves running (a process's
+    /// waiter): set by [`Daemon::start_background`].
+    me: std::sync::OnceLock<std::sync::Weak<Daemon>>,
     warm: warm::WarmPool,
     pub(crate) ready: ready::ReadyPools,
     teardown: teardown::Teardowns,
@@ -400,6 +405,7 @@ impl Daemon {
         let net = cfg.network.clone().map(crate::net::Network::start).transpose()?;
         let host_cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         let d = Daemon {
+            me: Default::default(),
             secrets: secrets::Secrets::new(&cfg.root),
             cfg,
             warm: warm::WarmPool::default(),
@@ -560,6 +566,7 @@ impl Daemon {
     /// never if zero), and last the heartbeat and the publisher, which
     /// speak for this host to the fleet.
     pub fn start_background(self: &Arc<Self>, gc_interval: std::time::Duration) {
+        let _ = self.me.set(Arc::downgrade(self));
         self.start_warm_pool();
         self.start_teardown();
         self.start_blob_writer();

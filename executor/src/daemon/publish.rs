@@ -64,6 +64,7 @@ impl Daemon {
             return Err(BaselineError::BadRef(req.git_ref.clone()));
         }
         let sb = self.sandbox(id)?;
+        sb.own_layers("publish")?;
         let started = Instant::now();
         let image = lock(&self.db).image_by_name(&sb.spec.image.parse()?)?.ok_or(BaselineError::NoImageRow)?;
         // The compare-and-swap's expected value: the ready baseline now.

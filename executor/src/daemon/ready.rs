@@ -59,6 +59,8 @@ impl LaunchSpec {
             && !self.seccomp_unconfined
             && self.userns != Some(true)
             && self.limits.disk.is_none()
+            && self.netns.is_none()
+            && self.root_dir.is_none()
             // A ready sandbox was set up without a network (its
             // resolv.conf is bound at setup).
             && self.network.as_ref().is_none_or(|n| n.mode == crate::net::NetworkMode::None)
@@ -200,6 +202,8 @@ impl Daemon {
             lifetime: Default::default(),
             log_from: 0,
             network: Default::default(),
+            netns: None,
+            root_dir: None,
             secret_names: Vec::new(),
         };
         let defaults = self.exec_defaults(image, &spec, &[])?;

@@ -85,7 +85,7 @@ impl Daemon {
             let launch = crate::daemon::LaunchSpec {
                 id: None,
                 wait: None,
-                limits: sb.spec.limits,
+                limits: sb.limits(),
                 // The rolled-back sandbox keeps its deadline.
                 lifetime: sb.lifetime(),
                 env: sb.spec.env.clone(),
@@ -98,6 +98,11 @@ impl Daemon {
                 userns_map: sb.spec.userns,
                 // Its network and policy (its address is given again).
                 network: Some(sb.network_kept()),
+                // The namespace it joined, joined again.
+                netns: sb.spec.netns.clone(),
+                // On the snapshot's layers (a sandbox on a host directory
+                // has no snapshot to go back to).
+                root_dir: None,
             };
             Ok(self.launch_reserved(&base, launch, Some(sb.id.clone()))?)
         })();

@@ -85,7 +85,7 @@ impl Daemon {
                 log_upto: Some(log_upto),
                 compacted: compacted.is_some(),
                 // For the seal's worker (`seal_blob`): the sandbox's quota.
-                cpus: sb.spec.limits.cpus,
+                cpus: sb.limits().cpus,
                 ..Default::default()
             };
             info.show("suspended", true);

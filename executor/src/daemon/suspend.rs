@@ -26,6 +26,7 @@ impl Daemon {
         sb: &crate::sandbox::Sandbox,
         idle: Option<u64>,
     ) -> Result<SnapshotInfo, CaptureError> {
+        sb.own_layers("suspend")?;
         let started = Instant::now();
         // Refuse before stopping anything if the append would be refused (the
         // append checks again, atomically).

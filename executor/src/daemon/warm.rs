@@ -117,7 +117,7 @@ impl Daemon {
     /// One warm shim; `wire`d into a slot of the range with the empty
     /// policy.
     fn prepare_warm(&self, wire: bool) -> Result<Warm, WarmError> {
-        let p = sandbox::prepare(&self.rt, &SandboxId::random(), None, None)?;
+        let p = sandbox::prepare(&self.rt, &SandboxId::random(), None, None, None)?;
         let Some(net) = self.net.as_ref().filter(|_| wire) else { return Ok((p, None)) };
         let pidfd = p.pidfd().ok_or_else(|| WarmError::NoPidfd(p.id.clone()))?;
         let wired = net.wire(net.reserve(None)?, pidfd, &crate::net::Policy::default())?;

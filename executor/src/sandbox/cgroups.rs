@@ -380,8 +380,18 @@ impl SandboxCgroup {
         Ok(())
     }
 
-    /// Write the limits (only those that are set).
+    /// Write the limits (only those that are set: a new cgroup has none).
     pub fn apply(&self, limits: &Limits) -> Result<(), CgroupError> {
+        self.write(limits, false)
+    }
+
+    /// Write every limit, live: one that is unset is lifted (`max`, -1), so
+    /// the cgroup holds exactly `limits` afterwards.
+    pub fn set(&self, limits: &Limits) -> Result<(), CgroupError> {
+        self.write(limits, true)
+    }
+
+    fn write(&self, limits: &Limits, lift: bool) -> Result<(), CgroupError> {
         let path = || self.path.clone();
         let mem: &MemController =
             self.cg.controller_of().ok_or(CgroupError::Missing { path: path(), ctrl: "memory" })?;
@@ -391,23 +401,20 @@ impl SandboxCgroup {
         if !self.cg.exists() {
             return Err(CgroupError::Missing { path: path(), ctrl: "memory/pids/cpu" });
         }
-        if let Some(m) = limits.memory {
-            mem.set_limit(m as i64).map_err(|source| CgroupError::Limit {
-                what: "memory limit",
+        // -1 is "max" to cgroups-rs on v2 and no limit in v1's files.
+        if let Some(m) = limits.memory.map(|m| m as i64).or(lift.then_some(-1)) {
+            mem.set_limit(m).map_err(|source| CgroupError::Limit { what: "memory limit", path: path(), source })?;
+        }
+        let pid_max = limits.pids.map(|n| MaxValue::Value(n as i64)).or(lift.then_some(MaxValue::Max));
+        if let Some(n) = pid_max {
+            pids.set_pid_max(n).map_err(|source| CgroupError::Limit { what: "pids limit", path: path(), source })?;
+        }
+        if let Some(q) = limits.cpus.map(cpu_quota_us).or(lift.then_some(-1)) {
+            cpu.set_cfs_quota_and_period(Some(q), Some(CPU_PERIOD_US)).map_err(|source| CgroupError::Limit {
+                what: "cpu quota",
                 path: path(),
                 source,
             })?;
-        }
-        if let Some(n) = limits.pids {
-            pids.set_pid_max(MaxValue::Value(n as i64)).map_err(|source| CgroupError::Limit {
-                what: "pids limit",
-                path: path(),
-                source,
-            })?;
-        }
-        if let Some(c) = limits.cpus {
-            cpu.set_cfs_quota_and_period(Some(cpu_quota_us(c)), Some(CPU_PERIOD_US))
-                .map_err(|source| CgroupError::Limit { what: "cpu quota", path: path(), source })?;
         }
         Ok(())
     }

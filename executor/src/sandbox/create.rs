@@ -165,15 +165,33 @@ fn shim_argv(id: &SandboxId, stage_at: Option<&Path>) -> Vec<CString> {
     argv
 }
 
+/// The network namespace at `path`, opened to be joined: an absolute path
+/// whose file is a network namespace (nsfs says so), such as
+/// `/var/run/netns/NAME` or `/proc/PID/ns/net`.
+pub fn open_netns(path: &Path) -> Result<std::fs::File, SandboxError> {
+    let bad = |why: String| SandboxError::Netns { path: path.to_path_buf(), why };
+    if !path.is_absolute() {
+        return Err(bad("must be an absolute path".into()));
+    }
+    let f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    match sys::is_network_namespace(f.as_fd()) {
+        Ok(true) => Ok(f),
+        Ok(false) => Err(bad("is not a network namespace".into())),
+        Err(e) => Err(bad(e.to_string())),
+    }
+}
+
 /// Steps 1-4 (and the connection of step 5): everything that does not
 /// depend on the image or the limits.
 /// With a disk cap the sandbox's disk is made and mounted first; with a
-/// user namespace map the shim is cloned into a new user namespace too.
+/// user namespace map the shim is cloned into a new user namespace too; with
+/// `netns` it joins that network namespace instead of making its own.
 pub fn prepare(
     rt: &Runtime,
     id: &SandboxId,
     disk: Option<u64>,
     userns: Option<crate::spec::UsernsMap>,
+    netns: Option<&std::fs::File>,
 ) -> Result<Prepared, SandboxError> {
     let mut t = super::Phases::start("prepare");
     let dirs = rt.store.prepare_sandbox(id, disk, userns.is_some()).map_err(SandboxError::Dirs)?;
@@ -220,6 +238,7 @@ pub fn prepare(
         userns_gate: None,
         cgroup_dir,
         cgroup_tasks,
+        netns: netns.map(|f| f.as_fd()),
     };
     let joins = !plan.cgroup_tasks.is_empty() || plan.cgroup_dir.is_some();
     let gate = match userns {
@@ -230,7 +249,10 @@ pub fn prepare(
         }
         None => None,
     };
-    let namespaces = sys::SANDBOX_NAMESPACES | if userns.is_some() { libc::CLONE_NEWUSER as u64 } else { 0 };
+    let mut namespaces = sys::SANDBOX_NAMESPACES | if userns.is_some() { libc::CLONE_NEWUSER as u64 } else { 0 };
+    if netns.is_some() {
+        namespaces &= !(libc::CLONE_NEWNET as u64);
+    }
     let spawned = sys::spawn_in_namespaces(&plan, namespaces)
         .map_err(|source| SandboxError::Spawn { exe: rt.shim.source.clone(), source })?;
     drop(plan);
@@ -309,6 +331,7 @@ pub fn start(
             }
             _ => None,
         },
+        root_dir: spec.root_dir.clone(),
     };
     let fds: Vec<i32> = root_tree.iter().map(|t| t.as_raw_fd()).collect();
     // A warm shim has the refill thread's nice 19. Woken by its setup at
@@ -342,6 +365,8 @@ pub fn start(
         gone: super::Gone::default(),
         capture_cg: Default::default(),
         activity: super::activity::Activity::new(spec.lifetime),
+        limits: std::sync::Mutex::new(spec.limits),
+        procs: Default::default(),
         net: None,
     })
 }
@@ -354,6 +379,7 @@ impl Sandbox {
     pub fn claim(&mut self, spec: SandboxSpec, defaults: ExecDefaults) -> Result<(), SandboxError> {
         self.cgroup.apply(&spec.limits).map_err(SandboxError::Cgroup)?;
         self.activity = super::activity::Activity::new(spec.lifetime);
+        self.limits = std::sync::Mutex::new(spec.limits);
         self.spec = spec;
         self.defaults = defaults;
         self.created_at = crate::catalog::now();
@@ -368,7 +394,8 @@ pub fn create(
     spec: &SandboxSpec,
     defaults: ExecDefaults,
 ) -> Result<Sandbox, SandboxError> {
-    start(rt, prepare(rt, id, spec.limits.disk, spec.userns)?, spec, defaults)
+    let netns = spec.netns.as_deref().map(open_netns).transpose()?;
+    start(rt, prepare(rt, id, spec.limits.disk, spec.userns, netns.as_ref())?, spec, defaults)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -417,6 +444,8 @@ pub fn adopt(rt: &Runtime, row: &SandboxRow, defaults: ExecDefaults) -> Result<S
         gone: super::Gone::default(),
         capture_cg: Default::default(),
         activity: super::activity::Activity::new(row.spec.lifetime),
+        limits: std::sync::Mutex::new(row.spec.limits),
+        procs: Default::default(),
         net: None,
     })
 }

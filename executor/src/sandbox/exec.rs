@@ -125,6 +125,13 @@ pub struct SpawnedOutput {
     outputs: Vec<(OwnedFd, FrameKind)>,
 }
 
+impl SpawnedOutput {
+    /// A command whose output is not the daemon's to read: its events only.
+    pub(super) fn events_only(id: u64, rx: Receiver<Delivery>) -> SpawnedOutput {
+        SpawnedOutput { id, rx, outputs: Vec::new() }
+    }
+}
+
 /// A buffered exec started by [`Sandbox::exec_start`], to be waited for.
 pub struct BufferedExec {
     pump: Pump,
@@ -202,7 +209,7 @@ enum Events {
 }
 
 impl Sandbox {
-    fn exec_spec(&self, req: &ExecRequest) -> Result<ExecSpec, SandboxError> {
+    pub(super) fn exec_spec(&self, req: &ExecRequest) -> Result<ExecSpec, SandboxError> {
         self.exec_spec_in(req, self.run_state())
     }
 
@@ -294,7 +301,7 @@ impl Sandbox {
 
     /// Wait for the shim to confirm the start; returns the command's pid in
     /// the sandbox and the pty master if any.
-    fn wait_started(&self, rx: &Receiver<Delivery>) -> Result<(i32, Option<OwnedFd>), SandboxError> {
+    pub(super) fn wait_started(&self, rx: &Receiver<Delivery>) -> Result<(i32, Option<OwnedFd>), SandboxError> {
         loop {
             match rx.recv() {
                 Ok(Delivery { event: ShimEvent::Started { pid, .. }, mut fds }) => return Ok((pid, fds.pop())),
@@ -506,6 +513,11 @@ impl Sandbox {
     /// Send `signal` to a command's process group.
     pub fn signal_exec(&self, id: u64, signal: i32) -> Result<(), SandboxError> {
         self.shim.signal(id, signal, true).map_err(SandboxError::Exec)
+    }
+
+    /// Send `signal` to a command, or with `group` to its process group.
+    pub fn signal_one(&self, id: u64, signal: i32, group: bool) -> Result<(), SandboxError> {
+        self.shim.signal(id, signal, group).map_err(SandboxError::Exec)
     }
 
     #[allow(clippy::too_many_arguments)]

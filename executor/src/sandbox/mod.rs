@@ -14,6 +14,7 @@ mod exec;
 mod files;
 mod freeze;
 mod precopy;
+mod procs;
 pub mod shim_client;
 mod shim_exe;
 pub mod userns;
@@ -22,10 +23,11 @@ pub use activity::{Busy, Due, InUse};
 pub use checkpoint::{
     prepared_in, speculate, Ahead, Capture, EndOnDrop, Segment, Speculation, TarFollower, TarProgress,
 };
-pub use create::{adopt, create, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
+pub use create::{adopt, create, open_netns, prepare, reap_orphan, start, AdoptError, Prepared, Runtime};
 pub use exec::{BufferedExec, ExecOutput, ExecRequest, ExecSummary, Spawned, SpawnedOutput, Waited};
 pub use files::{read_file, ReadFileError};
 pub use precopy::{PreCopy, Precopied, Precopier};
+pub use procs::{Forget, Proc, ProcEnd, MAX_PROCESSES};
 pub use shim_exe::{ShimExe, ShimExeError};
 
 use std::os::fd::OwnedFd;
@@ -95,6 +97,10 @@ pub enum SandboxError {
     Remove(#[source] StoreError),
     #[error("user namespace")]
     Userns(#[source] crate::sandbox::userns::UsernsError),
+    #[error("netns {path}: {why}")]
+    Netns { path: PathBuf, why: String },
+    #[error("sandbox {0} runs on a host directory (rootfs): it has no layers of Strata's to {1}")]
+    HostRoot(SandboxId, &'static str),
 }
 
 /// What [`SandboxError::Setup`] adds: the last line of the shim's log.
@@ -112,8 +118,9 @@ impl crate::error::Classify for SandboxError {
             SandboxError::Stopping(_)
             | SandboxError::UsedAgain(_)
             | SandboxError::Dead(_)
-            | SandboxError::State { .. } => ErrorKind::Conflict,
-            SandboxError::BadExec(_) => ErrorKind::InvalidArgument,
+            | SandboxError::State { .. }
+            | SandboxError::HostRoot(..) => ErrorKind::Conflict,
+            SandboxError::BadExec(_) | SandboxError::Netns { .. } => ErrorKind::InvalidArgument,
             SandboxError::Capture(e) if e.is_content() => ErrorKind::Conflict,
             _ => ErrorKind::of_host_failure(self),
         }
@@ -281,6 +288,11 @@ pub struct Sandbox {
     capture_cg: std::sync::Mutex<Option<SandboxCgroup>>,
     /// Its lifetime and use, for the daemon's reaper.
     activity: activity::Activity,
+    /// Its cgroup limits as they are now: `spec.limits` until a live
+    /// change (`PUT /v1/sandboxes/{id}/limits`) replaces them.
+    limits: std::sync::Mutex<crate::spec::Limits>,
+    /// Its processes started with the caller's stdio (`procs.rs`).
+    procs: std::sync::Mutex<std::collections::BTreeMap<u64, std::sync::Arc<Proc>>>,
     /// Its veth, nft rules and resolver (`egress`), undone when its
     /// processes are stopped.
     net: Option<crate::net::Attachment>,
@@ -295,6 +307,35 @@ impl Sandbox {
     ) -> Result<(), crate::net::NetError> {
         self.net = Some(net.attach(slot, &self.pidfd, &self.spec.network.policy)?);
         Ok(())
+    }
+
+    /// Refuse `action` (a checkpoint, suspend, diff, publish) on a sandbox
+    /// whose root is a host directory: there is no upper of ours to read.
+    pub fn own_layers(&self, action: &'static str) -> Result<(), SandboxError> {
+        match self.spec.root_dir {
+            Some(_) => Err(SandboxError::HostRoot(self.id.clone(), action)),
+            None => Ok(()),
+        }
+    }
+
+    /// Its limits as they are now (a live change included).
+    pub fn limits(&self) -> crate::spec::Limits {
+        *self.limits.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replace its cgroup limits live (the disk cap stays: it is the size
+    /// of its file system). Every limit is written, an unset one lifted; if
+    /// one is refused (a memory limit below what it uses, on v1), the old
+    /// ones are written back and the error returned.
+    pub fn set_limits(&self, new: crate::spec::Limits) -> Result<crate::spec::Limits, SandboxError> {
+        let mut now = self.limits.lock().unwrap_or_else(|e| e.into_inner());
+        let new = crate::spec::Limits { disk: now.disk, ..new };
+        if let Err(e) = self.cgroup.set(&new) {
+            let _ = self.cgroup.set(&now);
+            return Err(SandboxError::Cgroup(e));
+        }
+        let old = std::mem::replace(&mut *now, new);
+        Ok(old)
     }
 
     pub fn network(&self) -> Option<&crate::net::Attachment> {
@@ -456,7 +497,7 @@ impl Sandbox {
             return Err(SandboxError::Stopping(self.id.clone()));
         }
         if cg.is_none() {
-            *cg = Some(capture_cgroup(self.cgroup.path(), self.spec.limits.cpus).map_err(SandboxError::Cgroup)?);
+            *cg = Some(capture_cgroup(self.cgroup.path(), self.limits().cpus).map_err(SandboxError::Cgroup)?);
         }
         match cg.as_ref() {
             Some(cg) => f(cg),

@@ -60,3 +60,20 @@ pub fn loopback_up() -> Result<(), Errno> {
     }
     Ok(())
 }
+
+/// `NS_GET_NSTYPE` of `<linux/nsfs.h>`: `_IO(0xb7, 0x3)`.
+const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+
+/// Whether `fd` is a network namespace (a `/proc/PID/ns/net` or a bind
+/// mount of one, such as `/var/run/netns/NAME`): nsfs tells its type.
+pub fn is_network_namespace(fd: std::os::fd::BorrowedFd<'_>) -> Result<bool, Errno> {
+    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the file's
+    // inode; on a file that is no namespace it fails (ENOTTY) and changes
+    // nothing.
+    let t = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE as _) };
+    match t {
+        t if t >= 0 => Ok(t == libc::CLONE_NEWNET),
+        _ if Errno::last() == Errno::ENOTTY => Ok(false),
+        _ => Err(Errno::last()),
+    }
+}

@@ -63,6 +63,9 @@ pub struct SpawnPlan<'a> {
     /// (`clone3`'s `CLONE_INTO_CGROUP`), for the same reason: never moved
     /// by pid. Only where [`can_clone_into_cgroup`].
     pub cgroup_dir: Option<BorrowedFd<'a>>,
+    /// A network namespace the child joins (`setns`) before it execs; the
+    /// caller leaves `CLONE_NEWNET` out of the namespaces then.
+    pub netns: Option<BorrowedFd<'a>>,
 }
 
 /// Whether [`spawn_in_namespaces`] and [`spawn_program`] can start a child
@@ -128,6 +131,8 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
     let exe = high(plan.exe)?;
     let log = high(plan.log.as_fd())?;
     let devnull = high(plan.devnull.as_fd())?;
+    let netns = plan.netns.map(high).transpose()?;
+    let netns_fd = netns.as_ref().map_or(-1, |f| f.as_raw_fd());
 
     let mut argv: Vec<*const libc::c_char> = plan.argv.iter().map(|a| a.as_ptr()).collect();
     argv.push(std::ptr::null());
@@ -138,7 +143,7 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
     let cgroup = plan.cgroup_dir.map(|d| d.as_raw_fd());
     let Some(gate) = plan.userns_gate.as_ref().map(|g| g.as_raw_fd()) else {
         let join: Vec<*const libc::c_char> = plan.cgroup_tasks.iter().map(|t| t.as_ptr()).collect();
-        return spawn_shared_in_namespaces(namespaces, cgroup, fds, &join, &argv, &envp);
+        return spawn_shared_in_namespaces(namespaces, cgroup, fds, netns_fd, &join, &argv, &envp);
     };
     if !plan.cgroup_tasks.is_empty() {
         return Err(Errno::EINVAL);
@@ -161,7 +166,7 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
     if ret == 0 {
         // SAFETY: the child of a fork: `shim_child`'s contract holds (the
         // fds and C strings were prepared before clone3).
-        unsafe { libc::_exit(shim_child(fds, Some(gate), &[], &argv, &envp)) };
+        unsafe { libc::_exit(shim_child(fds, netns_fd, Some(gate), &[], &argv, &envp)) };
     }
     // SAFETY: CLONE_PIDFD stored a new descriptor owned by nobody else.
     let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
@@ -169,7 +174,8 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
 }
 
 /// The child's side of a shim spawn, on either path: detach, wait for its
-/// user namespace maps if `gate` is given, put `fds` (the shim's
+/// user namespace maps if `gate` is given, join the network namespace
+/// `netns` (if not -1), put `fds` (the shim's
 /// executable, its listener, its log and /dev/null) in place, join the
 /// cgroups whose `tasks` files `join` names (NUL-terminated paths) and
 /// `execveat` the shim. Returns only on failure, with the exit code to end
@@ -181,6 +187,7 @@ pub fn spawn_in_namespaces(plan: &SpawnPlan<'_>, namespaces: u64) -> Result<Spaw
 /// (null-terminated) prepared before the clone.
 pub(super) unsafe fn shim_child(
     [exe, listener, log, devnull]: [RawFd; 4],
+    netns: RawFd,
     gate: Option<RawFd>,
     join: &[*const libc::c_char],
     argv: &[*const libc::c_char],
@@ -196,6 +203,11 @@ pub(super) unsafe fn shim_child(
         // returns 0.)
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
         libc::setsid();
+        if netns >= 0 && libc::setns(netns, libc::CLONE_NEWNET) < 0 {
+            let msg = b"strata-shim: could not join the network namespace it was handed\n";
+            libc::write(2, msg.as_ptr() as *const libc::c_void, msg.len());
+            return 122;
+        }
         if let Some(gate) = gate {
             let mut byte = 0u8;
             if libc::read(gate, &mut byte as *mut u8 as *mut libc::c_void, 1) != 1 {
@@ -261,6 +273,7 @@ pub(super) fn spawn_shared_in_namespaces(
     namespaces: u64,
     cgroup: Option<RawFd>,
     fds: [RawFd; 4],
+    netns: RawFd,
     join: &[*const libc::c_char],
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
@@ -268,7 +281,7 @@ pub(super) fn spawn_shared_in_namespaces(
     let flags = libc::c_int::try_from(namespaces).map_err(|_| Errno::EINVAL)?;
     // SAFETY: `shim_child`'s contract holds: the fds, `argv` and `envp`
     // were prepared before the clone and outlive the child's exec.
-    let mut child = || -> i32 { unsafe { shim_child(fds, None, join, argv, envp) } };
+    let mut child = || -> i32 { unsafe { shim_child(fds, netns, None, join, argv, envp) } };
     spawn_with_pidfd(&mut child, flags, cgroup, SHIM_EXEC_DEADLINE)
 }
 
