@@ -37,6 +37,7 @@ PACKAGES=(
 	qemu-system-x86 xz-utils debootstrap
 	docker-registry apache2-utils e2fsprogs socat python3-venv
 	postgresql-15 nftables dnsmasq-base iperf3 ethtool
+	containerd containernetworking-plugins
 )
 
 installed() {
@@ -69,6 +70,11 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 	if [[ " ${missing[*]} " == *" postgresql-15 "* ]] && [[ -d /run/systemd/system ]]; then
 		log "systemctl disable --now postgresql.service"
 		systemctl disable --now postgresql.service || true
+	fi
+	# And its own containerd (tests/containerd.rs), in a temporary root.
+	if [[ " ${missing[*]} " == *" containerd "* ]] && [[ -d /run/systemd/system ]]; then
+		log "systemctl disable --now containerd.service"
+		systemctl disable --now containerd.service || true
 	fi
 else
 	log "system packages already installed"

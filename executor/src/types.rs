@@ -177,6 +177,9 @@ pub struct ProcessInfo {
     pub id: u64,
     /// Its pid in the sandbox's PID namespace.
     pub pid: i32,
+    /// Its pid on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_pid: Option<i32>,
     pub argv: Vec<String>,
     /// Unix ms.
     pub started_at: i64,

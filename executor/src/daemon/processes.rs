@@ -91,6 +91,7 @@ fn info(p: &Proc) -> ProcessInfo {
     ProcessInfo {
         id: p.id,
         pid: p.pid,
+        host_pid: p.host_pid,
         argv: p.argv.clone(),
         started_at: p.started_at,
         running: end.is_none(),

@@ -32,6 +32,9 @@ pub struct Proc {
     pub id: u64,
     /// Its pid in the sandbox's PID namespace.
     pub pid: i32,
+    /// Its pid on the host (containerd's tasks are known by it), if it was
+    /// found in the sandbox's cgroup when it started.
+    pub host_pid: Option<i32>,
     pub argv: Vec<String>,
     /// Unix ms.
     pub started_at: i64,
@@ -102,6 +105,7 @@ impl Sandbox {
         let proc = Arc::new(Proc {
             id,
             pid,
+            host_pid: self.host_pid(pid),
             argv: req.argv.clone(),
             started_at: crate::spec::now_ms(),
             end: Mutex::new(None),
@@ -109,6 +113,16 @@ impl Sandbox {
         });
         procs.insert(id, proc.clone());
         Ok((proc, SpawnedOutput::events_only(id, rx)))
+    }
+
+    /// The host pid of its process `pid` (of its PID namespace): the one in
+    /// its cgroup whose `NSpid` ends with it.
+    fn host_pid(&self, pid: i32) -> Option<i32> {
+        self.cgroup.procs().into_iter().find_map(|h| {
+            let host = i32::try_from(h).ok()?;
+            let status = procfs::process::Process::new(host).ok()?.status().ok()?;
+            (status.nspid?.last() == Some(&pid)).then_some(host)
+        })
     }
 
     pub fn process(&self, id: u64) -> Option<Arc<Proc>> {
