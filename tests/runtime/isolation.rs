@@ -284,35 +284,45 @@ fn the_api_socket_admits_root_and_its_group_only() {
     env.finish();
 }
 
-/// A network namespace the test made (`ip netns add`), deleted when
-/// dropped, even by a failing assertion.
-struct TestNetns(String);
+/// A network namespace the test made: that of a `sleep` it started in a
+/// new one (`unshare -n`), known by `/proc/PID/ns/net`, with a veth pair
+/// inside; it goes when the `sleep` is killed on drop, even by a failing
+/// assertion.
+struct TestNetns(std::process::Child);
 
 impl TestNetns {
-    fn new(tag: &str) -> TestNetns {
-        let name = format!("strata-t{}-{tag}", std::process::id());
-        let ip = |args: &[&str]| {
-            let out = std::process::Command::new("ip").args(args).output().unwrap();
-            assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        };
-        ip(&["netns", "add", &name]);
-        let ns = TestNetns(name);
+    fn new() -> TestNetns {
+        let child = std::process::Command::new("unshare").args(["-n", "sleep", "600"]).spawn().unwrap();
+        let ns = TestNetns(child);
+        // Until the sleep runs in it, the pid's namespace is ours.
+        let ours = std::fs::read_link("/proc/self/ns/net").unwrap();
+        wait_until("the new namespace", Duration::from_secs(5), || {
+            std::fs::read_link(ns.path()).is_ok_and(|l| l != ours)
+                && std::fs::read_to_string(format!("/proc/{}/comm", ns.0.id())).is_ok_and(|c| c.trim() == "sleep")
+        });
         // A veth pair inside it (this kernel may have no dummy module).
-        ip(&["-n", &ns.0, "link", "add", "strata0", "type", "veth", "peer", "name", "strata1"]);
-        ip(&["-n", &ns.0, "addr", "add", "10.251.0.1/24", "dev", "strata0"]);
-        ip(&["-n", &ns.0, "link", "set", "strata0", "up"]);
+        ns.ip(&["link", "add", "strata0", "type", "veth", "peer", "name", "strata1"]);
+        ns.ip(&["addr", "add", "10.251.0.1/24", "dev", "strata0"]);
+        ns.ip(&["link", "set", "strata0", "up"]);
         ns
     }
 
+    /// `ip ARGS` inside it, which must succeed: its stdout.
+    fn ip(&self, args: &[&str]) -> String {
+        let pid = self.0.id().to_string();
+        let out = std::process::Command::new("nsenter").args(["-t", &pid, "-n", "ip"]).args(args).output().unwrap();
+        assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     fn path(&self) -> String {
-        format!("/var/run/netns/{}", self.0)
+        format!("/proc/{}/ns/net", self.0.id())
     }
 
     /// Its links, by name, sorted.
     fn links(&self) -> Vec<String> {
-        let out = std::process::Command::new("ip").args(["-n", &self.0, "-o", "link"]).output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let mut links: Vec<String> = text
+        let mut links: Vec<String> = self
+            .ip(&["-o", "link"])
             .lines()
             .filter_map(|l| l.split(": ").nth(1))
             .map(|n| n.split('@').next().unwrap_or(n).to_string())
@@ -324,7 +334,8 @@ impl TestNetns {
 
 impl Drop for TestNetns {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
@@ -338,7 +349,7 @@ impl Drop for TestNetns {
 fn a_sandbox_joins_a_network_namespace_it_is_handed() {
     let env = TestEnv::start_with(&["--warm-pool", "2"]);
     env.import_busybox();
-    let ns = TestNetns::new("join");
+    let ns = TestNetns::new();
     let id = create(&env, json!({"image": "busybox", "netns": ns.path()}));
     let info: Value = env.client().call("GET", &format!("/v1/sandboxes/{id}"), None::<&()>).unwrap();
     assert_eq!(info["netns"], ns.path());
@@ -363,7 +374,7 @@ fn a_sandbox_joins_a_network_namespace_it_is_handed() {
         (ns.path(), json!({"mode": "egress"}), "egress"),
         ("var/run/netns/x".to_string(), Value::Null, "absolute"),
         ("/etc/hostname".to_string(), Value::Null, "not a network namespace"),
-        ("/var/run/netns/strata-no-such-namespace".to_string(), Value::Null, "No such file"),
+        ("/proc/self/ns/no-such-namespace".to_string(), Value::Null, "No such file"),
     ] {
         let mut body = json!({"image": "busybox", "netns": netns});
         if !network.is_null() {
