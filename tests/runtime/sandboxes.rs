@@ -799,21 +799,6 @@ fn processes_get_the_callers_stdio_and_report_their_end() {
     )
     .unwrap();
     assert!(started["pid"].as_i64().unwrap() > 1, "{started}");
-    // Its host pid is the one whose innermost pid is `pid`.
-    let host = started["host_pid"].as_i64().expect("a host pid");
-    let nspid = std::fs::read_to_string(format!("/proc/{host}/status")).map(|s| {
-        s.lines()
-            .find(|l| l.starts_with("NSpid:"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .last()
-            .unwrap_or("")
-            .to_string()
-    });
-    // It may have ended already (then its /proc is gone).
-    if let Ok(inner) = nspid {
-        assert_eq!(inner, started["pid"].to_string(), "{started}");
-    }
     let n = started["id"].as_u64().unwrap();
     let ended: Value =
         env.client().call("GET", &format!("/v1/sandboxes/{id}/processes/{n}?wait=20"), None::<&()>).unwrap();
@@ -834,6 +819,12 @@ fn processes_get_the_callers_stdio_and_report_their_end() {
     let sleeper: Value =
         serde_json::from_slice(&post("/processes", json!({"argv": ["sleep", "100"]})).unwrap()).unwrap();
     let m = sleeper["id"].as_u64().unwrap();
+    // A running one's host pid is the one whose innermost pid is `pid`
+    // (one that ended before the daemon looked has none).
+    let host = sleeper["host_pid"].as_i64().expect("a running process's host pid");
+    let status = std::fs::read_to_string(format!("/proc/{host}/status")).unwrap();
+    let inner = status.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last());
+    assert_eq!(inner, Some(sleeper["pid"].to_string().as_str()), "{sleeper}");
     let running: Value =
         env.client().call("GET", &format!("/v1/sandboxes/{id}/processes/{m}?wait=0"), None::<&()>).unwrap();
     assert_eq!(running["running"], true);
