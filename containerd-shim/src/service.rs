@@ -228,6 +228,29 @@ impl Inner {
         f(t)
     }
 
+    /// The sandbox of task `id`.
+    fn sandbox(&self, id: &str) -> Result<String, Error> {
+        self.with_task(id, |t| Ok(t.sandbox.clone()))
+    }
+
+    /// Freeze or thaw task `id`'s sandbox, and say so.
+    fn set_paused(&self, id: &str, paused: bool) -> Result<(), Error> {
+        let sandbox = self.sandbox(id)?;
+        let verb = if paused { "pause" } else { "unpause" };
+        call_empty("POST", &format!("/v1/sandboxes/{sandbox}/{verb}"), None)?;
+        self.with_task(id, |t| {
+            t.paused = paused;
+            Ok(())
+        })?;
+        let container_id = id.to_string();
+        if paused {
+            self.publish(TaskPaused { container_id, ..Default::default() });
+        } else {
+            self.publish(TaskResumed { container_id, ..Default::default() });
+        }
+        Ok(())
+    }
+
     fn proc(&self, id: &str, exec_id: &str) -> Result<(String, Arc<Proc>), Error> {
         self.with_task(id, |t| {
             let p = t.procs.get(exec_id).ok_or_else(|| Error::NotFoundError(format!("process {exec_id:?} of {id}")))?;
@@ -246,7 +269,7 @@ pub struct Tasks {
 impl Tasks {
     fn create_task(&self, req: &api::CreateTaskRequest) -> Result<api::CreateTaskResponse, Error> {
         if req.terminal {
-            return Err(spec::SpecError::Terminal).map_err(|e| Error::InvalidArgument(e.to_string()));
+            return Err(Error::InvalidArgument(spec::SpecError::Terminal.to_string()));
         }
         let bundle = PathBuf::from(&req.bundle);
         let oci = oci_spec::runtime::Spec::load(bundle.join("config.json"))
@@ -465,7 +488,7 @@ impl containerd_shim::Task for Tasks {
 
     fn pids(&self, _ctx: &TtrpcContext, req: api::PidsRequest) -> TtrpcResult<api::PidsResponse> {
         ttrpc((|| {
-            let sandbox = self.inner.with_task(&req.id, |t| Ok(t.sandbox.clone()))?;
+            let sandbox = self.inner.sandbox(&req.id)?;
             let procs: Vec<ProcessInfo> = call("GET", &format!("/v1/sandboxes/{sandbox}/processes"), None)?;
             let processes = procs
                 .iter()
@@ -480,29 +503,11 @@ impl containerd_shim::Task for Tasks {
     }
 
     fn pause(&self, _ctx: &TtrpcContext, req: api::PauseRequest) -> TtrpcResult<api::Empty> {
-        ttrpc((|| {
-            let sandbox = self.inner.with_task(&req.id, |t| Ok(t.sandbox.clone()))?;
-            call_empty("POST", &format!("/v1/sandboxes/{sandbox}/pause"), None)?;
-            self.inner.with_task(&req.id, |t| {
-                t.paused = true;
-                Ok(())
-            })?;
-            self.inner.publish(TaskPaused { container_id: req.id.clone(), ..Default::default() });
-            Ok(api::Empty::new())
-        })())
+        ttrpc(self.inner.set_paused(&req.id, true).map(|()| api::Empty::new()))
     }
 
     fn resume(&self, _ctx: &TtrpcContext, req: api::ResumeRequest) -> TtrpcResult<api::Empty> {
-        ttrpc((|| {
-            let sandbox = self.inner.with_task(&req.id, |t| Ok(t.sandbox.clone()))?;
-            call_empty("POST", &format!("/v1/sandboxes/{sandbox}/unpause"), None)?;
-            self.inner.with_task(&req.id, |t| {
-                t.paused = false;
-                Ok(())
-            })?;
-            self.inner.publish(TaskResumed { container_id: req.id.clone(), ..Default::default() });
-            Ok(api::Empty::new())
-        })())
+        ttrpc(self.inner.set_paused(&req.id, false).map(|()| api::Empty::new()))
     }
 
     fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<api::Empty> {
@@ -571,7 +576,7 @@ impl containerd_shim::Task for Tasks {
 
     fn update(&self, _ctx: &TtrpcContext, req: api::UpdateTaskRequest) -> TtrpcResult<api::Empty> {
         ttrpc((|| {
-            let sandbox = self.inner.with_task(&req.id, |t| Ok(t.sandbox.clone()))?;
+            let sandbox = self.inner.sandbox(&req.id)?;
             let json = req.resources.as_ref().map(|a| a.value.as_slice()).unwrap_or_default();
             let r: oci_spec::runtime::LinuxResources =
                 serde_json::from_slice(json).map_err(|e| Error::InvalidArgument(format!("resources: {e}")))?;
@@ -592,7 +597,7 @@ impl containerd_shim::Task for Tasks {
 
     fn stats(&self, _ctx: &TtrpcContext, req: api::StatsRequest) -> TtrpcResult<api::StatsResponse> {
         ttrpc((|| {
-            let sandbox = self.inner.with_task(&req.id, |t| Ok(t.sandbox.clone()))?;
+            let sandbox = self.inner.sandbox(&req.id)?;
             let m: SandboxMetrics = call("GET", &format!("/v1/sandboxes/{sandbox}/metrics"), None)?;
             let info: SandboxInfo = call("GET", &format!("/v1/sandboxes/{sandbox}"), None)?;
             let procs: Vec<ProcessInfo> = call("GET", &format!("/v1/sandboxes/{sandbox}/processes"), None)?;

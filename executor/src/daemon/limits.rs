@@ -24,7 +24,7 @@ pub enum LimitsOpError {
     Refused {
         id: SandboxId,
         #[source]
-        source: Box<crate::sandbox::SandboxError>,
+        source: Box<crate::sandbox::cgroups::CgroupError>,
     },
     /// sandbox {0} is going away
     Gone(SandboxId),

@@ -327,12 +327,12 @@ impl Sandbox {
     /// of its file system). Every limit is written, an unset one lifted; if
     /// one is refused (a memory limit below what it uses, on v1), the old
     /// ones are written back and the error returned.
-    pub fn set_limits(&self, new: crate::spec::Limits) -> Result<crate::spec::Limits, SandboxError> {
+    pub fn set_limits(&self, new: crate::spec::Limits) -> Result<crate::spec::Limits, CgroupError> {
         let mut now = self.limits.lock().unwrap_or_else(|e| e.into_inner());
         let new = crate::spec::Limits { disk: now.disk, ..new };
         if let Err(e) = self.cgroup.set(&new) {
             let _ = self.cgroup.set(&now);
-            return Err(SandboxError::Cgroup(e));
+            return Err(e);
         }
         let old = std::mem::replace(&mut *now, new);
         Ok(old)
